@@ -1,0 +1,30 @@
+#!/bin/bash
+# Rendered by transit-launch 0.1.0: 3 node(s), policy prefetch
+#SBATCH --job-name=transit
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --account=proj1
+#SBATCH --output=%x-%j.out
+
+set -euo pipefail
+
+# The first node of the allocation hosts torchrun's c10d rendezvous.
+nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
+head_node=${nodes[0]}
+
+# libtransit.so is not installed here (see `transit-launch doctor`): the job runs without the shim.
+export TRANSIT_POLICY=prefetch
+export TRANSIT_GPU_BUDGET=40000000000
+export TRANSIT_STATS=/scratch/stats
+export TRANSIT_LOG=info
+export PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False
+export PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:False
+
+srun --export=ALL torchrun \
+    --nnodes 3 \
+    --nproc-per-node 8 \
+    --rdzv-id "$SLURM_JOB_ID" \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "$head_node:29500" \
+    --no-python ./train.sh --steps 10

@@ -1,0 +1,104 @@
+"""The per-GPU estimator, term by term, against hand computations."""
+
+import pytest
+
+from transit_launch import memory as M
+from transit_launch.errors import UsageError
+from transit_launch.memory import Layout, estimate
+from transit_launch.models import load_model
+
+L8 = load_model("llama3-8b")  # h 4096, 32 layers, q 4096, kv 1024, ffn 14336, vocab 128256
+
+
+def test_states_mixed_and_bf16():
+    e = estimate(L8, Layout(dp=8))
+    shard = L8.params / 8
+    assert e.parameters == pytest.approx(shard * 4)
+    assert e.gradients == pytest.approx(shard * 4)
+    assert e.optimizer == pytest.approx(shard * 8)
+    assert e.cold == pytest.approx(shard * 12)  # Adam states + fp32 master weights
+    b = estimate(L8, Layout(dp=8, precision="bf16"))
+    assert b.states == pytest.approx(e.states / 2)
+    assert b.cold == pytest.approx(shard * 4)  # only Adam states are cold in bf16
+
+
+def test_activation_terms_by_hand():
+    T, h = 2 * 4096, 4096
+    lay = Layout(dp=8, local_batch=2, seq_len=4096)
+    per_token = 4 * h + 3 * 4096 + 3 * 1024 + 4 * 14336  # norms, q/k/v/rope/attn-out, SwiGLU
+    assert M.act_elements_per_token(L8, 0) == per_token
+    e = M.estimate_stage(L8, lay, 0)
+    stored = 32 * T * h * 2  # one bf16 checkpoint per layer
+    working = T * per_token * 2 * M.BACKWARD_WORKING_FACTOR
+    logits = T * 128256 * M.LOGITS_BYTES_PER_ELEMENT
+    fsdp_loss = (128256 * h + h) * 4  # bf16 output weight + bf16 weight gradient
+    layer = L8.layer_params(0)
+    fsdp_bwd = layer * (M.FSDP_PREFETCH_LAYERS * 2 + 2 + 4)
+    assert max(logits + fsdp_loss, working + fsdp_bwd) == logits + fsdp_loss
+    assert e.peak_phase == "loss"
+    assert e.activations == pytest.approx(stored)
+    assert e.logits == pytest.approx(logits)
+    assert e.fsdp == pytest.approx(fsdp_loss)
+    assert e.comm == M.NCCL_BYTES_PER_COMM
+    torch_bytes = e.states + stored + logits + fsdp_loss
+    assert e.overhead == pytest.approx(M.CUDA_CONTEXT_BYTES + M.ALLOCATOR_FRAGMENTATION * torch_bytes)
+    assert e.total == pytest.approx(sum(e.breakdown()[k] for k in
+                                        ("parameters", "gradients", "optimizer", "activations", "logits",
+                                         "fsdp", "comm", "overhead")))
+
+
+def test_no_recompute_stores_every_layer():
+    full = estimate(L8, Layout(dp=8, recompute="full", seq_len=4096))
+    none = estimate(L8, Layout(dp=8, recompute="none", seq_len=4096))
+    assert none.activations == pytest.approx(32 * 4096 * M.act_elements_per_token(L8, 0) * 2)
+    assert none.activations > 5 * full.activations
+
+
+def test_tensor_parallel_divides_activations_and_logits():
+    a = M.estimate_stage(L8, Layout(dp=2, seq_len=4096), 0)
+    b = M.estimate_stage(L8, Layout(dp=2, tp=4, seq_len=4096), 0)
+    assert b.activations == pytest.approx(a.activations / 4)
+    assert b.logits == pytest.approx(a.logits / 4)
+    assert b.states == pytest.approx(a.states / 4)
+
+
+def test_pipeline_stages():
+    lay = Layout(dp=1, tp=1, pp=4, local_batch=8, seq_len=4096, precision="bf16")
+    first = M.estimate_stage(L8, lay, 0)
+    last = M.estimate_stage(L8, lay, 3)
+    assert first.logits == 0 and last.logits > 0
+    # 1F1B: stage 0 keeps pp microbatches in flight, the last stage one.
+    working = 4096 * M.act_elements_per_token(L8, 0) * 2 * M.BACKWARD_WORKING_FACTOR
+    assert first.peak_phase == "layer backward"  # no logits on the first stage
+    assert first.activations == pytest.approx(8 * 4096 * 4096 * 2 * 4 + working)
+    assert last.peak_phase == "loss"
+    assert last.activations == pytest.approx(8 * 4096 * 4096 * 2 * 1)
+    layer_sum = sum(L8.layer_params(i) for i in range(8))
+    assert first.parameters == pytest.approx((layer_sum + L8.embedding_params) * 2)
+    assert estimate(L8, lay).total == max(first.total, last.total, *(M.estimate_stage(L8, lay, k).total for k in (1, 2)))
+
+
+def test_moe_activations_and_expert_parallel_working_set():
+    q = load_model("qwen3-30b-a3b")
+    per_token = 4 * 2048 + 3 * 4096 + 3 * 512 + 8 * (2 * 2048 + 4 * 768) + 2 * 128
+    assert M.act_elements_per_token(q, 0) == per_token
+    routed = 128 * 3 * 2048 * 768
+    lay = Layout(dp=8, ep=8)
+    assert M.unsharded_layer_params(q, lay, 0) == pytest.approx(q.layer_params(0) - routed + routed / 8)
+
+
+@pytest.mark.parametrize("lay,needle", [
+    (Layout(dp=1, tp=3), "does not divide"),
+    (Layout(dp=1, pp=3), "does not divide llama3-8b's 32 layers"),
+    (Layout(dp=2, ep=2), "needs an MoE model"),
+    (Layout(dp=1, pp=4, local_batch=2), "at least 4 microbatches"),
+    (Layout(dp=1, precision="fp8"), "precision must be"),
+])
+def test_invalid_layouts(lay, needle):
+    with pytest.raises(UsageError, match=needle):
+        estimate(L8, lay)
+
+
+def test_expert_degree_must_divide_experts():
+    with pytest.raises(UsageError, match="does not divide qwen3-30b-a3b's 128 experts"):
+        estimate(load_model("qwen3-30b-a3b"), Layout(dp=6, ep=3))

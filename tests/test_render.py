@@ -1,0 +1,98 @@
+"""Rendered sbatch scripts and torchrun commands: golden files, and the script run
+against stand-ins for srun/scontrol that record what they were asked to do."""
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+from tests.conftest import check_golden
+from transit_launch.inject import ALLOC_CONF, PASS_THROUGH, shim_env
+from transit_launch.render import torchrun_tail
+
+SHIM = "/opt/transit/lib/libtransit.so"
+CLEAN = {k: None for k in PASS_THROUGH} | {"TRANSIT_SHIM": None}
+TITAN = ["--", "python", "-m", "torchtitan.train", "--job.config_file", "llama3_70b.toml"]
+
+
+def test_sbatch_golden_with_shim(cli):
+    rc, out, err = cli("render", "--model", "llama3-70b", "--global-batch", "240", "--partition", "gpu",
+                       "--time", "04:00:00", *TITAN,
+                       env=CLEAN | {"TRANSIT_SHIM": SHIM, "NCCL_NVLS_ENABLE": "0"})
+    assert rc == 0, err
+    check_golden("sbatch_llama3_70b.sh", out)
+
+
+def test_sbatch_golden_without_shim(cli):
+    rc, out, err = cli("render", "--nodes", "3", "--gpus-per-node", "8", "--policy", "prefetch",
+                       "--gpu-budget", "40GB", "--stats", "/scratch/stats", "--log", "info",
+                       "--account", "proj1", "--", "./train.sh", "--steps", "10", env=CLEAN)
+    assert rc == 0
+    assert "libtransit.so is not installed" in err  # told once on stderr, and in the script
+    check_golden("sbatch_no_shim.sh", out)
+
+
+def test_local_golden(cli):
+    rc, out, err = cli("render", "--local", "--gpus-per-node", "1", "--policy", "advise", "--gpu-budget", "40GB",
+                       "--", "python", "examples/train.py", "--steps", "20",
+                       env=CLEAN | {"TRANSIT_SHIM": SHIM, "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+    assert rc == 0, err
+    check_golden("local_advise.txt", out)
+
+
+def test_render_to_file(cli, tmp_path):
+    dest = tmp_path / "job.sbatch"
+    rc, out, err = cli("render", "--model", "llama3-8b", "-o", str(dest), *TITAN, env=CLEAN)
+    assert rc == 0 and out == "" and f"wrote {dest}" in err
+    assert dest.read_text().startswith("#!/bin/bash\n")
+
+
+@pytest.mark.parametrize("cmd,tail", [
+    (["python", "train.py", "--x"], ["train.py", "--x"]),
+    (["python3.12", "-m", "torchtitan.train"], ["-m", "torchtitan.train"]),
+    (["/usr/bin/python3", "-u", "x.py"], ["--no-python", "/usr/bin/python3", "-u", "x.py"]),
+    (["./job.sh", "a b"], ["--no-python", "./job.sh", "a b"]),
+])
+def test_torchrun_tail(cmd, tail):
+    assert torchrun_tail(cmd) == tail
+
+
+def test_env_passes_multicast_vars_only_when_set():
+    env = shim_env("advise", environ={"NCCL_NVLS_ENABLE": "0", "UNRELATED": "1"})
+    assert env["NCCL_NVLS_ENABLE"] == "0" and "UNRELATED" not in env
+    assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in env
+    assert env["PYTORCH_ALLOC_CONF"] == ALLOC_CONF == "backend:native,expandable_segments:False"
+
+
+def _stub(path, body):
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_rendered_script_runs_with_slurm_stand_ins(cli, tmp_path):
+    """Execute the script with scontrol/srun/torchrun stand-ins on PATH: they record
+    their arguments and the environment torchrun would start the ranks with."""
+    rc, script, _ = cli("render", "--model", "llama3-70b", "--nodes", "2", "--policy", "advise", *TITAN,
+                        env=CLEAN | {"TRANSIT_SHIM": SHIM})
+    assert rc == 0
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    _stub(bin_dir / "scontrol", f'echo "scontrol $*" >> {log}; printf "node-a\\nnode-b\\n"\n')
+    _stub(bin_dir / "srun", f'echo "srun $*" >> {log}; while [[ $1 == --* ]]; do shift; done; exec "$@"\n')
+    _stub(bin_dir / "torchrun", f'echo "torchrun $*" >> {log}; '
+                                f'echo "LD_PRELOAD=$LD_PRELOAD TRANSIT_POLICY=$TRANSIT_POLICY '
+                                f'PYTORCH_ALLOC_CONF=$PYTORCH_ALLOC_CONF" >> {log}\n')
+    (tmp_path / "job.sh").write_text(script)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]",
+           "SLURM_JOB_ID": "42", "LD_PRELOAD": "/usr/lib/libkeep.so"}
+    res = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr  # stderr also has ld.so's notes on the absent libraries
+    calls = log.read_text().splitlines()
+    assert calls[0] == "scontrol show hostnames node-[a-b]"
+    assert calls[1].startswith("srun --export=ALL torchrun --nnodes 2 --nproc-per-node 4")
+    assert calls[2] == ("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-id 42 --rdzv-backend c10d "
+                        "--rdzv-endpoint node-a:29500 -m torchtitan.train --job.config_file llama3_70b.toml")
+    assert calls[3] == (f"LD_PRELOAD={SHIM}:/usr/lib/libkeep.so TRANSIT_POLICY=advise "
+                        "PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False")

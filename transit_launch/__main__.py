@@ -1,0 +1,3 @@
+from transit_launch.cli import main
+
+raise SystemExit(main())

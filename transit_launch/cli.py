@@ -1,0 +1,210 @@
+"""Command line: parses, dispatches, and turns bad input into one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from transit_launch import __version__
+from transit_launch.errors import UsageError
+from transit_launch.units import parse_size
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage + message)
+        raise UsageError(message)
+
+
+def _positive_int(what):
+    def conv(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {text!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {text!r}")
+        return v
+    return conv
+
+
+def _fractions(text):
+    try:
+        vals = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--scale-in takes fractions like 0.25,0.5, got {text!r}") from None
+    if not vals or any(not 0 < v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"--scale-in fractions must lie strictly between 0 and 1, got {text!r}")
+    return vals
+
+
+def _add_plan_args(p, model_required=True):
+    from transit_launch.hardware import GPUS
+    from transit_launch.plan import PRESETS
+    g = p.add_argument_group("model and layout")
+    g.add_argument("--model", required=model_required,
+                   help="catalog name (see `transit-launch models`), a model card .toml or a HF config.json")
+    g.add_argument("--parallel", choices=PRESETS, default=None,
+                   help="parallelism preset (default fsdp; explicit --tp/--pp/--ep refine it)")
+    g.add_argument("--tp", type=_positive_int("--tp"))
+    g.add_argument("--pp", type=_positive_int("--pp"))
+    g.add_argument("--ep", type=_positive_int("--ep"))
+    g.add_argument("--seq-len", type=_positive_int("--seq-len"), default=8192)
+    g.add_argument("--local-batch", type=_positive_int("--local-batch"), default=1,
+                   help="sequences per data-parallel rank per microstep (microbatches under PP)")
+    g.add_argument("--global-batch", type=_positive_int("--global-batch"),
+                   help="sequences per optimizer step; only node counts whose data-parallel degree divides it are valid")
+    g.add_argument("--precision", choices=("mixed", "bf16"), default="mixed",
+                   help="mixed: fp32 params/grads/Adam with bf16 compute (TorchTitan default); bf16: everything bf16")
+    g.add_argument("--recompute", choices=("full", "none"), default="full")
+    h = p.add_argument_group("hardware")
+    h.add_argument("--gpu", default=None, help=f"GPU profile: {', '.join(GPUS)} (default h100-80gb)")
+    h.add_argument("--gpu-mem", help="GPU memory size, overriding the profile's (e.g. 40GB)")
+    h.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), default=None,
+                   help="GPUs per node (default 4)")
+    h.add_argument("--host-mem", help="host DRAM per node (default 2000GB)")
+    p.add_argument("--scale-in", type=_fractions, metavar="FRACTIONS",
+                   help="node reductions to show, e.g. 0.25,0.5 (default: every valid node count below the minimum)")
+    p.add_argument("--min-efficiency", type=float, default=0.9,
+                   help="predicted per-GPU efficiency the recommendation must keep (default 0.9)")
+
+
+def _request(a):
+    from transit_launch.hardware import gpu_profile
+    from transit_launch.models import load_model
+    from transit_launch.plan import DEFAULT_HOST_MEM, Request
+    card = load_model(a.model)
+    gpu = gpu_profile(a.gpu, parse_size(a.gpu_mem, "--gpu-mem") if a.gpu_mem else None)
+    parallel = a.parallel or ("fsdp+ep" if a.ep else "tp+pp" if a.pp else "fsdp+tp" if a.tp else "fsdp")
+    if not 0 < a.min_efficiency <= 1:
+        raise UsageError(f"--min-efficiency must lie in (0, 1], got {a.min_efficiency}")
+    return Request(card=card, gpu=gpu, gpus_per_node=a.gpus_per_node or 4,
+                   host_mem=parse_size(a.host_mem, "--host-mem") if a.host_mem else DEFAULT_HOST_MEM,
+                   parallel=parallel, tp=a.tp, pp=a.pp, ep=a.ep, seq_len=a.seq_len,
+                   local_batch=a.local_batch, global_batch=a.global_batch, precision=a.precision,
+                   recompute=a.recompute, scale_in=a.scale_in, min_efficiency=a.min_efficiency)
+
+
+def cmd_plan(a):
+    from transit_launch import report
+    from transit_launch.plan import plan
+    p = plan(_request(a))
+    print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p))
+    return 0
+
+
+def cmd_models(a):
+    from transit_launch import report
+    from transit_launch.models import catalog
+    cards = catalog()
+    print(json.dumps([c.summary() for c in cards.values()], indent=2) if a.json else report.models_text(cards))
+    return 0
+
+
+def cmd_render(a, command):
+    from transit_launch import doctor, inject, report
+    from transit_launch.plan import plan
+    from transit_launch.render import render
+    if not command:
+        raise UsageError("render needs the training command after --, e.g. -- python train.py")
+    policy = a.policy
+    plan_lines, p = [], None
+    if a.model:
+        p = plan(_request(a))
+    elif not (a.nodes or a.local):
+        raise UsageError("render needs --model (to plan the node count) or --nodes")
+    nodes = a.nodes or (p.recommended.nodes if p else 1)
+    if p:
+        plan_lines = report.plan_comment(p, nodes)
+        if policy is None:
+            policy = "advise" if nodes < p.baseline.nodes else "off"
+    policy = policy or "off"
+    gpn = a.gpus_per_node or 4
+    shim = inject.shim_path() if policy != "off" else None
+    adapter = inject.adapter_dir() if policy != "off" else None
+    env = inject.shim_env(policy, parse_size(a.gpu_budget, "--gpu-budget") if a.gpu_budget else None,
+                          a.stats, a.log)
+    ctx = dict(shim=shim, adapter=adapter, env=env, policy=policy, gpus_per_node=gpn, command=command)
+    if policy != "off" and shim is None:
+        print(f"transit-launch: warning: libtransit.so is not installed ({doctor.shim_missing_reason()}); "
+              f"the job will run without the shim", file=sys.stderr)
+    if a.local:
+        text = render("local.j2", **ctx)
+    else:
+        name = a.job_name or (f"transit-{p.req.card.name}" if p else "transit")
+        summary = (f"{p.req.card.name} on {nodes} node(s), policy {policy}" if p else f"{nodes} node(s), policy {policy}")
+        text = render("sbatch.j2", nodes=nodes, job_name=name, partition=a.partition, account=a.account,
+                      time=a.time, output=a.output, port=a.port, plan_lines=plan_lines, summary=summary, **ctx)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+        print(f"wrote {a.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_doctor(a):
+    from transit_launch import doctor, report
+    checks = doctor.run_checks()
+    print(json.dumps(checks, indent=2, default=str) if a.json else report.doctor_text(checks))
+    return 0
+
+
+def build_parser():
+    from transit_launch.inject import POLICIES
+    p = _Parser(prog="transit-launch", description="Transparent scale-in for PyTorch training on Slurm.")
+    p.add_argument("--version", action="version", version=f"transit-launch {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    sp = sub.add_parser("plan", help="per-GPU memory, minimum nodes without offloading, scale-in options")
+    _add_plan_args(sp)
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sp = sub.add_parser("models", help="the model catalog")
+    sp.add_argument("--json", action="store_true")
+
+    sp = sub.add_parser("render", help="an sbatch script (or with --local a torchrun command) with the shim injected",
+                        usage="transit-launch render [options] -- COMMAND...")
+    _add_plan_args(sp, model_required=False)
+    sp.add_argument("--nodes", type=_positive_int("--nodes"), help="node count (default: the plan's recommendation)")
+    sp.add_argument("--policy", choices=POLICIES,
+                    help="shim policy (default: advise below the no-offload minimum, off otherwise)")
+    sp.add_argument("--gpu-budget", help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU")
+    sp.add_argument("--stats", help="TRANSIT_STATS: where the shim writes its JSON stats")
+    sp.add_argument("--log", choices=("error", "warn", "info", "debug"), help="TRANSIT_LOG level")
+    sp.add_argument("--job-name")
+    sp.add_argument("--partition")
+    sp.add_argument("--account")
+    sp.add_argument("--time", help="Slurm time limit, e.g. 04:00:00")
+    sp.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
+    sp.add_argument("--port", type=_positive_int("--port"), default=29500, help="rendezvous port on the head node")
+    sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
+    sp.add_argument("-o", "--out", help="write to this file instead of stdout")
+
+    sp = sub.add_parser("doctor", help="what this machine has: GPU, managed memory, host memory, shim, Slurm")
+    sp.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    try:
+        a = build_parser().parse_args(argv)
+        if a.cmd == "render":
+            return cmd_render(a, command)
+        if command:
+            raise UsageError(f"{a.cmd} takes no command after --")
+        return {"plan": cmd_plan, "models": cmd_models, "doctor": cmd_doctor}[a.cmd](a)
+    except UsageError as e:
+        print(f"transit-launch: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("transit-launch: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

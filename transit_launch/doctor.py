@@ -1,0 +1,158 @@
+"""What this machine has for transit-launch: GPU, driver, managed memory, host memory,
+the shim, Slurm and spank.h. Every probe degrades to 'missing, because ...'."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from importlib import metadata, util
+from pathlib import Path
+
+from transit_launch import inject
+
+SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "sacct", "scancel")
+SPANK_H_DIRS = ("/usr/include/slurm", "/usr/local/include/slurm")
+
+
+def _item(name: str, ok: bool, detail: str, **extra) -> dict:
+    return {"check": name, "ok": ok, "detail": detail, **extra}
+
+
+def gpus_cuda_python() -> list[dict] | None:
+    """Device list through cuda-python's runtime bindings, or None when unavailable."""
+    try:
+        from cuda.bindings import runtime as rt  # cuda-python >= 12.6
+    except ImportError:
+        try:
+            from cuda import cudart as rt  # older cuda-python
+        except ImportError:
+            return None
+    err, count = rt.cudaGetDeviceCount()
+    if int(err) != 0:
+        return []
+    out = []
+    for d in range(count):
+        _, prop = rt.cudaGetDeviceProperties(d)
+        _, managed = rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrManagedMemory, d)
+        _, concurrent = rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrConcurrentManagedAccess, d)
+        out.append({"index": d, "name": prop.name.decode(errors="replace").strip("\0"),
+                    "memory": int(prop.totalGlobalMem), "managed": bool(managed),
+                    "concurrent_managed": bool(concurrent)})
+    _, drv = rt.cudaDriverGetVersion()
+    for g in out:
+        g["driver_cuda"] = f"{drv // 1000}.{drv % 1000 // 10}"
+    return out
+
+
+def gpus_nvidia_smi() -> list[dict] | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        res = subprocess.run([exe, "--query-gpu=index,name,memory.total,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for line in res.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            out.append({"index": int(parts[0]), "name": parts[1], "memory": int(float(parts[2])) * 2**20,
+                        "driver": parts[3]})
+    return out
+
+
+def check_gpu() -> list[dict]:
+    gpus, via = gpus_cuda_python(), "cuda-python"
+    if gpus is None:
+        gpus, via = gpus_nvidia_smi(), "nvidia-smi"
+    if gpus is None:
+        return [_item("gpu", False, "no GPU found: neither cuda-python nor nvidia-smi is available")]
+    if not gpus:
+        return [_item("gpu", False, f"{via} found no usable GPU")]
+    items = []
+    for g in gpus:
+        detail = f"{g['name']}, {g['memory'] / 1e9:.1f} GB"
+        if "driver" in g:
+            detail += f", driver {g['driver']}"
+        if "driver_cuda" in g:
+            detail += f", driver CUDA {g['driver_cuda']}"
+        items.append(_item(f"gpu{g['index']}", True, detail + f" (via {via})", **g))
+        if "managed" in g:
+            ok = g["managed"] and g["concurrent_managed"]
+            items.append(_item(f"gpu{g['index']} managed memory", ok,
+                               "managed memory with concurrent access" if ok else
+                               "no concurrent managed access: the shim will pass through"))
+    return items
+
+
+def check_host() -> dict:
+    try:
+        import psutil
+    except ImportError:
+        return _item("host memory", False, "psutil is not installed")
+    vm = psutil.virtual_memory()
+    return _item("host memory", True, f"{vm.total / 1e9:.1f} GB total, {vm.available / 1e9:.1f} GB available",
+                 total=vm.total, available=vm.available)
+
+
+def check_torch() -> dict:
+    if util.find_spec("torch") is None:
+        return _item("torch", False, "PyTorch is not installed in this Python")
+    return _item("torch", True, f"torch {metadata.version('torch')}")
+
+
+def check_shim() -> dict:
+    path = inject.shim_path()
+    if path and path.is_file():
+        return _item("shim", True, f"libtransit.so at {path}", path=str(path))
+    if path:
+        return _item("shim", False, f"TRANSIT_SHIM points to {path}, which does not exist")
+    return _item("shim", False, "libtransit.so is not built in this installation: "
+                 + shim_missing_reason())
+
+
+def shim_missing_reason() -> str:
+    why = inject._PKG / "lib" / "BUILD_SKIPPED"
+    if why.is_file():
+        return why.read_text().strip()
+    return "this version of transit-launch does not build it yet; jobs run without the shim"
+
+
+def check_slurm() -> list[dict]:
+    found = {c: shutil.which(c) for c in SLURM_COMMANDS}
+    present = [c for c, p in found.items() if p]
+    if not present:
+        return [_item("slurm", False, "no Slurm commands on PATH")]
+    version = ""
+    if found.get("sinfo"):
+        try:
+            version = subprocess.run([found["sinfo"], "--version"], capture_output=True, text=True,
+                                     timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    missing = [c for c in SLURM_COMMANDS if not found[c]]
+    detail = f"{version or 'Slurm'}: {', '.join(present)}" + (f" (missing: {', '.join(missing)})" if missing else "")
+    return [_item("slurm", "sbatch" in present, detail, commands=found)]
+
+
+def check_spank() -> dict:
+    dirs = list(SPANK_H_DIRS)
+    for var in ("SLURM_HOME", "SLURM_PREFIX"):
+        if os.environ.get(var):
+            dirs.insert(0, os.path.join(os.environ[var], "include", "slurm"))
+    for d in dirs:
+        if Path(d, "spank.h").is_file():
+            return _item("spank.h", True, str(Path(d, "spank.h")))
+    return _item("spank.h", False, "not found (Debian/Ubuntu: libslurm-dev; RHEL: slurm-devel)")
+
+
+def check_compiler() -> dict:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return _item("c compiler", bool(cc), cc or "no cc/gcc on PATH: the shim and SPANK plugin cannot be built")
+
+
+def run_checks() -> list[dict]:
+    return [*check_gpu(), check_host(), check_torch(), check_shim(), *check_slurm(), check_spank(),
+            check_compiler()]

@@ -1,0 +1,60 @@
+"""The environment that loads the shim into a training process.
+
+Used by `render` (sbatch scripts and local torchrun commands) and `run`. The shim is
+found at $TRANSIT_SHIM, else inside the installed package (transit_launch/lib/); the
+framework hint adapter (a sitecustomize module) at transit_launch/adapter/.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+POLICIES = ("off", "base", "prefetch", "advise")
+# PyTorch's expandable segments and its cudaMallocAsync backend allocate through
+# cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
+# would see nothing: force the native caching allocator without expandable segments.
+# PYTORCH_CUDA_ALLOC_CONF is the name PyTorch < 2.9 reads.
+ALLOC_CONF = "backend:native,expandable_segments:False"
+# NVLink multicast (NVLS) must stay off on shared machines; passed through when set.
+PASS_THROUGH = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+_PKG = Path(__file__).resolve().parent
+
+
+def shim_path() -> Path | None:
+    env = os.environ.get("TRANSIT_SHIM")
+    if env:
+        return Path(env)
+    built = _PKG / "lib" / "libtransit.so"
+    return built if built.is_file() else None
+
+
+def adapter_dir() -> Path | None:
+    d = _PKG / "adapter"
+    return d if (d / "sitecustomize.py").is_file() else None
+
+
+def shim_env(policy: str, gpu_budget: int | None = None, stats: str | None = None,
+             log: str | None = None, environ: dict | None = None) -> dict[str, str]:
+    """Variables to export (LD_PRELOAD and PYTHONPATH are prepended by the caller's shell
+    or by `prepend`, so what the job already had is kept)."""
+    environ = os.environ if environ is None else environ
+    env = {"TRANSIT_POLICY": policy}
+    if gpu_budget:
+        env["TRANSIT_GPU_BUDGET"] = str(gpu_budget)
+    if stats:
+        env["TRANSIT_STATS"] = stats
+    if log:
+        env["TRANSIT_LOG"] = log
+    env["PYTORCH_ALLOC_CONF"] = ALLOC_CONF
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
+    for k in PASS_THROUGH:
+        if k in environ:
+            env[k] = environ[k]
+    return env
+
+
+def prepend(var: str, value: str, environ: dict) -> str:
+    old = environ.get(var, "")
+    return f"{value}:{old}" if old else value

@@ -1,0 +1,38 @@
+"""Jinja2 rendering of sbatch scripts and local torchrun commands with the shim injected."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import jinja2
+
+from transit_launch import __version__
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("transit_launch", "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters["shq"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def torchrun_tail(command: list[str]) -> list[str]:
+    """torchrun runs a script or a module itself: `python x.py` -> `x.py`,
+    `python -m pkg` -> `-m pkg`; any other program goes through --no-python."""
+    exe = Path(command[0]).name
+    if re.fullmatch(r"python[0-9.]*", exe) and len(command) > 1:
+        rest = command[1:]
+        if rest[0] == "-m" and len(rest) > 1:
+            return ["-m", *rest[1:]]
+        if not rest[0].startswith("-"):
+            return rest
+    return ["--no-python", *command]
+
+
+def render(template: str, **ctx) -> str:
+    ctx.setdefault("version", __version__)
+    ctx["command"] = shlex.join(torchrun_tail(ctx["command"]))
+    return _env().get_template(template).render(**ctx)
