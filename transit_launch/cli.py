@@ -144,6 +144,18 @@ def cmd_render(a, command):
     return 0
 
 
+def cmd_run(a, command):
+    from transit_launch import run as runmod
+    budget = parse_size(a.gpu_budget, "--gpu-budget") if a.gpu_budget else None
+    rc, stats = runmod.run(command, a.policy, budget, a.stats, a.log)
+    summ = runmod.summary(stats)
+    if a.json:
+        print(json.dumps(summ | {"returncode": rc}, indent=2))
+    else:
+        print(runmod.summary_text(summ), file=sys.stderr)
+    return rc
+
+
 def cmd_doctor(a):
     from transit_launch import doctor, report
     checks = doctor.run_checks()
@@ -182,6 +194,14 @@ def build_parser():
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
     sp.add_argument("-o", "--out", help="write to this file instead of stdout")
 
+    sp = sub.add_parser("run", help="run a command here with the shim injected, then summarize its stats",
+                        usage="transit-launch run [--policy P] [--gpu-budget SIZE] -- COMMAND...")
+    sp.add_argument("--policy", choices=POLICIES, default="advise")
+    sp.add_argument("--gpu-budget", help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on the GPU (e.g. 40GB)")
+    sp.add_argument("--stats", help="directory (or file) for the shim's stats JSON (default: a temporary directory)")
+    sp.add_argument("--log", choices=("error", "warn", "info", "debug"), help="TRANSIT_LOG level")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
     sp = sub.add_parser("doctor", help="what this machine has: GPU, managed memory, host memory, shim, Slurm")
     sp.add_argument("--json", action="store_true")
     return p
@@ -197,6 +217,8 @@ def main(argv=None):
         a = build_parser().parse_args(argv)
         if a.cmd == "render":
             return cmd_render(a, command)
+        if a.cmd == "run":
+            return cmd_run(a, command)
         if command:
             raise UsageError(f"{a.cmd} takes no command after --")
         return {"plan": cmd_plan, "models": cmd_models, "doctor": cmd_doctor}[a.cmd](a)

@@ -1,0 +1,57 @@
+/* The exported C API (transit_api.h). */
+#include "transit.h"
+#include "transit_api.h"
+
+EXPORT int transit_api_version(void) { return TRANSIT_API_VERSION; }
+
+EXPORT int transit_active(void)
+{
+    tr_init_once();
+    return tr_cfg.policy != TR_OFF && !tr_s.passthrough;
+}
+
+EXPORT const char *transit_policy(void)
+{
+    tr_init_once();
+    return tr_s.passthrough ? "off" : tr_policy_name(tr_cfg.policy);
+}
+
+EXPORT int transit_iteration(void)
+{
+    tr_init_once();
+    pthread_mutex_lock(&tr_lock);
+    tr_s.adapter = 1;
+    tr_iteration_boundary(1);
+    int n = tr_st.iterations;
+    pthread_mutex_unlock(&tr_lock);
+    return n;
+}
+
+EXPORT int transit_hint(uintptr_t ptr, size_t size, int kind)
+{
+    if (!transit_active() || kind < TRANSIT_HINT_HOT || kind > TRANSIT_HINT_OPTIMIZER)
+        return -1;
+    pthread_mutex_lock(&tr_lock);
+    int r = tr_hint(ptr, size, (enum tr_kind)kind);
+    pthread_mutex_unlock(&tr_lock);
+    return r;
+}
+
+EXPORT void transit_apply(void)
+{
+    if (!transit_active())
+        return;
+    pthread_mutex_lock(&tr_lock);
+    tr_rebalance();
+    pthread_mutex_unlock(&tr_lock);
+}
+
+EXPORT int transit_write_stats(const char *path)
+{
+    tr_init_once();
+    if (!path || !*path)
+        path = tr_cfg.stats_path;
+    if (!*path)
+        return -1;
+    return tr_write_stats(path);
+}

@@ -1,0 +1,151 @@
+/* The CUDA runtime entry points the shim replaces. PyTorch's caching allocator calls
+ * cudaMalloc/cudaFree; kernels from <<<>>> launches arrive as cudaLaunchKernel. The
+ * driver API (cuMem*, NCCL's buffers, cuLaunchKernel from Triton/cuBLAS) is left alone. */
+#include <string.h>
+
+#include "transit.h"
+
+static int active(void)
+{
+    tr_runtime_once();
+    return tr_cfg.policy != TR_OFF && !tr_s.passthrough;
+}
+
+EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    int on = active();
+    atomic_fetch_add(&tr_st.mallocs, 1);
+    if (!tr_real.malloc)
+        return cudaErrorInitializationError;
+    if (!on || size == 0)
+        return tr_real.malloc(devPtr, size);
+
+    pthread_mutex_lock(&tr_lock);
+    int refuse = !tr_cfg.allow_oversubscribe && tr_tab.managed_bytes + size > tr_guard_limit();
+    uint64_t have = tr_tab.managed_bytes;
+    pthread_mutex_unlock(&tr_lock);
+    if (refuse) {
+        atomic_fetch_add(&tr_st.guard_refusals, 1);
+        tr_log(TR_WARN, "refusing cudaMalloc(%zu): managed memory would reach %llu bytes, above the %llu "
+                        "free at start-up less the reserve (TRANSIT_ALLOW_OVERSUBSCRIBE=1 allows it)",
+               size, (unsigned long long)(have + size), (unsigned long long)tr_guard_limit());
+        *devPtr = NULL;
+        return cudaErrorMemoryAllocation;
+    }
+    cudaError_t err = tr_real.malloc_managed(devPtr, size, cudaMemAttachGlobal);
+    if (err == cudaErrorMemoryAllocation) {
+        atomic_fetch_add(&tr_st.failed_allocs, 1);
+        return err;
+    }
+    if (err != cudaSuccess) {
+        /* Managed memory refused for another reason: keep the job alive on plain memory. */
+        if (tr_real.get_last_error)
+            tr_real.get_last_error();
+        tr_log(TR_WARN, "cudaMallocManaged(%zu) failed (%d): using cudaMalloc for it", size, (int)err);
+        return tr_real.malloc(devPtr, size);
+    }
+    atomic_fetch_add(&tr_st.managed_allocs, 1);
+    pthread_mutex_lock(&tr_lock);
+    struct tr_alloc *a = tr_table_insert((uintptr_t)*devPtr, size);
+    if (a)
+        tr_place_new(a);
+    else
+        tr_log(TR_WARN, "allocation table full: %p is managed but not placed", *devPtr);
+    pthread_mutex_unlock(&tr_lock);
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaFree(void *devPtr)
+{
+    int on = active();
+    atomic_fetch_add(&tr_st.frees, 1);
+    if (!tr_real.free)
+        return cudaErrorInitializationError;
+    if (on && devPtr) {
+        pthread_mutex_lock(&tr_lock);
+        struct tr_alloc *a = tr_table_find((uintptr_t)devPtr);
+        if (a && a->ptr == (uintptr_t)devPtr) {
+            tr_place_drop(a);
+            tr_table_remove(a);
+        }
+        pthread_mutex_unlock(&tr_lock);
+    }
+    return tr_real.free(devPtr);
+}
+
+/* With a budget the program sees a GPU of that size; what is placed on the device is
+ * what is used. */
+EXPORT cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    int on = active();
+    if (!tr_real.mem_get_info)
+        return cudaErrorInitializationError;
+    cudaError_t err = tr_real.mem_get_info(free_b, total_b);
+    if (err != cudaSuccess || !on || !tr_cfg.budget)
+        return err;
+    pthread_mutex_lock(&tr_lock);
+    uint64_t used = tr_tab.dev_bytes;
+    pthread_mutex_unlock(&tr_lock);
+    *total_b = tr_cfg.budget;
+    *free_b = tr_cfg.budget > used ? tr_cfg.budget - used : 0;
+    return cudaSuccess;
+}
+
+/* Position of this launch within the iteration, and what the warm-up/replay needs. */
+static void before_launch(const void *func, cudaStream_t stream)
+{
+    uint64_t n = atomic_fetch_add(&tr_st.launches, 1);
+    if (!tr_s.adapter && !tr_st.period)
+        tr_period_observe(func);
+    if (tr_st.period && !tr_s.adapter && n > tr_s.boundary_launch &&
+        (n - tr_s.boundary_launch) % tr_st.period == 0) {
+        pthread_mutex_lock(&tr_lock);
+        tr_iteration_boundary(2);
+        tr_s.boundary_launch = n; /* this launch opens the new iteration */
+        pthread_mutex_unlock(&tr_lock);
+    }
+    if (tr_s.defer_advice && !tr_st.iterations && n == (1u << 18)) {
+        /* no iteration boundary in sight: stop waiting for a warm-up, hold the budget */
+        pthread_mutex_lock(&tr_lock);
+        tr_log(TR_WARN, "no iteration boundary after %llu launches: %s runs without recording",
+               (unsigned long long)n, tr_policy_name(tr_cfg.policy));
+        tr_place_settle();
+        pthread_mutex_unlock(&tr_lock);
+    }
+    uint64_t pos = n - tr_s.boundary_launch;
+    if (tr_s.cupti)
+        tr_cupti_push(((uint64_t)tr_st.iterations << 32) | (pos & 0xffffffffu));
+    else if (tr_s.replay_ready)
+        tr_replay_before_launch(pos, stream);
+}
+
+EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                                    cudaStream_t stream)
+{
+    if (!tr_s.runtime_ready)
+        tr_runtime_once();
+    if (!tr_real.launch_kernel)
+        return cudaErrorInitializationError;
+    if (tr_cfg.policy == TR_OFF || tr_s.passthrough)
+        return tr_real.launch_kernel(func, grid, block, args, shmem, stream);
+    before_launch(func, stream);
+    cudaError_t err = tr_real.launch_kernel(func, grid, block, args, shmem, stream);
+    if (tr_s.cupti)
+        tr_cupti_pop();
+    return err;
+}
+
+EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+    if (!tr_s.runtime_ready)
+        tr_runtime_once();
+    if (!tr_real.launch_kernel_ex)
+        return cudaErrorInitializationError;
+    if (tr_cfg.policy == TR_OFF || tr_s.passthrough)
+        return tr_real.launch_kernel_ex(config, func, args);
+    before_launch(func, config ? config->stream : 0);
+    cudaError_t err = tr_real.launch_kernel_ex(config, func, args);
+    if (tr_s.cupti)
+        tr_cupti_pop();
+    return err;
+}

@@ -1,0 +1,253 @@
+/* Placement: the shim, not the driver, decides which managed bytes may live on the GPU,
+ * so that a GPU budget holds without relying on driver eviction (which would need real
+ * oversubscription, forbidden on shared GPUs).
+ *
+ * Invariant: bytes of regions placed TR_DEV <= budget. A new allocation goes to the
+ * device while it fits, else to the host (allocation order, the only thing known then).
+ * On the host a region is
+ *   base:     preferred location host; the GPU maps it on first touch (faults, then remote reads)
+ *   prefetch: as base after warm-up; replay prefetches its recorded ranges in a window
+ *   advise:   preferred location host + accessed-by GPU: zero-copy with no faults
+ * advise also moves ranges reported cold (optimizer states first, then fp32 master
+ * weights) to the host and promotes hot host regions into the room that frees. */
+#include "transit.h"
+
+#define HINT_ALIGN (64u * 1024u) /* hints are aligned inwards to 64 KiB */
+
+uint64_t tr_budget(void)
+{
+    if (tr_cfg.budget)
+        return tr_cfg.budget;
+    return tr_guard_limit();
+}
+
+uint64_t tr_guard_limit(void)
+{
+    return tr_s.free_at_start > tr_cfg.reserve ? tr_s.free_at_start - tr_cfg.reserve : tr_s.free_at_start;
+}
+
+static uint64_t rsize(const struct tr_region *r) { return r->end - r->start; }
+
+static void peaks(void)
+{
+    if (tr_tab.dev_bytes > tr_st.dev_placed_peak)
+        tr_st.dev_placed_peak = tr_tab.dev_bytes;
+    if (tr_st.host_placed_bytes > tr_st.host_placed_peak)
+        tr_st.host_placed_peak = tr_st.host_placed_bytes;
+    if (tr_st.zero_copy_bytes > tr_st.zero_copy_peak)
+        tr_st.zero_copy_peak = tr_st.zero_copy_bytes;
+    if (tr_tab.managed_bytes > tr_st.managed_peak)
+        tr_st.managed_peak = tr_tab.managed_bytes;
+}
+
+/* Until warm-up ends (tr_s.defer_advice) host regions carry no advice, so that GPU
+ * touches migrate and CUPTI sees them; afterwards they follow the policy. */
+static void advise_host(struct tr_region *r)
+{
+    void *p = (void *)r->start;
+    if (tr_s.defer_advice)
+        return;
+    r->advised = 1;
+    tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_HOST, tr_s.device);
+    if (tr_cfg.policy == TR_ADVISE) {
+        tr_advise(p, rsize(r), cudaMemAdviseSetAccessedBy, TR_LOC_DEVICE, tr_s.device);
+        r->zero_copy = 1;
+        tr_st.zero_copy_bytes += rsize(r);
+    }
+}
+
+static void to_host(struct tr_region *r, int evict)
+{
+    r->place = TR_HOST;
+    tr_tab.dev_bytes -= rsize(r);
+    tr_st.host_placed_bytes += rsize(r);
+    advise_host(r);
+    if (evict) { /* move what is already resident now, so the budget holds physically */
+        tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
+        tr_st.evict_calls++;
+        tr_st.evict_bytes += rsize(r);
+    }
+}
+
+static void to_device(struct tr_region *r)
+{
+    void *p = (void *)r->start;
+    if (r->zero_copy) {
+        tr_advise(p, rsize(r), cudaMemAdviseUnsetAccessedBy, TR_LOC_DEVICE, tr_s.device);
+        r->zero_copy = 0;
+        tr_st.zero_copy_bytes -= rsize(r);
+    }
+    tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_DEVICE, tr_s.device);
+    tr_prefetch(p, rsize(r), TR_LOC_DEVICE, tr_s.device, 0);
+    tr_st.prefetch_calls++;
+    tr_st.prefetch_bytes += rsize(r);
+    r->place = TR_DEV;
+    tr_tab.dev_bytes += rsize(r);
+    tr_st.host_placed_bytes -= rsize(r);
+}
+
+void tr_place_new(struct tr_alloc *a)
+{
+    struct tr_region *r = &a->reg[0];
+    if (tr_tab.dev_bytes + a->size <= tr_budget()) {
+        tr_tab.dev_bytes += a->size;
+    } else {
+        r->place = TR_HOST;
+        tr_st.host_placed_bytes += a->size;
+        advise_host(r);
+        tr_log(TR_DEBUG, "allocation %p (%zu bytes) placed on the host: budget %llu, on device %llu",
+               (void *)a->ptr, a->size, (unsigned long long)tr_budget(), (unsigned long long)tr_tab.dev_bytes);
+    }
+    peaks();
+}
+
+void tr_place_drop(struct tr_alloc *a)
+{
+    for (int i = 0; i < a->nreg; i++) {
+        struct tr_region *r = &a->reg[i];
+        if (r->place == TR_DEV)
+            tr_tab.dev_bytes -= rsize(r);
+        else
+            tr_st.host_placed_bytes -= rsize(r);
+        if (r->zero_copy)
+            tr_st.zero_copy_bytes -= rsize(r);
+        if (r->kind != TR_HOT)
+            tr_st.hint_bytes[r->kind] -= rsize(r);
+    }
+}
+
+int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind)
+{
+    struct tr_alloc *a = tr_table_find(ptr);
+    if (!a)
+        return -1;
+    uintptr_t start = (ptr + HINT_ALIGN - 1) & ~(uintptr_t)(HINT_ALIGN - 1);
+    uintptr_t end = (ptr + size) & ~(uintptr_t)(HINT_ALIGN - 1);
+    if (end > a->ptr + a->size)
+        end = a->ptr + a->size;
+    if (end <= start)
+        return 0; /* smaller than a hint page: stays with its neighbours */
+    if (tr_region_split(a, start, end))
+        return -1;
+    for (int i = 0; i < a->nreg; i++) {
+        struct tr_region *r = &a->reg[i];
+        if (r->start >= start && r->end <= end && r->kind < kind) {
+            if (r->kind != TR_HOT)
+                tr_st.hint_bytes[r->kind] -= rsize(r);
+            r->kind = (uint8_t)kind;
+            tr_st.hint_bytes[kind] += rsize(r);
+        }
+    }
+    return 0;
+}
+
+/* Every region of `kind` on the device goes to the host while device bytes exceed
+ * `limit` (UINT64_MAX: all of them). */
+static void demote_kind(enum tr_kind kind, uint64_t limit)
+{
+    for (int i = 0; i < tr_tab.n; i++) {
+        struct tr_alloc *a = &tr_tab.a[i];
+        for (int j = 0; j < a->nreg; j++) {
+            struct tr_region *r = &a->reg[j];
+            if (limit != UINT64_MAX && tr_tab.dev_bytes <= limit)
+                return;
+            if (r->kind == kind && r->place == TR_DEV)
+                to_host(r, 1);
+        }
+    }
+}
+
+/* Hot regions waiting on the host come back, oldest first, while they fit; returns the
+ * bytes of hot data still on the host. */
+static uint64_t promote_hot(void)
+{
+    uint64_t left = 0;
+    for (int i = 0; i < tr_tab.n; i++) {
+        struct tr_alloc *a = &tr_tab.a[i];
+        for (int j = 0; j < a->nreg; j++) {
+            struct tr_region *r = &a->reg[j];
+            if (r->place != TR_HOST || r->kind != TR_HOT)
+                continue;
+            if (tr_tab.dev_bytes + rsize(r) <= tr_budget())
+                to_device(r);
+            else
+                left += rsize(r);
+        }
+    }
+    return left;
+}
+
+void tr_rebalance(void)
+{
+    if (tr_cfg.policy != TR_ADVISE)
+        return;
+    /* Optimizer states are touched once per step: always zero-copy from the host. */
+    demote_kind(TR_COLD_OPT, UINT64_MAX);
+    uint64_t waiting = promote_hot();
+    /* fp32 master weights are also read in forward (the bf16 cast before all-gather):
+     * they leave only to make room for hot data still on the host. */
+    if (waiting) {
+        uint64_t budget = tr_budget();
+        demote_kind(TR_COLD_MASTER, budget > waiting ? budget - waiting : 0);
+        promote_hot();
+    }
+    peaks();
+}
+
+/* Start of an observation: host regions lose their advice so that GPU touches migrate. */
+void tr_place_unadvise(void)
+{
+    tr_s.defer_advice = 1;
+    for (int i = 0; i < tr_tab.n; i++) {
+        struct tr_alloc *a = &tr_tab.a[i];
+        for (int j = 0; j < a->nreg; j++) {
+            struct tr_region *r = &a->reg[j];
+            if (!r->advised)
+                continue;
+            tr_advise((void *)r->start, rsize(r), cudaMemAdviseUnsetPreferredLocation, TR_LOC_HOST, 0);
+            if (r->zero_copy) {
+                tr_advise((void *)r->start, rsize(r), cudaMemAdviseUnsetAccessedBy, TR_LOC_DEVICE, tr_s.device);
+                r->zero_copy = 0;
+                tr_st.zero_copy_bytes -= rsize(r);
+            }
+            r->advised = 0;
+        }
+    }
+}
+
+/* End of warm-up: host regions left unadvised for observation get their policy's advice
+ * and are evicted, so the budget holds from here on. */
+void tr_place_settle(void)
+{
+    tr_s.defer_advice = 0;
+    for (int i = 0; i < tr_tab.n; i++) {
+        struct tr_alloc *a = &tr_tab.a[i];
+        for (int j = 0; j < a->nreg; j++) {
+            struct tr_region *r = &a->reg[j];
+            if (r->place == TR_HOST && !r->advised) {
+                advise_host(r);
+                tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
+                tr_st.evict_calls++;
+                tr_st.evict_bytes += rsize(r);
+            }
+        }
+    }
+}
+
+/* Warm-up observation: send the observed set back to the host so that the next
+ * iteration migrates it again, in front of CUPTI. all: every region (advise's
+ * access probe), else only host-placed regions (prefetch's recording). */
+void tr_place_evict_observed(int all)
+{
+    for (int i = 0; i < tr_tab.n; i++) {
+        struct tr_alloc *a = &tr_tab.a[i];
+        for (int j = 0; j < a->nreg; j++) {
+            struct tr_region *r = &a->reg[j];
+            if (all || r->place == TR_HOST) {
+                tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
+                tr_st.evict_calls++;
+                tr_st.evict_bytes += rsize(r);
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+/* The application's own CUDA runtime, found at first use.
+ *
+ * dlsym(RTLD_NEXT) finds the libcudart that follows us in the global scope (PyTorch's
+ * wheels load theirs RTLD_GLOBAL). When the runtime was loaded RTLD_LOCAL, the loaded
+ * libcudart is found with dl_iterate_phdr and reopened RTLD_NOLOAD: the same instance,
+ * never a second copy. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <string.h>
+
+#include "transit.h"
+
+struct tr_real tr_real;
+
+static int find_cudart(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    const char *slash = strrchr(info->dlpi_name, '/');
+    const char *base = slash ? slash + 1 : info->dlpi_name;
+    if (strncmp(base, "libcudart.so", 12) == 0) {
+        void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            *(void **)data = h;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void *sym(const char *name)
+{
+    void *p = dlsym(RTLD_NEXT, name);
+    if (!p) {
+        static void *handle;
+        if (!handle)
+            dl_iterate_phdr(find_cudart, &handle);
+        if (handle)
+            p = dlsym(handle, name);
+    }
+    /* Never resolve to ourselves (a libcudart that re-exports through us). */
+    Dl_info self, found;
+    if (p && dladdr((void *)sym, &self) && dladdr(p, &found) && self.dli_fbase == found.dli_fbase)
+        return NULL;
+    return p;
+}
+
+#define RESOLVE(field, name) tr_real.field = (__typeof__(tr_real.field))sym(name)
+
+int tr_real_resolve(void)
+{
+    RESOLVE(malloc, "cudaMalloc");
+    RESOLVE(free, "cudaFree");
+    RESOLVE(malloc_managed, "cudaMallocManaged");
+    RESOLVE(mem_get_info, "cudaMemGetInfo");
+    RESOLVE(launch_kernel, "cudaLaunchKernel");
+    RESOLVE(launch_kernel_ex, "cudaLaunchKernelExC");
+    RESOLVE(get_device, "cudaGetDevice");
+    RESOLVE(device_get_attribute, "cudaDeviceGetAttribute");
+    RESOLVE(runtime_get_version, "cudaRuntimeGetVersion");
+    RESOLVE(device_synchronize, "cudaDeviceSynchronize");
+    RESOLVE(get_last_error, "cudaGetLastError");
+    if (!tr_real.malloc || !tr_real.free) {
+        tr_log(TR_ERROR, "no CUDA runtime (cudaMalloc/cudaFree) found in this process: passing through");
+        return -1;
+    }
+    if (!tr_real.malloc_managed || !tr_real.mem_get_info || !tr_real.runtime_get_version ||
+        !tr_real.get_device || !tr_real.device_get_attribute) {
+        tr_log(TR_ERROR, "the CUDA runtime lacks managed-memory entry points: passing through");
+        return -1;
+    }
+    int v = 0;
+    if (tr_real.runtime_get_version(&v) != cudaSuccess || v < 11000) {
+        tr_log(TR_ERROR, "CUDA runtime version %d is not supported (need 11.0 or newer): passing through", v);
+        return -1;
+    }
+    tr_real.runtime_version = v;
+    /* CUDA 13 takes cudaMemLocation under the plain names; 12.2-12.9 under *_v2. */
+    if (v >= 13000) {
+        tr_real.advise_fn = sym("cudaMemAdvise");
+        tr_real.prefetch_fn = sym("cudaMemPrefetchAsync");
+        tr_real.loc_api = 1;
+    } else if (v >= 12020 && sym("cudaMemAdvise_v2")) {
+        tr_real.advise_fn = sym("cudaMemAdvise_v2");
+        tr_real.prefetch_fn = sym("cudaMemPrefetchAsync_v2");
+        tr_real.loc_api = 1;
+    } else {
+        tr_real.advise_fn = sym("cudaMemAdvise");
+        tr_real.prefetch_fn = sym("cudaMemPrefetchAsync");
+        tr_real.loc_api = 0;
+    }
+    if (!tr_real.advise_fn || !tr_real.prefetch_fn) {
+        tr_log(TR_ERROR, "the CUDA runtime lacks cudaMemAdvise/cudaMemPrefetchAsync: passing through");
+        return -1;
+    }
+    return 0;
+}
+
+typedef cudaError_t (*advise_loc_t)(const void *, size_t, enum cudaMemoryAdvise, struct tr_loc);
+typedef cudaError_t (*advise_dev_t)(const void *, size_t, enum cudaMemoryAdvise, int);
+typedef cudaError_t (*prefetch_loc_t)(const void *, size_t, struct tr_loc, unsigned int, cudaStream_t);
+typedef cudaError_t (*prefetch_dev_t)(const void *, size_t, int, cudaStream_t);
+
+cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev)
+{
+    tr_st.advise_calls++;
+    if (tr_real.loc_api) {
+        struct tr_loc loc = {loc_type, loc_type == TR_LOC_HOST ? 0 : dev};
+        return ((advise_loc_t)tr_real.advise_fn)(p, n, a, loc);
+    }
+    return ((advise_dev_t)tr_real.advise_fn)(p, n, a, loc_type == TR_LOC_HOST ? cudaCpuDeviceId : dev);
+}
+
+cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s)
+{
+    if (tr_real.loc_api) {
+        struct tr_loc loc = {loc_type, loc_type == TR_LOC_HOST ? 0 : dev};
+        return ((prefetch_loc_t)tr_real.prefetch_fn)(p, n, loc, 0, s);
+    }
+    return ((prefetch_dev_t)tr_real.prefetch_fn)(p, n, loc_type == TR_LOC_HOST ? cudaCpuDeviceId : dev, s);
+}

@@ -1,0 +1,216 @@
+/* prefetch replay: merged host-to-device ranges per launch position, prefetched on the
+ * launch's stream just before the launch, in a window that keeps the budget (the oldest
+ * prefetched ranges go back to the host first). Also: iteration detection from the
+ * repeating kernel sequence, for programs without the framework adapter. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "transit.h"
+
+struct range { uintptr_t start, end; };
+struct slot { struct range *r; int n, cap; };
+
+static struct slot *slots;
+static uint64_t nslots;
+static uint64_t positions_with_ranges;
+
+/* window of prefetched ranges (FIFO) */
+static struct range *win;
+static int win_head, win_len, win_cap;
+static uint64_t win_bytes;
+
+void tr_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes)
+{
+    if (pos >= (1u << 24))
+        return;
+    if (pos >= nslots) {
+        uint64_t n = nslots ? nslots : 1024;
+        while (n <= pos)
+            n *= 2;
+        struct slot *s = realloc(slots, n * sizeof *s);
+        if (!s)
+            return;
+        memset(s + nslots, 0, (n - nslots) * sizeof *s);
+        slots = s;
+        nslots = n;
+    }
+    struct slot *s = &slots[pos];
+    if (s->n == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 4;
+        struct range *r = realloc(s->r, (size_t)cap * sizeof *r);
+        if (!r)
+            return;
+        s->r = r;
+        s->cap = cap;
+    }
+    s->r[s->n++] = (struct range){addr, addr + bytes};
+}
+
+static int by_start(const void *a, const void *b)
+{
+    const struct range *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Sort each position's ranges and merge those closer than TRANSIT_MERGE_GAP. */
+void tr_replay_finish(void)
+{
+    positions_with_ranges = 0;
+    for (uint64_t p = 0; p < nslots; p++) {
+        struct slot *s = &slots[p];
+        if (!s->n)
+            continue;
+        qsort(s->r, (size_t)s->n, sizeof *s->r, by_start);
+        int k = 0;
+        for (int i = 1; i < s->n; i++) {
+            if (s->r[i].start <= s->r[k].end + tr_cfg.merge_gap) {
+                if (s->r[i].end > s->r[k].end)
+                    s->r[k].end = s->r[i].end;
+            } else {
+                s->r[++k] = s->r[i];
+            }
+        }
+        s->n = k + 1;
+        positions_with_ranges++;
+    }
+    tr_s.replay_ready = tr_cfg.policy == TR_PREFETCH && positions_with_ranges > 0;
+}
+
+uint64_t tr_replay_positions(void) { return positions_with_ranges; }
+
+static void win_evict_one(cudaStream_t stream)
+{
+    struct range r = win[win_head];
+    win_head = (win_head + 1) % win_cap;
+    win_len--;
+    win_bytes -= r.end - r.start;
+    tr_prefetch((void *)r.start, r.end - r.start, TR_LOC_HOST, 0, stream);
+    tr_st.evict_calls++;
+    tr_st.evict_bytes += r.end - r.start;
+}
+
+void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
+{
+    if (pos >= nslots || !slots[pos].n)
+        return;
+    pthread_mutex_lock(&tr_lock);
+    uint64_t budget = tr_budget();
+    uint64_t room = budget > tr_tab.dev_bytes ? budget - tr_tab.dev_bytes : 0;
+    struct slot *s = &slots[pos];
+    for (int i = 0; i < s->n; i++) {
+        uint64_t len = s->r[i].end - s->r[i].start;
+        if (len > room)
+            continue; /* larger than all the room there is: the kernel reads it remotely */
+        while (win_len && win_bytes + len > room)
+            win_evict_one(stream);
+        if (win_len == win_cap) {
+            int cap = win_cap ? win_cap * 2 : 64;
+            struct range *w = malloc((size_t)cap * sizeof *w);
+            if (!w)
+                break;
+            for (int j = 0; j < win_len; j++)
+                w[j] = win[(win_head + j) % (win_cap ? win_cap : 1)];
+            free(win);
+            win = w;
+            win_head = 0;
+            win_cap = cap;
+        }
+        win[(win_head + win_len) % win_cap] = s->r[i];
+        win_len++;
+        win_bytes += len;
+        tr_prefetch((void *)s->r[i].start, len, TR_LOC_DEVICE, tr_s.device, stream);
+        tr_st.prefetch_calls++;
+        tr_st.prefetch_bytes += len;
+    }
+    pthread_mutex_unlock(&tr_lock);
+}
+
+void tr_replay_reset_window(void)
+{
+    win_head = win_len = 0;
+    win_bytes = 0;
+}
+
+/* ---- iteration detection from the kernel sequence ------------------------------
+ * The launch sequence of a training loop repeats once the first iteration's lazy
+ * set-up is over. Every 1024 launches (up to 2^18) look for the smallest period p >= 8
+ * with the last three p-long blocks equal (polynomial prefix hashes: O(n) a check).
+ * The boundary phase is the launch after the longest host-side pause within a period,
+ * where a training loop waits for data or for loss.item(). */
+#define SEQ_CAP (1u << 18)
+static uint64_t *hash;   /* prefix hashes */
+static uint64_t *powk;
+static double *when;
+static uint32_t seq_n;
+static const uint64_t K = 1000003ull;
+
+static uint64_t seg(uint32_t a, uint32_t b) { return hash[b] - hash[a] * powk[b - a]; }
+
+void tr_period_observe(const void *func)
+{
+    pthread_mutex_lock(&tr_lock);
+    if (tr_st.period || tr_s.adapter || seq_n >= SEQ_CAP) {
+        pthread_mutex_unlock(&tr_lock);
+        return;
+    }
+    if (!hash) {
+        hash = calloc(SEQ_CAP + 1, sizeof *hash);
+        powk = calloc(SEQ_CAP + 1, sizeof *powk);
+        when = calloc(SEQ_CAP, sizeof *when);
+        if (!hash || !powk || !when) {
+            seq_n = SEQ_CAP;
+            pthread_mutex_unlock(&tr_lock);
+            return;
+        }
+        powk[0] = 1;
+    }
+    uint64_t v = (uint64_t)(uintptr_t)func * 0x9e3779b97f4a7c15ull + 1;
+    hash[seq_n + 1] = hash[seq_n] * K + v;
+    powk[seq_n + 1] = powk[seq_n] * K;
+    when[seq_n] = tr_now_ms();
+    seq_n++;
+    if (seq_n % 1024 == 0) {
+        for (uint32_t p = 8; 3 * p <= seq_n; p++) {
+            uint32_t n = seq_n;
+            if (seg(n - p, n) == seg(n - 2 * p, n - p) && seg(n - 2 * p, n - p) == seg(n - 3 * p, n - 2 * p)) {
+                /* phase: the launch after the longest pause, over the last two periods */
+                uint32_t best = n - p;
+                double gap = -1;
+                for (uint32_t i = n - 2 * p + 1; i < n; i++)
+                    if (when[i] - when[i - 1] > gap) {
+                        gap = when[i] - when[i - 1];
+                        best = i;
+                    }
+                uint64_t launches = atomic_load(&tr_st.launches);
+                /* the sequence index i is launch number i; next boundary at best + k p */
+                uint64_t next = best;
+                while (next + p <= launches)
+                    next += p;
+                tr_st.period = p;
+                tr_s.boundary_launch = next > p ? next - p : 0;
+                tr_log(TR_INFO, "iteration detected: %u kernel launches repeat", p);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&tr_lock);
+}
+
+#ifdef TRANSIT_TESTING
+/* Test hooks (built only with -DTRANSIT_TESTING): load a replay table without CUPTI. */
+EXPORT void transit_test_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes)
+{
+    pthread_mutex_lock(&tr_lock);
+    tr_replay_add(pos, addr, bytes);
+    pthread_mutex_unlock(&tr_lock);
+}
+
+EXPORT void transit_test_replay_finish(void)
+{
+    pthread_mutex_lock(&tr_lock);
+    tr_replay_finish();
+    if (tr_s.replay_ready)
+        tr_place_settle();
+    pthread_mutex_unlock(&tr_lock);
+}
+#endif

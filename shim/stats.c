@@ -1,0 +1,99 @@
+/* TRANSIT_STATS: a JSON report at exit (and on demand through transit_write_stats).
+ * A path naming a directory gets transit-<rank or pid>.json inside it; "%p" in a path
+ * is replaced by the pid and "%r" by $RANK, so every rank of a job writes its own. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "transit.h"
+
+static void expand(const char *in, char *out, size_t len)
+{
+    struct stat st;
+    const char *rank = getenv("RANK");
+    if (stat(in, &st) == 0 && S_ISDIR(st.st_mode)) {
+        if (rank)
+            snprintf(out, len, "%s/transit-rank%s.json", in, rank);
+        else
+            snprintf(out, len, "%s/transit-%d.json", in, (int)getpid());
+        return;
+    }
+    size_t o = 0;
+    for (const char *c = in; *c && o + 32 < len; c++) {
+        if (c[0] == '%' && c[1] == 'p') {
+            o += (size_t)snprintf(out + o, len - o, "%d", (int)getpid());
+            c++;
+        } else if (c[0] == '%' && c[1] == 'r') {
+            o += (size_t)snprintf(out + o, len - o, "%s", rank ? rank : "0");
+            c++;
+        } else {
+            out[o++] = *c;
+        }
+    }
+    out[o] = 0;
+}
+
+int tr_write_stats(const char *path)
+{
+    char full[4200], tmp[4300];
+    expand(path, full, sizeof full);
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", full, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        tr_log(TR_WARN, "cannot write stats to %s", full);
+        return -1;
+    }
+    pthread_mutex_lock(&tr_lock);
+    if (!tr_s.passthrough && tr_cfg.policy != TR_OFF)
+        tr_sample_residency();
+    static const char *sources[] = {"none", "adapter", "kernel-sequence"};
+    fprintf(f, "{\n  \"version\": 1,\n  \"pid\": %d,\n  \"policy\": \"%s\",\n  \"passthrough\": %s,\n",
+            (int)getpid(), tr_policy_name(tr_cfg.policy), tr_s.passthrough ? "true" : "false");
+    fprintf(f, "  \"budget_bytes\": %llu,\n  \"budget_explicit\": %s,\n  \"guard_limit_bytes\": %llu,\n",
+            (unsigned long long)(tr_s.passthrough ? 0 : tr_budget()), tr_cfg.budget ? "true" : "false",
+            (unsigned long long)tr_guard_limit());
+    fprintf(f, "  \"free_at_start_bytes\": %llu,\n  \"runtime_version\": %d,\n",
+            (unsigned long long)tr_s.free_at_start, tr_real.runtime_version);
+    fprintf(f, "  \"cuda_malloc_calls\": %llu,\n  \"cuda_free_calls\": %llu,\n  \"managed_allocs\": %llu,\n",
+            (unsigned long long)tr_st.mallocs, (unsigned long long)tr_st.frees,
+            (unsigned long long)tr_st.managed_allocs);
+    fprintf(f, "  \"failed_allocs\": %llu,\n  \"guard_refusals\": %llu,\n  \"kernel_launches\": %llu,\n",
+            (unsigned long long)tr_st.failed_allocs, (unsigned long long)tr_st.guard_refusals,
+            (unsigned long long)tr_st.launches);
+    fprintf(f, "  \"managed_bytes\": %llu,\n  \"managed_peak_bytes\": %llu,\n",
+            (unsigned long long)tr_tab.managed_bytes, (unsigned long long)tr_st.managed_peak);
+    fprintf(f, "  \"device_placed_bytes\": %llu,\n  \"device_placed_peak_bytes\": %llu,\n",
+            (unsigned long long)tr_tab.dev_bytes, (unsigned long long)tr_st.dev_placed_peak);
+    fprintf(f, "  \"host_placed_bytes\": %llu,\n  \"host_placed_peak_bytes\": %llu,\n",
+            (unsigned long long)tr_st.host_placed_bytes, (unsigned long long)tr_st.host_placed_peak);
+    fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",
+            (unsigned long long)tr_st.zero_copy_bytes, (unsigned long long)tr_st.zero_copy_peak);
+    fprintf(f, "  \"cold_hint_bytes\": {\"optimizer\": %llu, \"master\": %llu},\n",
+            (unsigned long long)tr_st.hint_bytes[TR_COLD_OPT], (unsigned long long)tr_st.hint_bytes[TR_COLD_MASTER]);
+    fprintf(f, "  \"gpu_resident_peak_bytes\": %llu,\n  \"gpu_resident_peak_steady_bytes\": %llu,\n",
+            (unsigned long long)tr_st.resident_peak, (unsigned long long)tr_st.resident_peak_steady);
+    fprintf(f, "  \"page_faults\": %llu,\n  \"htod_bytes\": %llu,\n  \"dtoh_bytes\": %llu,\n",
+            (unsigned long long)tr_st.um_faults, (unsigned long long)tr_st.um_htod_bytes,
+            (unsigned long long)tr_st.um_dtoh_bytes);
+    fprintf(f, "  \"prefetch_calls\": %llu,\n  \"prefetch_bytes\": %llu,\n  \"evict_calls\": %llu,\n"
+               "  \"evict_bytes\": %llu,\n  \"advise_calls\": %llu,\n  \"replay_positions\": %llu,\n",
+            (unsigned long long)tr_st.prefetch_calls, (unsigned long long)tr_st.prefetch_bytes,
+            (unsigned long long)tr_st.evict_calls, (unsigned long long)tr_st.evict_bytes,
+            (unsigned long long)tr_st.advise_calls, (unsigned long long)tr_replay_positions());
+    fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
+            tr_st.iterations, sources[tr_st.boundary_source], (unsigned long long)tr_st.period);
+    fprintf(f, "  \"iteration_ms\": [");
+    for (int i = 0; i < tr_st.n_iter_ms; i++)
+        fprintf(f, "%s%.3f", i ? ", " : "", tr_st.iter_ms[i]);
+    fprintf(f, "]\n}\n");
+    pthread_mutex_unlock(&tr_lock);
+    int bad = fclose(f) != 0;
+    if (bad || rename(tmp, full) != 0) {
+        tr_log(TR_WARN, "cannot write stats to %s", full);
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}

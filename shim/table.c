@@ -1,0 +1,94 @@
+/* The allocation table: live managed allocations sorted by address, each cut into
+ * page-aligned regions that carry a kind (hot, cold) and a placement (device, host).
+ * All functions expect tr_lock held. A few hundred segments is typical for PyTorch's
+ * caching allocator, so a sorted array with binary search is enough. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "transit.h"
+
+pthread_mutex_t tr_lock = PTHREAD_MUTEX_INITIALIZER;
+struct tr_table tr_tab;
+
+static int lower_bound(uintptr_t ptr)
+{
+    int lo = 0, hi = tr_tab.n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (tr_tab.a[mid].ptr < ptr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size)
+{
+    if (tr_tab.n == tr_tab.cap) {
+        int cap = tr_tab.cap ? tr_tab.cap * 2 : 256;
+        struct tr_alloc *a = realloc(tr_tab.a, (size_t)cap * sizeof *a);
+        if (!a)
+            return NULL;
+        tr_tab.a = a;
+        tr_tab.cap = cap;
+    }
+    struct tr_region *r = malloc(4 * sizeof *r);
+    if (!r)
+        return NULL;
+    int i = lower_bound(ptr);
+    memmove(&tr_tab.a[i + 1], &tr_tab.a[i], (size_t)(tr_tab.n - i) * sizeof tr_tab.a[0]);
+    tr_tab.n++;
+    struct tr_alloc *a = &tr_tab.a[i];
+    *a = (struct tr_alloc){.ptr = ptr, .size = size, .seq = tr_tab.next_seq++, .nreg = 1, .capreg = 4, .reg = r};
+    r[0] = (struct tr_region){.start = ptr, .end = ptr + size, .kind = TR_HOT, .place = TR_DEV};
+    tr_tab.managed_bytes += size;
+    return a;
+}
+
+struct tr_alloc *tr_table_find(uintptr_t addr)
+{
+    int i = lower_bound(addr + 1) - 1; /* last allocation starting at or before addr */
+    if (i >= 0 && addr < tr_tab.a[i].ptr + tr_tab.a[i].size)
+        return &tr_tab.a[i];
+    return NULL;
+}
+
+void tr_table_remove(struct tr_alloc *a)
+{
+    int i = (int)(a - tr_tab.a);
+    tr_tab.managed_bytes -= a->size;
+    free(a->reg);
+    memmove(&tr_tab.a[i], &tr_tab.a[i + 1], (size_t)(tr_tab.n - i - 1) * sizeof tr_tab.a[0]);
+    tr_tab.n--;
+}
+
+/* Cut a so that [start, end) is covered by whole regions (new pieces inherit their
+ * parent's kind and placement). */
+static int cut(struct tr_alloc *a, uintptr_t at)
+{
+    for (int i = 0; i < a->nreg; i++) {
+        struct tr_region *r = &a->reg[i];
+        if (at <= r->start || at >= r->end)
+            continue;
+        if (a->nreg == a->capreg) {
+            struct tr_region *n = realloc(a->reg, (size_t)a->capreg * 2 * sizeof *n);
+            if (!n)
+                return -1;
+            a->reg = n;
+            a->capreg *= 2;
+            r = &a->reg[i];
+        }
+        memmove(&a->reg[i + 1], &a->reg[i], (size_t)(a->nreg - i) * sizeof *r);
+        a->nreg++;
+        a->reg[i].end = at;
+        a->reg[i + 1].start = at;
+        return 0;
+    }
+    return 0;
+}
+
+int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end)
+{
+    return cut(a, start) || cut(a, end) ? -1 : 0;
+}

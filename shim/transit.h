@@ -1,0 +1,164 @@
+/* libtransit.so internals: one header for the shim's modules.
+ *
+ * Only the interposed CUDA runtime entry points (interpose.c) and the transit_* C API
+ * (api.c, transit_api.h) are exported; everything else is hidden (exports.map). */
+#ifndef TRANSIT_H
+#define TRANSIT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- configuration (config.c) ------------------------------------------- */
+enum tr_policy { TR_OFF = 0, TR_BASE, TR_PREFETCH, TR_ADVISE };
+
+struct tr_config {
+    enum tr_policy policy;
+    uint64_t budget;          /* managed bytes allowed on the GPU; 0 = free memory at start */
+    int allow_oversubscribe;  /* TRANSIT_ALLOW_OVERSUBSCRIBE=1 */
+    uint64_t reserve;         /* device memory kept out of the guard (context, NCCL, ...) */
+    int warmup_iters;         /* TRANSIT_WARMUP_ITERS */
+    uint64_t merge_gap;       /* TRANSIT_MERGE_GAP */
+    char stats_path[4096];    /* TRANSIT_STATS ("" = none) */
+    int log_level;            /* 0 error, 1 warn, 2 info, 3 debug */
+};
+HIDDEN extern struct tr_config tr_cfg;
+HIDDEN void tr_config_load(void);
+HIDDEN const char *tr_policy_name(enum tr_policy p);
+HIDDEN int tr_parse_size(const char *s, uint64_t *out);
+
+/* ---- logging (log.c): stderr only, never stdout ----------------------------- */
+enum { TR_ERROR = 0, TR_WARN = 1, TR_INFO = 2, TR_DEBUG = 3 };
+HIDDEN void tr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- the real runtime (real.c) ------------------------------------------- */
+struct tr_loc { int type; int id; }; /* ABI of struct cudaMemLocation (CUDA >= 12.2) */
+enum { TR_LOC_DEVICE = 1, TR_LOC_HOST = 2 };
+
+struct tr_real {
+    cudaError_t (*malloc)(void **, size_t);
+    cudaError_t (*free)(void *);
+    cudaError_t (*malloc_managed)(void **, size_t, unsigned int);
+    cudaError_t (*mem_get_info)(size_t *, size_t *);
+    cudaError_t (*launch_kernel)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+    cudaError_t (*launch_kernel_ex)(const void *, const void *, void **);
+    cudaError_t (*get_device)(int *);
+    cudaError_t (*device_get_attribute)(int *, enum cudaDeviceAttr, int);
+    cudaError_t (*runtime_get_version)(int *);
+    cudaError_t (*device_synchronize)(void);
+    cudaError_t (*get_last_error)(void);
+    /* resolved by version: CUDA 13 names, 12.2+ *_v2 names, or the legacy int-device form */
+    void *advise_fn;
+    void *prefetch_fn;
+    int loc_api; /* 1: cudaMemLocation arguments, 0: legacy int device */
+    int runtime_version;
+};
+HIDDEN extern struct tr_real tr_real;
+HIDDEN int tr_real_resolve(void); /* 0 ok; -1: pass through (logged) */
+HIDDEN cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev);
+HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s);
+
+/* ---- allocation table and placement (table.c, place.c) --------------------- */
+enum tr_kind { TR_HOT = 0, TR_COLD_MASTER = 1, TR_COLD_OPT = 2 };
+enum tr_place { TR_DEV = 0, TR_HOST = 1 };
+
+struct tr_region {          /* page-aligned piece of one allocation */
+    uintptr_t start, end;
+    uint8_t kind, place, zero_copy, advised;
+    uint32_t touches;       /* distinct launch positions seen migrating it (warm-up) */
+};
+
+struct tr_alloc {
+    uintptr_t ptr;
+    size_t size;
+    uint64_t seq;           /* allocation order */
+    int nreg, capreg;
+    struct tr_region *reg;
+};
+
+struct tr_table {
+    struct tr_alloc *a;     /* sorted by ptr */
+    int n, cap;
+    uint64_t next_seq;
+    uint64_t managed_bytes; /* live managed allocations */
+    uint64_t dev_bytes;     /* of those, placed on the device */
+};
+
+HIDDEN extern pthread_mutex_t tr_lock;
+HIDDEN extern struct tr_table tr_tab;
+HIDDEN struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size);
+HIDDEN struct tr_alloc *tr_table_find(uintptr_t addr); /* containing allocation or NULL */
+HIDDEN void tr_table_remove(struct tr_alloc *a);
+HIDDEN int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end); /* 0 ok */
+
+HIDDEN void tr_place_new(struct tr_alloc *a);
+HIDDEN void tr_place_drop(struct tr_alloc *a);
+HIDDEN int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind);
+HIDDEN void tr_rebalance(void);
+HIDDEN void tr_place_settle(void);
+HIDDEN void tr_place_unadvise(void);
+HIDDEN void tr_place_evict_observed(int all);
+HIDDEN uint64_t tr_budget(void);
+HIDDEN uint64_t tr_guard_limit(void);
+
+/* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
+struct tr_stats {
+    _Atomic uint64_t mallocs, frees, managed_allocs, failed_allocs, guard_refusals;
+    _Atomic uint64_t launches;
+    uint64_t managed_peak, dev_placed_peak, host_placed_bytes, host_placed_peak;
+    uint64_t zero_copy_bytes, zero_copy_peak;
+    uint64_t prefetch_calls, prefetch_bytes, evict_calls, evict_bytes;
+    uint64_t advise_calls;
+    uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI, during recording */
+    uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
+    uint64_t hint_bytes[3];
+    int iterations;
+    int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
+    uint64_t period;        /* detected launches per iteration */
+    double iter_ms[4096];
+    int n_iter_ms;
+};
+HIDDEN extern struct tr_stats tr_st;
+
+struct tr_state {
+    int initialized;
+    int runtime_ready;
+    int passthrough;        /* something needed is missing: behave like TRANSIT_POLICY=off */
+    int device;
+    uint64_t free_at_start, total_mem;
+    int adapter;            /* the framework adapter reported a boundary */
+    int cupti;              /* recorder active */
+    int replay_ready;       /* prefetch table built */
+    int defer_advice;       /* warm-up: host regions stay unadvised (observable) */
+    uint64_t boundary_launch; /* launch count at the last iteration boundary */
+    double t_last_boundary;
+};
+HIDDEN extern struct tr_state tr_s;
+HIDDEN void tr_init_once(void);    /* configuration */
+HIDDEN void tr_runtime_once(void); /* + the CUDA runtime: from interposed calls only */
+HIDDEN void tr_sample_residency(void);
+HIDDEN void tr_iteration_boundary(int source);
+HIDDEN double tr_now_ms(void);
+HIDDEN int tr_write_stats(const char *path);
+
+/* ---- recorder and replay (cupti.c, replay.c) --------------------------------- */
+HIDDEN int tr_cupti_start(void);     /* 0 ok */
+HIDDEN void tr_cupti_stop(void);     /* flush, build the replay table, release CUPTI */
+HIDDEN void tr_cupti_push(uint64_t id);
+HIDDEN void tr_cupti_pop(void);
+HIDDEN void tr_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes);
+HIDDEN void tr_replay_finish(void);  /* merge ranges per position */
+HIDDEN void tr_replay_before_launch(uint64_t pos, cudaStream_t stream);
+HIDDEN void tr_replay_reset_window(void);
+HIDDEN uint64_t tr_replay_positions(void);
+HIDDEN void tr_period_observe(const void *func);
+HIDDEN void tr_observe_touch(uintptr_t addr, uint64_t bytes, uint64_t pos);
+HIDDEN void tr_observe_classify(void);
+
+#endif

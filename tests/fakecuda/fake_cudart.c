@@ -1,0 +1,153 @@
+/* A stand-in libcudart.so.13 for tests on machines without a GPU: it exports the runtime
+ * entry points the shim uses, simulates a device of FAKE_GPU_MEM bytes with fake
+ * addresses (never dereferenced), and appends every call to $FAKE_CUDART_LOG.
+ * Knobs: FAKE_GPU_MEM, FAKE_RUNTIME_VERSION (13000), FAKE_NO_MANAGED=1,
+ * FAKE_MANAGED_FAIL=1 (cudaMallocManaged returns cudaErrorNotSupported). */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t next_addr = 0x7f0000000000ull, used, total;
+static FILE *logf;
+
+struct blk { uint64_t p, n; };
+static struct blk *blks;
+static size_t nblk, cblk;
+
+static void init(void)
+{
+    if (total)
+        return;
+    const char *m = getenv("FAKE_GPU_MEM");
+    total = m ? strtoull(m, NULL, 10) : 80000000000ull;
+    const char *l = getenv("FAKE_CUDART_LOG");
+    if (l)
+        logf = fopen(l, "a");
+}
+
+static void logcall(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logcall(const char *fmt, ...)
+{
+    if (!logf)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(logf, fmt, ap);
+    va_end(ap);
+    fputc('\n', logf);
+    fflush(logf);
+}
+
+/* Managed memory, as with real UVM, takes no device memory until touched: only
+ * cudaMalloc counts against FAKE_GPU_MEM. */
+static cudaError_t alloc(void **p, size_t n, const char *what)
+{
+    int managed = what[10] == 'M';
+    pthread_mutex_lock(&mu);
+    init();
+    if (!managed && used + n > total) {
+        logcall("%s %zu -> oom", what, n);
+        pthread_mutex_unlock(&mu);
+        return cudaErrorMemoryAllocation;
+    }
+    uint64_t a = next_addr;
+    next_addr += (n + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
+    if (!managed)
+        used += n;
+    if (nblk == cblk) {
+        cblk = cblk ? cblk * 2 : 64;
+        blks = realloc(blks, cblk * sizeof *blks);
+    }
+    blks[nblk++] = (struct blk){a, managed ? 0 : n};
+    *p = (void *)a;
+    logcall("%s %zu 0x%llx", what, n, (unsigned long long)a);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n) { return alloc(p, n, "cudaMalloc"); }
+
+cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
+{
+    (void)flags;
+    if (getenv("FAKE_MANAGED_FAIL"))
+        return cudaErrorNotSupported;
+    return alloc(p, n, "cudaMallocManaged");
+}
+
+cudaError_t cudaFree(void *p)
+{
+    pthread_mutex_lock(&mu);
+    init();
+    for (size_t i = 0; i < nblk; i++)
+        if (blks[i].p == (uint64_t)p) {
+            used -= blks[i].n;
+            blks[i] = blks[--nblk];
+            break;
+        }
+    logcall("cudaFree 0x%llx", (unsigned long long)(uintptr_t)p);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t)
+{
+    pthread_mutex_lock(&mu);
+    init();
+    *f = total - used;
+    *t = total;
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v)
+{
+    const char *e = getenv("FAKE_RUNTIME_VERSION");
+    *v = e ? atoi(e) : 13000;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
+{
+    (void)d;
+    *v = (a == cudaDevAttrManagedMemory || a == cudaDevAttrConcurrentManagedAccess) && !getenv("FAKE_NO_MANAGED");
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemAdvise(const void *p, size_t n, enum cudaMemoryAdvise a, struct cudaMemLocation loc)
+{
+    pthread_mutex_lock(&mu);
+    logcall("cudaMemAdvise 0x%llx %zu %d %d %d", (unsigned long long)(uintptr_t)p, n, (int)a, (int)loc.type, loc.id);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation loc, unsigned int flags,
+                                 cudaStream_t s)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu);
+    logcall("cudaMemPrefetchAsync 0x%llx %zu %d %d %p", (unsigned long long)(uintptr_t)p, n, (int)loc.type, loc.id,
+            (void *)s);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s)
+{
+    (void)g; (void)b; (void)args; (void)shm;
+    pthread_mutex_lock(&mu);
+    logcall("cudaLaunchKernel %p %p", f, (void *)s);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}

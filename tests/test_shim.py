@@ -1,0 +1,221 @@
+"""libtransit.so on a machine without a GPU: a fake libcudart (tests/fakecuda) records
+every runtime call, and a small program linked against it, the way PyTorch's libraries
+are, runs under LD_PRELOAD. Checks interposition, the allocation table, placement
+decisions, the budget and the oversubscription guard, stats JSON, threads, fork, and
+pass-through when something the shim needs is missing."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from transit_launch import doctor, inject, shimbuild
+
+HERE = Path(__file__).resolve().parent / "fakecuda"
+GB = 10**9
+ADV_PREFERRED, ADV_UNSET_PREFERRED, ADV_ACCESSED_BY = 3, 4, 5
+LOC_DEVICE, LOC_HOST = 1, 2
+
+CUDA_INC = shimbuild.find_header("cuda_runtime_api.h")
+pytestmark = pytest.mark.skipif(CUDA_INC is None or not shutil.which("cc"),
+                                reason="needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fakecuda")
+    cc = ["cc", "-std=c11", "-O1", "-Wall", "-Wextra", f"-I{CUDA_INC}"]
+    subprocess.run([*cc, "-fPIC", "-shared", "-Wl,-soname,libcudart.so.13", "-o", str(d / "libcudart.so.13"),
+                    str(HERE / "fake_cudart.c"), "-lpthread"], check=True)
+    (d / "libcudart.so").symlink_to("libcudart.so.13")
+    subprocess.run([*cc, "-o", str(d / "app"), str(HERE / "app.c"), f"-L{d}", "-lcudart", f"-Wl,-rpath,{d}",
+                    "-lpthread", "-ldl"], check=True)
+    shim, warnings = shimbuild.build(d / "lib", extra_cflags=["-DTRANSIT_TESTING"])
+    assert shim, warnings
+    return {"dir": d, "app": d / "app", "shim": shim, "warnings": warnings}
+
+
+def run(built, *args, policy="advise", env=None, preload=True):
+    log = built["dir"] / f"calls-{os.getpid()}-{run.n}.log"
+    run.n += 1
+    log.unlink(missing_ok=True)
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
+    e.update({"FAKE_CUDART_LOG": str(log), "TRANSIT_POLICY": policy, "TRANSIT_LOG": "info"})
+    if preload:
+        e["LD_PRELOAD"] = str(built["shim"])
+    e.update(env or {})
+    res = subprocess.run([str(built["app"]), *map(str, args)], env=e, capture_output=True, text=True, timeout=120)
+    calls = log.read_text().splitlines() if log.exists() else []
+    out = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    return res, out, calls
+
+
+run.n = 0
+
+
+def stats_of(path):
+    return json.loads(Path(path).read_text())
+
+
+def test_build_is_warning_free_and_exports_only_the_api(built):
+    assert "warning" not in built["warnings"]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(built["shim"])], capture_output=True, text=True).stdout
+    names = {line.split()[-1] for line in syms.splitlines() if line.strip()}
+    assert {"cudaMalloc", "cudaFree", "cudaMemGetInfo", "cudaLaunchKernel", "transit_hint", "transit_iteration"} <= names
+    assert all(n.startswith(("cuda", "transit_")) for n in names), names
+
+
+def test_interposition_turns_cudamalloc_managed(built, tmp_path):
+    res, out, calls = run(built, "alloc", GB, 2 * GB, env={"TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0 and out["alloc0"] == "0" and out["alloc1"] == "0"
+    assert [c.split()[0] for c in calls if c.startswith("cudaMalloc")] == ["cudaMallocManaged"] * 2
+    assert sum(c.startswith("cudaFree") for c in calls) == 2
+    s = stats_of(tmp_path / "s.json")
+    assert s["policy"] == "advise" and s["managed_allocs"] == 2 and s["managed_peak_bytes"] == 3 * GB
+    assert s["managed_bytes"] == 0 and s["host_placed_bytes"] == 0  # everything freed, nothing left behind
+
+
+def test_off_is_pure_pass_through(built, tmp_path):
+    res, out, calls = run(built, "alloc", GB, policy="off", env={"TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0 and out["alloc0"] == "0"
+    assert [c.split()[0] for c in calls] == ["cudaMalloc", "cudaFree"]
+    assert stats_of(tmp_path / "s.json")["managed_allocs"] == 0
+
+
+def test_no_output_on_stdout(built):
+    plain, _, _ = run(built, "hint", GB, 0, GB, 2, preload=False)
+    shimmed, _, _ = run(built, "hint", GB, 0, GB, 2, env={"TRANSIT_LOG": "debug"})
+    strip = lambda text: [l for l in text.splitlines() if not l.startswith(("ptr=", "hint"))]  # noqa: E731
+    assert strip(shimmed.stdout) == strip(plain.stdout) == []
+    assert "hint=0" in shimmed.stdout
+    assert "transit[" in shimmed.stderr  # the log goes to stderr
+
+
+def test_budget_places_overflow_on_host_zero_copy(built, tmp_path):
+    res, out, calls = run(built, "alloc", GB, GB, 2 * GB,
+                          env={"TRANSIT_GPU_BUDGET": "3GB", "TRANSIT_STATS": str(tmp_path / "s.json")})
+    third = next(c.split()[2] for c in calls if c.startswith("cudaMallocManaged 2000000000"))
+    advice = [c.split() for c in calls if c.startswith("cudaMemAdvise")]
+    assert [(a[1], int(a[3]), int(a[4])) for a in advice] == [(third, ADV_PREFERRED, LOC_HOST),
+                                                             (third, ADV_ACCESSED_BY, LOC_DEVICE)]
+    # the program sees a 3 GB GPU with 1 GB free (2 GB placed on it)
+    assert (int(out["total"]), int(out["free"])) == (3 * GB, GB)
+    s = stats_of(tmp_path / "s.json")
+    assert s["device_placed_peak_bytes"] == 2 * GB <= s["budget_bytes"] == 3 * GB
+    assert s["host_placed_peak_bytes"] == 2 * GB and s["zero_copy_mapped_peak_bytes"] == 2 * GB
+
+
+def test_base_places_overflow_without_accessed_by(built):
+    _, _, calls = run(built, "alloc", 2 * GB, 2 * GB, policy="base", env={"TRANSIT_GPU_BUDGET": "3GB"})
+    advice = [c.split() for c in calls if c.startswith("cudaMemAdvise")]
+    assert [(int(a[3]), int(a[4])) for a in advice] == [(ADV_PREFERRED, LOC_HOST)]
+
+
+def test_guard_refuses_beyond_free_memory(built, tmp_path):
+    env = {"FAKE_GPU_MEM": str(10 * GB), "TRANSIT_STATS": str(tmp_path / "s.json")}
+    res, out, calls = run(built, "alloc", 6 * GB, 6 * GB, GB, env=env)
+    assert (out["alloc0"], out["alloc1"], out["alloc2"]) == ("0", "2", "0")  # 2 = cudaErrorMemoryAllocation
+    assert "refusing cudaMalloc(6000000000)" in res.stderr
+    assert stats_of(tmp_path / "s.json")["guard_refusals"] == 1
+    assert sum(c.startswith("cudaMallocManaged") for c in calls) == 2  # never asked the runtime
+    _, out, _ = run(built, "alloc", 6 * GB, 6 * GB, env=env | {"TRANSIT_ALLOW_OVERSUBSCRIBE": "1"})
+    assert (out["alloc0"], out["alloc1"]) == ("0", "0")
+
+
+def test_hint_moves_optimizer_range_to_host(built, tmp_path):
+    res, out, calls = run(built, "hint", 4 * GB, 1_000_000, 2 * GB, 2, tmp_path / "s.json",
+                          env={"TRANSIT_GPU_BUDGET": "8GB"})
+    assert out["hint"] == "0" and out["hint_foreign"] == "-1" and out["stats"] == "0"
+    base = int(out["ptr"], 16)
+    start = (base + 1_000_000 + 65535) // 65536 * 65536  # aligned inwards to 64 KiB
+    end = (base + 1_000_000 + 2 * GB) // 65536 * 65536
+    want = f"0x{start:x} {end - start}"
+    assert f"cudaMemAdvise {want} {ADV_PREFERRED} {LOC_HOST} 0" in calls
+    assert f"cudaMemAdvise {want} {ADV_ACCESSED_BY} {LOC_DEVICE} 0" in calls
+    assert f"cudaMemPrefetchAsync {want} {LOC_HOST} 0 (nil)" in calls  # evicted now: the budget holds physically
+    s = stats_of(tmp_path / "s.json")
+    assert s["cold_hint_bytes"]["optimizer"] == end - start == s["zero_copy_mapped_bytes"]
+    assert s["device_placed_bytes"] == 4 * GB - (end - start)
+
+
+def test_prefetch_replay_window_keeps_budget(built, tmp_path):
+    """q (2 GB) is on the host under a 3 GB budget; the replay table prefetches parts of it
+    before launches 5 and 10 of every iteration, within the 1 GB of room left."""
+    res, out, calls = run(built, "loop", 3, 20, 2 * GB, "adapter", "replay", policy="prefetch",
+                          env={"TRANSIT_GPU_BUDGET": "3GB", "TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0, res.stderr
+    q = int(out["q"], 16)
+    seq = [c for c in calls if c.startswith(("cudaLaunchKernel", "cudaMemPrefetchAsync"))]
+    first = f"cudaMemPrefetchAsync 0x{q:x} {768 << 20} {LOC_DEVICE} 0 (nil)"
+    second = f"cudaMemPrefetchAsync 0x{q + (1 << 30):x} {(512 << 20) + 4096} {LOC_DEVICE} 0 0x7"
+    evict_first = f"cudaMemPrefetchAsync 0x{q:x} {768 << 20} {LOC_HOST} 0 0x7"
+    i = seq.index(first)
+    assert sum(s.startswith("cudaLaunchKernel") for s in seq[:i]) == 5  # right before launch 5
+    j = seq.index(second)
+    assert seq[j - 1] == evict_first  # 768 + 512 MB > 1 GB of room: the oldest goes back first
+    assert sum(s.startswith("cudaLaunchKernel") for s in seq[:j]) == 10
+    s = stats_of(tmp_path / "s.json")
+    assert s["prefetch_calls"] == 6 and s["replay_positions"] == 2 and s["iteration_source"] == "adapter"
+
+
+def test_iterations_detected_from_kernel_sequence(built, tmp_path):
+    res, out, _ = run(built, "loop", 40, 300, GB, env={"TRANSIT_STATS": str(tmp_path / "s.json")})
+    s = stats_of(tmp_path / "s.json")
+    assert s["iteration_source"] == "kernel-sequence" and s["detected_period"] == 300
+    assert 30 <= s["iterations"] <= 40 and s["kernel_launches"] == 12000
+    assert len(s["iteration_ms"]) == s["iterations"] - 1
+
+
+def test_adapter_boundaries(built, tmp_path):
+    run(built, "loop", 7, 50, GB, "adapter", env={"TRANSIT_STATS": str(tmp_path / "s.json")})
+    s = stats_of(tmp_path / "s.json")
+    assert (s["iterations"], s["iteration_source"], s["detected_period"]) == (7, "adapter", 0)
+
+
+def test_thread_safety_under_concurrent_allocations(built, tmp_path):
+    res, out, calls = run(built, "threads", 8, 2000, 1 << 20, env={"TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0 and out["done"] == "1"
+    s = stats_of(tmp_path / "s.json")
+    assert s["managed_allocs"] == s["cuda_free_calls"] == 16000
+    assert s["managed_bytes"] == 0 and s["device_placed_bytes"] == 0
+    assert sum(c.startswith("cudaMallocManaged") for c in calls) == 16000
+
+
+def test_fork_child_allocates_and_only_parent_reports(built, tmp_path):
+    stats = tmp_path / "s-%p.json"
+    res, out, _ = run(built, "fork", GB, env={"TRANSIT_STATS": str(stats)})
+    assert out["child"] == "0" and out["parent"] == "0"
+    files = list(tmp_path.glob("s-*.json"))
+    assert len(files) == 1 and stats_of(files[0])["managed_allocs"] == 1
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"FAKE_NO_MANAGED": "1"}, "no managed memory support: passing through"),
+    ({"FAKE_RUNTIME_VERSION": "10020"}, "version 10020 is not supported"),
+    ({"TRANSIT_POLICY": "turbo"}, "TRANSIT_POLICY=turbo is not one of"),
+])
+def test_pass_through_when_something_is_missing(built, tmp_path, env, needle):
+    res, out, calls = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", "TRANSIT_STATS": str(tmp_path / "s.json")} | env)
+    assert res.returncode == 0 and out["alloc0"] == "0"
+    assert needle in res.stderr and res.stderr.count("\n") == 1  # one line, then silence
+    assert [c.split()[0] for c in calls] == ["cudaMalloc", "cudaFree"]
+
+
+def test_managed_failure_falls_back_to_plain_memory(built):
+    res, out, calls = run(built, "alloc", GB, env={"FAKE_MANAGED_FAIL": "1"})
+    assert out["alloc0"] == "0" and "using cudaMalloc for it" in res.stderr
+    assert [c.split()[0] for c in calls] == ["cudaMalloc", "cudaFree"]
+
+
+def test_build_without_headers_installs_and_doctor_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(shimbuild, "find_header", lambda *a, **k: None)
+    path, reason = shimbuild.build(tmp_path / "lib")
+    assert path is None and "cuda_runtime_api.h" in reason
+    assert (tmp_path / "lib" / "BUILD_SKIPPED").read_text().strip() == reason
+    monkeypatch.setattr(inject, "_PKG", tmp_path)
+    monkeypatch.delenv("TRANSIT_SHIM", raising=False)
+    check = doctor.check_shim()
+    assert not check["ok"] and "cuda_runtime_api.h" in check["detail"]

@@ -1,0 +1,1 @@
+"""The framework hint adapter: put on PYTHONPATH by the launcher (sitecustomize.py)."""

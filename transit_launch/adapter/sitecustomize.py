@@ -1,0 +1,113 @@
+"""transit-launch's framework hint adapter, loaded by Python at start-up because the
+launcher puts this directory on PYTHONPATH. The application is never changed.
+
+When torch.optim is imported it registers torch's global optimizer-step post hook; after
+each step it reports the optimizer states (and fp32 parameters, the master weights under
+FSDP2 mixed precision) to libtransit.so as cold ranges and marks the iteration boundary.
+Any failure here disables the adapter and leaves the job running. A site's own
+sitecustomize further down sys.path still runs."""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _chain_next_sitecustomize():
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec and spec.loader and spec.origin != __file__:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+
+
+class _Hooks:
+    def __init__(self, api):
+        self.api = api
+        self.reported = {}
+        self.first = None
+        self.failed = False
+
+    def post_step(self, opt, args, kwargs):
+        if self.failed:
+            return
+        try:
+            import torch
+
+            if self.first is None:
+                self.first = opt
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    for v in opt.state.get(p, {}).values():
+                        if torch.is_tensor(v) and v.is_cuda and v.numel() > 1:
+                            self._hint(v, self.api.OPTIMIZER)
+                    local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 DTensor shard
+                    if local.is_cuda and local.dtype == torch.float32:
+                        self._hint(local, self.api.MASTER)
+            # One boundary per training step, also when several optimizers step in turn.
+            if opt is self.first:
+                self.api.iteration()
+        except Exception as e:  # never the reason a job dies
+            self.failed = True
+            print(f"transit adapter: disabled after an error: {e!r}", file=sys.stderr)
+
+    def _hint(self, t, kind):
+        ptr, size = t.data_ptr(), t.numel() * t.element_size()
+        if self.reported.get(ptr) != (size, kind):
+            self.reported[ptr] = (size, kind)
+            self.api.hint(ptr, size, kind)
+
+
+class _OptimFinder:
+    """Registers the hooks right after torch.optim.optimizer is executed."""
+
+    def __init__(self, hooks):
+        self.hooks = hooks
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch.optim.optimizer":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        real_exec = spec.loader.exec_module
+        hooks = self.hooks
+
+        def exec_module(module):
+            real_exec(module)
+            try:
+                module.register_optimizer_step_post_hook(hooks.post_step)
+            except Exception as e:
+                print(f"transit adapter: cannot hook torch.optim: {e!r}", file=sys.stderr)
+
+        spec.loader.exec_module = exec_module
+        sys.meta_path.remove(self)
+        return spec
+
+
+def _install():
+    if os.environ.get("TRANSIT_ADAPTER", "1") == "0":
+        return
+    try:
+        import transit_api
+    except Exception:
+        return
+    if not transit_api.active():
+        return
+    hooks = _Hooks(transit_api)
+    if "torch.optim.optimizer" in sys.modules:
+        sys.modules["torch.optim.optimizer"].register_optimizer_step_post_hook(hooks.post_step)
+    else:
+        sys.meta_path.insert(0, _OptimFinder(hooks))
+
+
+try:
+    _install()
+except Exception as e:
+    print(f"transit adapter: not installed: {e!r}", file=sys.stderr)
+try:
+    _chain_next_sitecustomize()
+except Exception as e:
+    print(f"transit adapter: the next sitecustomize failed: {e!r}", file=sys.stderr)

@@ -1,0 +1,79 @@
+"""Bindings to libtransit.so's C API (shim/transit_api.h).
+
+cffi in ABI mode when it is installed, ctypes otherwise: this module also runs inside
+the training job's own Python (the adapter directory is put on its PYTHONPATH), which
+may not have cffi. The shim is found in the process's global scope, where LD_PRELOAD
+put it; without it every call is a no-op and `available` is False.
+"""
+
+HOT, MASTER, OPTIMIZER = 0, 1, 2
+CDEF = """
+int transit_api_version(void);
+int transit_active(void);
+const char *transit_policy(void);
+int transit_iteration(void);
+int transit_hint(uintptr_t ptr, size_t size, int kind);
+void transit_apply(void);
+int transit_write_stats(const char *path);
+"""
+
+
+def _load():
+    try:
+        from cffi import FFI
+
+        ffi = FFI()
+        ffi.cdef(CDEF)
+        lib = ffi.dlopen(None)
+        lib.transit_api_version()  # raises when the shim is not loaded
+        return "cffi", lib, ffi
+    except ImportError:
+        pass
+    except (AttributeError, OSError):
+        return None, None, None
+    import ctypes
+
+    lib = ctypes.CDLL(None)
+    try:
+        lib.transit_api_version
+    except AttributeError:
+        return None, None, None
+    lib.transit_hint.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+    lib.transit_policy.restype = ctypes.c_char_p
+    lib.transit_write_stats.argtypes = [ctypes.c_char_p]
+    return "ctypes", lib, None
+
+
+backend, _lib, _ffi = _load()
+available = _lib is not None
+
+
+def active() -> bool:
+    return bool(available and _lib.transit_active())
+
+
+def policy() -> str:
+    if not available:
+        return "off"
+    p = _lib.transit_policy()
+    return _ffi.string(p).decode() if _ffi else p.decode()
+
+
+def iteration() -> int:
+    return _lib.transit_iteration() if available else 0
+
+
+def hint(ptr: int, size: int, kind: int) -> int:
+    return _lib.transit_hint(ptr, size, kind) if available else -1
+
+
+def apply() -> None:
+    if available:
+        _lib.transit_apply()
+
+
+def write_stats(path: str | None = None) -> int:
+    if not available:
+        return -1
+    arg = path.encode() if path else (_ffi.NULL if _ffi else None)
+    return _lib.transit_write_stats(arg)

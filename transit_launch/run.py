@@ -1,0 +1,107 @@
+"""`transit-launch run`: start a command locally with the shim and the adapter injected,
+then summarize the stats every CUDA process of it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from transit_launch import inject
+from transit_launch.errors import UsageError
+from transit_launch.table import table
+from transit_launch.units import gb
+
+
+def launch_env(policy: str, gpu_budget: int | None, stats_dir: str, log: str | None,
+               environ: dict | None = None) -> dict:
+    env = dict(os.environ if environ is None else environ)
+    env.update(inject.shim_env(policy, gpu_budget, stats_dir, log, environ=env))
+    shim, adapter = inject.shim_path(), inject.adapter_dir()
+    if policy != "off" and shim is not None:
+        env["LD_PRELOAD"] = inject.prepend("LD_PRELOAD", str(shim), env)
+        if adapter:
+            env["PYTHONPATH"] = inject.prepend("PYTHONPATH", str(adapter), env)
+    return env
+
+
+def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | None, log: str | None) -> tuple[int, list[dict]]:
+    if not command:
+        raise UsageError("run needs the command after --, e.g. -- python train.py")
+    shim = inject.shim_path()
+    if policy != "off" and (shim is None or not shim.is_file()):
+        from transit_launch.doctor import shim_missing_reason
+        print(f"transit-launch: warning: libtransit.so is not available ({shim_missing_reason()}); "
+              "running without it", file=sys.stderr)
+    stats_dir = stats or tempfile.mkdtemp(prefix="transit-stats-")
+    Path(stats_dir).mkdir(parents=True, exist_ok=True)
+    env = launch_env(policy, gpu_budget, stats_dir, log)
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as e:
+        raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
+    # Ctrl-C and Slurm's SIGTERM reach the job; we wait for it to end and still report.
+    forward = lambda sig, _frame: proc.send_signal(sig)  # noqa: E731
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return rc, read_stats(stats_dir)
+
+
+def read_stats(stats_dir: str) -> list[dict]:
+    out = []
+    for p in sorted(Path(stats_dir).glob("*.json")):
+        try:
+            out.append(json.loads(p.read_text()) | {"file": str(p)})
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def budget_held(s: dict) -> bool:
+    """Placement kept device bytes within the budget, and the measured device memory in
+    use after warm-up stayed within the budget plus the reserve the guard keeps for what
+    does not go through cudaMalloc (context, cuBLAS/NCCL internals)."""
+    reserve = s.get("guard_limit_bytes") and s["free_at_start_bytes"] - s["guard_limit_bytes"]
+    return (s["device_placed_peak_bytes"] <= s["budget_bytes"]
+            and s["gpu_resident_peak_steady_bytes"] <= s["budget_bytes"] + (reserve or 0))
+
+
+def summary(stats: list[dict]) -> dict:
+    procs = []
+    for s in stats:
+        it = s.get("iteration_ms") or []
+        steady = it[2:] if len(it) > 4 else it
+        procs.append({
+            "pid": s["pid"], "policy": s["policy"], "passthrough": s["passthrough"],
+            "budget_gb": gb(s["budget_bytes"]), "managed_peak_gb": gb(s["managed_peak_bytes"]),
+            "device_placed_peak_gb": gb(s["device_placed_peak_bytes"]),
+            "host_placed_peak_gb": gb(s["host_placed_peak_bytes"]),
+            "zero_copy_peak_gb": gb(s["zero_copy_mapped_peak_bytes"]),
+            "optimizer_hint_gb": gb(s["cold_hint_bytes"]["optimizer"]),
+            "gpu_resident_peak_steady_gb": gb(s["gpu_resident_peak_steady_bytes"]),
+            "prefetch_gb": gb(s["prefetch_bytes"]), "htod_gb": gb(s["htod_bytes"]),
+            "iterations": s["iterations"], "iteration_source": s["iteration_source"],
+            "median_iteration_ms": round(statistics.median(steady), 2) if steady else None,
+            "budget_held": budget_held(s), "file": s.get("file"),
+        })
+    return {"processes": procs}
+
+
+def summary_text(summ: dict) -> str:
+    if not summ["processes"]:
+        return "transit-launch: no CUDA process of the command wrote shim stats"
+    rows = [[p["pid"], p["policy"] + (" (pass-through)" if p["passthrough"] else ""), p["budget_gb"],
+             p["managed_peak_gb"], p["device_placed_peak_gb"], p["host_placed_peak_gb"], p["zero_copy_peak_gb"],
+             p["gpu_resident_peak_steady_gb"], p["prefetch_gb"], p["iterations"],
+             p["median_iteration_ms"], "yes" if p["budget_held"] else "NO"] for p in summ["processes"]]
+    return table(["pid", "policy", "budget GB", "managed GB", "on GPU GB", "on host GB", "zero-copy GB",
+                  "resident GB", "prefetch GB", "iters", "ms/iter", "budget held"], rows, "llrrrrrrrrrl")
