@@ -12,7 +12,8 @@ from transit_launch.inject import ALLOC_CONF, PASS_THROUGH, shim_env
 from transit_launch.render import torchrun_tail
 
 SHIM = "/opt/transit/lib/libtransit.so"
-CLEAN = {k: None for k in PASS_THROUGH} | {"TRANSIT_SHIM": None}
+ADAPTER = "/opt/transit/adapter"
+CLEAN = {k: None for k in PASS_THROUGH} | {"TRANSIT_SHIM": "", "TRANSIT_ADAPTER_DIR": ADAPTER}  # no shim
 TITAN = ["--", "python", "-m", "torchtitan.train", "--job.config_file", "llama3_70b.toml"]
 
 

@@ -121,7 +121,7 @@ def cmd_render(a, command):
     policy = policy or "off"
     gpn = a.gpus_per_node or 4
     shim = inject.shim_path() if policy != "off" else None
-    adapter = inject.adapter_dir() if policy != "off" else None
+    adapter = inject.adapter_dir() if shim else None
     env = inject.shim_env(policy, parse_size(a.gpu_budget, "--gpu-budget") if a.gpu_budget else None,
                           a.stats, a.log)
     ctx = dict(shim=shim, adapter=adapter, env=env, policy=policy, gpus_per_node=gpn, command=command)

@@ -114,10 +114,12 @@ def check_shim() -> dict:
 
 
 def shim_missing_reason() -> str:
+    if os.environ.get("TRANSIT_SHIM") == "":
+        return "TRANSIT_SHIM is set empty, which disables it"
     why = inject._PKG / "lib" / "BUILD_SKIPPED"
     if why.is_file():
         return why.read_text().strip()
-    return "this version of transit-launch does not build it yet; jobs run without the shim"
+    return "no build of it in this installation; reinstall with `pip install .` where CUDA headers exist"
 
 
 def check_slurm() -> list[dict]:

@@ -2,7 +2,8 @@
 
 Used by `render` (sbatch scripts and local torchrun commands) and `run`. The shim is
 found at $TRANSIT_SHIM, else inside the installed package (transit_launch/lib/); the
-framework hint adapter (a sitecustomize module) at transit_launch/adapter/.
+framework hint adapter (a sitecustomize module) at $TRANSIT_ADAPTER_DIR, else
+transit_launch/adapter/. The adapter is only injected together with the shim.
 """
 
 from __future__ import annotations
@@ -23,14 +24,18 @@ _PKG = Path(__file__).resolve().parent
 
 
 def shim_path() -> Path | None:
-    env = os.environ.get("TRANSIT_SHIM")
-    if env:
-        return Path(env)
+    """$TRANSIT_SHIM wins and is not checked (a site path on the compute nodes may not
+    exist where the script is rendered); set empty it disables the shim."""
+    if "TRANSIT_SHIM" in os.environ:
+        return Path(os.environ["TRANSIT_SHIM"]) if os.environ["TRANSIT_SHIM"] else None
     built = _PKG / "lib" / "libtransit.so"
     return built if built.is_file() else None
 
 
 def adapter_dir() -> Path | None:
+    env = os.environ.get("TRANSIT_ADAPTER_DIR")
+    if env:
+        return Path(env)
     d = _PKG / "adapter"
     return d if (d / "sitecustomize.py").is_file() else None
 

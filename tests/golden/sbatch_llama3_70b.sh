@@ -17,6 +17,7 @@ nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
 head_node=${nodes[0]}
 
 export LD_PRELOAD=/opt/transit/lib/libtransit.so${LD_PRELOAD:+:$LD_PRELOAD}
+export PYTHONPATH=/opt/transit/adapter${PYTHONPATH:+:$PYTHONPATH}
 export TRANSIT_POLICY=advise
 export PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False
 export PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:False
