@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# What one device call runs on the H200: build the shim there, the GPU tests, and the
+# issue's acceptance command. Logs go to $OUT (or ./gpu-out).
+set -uo pipefail
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+python3 -c "from transit_launch import shimbuild as s; p, w = s.build('transit_launch/lib'); print('shim:', p, w or '')"
+python3 -m transit_launch doctor
+python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
+peak=$(python3 examples/train_llama.py --steps 6 | python3 -c "import sys,json; print([json.loads(l) for l in sys.stdin if l.startswith('{\"summary')][0]['summary']['max_reserved_gb'])")
+half=$(python3 -c "print(int($peak * 1e9 / 2))")
+echo "trainer peak reserved: $peak GB; budget: $half bytes"
+python3 -m transit_launch run --policy advise --gpu-budget "$half" --stats "$OUT/acceptance" -- \
+    python3 examples/train_llama.py --steps 20 2>&1 | tail -8 | tee "$OUT/acceptance.log"

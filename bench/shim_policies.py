@@ -1,0 +1,110 @@
+"""Per-GPU TFLOPS of the example trainer with and without the shim, on one GPU.
+
+1. pass-through overhead without memory pressure: no shim vs TRANSIT_POLICY=off (and
+   base without a budget: every cudaMalloc managed), interleaved to expose drift;
+2. base / prefetch / advise under a GPU budget that forces the optimizer states off the
+   GPU: budget = the reference's torch.cuda.max_memory_reserved - AdamW state bytes.
+
+Model FLOPs: 6 x non-embedding parameters x tokens per step / median step time (steps
+after the third), per GPU. Losses are compared to the reference step by step.
+
+    python3 bench/shim_policies.py --out bench/results/shim_policies.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from transit_launch import run as runmod  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "shim_policies.json"))
+ap.add_argument("--model", default="--dim 2048 --layers 16 --heads 16 --kv-heads 4 --ffn 7168 --vocab 32000")
+ap.add_argument("--seq-len", type=int, default=4096)
+ap.add_argument("--batch", type=int, default=8)
+ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--timeout", type=int, default=240)
+ap.add_argument("--only", default="", help="comma-separated subset of run names")
+a = ap.parse_args()
+
+TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py"), *a.model.split(),
+           "--seq-len", str(a.seq_len), "--batch", str(a.batch), "--deterministic"]
+ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+results = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "trainer": TRAINER[1:], "runs": []}
+
+
+def go(name, policy=None, budget=None, steps=None):
+    if a.only and name not in a.only.split(","):
+        return None
+    stats_dir = tempfile.mkdtemp(prefix="tr-")
+    cmd = TRAINER + ["--steps", str(steps or a.steps)]
+    if policy:
+        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats_dir,
+               *(["--gpu-budget", str(budget)] if budget else []), "--", *cmd]
+    t0 = time.time()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=a.timeout, cwd=ROOT)
+        out, rc = res.stdout, res.returncode
+        err = res.stderr
+    except subprocess.TimeoutExpired as e:
+        out, rc, err = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", ""
+    recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    steps_r = [r for r in recs if "step" in r]
+    summ = next((r["summary"] for r in recs if "summary" in r), None)
+    stats = runmod.read_stats(stats_dir)
+    r = {"name": name, "policy": policy or "none", "budget_bytes": budget, "rc": rc, "wall_s": round(time.time() - t0, 1),
+         "losses": [s["loss"] for s in steps_r], "step_times": [s["step_time"] for s in steps_r]}
+    if summ:
+        r.update(tflops=summ["tflops_per_gpu"], median_step_time=summ["median_step_time"],
+                 spread=summ["step_time_spread"], max_reserved_gb=summ.get("max_reserved_gb"),
+                 params=summ["params"], tokens_per_step=summ["tokens_per_step"])
+    elif steps_r:  # timed out: report what ran
+        ts = sorted(s["step_time"] for s in steps_r[2:] or steps_r)
+        r.update(median_step_time=ts[len(ts) // 2], tflops=steps_r[-1]["tflops"])
+    if stats:
+        r["shim"] = runmod.summary(stats)["processes"][0]
+        s = stats[0]
+        r["shim_raw"] = {k: s[k] for k in ("htod_bytes", "dtoh_bytes", "page_faults", "prefetch_bytes", "evict_bytes",
+                                           "gpu_resident_peak_bytes", "gpu_resident_peak_steady_bytes",
+                                           "device_placed_peak_bytes", "host_placed_peak_bytes", "cold_hint_bytes")}
+    if rc not in (0,):
+        r["stderr_tail"] = err[-1500:]
+    results["runs"].append(r)
+    print(json.dumps({k: v for k, v in r.items() if k not in ("losses", "step_times", "shim_raw")}), flush=True)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(results, indent=1))
+    return r
+
+
+ref = go("reference")
+go("off")
+go("reference-2")
+go("off-2")
+go("base-nobudget")
+peak = int(ref["max_reserved_gb"] * 1e9) if ref and ref.get("max_reserved_gb") else None
+if peak:
+    adam = 8 * ref["params"]
+    budget = peak - adam
+    results["budget_bytes"] = budget
+    results["adam_bytes"] = adam
+    go("advise-budget", "advise", budget)
+    go("prefetch-budget", "prefetch", budget, steps=8)
+    go("base-budget", "base", budget, steps=6)
+    go("advise-half-peak", "advise", peak // 2)
+base = ref["losses"] if ref else []
+for r in results["runs"]:
+    n = min(len(base), len(r["losses"]))
+    r["max_rel_loss_diff"] = max((abs(x - y) / abs(y) for x, y in zip(r["losses"][:n], base[:n])), default=None)
+    r["pct_of_reference"] = round(100 * r["tflops"] / ref["tflops"], 1) if ref and r.get("tflops") else None
+Path(a.out).write_text(json.dumps(results, indent=1))
+print("name               policy    budget GB  TFLOPS  % ref  med step s  max rel loss diff")
+for r in results["runs"]:
+    print(f"{r['name']:<18} {r['policy']:<9} {(r['budget_bytes'] or 0) / 1e9:9.1f} {r.get('tflops') or 0:7.1f} "
+          f"{r['pct_of_reference'] or 0:6.1f} {r.get('median_step_time') or 0:10.3f}  {r['max_rel_loss_diff']}")

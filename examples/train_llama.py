@@ -1,0 +1,195 @@
+"""A small Llama-style trainer: RMSNorm, RoPE, grouped-query attention (SDPA), SwiGLU.
+
+FSDP2 (fully_shard, bf16 compute with fp32 master weights and fp32 gradient reduction:
+TorchTitan's mixed precision), full activation checkpointing, AdamW, synthetic tokens
+(seeded, no downloads). Runs on one GPU, under torchrun on many, or on CPU with gloo
+(DDP, fp32) so that bandwidth sweeps can be shown without GPUs.
+
+One JSON line per step on stdout: step, loss, step_time, tokens_per_s, tflops (model
+FLOPs per GPU: 6 x non-embedding parameters x tokens / step time, attention excluded)
+and max_reserved_gb; a final {"summary": ...} line.
+
+    python examples/train_llama.py --steps 20
+    torchrun --nproc-per-node 2 examples/train_llama.py --device cpu --steps 5
+"""
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dim", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=2816)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--no-recompute", action="store_true", help="keep all activations (no checkpointing)")
+    p.add_argument("--foreach", action="store_true", help="foreach AdamW instead of fused")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels (memory-efficient attention, cuBLAS workspace config), for A/B runs")
+    return p.parse_args()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self.weight * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+
+
+def rope(x, cos, sin):
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = a.heads, a.kv_heads, a.dim // a.heads
+        self.attn_norm, self.ffn_norm = RMSNorm(a.dim), RMSNorm(a.dim)
+        self.wq = nn.Linear(a.dim, a.heads * self.hd, bias=False)
+        self.wk = nn.Linear(a.dim, a.kv_heads * self.hd, bias=False)
+        self.wv = nn.Linear(a.dim, a.kv_heads * self.hd, bias=False)
+        self.wo = nn.Linear(a.heads * self.hd, a.dim, bias=False)
+        self.w1 = nn.Linear(a.dim, a.ffn, bias=False)
+        self.w3 = nn.Linear(a.dim, a.ffn, bias=False)
+        self.w2 = nn.Linear(a.ffn, a.dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(b, s, self.heads, self.hd)
+        k = self.wk(h).view(b, s, self.kv_heads, self.hd)
+        v = self.wv(h).view(b, s, self.kv_heads, self.hd)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, enable_gqa=True)
+        x = x + self.wo(o.transpose(1, 2).reshape(b, s, -1))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.recompute = not a.no_recompute
+        self.tok = nn.Embedding(a.vocab, a.dim)
+        self.blocks = nn.ModuleList(Block(a) for _ in range(a.layers))
+        self.norm = RMSNorm(a.dim)
+        self.out = nn.Linear(a.dim, a.vocab, bias=False)
+        hd = a.dim // a.heads
+        freqs = 1.0 / (500000.0 ** (torch.arange(0, hd, 2).float() / hd))
+        ang = torch.outer(torch.arange(a.seq_len).float(), freqs)
+        self.register_buffer("cos", ang.cos()[None, :, None, :], persistent=False)
+        self.register_buffer("sin", ang.sin()[None, :, None, :], persistent=False)
+
+    def forward(self, tokens):
+        x = self.tok(tokens)
+        for blk in self.blocks:
+            if self.recompute and self.training:
+                x = checkpoint(blk, x, self.cos, self.sin, use_reentrant=False)
+            else:
+                x = blk(x, self.cos, self.sin)
+        return self.out(self.norm(x))
+
+
+def init_dist(device):
+    if "RANK" not in os.environ:  # single process: a world of one
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def main():
+    a = parse()
+    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    rank, world, local = init_dist(device)
+    if device == "cuda":
+        torch.cuda.set_device(local)
+    torch.manual_seed(a.seed)
+    model = Llama(a)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_flop_params = n_params - model.tok.weight.numel()
+    if device == "cuda":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        model = model.cuda()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for blk in model.blocks:
+            fully_shard(blk, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    elif world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    fused = device == "cuda" and not a.foreach
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1, fused=fused or None,
+                            foreach=a.foreach or None)
+    gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
+    tokens_per_step = a.batch * a.seq_len
+    times, losses = [], []
+    for step in range(1, a.steps + 1):
+        data = torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=gen).to(device)
+        t0 = time.perf_counter()
+        logits = model(data[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, a.vocab), data[:, 1:].reshape(-1))
+        del logits
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_v = loss.item()  # synchronizes: the step's time is complete here
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        losses.append(loss_v)
+        rec = {"step": step, "loss": loss_v, "step_time": dt, "tokens_per_s": tokens_per_step / dt,
+               "tflops": 6 * n_flop_params * tokens_per_step / dt / 1e12}
+        if device == "cuda":
+            rec["max_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
+        if rank == 0:
+            print(json.dumps(rec), flush=True)
+        if not math.isfinite(loss_v):
+            print("loss is not finite", file=sys.stderr)
+            return 1
+    steady = times[3:] if len(times) > 5 else times
+    med = statistics.median(steady)
+    summ = {"params": n_params, "flop_params": n_flop_params, "tokens_per_step": tokens_per_step,
+            "world": world, "device": device, "median_step_time": med,
+            "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
+            "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12, "losses": losses}
+    if device == "cuda":
+        summ["max_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
+        summ["max_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    if rank == 0:
+        print(json.dumps({"summary": summ}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
