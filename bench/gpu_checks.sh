@@ -12,6 +12,7 @@ python3 -c "from transit_launch import shimbuild as s; p, w = s.build('transit_l
 python3 -m transit_launch doctor
 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
 peak=$(python3 examples/train_llama.py --steps 6 | python3 -c "import sys,json; print([json.loads(l) for l in sys.stdin if l.startswith('{\"summary')][0]['summary']['max_reserved_gb'])")
+[ -n "$peak" ] || { echo "the trainer failed"; exit 1; }
 half=$(python3 -c "print(int($peak * 1e9 / 2))")
 echo "trainer peak reserved: $peak GB; budget: $half bytes"
 python3 -m transit_launch run --policy advise --gpu-budget "$half" --stats "$OUT/acceptance" -- \

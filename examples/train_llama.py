@@ -61,6 +61,7 @@ class RMSNorm(nn.Module):
 
 
 def rope(x, cos, sin):
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # bf16 under FSDP mixed precision
     x1, x2 = x[..., ::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
