@@ -26,7 +26,7 @@ from transit_launch import run as runmod  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "shim_policies.json"))
-ap.add_argument("--model", default="--dim 2048 --layers 16 --heads 16 --kv-heads 4 --ffn 7168 --vocab 32000")
+ap.add_argument("--model", default="", help="trainer model flags (default: its 1.0 B-parameter defaults)")
 ap.add_argument("--seq-len", type=int, default=4096)
 ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--steps", type=int, default=20)

@@ -119,21 +119,28 @@ static void before_launch(const void *func, cudaStream_t stream)
         tr_replay_before_launch(pos, stream);
 }
 
-EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
-                                    cudaStream_t stream)
-{
-    if (!tr_s.runtime_ready)
-        tr_runtime_once();
-    if (!tr_real.launch_kernel)
-        return cudaErrorInitializationError;
-    if (tr_cfg.policy == TR_OFF || tr_s.passthrough)
-        return tr_real.launch_kernel(func, grid, block, args, shmem, stream);
-    before_launch(func, stream);
-    cudaError_t err = tr_real.launch_kernel(func, grid, block, args, shmem, stream);
-    if (tr_s.cupti)
-        tr_cupti_pop();
-    return err;
-}
+/* The three ways a runtime kernel launch arrives: cudaLaunchKernel (CUDA <= 12 stubs and
+ * explicit calls), __cudaLaunchKernel(_ptsz) (CUDA 13 nvcc stubs: PyTorch's kernels). */
+#define LAUNCH_WRAPPER(name, field)                                                              \
+    EXPORT cudaError_t name(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,  \
+                            cudaStream_t stream)                                                 \
+    {                                                                                            \
+        if (!tr_s.runtime_ready)                                                                 \
+            tr_runtime_once();                                                                   \
+        if (!tr_real.field)                                                                      \
+            return cudaErrorInitializationError;                                                 \
+        if (tr_cfg.policy == TR_OFF || tr_s.passthrough)                                         \
+            return tr_real.field(func, grid, block, args, shmem, stream);                        \
+        before_launch(func, stream);                                                             \
+        cudaError_t err = tr_real.field(func, grid, block, args, shmem, stream);                 \
+        if (tr_s.cupti)                                                                          \
+            tr_cupti_pop();                                                                      \
+        return err;                                                                              \
+    }
+
+LAUNCH_WRAPPER(cudaLaunchKernel, launch_kernel)
+LAUNCH_WRAPPER(__cudaLaunchKernel, launch_kernel_internal)
+LAUNCH_WRAPPER(__cudaLaunchKernel_ptsz, launch_kernel_internal_ptsz)
 
 EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
 {

@@ -55,6 +55,8 @@ int tr_real_resolve(void)
     RESOLVE(mem_get_info, "cudaMemGetInfo");
     RESOLVE(launch_kernel, "cudaLaunchKernel");
     RESOLVE(launch_kernel_ex, "cudaLaunchKernelExC");
+    RESOLVE(launch_kernel_internal, "__cudaLaunchKernel");
+    RESOLVE(launch_kernel_internal_ptsz, "__cudaLaunchKernel_ptsz");
     RESOLVE(get_device, "cudaGetDevice");
     RESOLVE(device_get_attribute, "cudaDeviceGetAttribute");
     RESOLVE(runtime_get_version, "cudaRuntimeGetVersion");

@@ -105,7 +105,9 @@ void tr_sample_residency(void)
     uint64_t used = tr_s.free_at_start > f ? tr_s.free_at_start - f : 0;
     if (used > tr_st.resident_peak)
         tr_st.resident_peak = used;
-    if (!tr_s.cupti && tr_st.iterations > record_until && used > tr_st.resident_peak_steady)
+    /* steady state: a full iteration after warm-up and after the first placement pass */
+    int settled_after = record_until > 1 ? record_until : 1;
+    if (!tr_s.cupti && tr_st.iterations > settled_after && used > tr_st.resident_peak_steady)
         tr_st.resident_peak_steady = used;
 }
 

@@ -48,6 +48,9 @@ struct tr_real {
     cudaError_t (*mem_get_info)(size_t *, size_t *);
     cudaError_t (*launch_kernel)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
     cudaError_t (*launch_kernel_ex)(const void *, const void *, void **);
+    /* CUDA 13 nvcc stubs launch through __cudaLaunchKernel(cudaKernel_t, ...) */
+    cudaError_t (*launch_kernel_internal)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+    cudaError_t (*launch_kernel_internal_ptsz)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
     cudaError_t (*get_device)(int *);
     cudaError_t (*device_get_attribute)(int *, enum cudaDeviceAttr, int);
     cudaError_t (*runtime_get_version)(int *);

@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(inject.shim_path() is None, reason="libtransit.so is not built here")]
 
 ROOT = Path(__file__).resolve().parent.parent
+# 200 M parameters, 1K tokens a step: model states (3.2 GB) dominate, as in LLM training.
 TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py"), "--steps", "20", "--deterministic",
-           "--dim", "1024", "--layers", "8", "--seq-len", "2048", "--batch", "4"]
+           "--dim", "1024", "--layers", "16", "--ffn", "2816", "--vocab", "8192", "--seq-len", "512", "--batch", "2"]
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 

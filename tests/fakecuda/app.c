@@ -26,6 +26,10 @@ static void kern2(void) {}
 static void kern3(void) {}
 static void (*kerns[])(void) = {kern0, kern1, kern2, kern3};
 
+/* what CUDA 13 nvcc stubs call (crt/device_functions.h, C++ only there) */
+cudaError_t __cudaLaunchKernel(const void *kernel, dim3 grid, dim3 block, void **args, size_t shmem,
+                               cudaStream_t stream);
+
 static void *api(const char *name) { return dlsym(RTLD_DEFAULT, name); }
 
 static int threads_iters;
@@ -99,7 +103,11 @@ int main(int argc, char **argv)
                 dim3 g = {1, 1, 1}, b = {1, 1, 1};
                 /* a sequence with no period shorter than the iteration */
                 unsigned idx = ((unsigned)k * 2654435761u >> 13) % 4;
-                cudaLaunchKernel((const void *)kerns[idx], g, b, NULL, 0, (cudaStream_t)(uintptr_t)(k == 10 ? 7 : 0));
+                cudaStream_t st = (cudaStream_t)(uintptr_t)(k == 10 ? 7 : 0);
+                if (k % 2) /* both entry points: cudaLaunchKernel and CUDA 13's __cudaLaunchKernel */
+                    __cudaLaunchKernel((const void *)kerns[idx], g, b, NULL, 0, st);
+                else
+                    cudaLaunchKernel((const void *)kerns[idx], g, b, NULL, 0, st);
             }
             if (adapter && iteration)
                 iteration();

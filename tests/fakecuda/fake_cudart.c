@@ -143,11 +143,24 @@ cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation
     return cudaSuccess;
 }
 
-cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s)
+/* Both launch entry points share this; like the real runtime, no internal call goes back
+ * through the exported (interposable) names. */
+static cudaError_t launch(const void *f, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s)
 {
     (void)g; (void)b; (void)args; (void)shm;
     pthread_mutex_lock(&mu);
     logcall("cudaLaunchKernel %p %p", f, (void *)s);
     pthread_mutex_unlock(&mu);
     return cudaSuccess;
+}
+
+cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s)
+{
+    return launch(f, g, b, args, shm, s);
+}
+
+/* CUDA 13's nvcc stubs launch through this one (cudaKernel_t handle). */
+cudaError_t __cudaLaunchKernel(const void *k, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s)
+{
+    return launch(k, g, b, args, shm, s);
 }

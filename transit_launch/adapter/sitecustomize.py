@@ -41,8 +41,10 @@ class _Hooks:
             for group in opt.param_groups:
                 for p in group["params"]:
                     for v in opt.state.get(p, {}).values():
-                        if torch.is_tensor(v) and v.is_cuda and v.numel() > 1:
-                            self._hint(v, self.api.OPTIMIZER)
+                        if torch.is_tensor(v):
+                            v = v.to_local() if hasattr(v, "to_local") else v  # FSDP2: DTensor states
+                            if v.is_cuda and v.numel() > 1:
+                                self._hint(v, self.api.OPTIMIZER)
                     local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 DTensor shard
                     if local.is_cuda and local.dtype == torch.float32:
                         self._hint(local, self.api.MASTER)
