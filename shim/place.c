@@ -56,17 +56,23 @@ static void advise_host(struct tr_region *r)
     }
 }
 
+static void evict_region(struct tr_region *r)
+{
+    tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
+    tr_st.evict_calls++;
+    tr_st.evict_bytes += rsize(r);
+    r->evicted = 1;
+}
+
 static void to_host(struct tr_region *r, int evict)
 {
     r->place = TR_HOST;
     tr_tab.dev_bytes -= rsize(r);
     tr_st.host_placed_bytes += rsize(r);
     advise_host(r);
-    if (evict) { /* move what is already resident now, so the budget holds physically */
-        tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
-        tr_st.evict_calls++;
-        tr_st.evict_bytes += rsize(r);
-    }
+    r->evicted = 0;
+    if (evict) /* move what is already resident now, so the budget holds physically */
+        evict_region(r);
 }
 
 static void to_device(struct tr_region *r)
@@ -177,8 +183,23 @@ static uint64_t promote_hot(void)
     return left;
 }
 
+/* A GPU's first touch can populate host-preferred pages in device memory: every host
+ * region is pushed to the host once after it was placed there (at the next boundary). */
+static void evict_new_host_regions(void)
+{
+    if (tr_s.defer_advice)
+        return;
+    for (int i = 0; i < tr_tab.n; i++) {
+        struct tr_alloc *a = &tr_tab.a[i];
+        for (int j = 0; j < a->nreg; j++)
+            if (a->reg[j].place == TR_HOST && !a->reg[j].evicted)
+                evict_region(&a->reg[j]);
+    }
+}
+
 void tr_rebalance(void)
 {
+    evict_new_host_regions();
     if (tr_cfg.policy != TR_ADVISE)
         return;
     /* Optimizer states are touched once per step: always zero-copy from the host. */
@@ -226,9 +247,7 @@ void tr_place_settle(void)
             struct tr_region *r = &a->reg[j];
             if (r->place == TR_HOST && !r->advised) {
                 advise_host(r);
-                tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
-                tr_st.evict_calls++;
-                tr_st.evict_bytes += rsize(r);
+                evict_region(r);
             }
         }
     }
@@ -243,11 +262,8 @@ void tr_place_evict_observed(int all)
         struct tr_alloc *a = &tr_tab.a[i];
         for (int j = 0; j < a->nreg; j++) {
             struct tr_region *r = &a->reg[j];
-            if (all || r->place == TR_HOST) {
-                tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
-                tr_st.evict_calls++;
-                tr_st.evict_bytes += rsize(r);
-            }
+            if (all || r->place == TR_HOST)
+                evict_region(r);
         }
     }
 }

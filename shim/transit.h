@@ -74,6 +74,7 @@ enum tr_place { TR_DEV = 0, TR_HOST = 1 };
 struct tr_region {          /* page-aligned piece of one allocation */
     uintptr_t start, end;
     uint8_t kind, place, zero_copy, advised;
+    uint8_t evicted;        /* host region pushed off the GPU since it was placed there */
     uint32_t touches;       /* distinct launch positions seen migrating it (warm-up) */
 };
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,26 @@ def test_build_without_headers_installs_and_doctor_says_why(tmp_path, monkeypatc
     monkeypatch.delenv("TRANSIT_SHIM", raising=False)
     check = doctor.check_shim()
     assert not check["ok"] and "cuda_runtime_api.h" in check["detail"]
+
+
+def test_host_regions_are_pushed_off_the_gpu_once(built):
+    """A GPU's first touch may populate host-preferred pages on the device: at the next
+    iteration boundary every new host region is prefetched to the host, once."""
+    res, out, calls = run(built, "loop", 4, 20, 2 * GB, "adapter", env={"TRANSIT_GPU_BUDGET": "3GB"})
+    q = int(out["q"], 16)
+    evictions = [c for c in calls if c.startswith(f"cudaMemPrefetchAsync 0x{q:x} {2 * GB} {LOC_HOST}")]
+    assert len(evictions) == 1
+    first_launch = next(i for i, c in enumerate(calls) if c.startswith("cudaLaunchKernel"))
+    assert calls.index(evictions[0]) > first_launch + 19  # after the first iteration's 20 launches
+
+
+def test_run_command_summarizes_stats(built, tmp_path):
+    env = dict(os.environ, TRANSIT_SHIM=str(built["shim"]), FAKE_CUDART_LOG=str(tmp_path / "log"))
+    res = subprocess.run([sys.executable, "-m", "transit_launch", "run", "--policy", "advise", "--gpu-budget", "3GB",
+                          "--json", "--", str(built["app"]), "loop", "5", "20", str(2 * GB), "adapter"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    summ = json.loads(res.stdout[res.stdout.index("{\n"):])
+    p = summ["processes"][0]
+    assert summ["returncode"] == 0 and p["policy"] == "advise" and p["budget_gb"] == 3.0
+    assert p["iterations"] == 5 and p["host_placed_peak_gb"] == 2.0 and p["budget_held"]

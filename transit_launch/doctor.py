@@ -15,8 +15,8 @@ SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "sacct", "sca
 SPANK_H_DIRS = ("/usr/include/slurm", "/usr/local/include/slurm")
 
 
-def _item(name: str, ok: bool, detail: str, **extra) -> dict:
-    return {"check": name, "ok": ok, "detail": detail, **extra}
+def _item(check: str, ok: bool, detail: str, **extra) -> dict:
+    return {"check": check, "ok": ok, "detail": detail, **extra}
 
 
 def gpus_cuda_python() -> list[dict] | None:

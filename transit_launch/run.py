@@ -23,7 +23,7 @@ def launch_env(policy: str, gpu_budget: int | None, stats_dir: str, log: str | N
     env = dict(os.environ if environ is None else environ)
     env.update(inject.shim_env(policy, gpu_budget, stats_dir, log, environ=env))
     shim, adapter = inject.shim_path(), inject.adapter_dir()
-    if policy != "off" and shim is not None:
+    if shim is not None:  # off too: the shim's pass-through mode, for A/B runs
         env["LD_PRELOAD"] = inject.prepend("LD_PRELOAD", str(shim), env)
         if adapter:
             env["PYTHONPATH"] = inject.prepend("PYTHONPATH", str(adapter), env)
