@@ -40,7 +40,7 @@ ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1
 results = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "trainer": TRAINER[1:], "runs": []}
 
 
-def go(name, policy=None, budget=None, steps=None):
+def go(name, policy=None, budget=None, steps=None, timeout=None):
     if a.only and name not in a.only.split(","):
         return None
     stats_dir = tempfile.mkdtemp(prefix="tr-")
@@ -50,7 +50,7 @@ def go(name, policy=None, budget=None, steps=None):
                *(["--gpu-budget", str(budget)] if budget else []), "--", *cmd]
     t0 = time.time()
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=a.timeout, cwd=ROOT)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout or a.timeout, cwd=ROOT)
         out, rc = res.stdout, res.returncode
         err = res.stderr
     except subprocess.TimeoutExpired as e:
@@ -96,7 +96,7 @@ if peak:
     results["adam_bytes"] = adam
     go("advise-budget", "advise", budget)
     go("prefetch-budget", "prefetch", budget, steps=8)
-    go("base-budget", "base", budget, steps=6)
+    go("base-budget", "base", budget, steps=6, timeout=150)
     go("advise-half-peak", "advise", peak // 2)
 base = ref["losses"] if ref else []
 for r in results["runs"]:

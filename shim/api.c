@@ -20,6 +20,8 @@ EXPORT int transit_iteration(void)
 {
     tr_init_once();
     pthread_mutex_lock(&tr_lock);
+    if (!tr_s.adapter && tr_st.boundary_source == 2)
+        tr_adapter_takeover(); /* boundaries guessed from kernels before: start over */
     tr_s.adapter = 1;
     tr_iteration_boundary(1);
     int n = tr_st.iterations;

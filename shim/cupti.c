@@ -21,7 +21,7 @@ int tr_cupti_start(void)
     tr_log(TR_WARN, "built without CUPTI headers: no warm-up recording (%s needs it)", tr_policy_name(tr_cfg.policy));
     return -1;
 }
-void tr_cupti_stop(void) {}
+void tr_cupti_stop(int build) { (void)build; }
 void tr_cupti_push(uint64_t id) { (void)id; }
 void tr_cupti_pop(void) {}
 #else
@@ -231,7 +231,7 @@ static int position_of(uint32_t corr, uint64_t *pos)
     return 0;
 }
 
-void tr_cupti_stop(void)
+void tr_cupti_stop(int build)
 {
     if (!tr_s.cupti)
         return;
@@ -257,7 +257,7 @@ void tr_cupti_stop(void)
                 hi = mid;
         }
         uint64_t pos;
-        if (lo == 0 || position_of(ks[lo - 1].corr, &pos) != 0)
+        if (!build || lo == 0 || position_of(ks[lo - 1].corr, &pos) != 0)
             continue;
         tied++;
         if (tr_cfg.policy == TR_PREFETCH)
@@ -271,7 +271,9 @@ void tr_cupti_stop(void)
     ks = NULL; xs = NULL; us = NULL;
     nk = ck = nx = cx = nu = cu_cap = 0;
     pthread_mutex_unlock(&rec_lock);
-    if (tr_cfg.policy == TR_PREFETCH)
+    if (!build)
+        tr_observe_discard();
+    else if (tr_cfg.policy == TR_PREFETCH)
         tr_replay_finish();
     else
         tr_observe_classify();

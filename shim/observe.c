@@ -76,3 +76,11 @@ void tr_observe_classify(void)
     t = NULL;
     n = cap = 0;
 }
+
+void tr_observe_discard(void)
+{
+    free(t);
+    t = NULL;
+    n = cap = 0;
+    max_pos = 0;
+}

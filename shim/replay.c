@@ -132,19 +132,32 @@ void tr_replay_reset_window(void)
 }
 
 /* ---- iteration detection from the kernel sequence ------------------------------
- * The launch sequence of a training loop repeats once the first iteration's lazy
- * set-up is over. Every 1024 launches (up to 2^18) look for the smallest period p >= 8
- * with the last three p-long blocks equal (polynomial prefix hashes: O(n) a check).
+ * The launch sequence of a training loop repeats once the first iteration's lazy set-up
+ * is over, but so does each transformer layer's: a period must hold over a window that
+ * spans iteration edges. From 16384 launches on (the framework adapter, when present,
+ * has reported a boundary by then), every 1024 launches (up to 2^18) look for the
+ * smallest p >= 8 such that the last n/2 launches are p-periodic (one comparison of
+ * prefix hashes per p), and accept it when the next check finds the same p.
  * The boundary phase is the launch after the longest host-side pause within a period,
  * where a training loop waits for data or for loss.item(). */
 #define SEQ_CAP (1u << 18)
+#define SEQ_START (1u << 14)
 static uint64_t *hash;   /* prefix hashes */
 static uint64_t *powk;
 static double *when;
-static uint32_t seq_n;
+static uint32_t seq_n, candidate;
 static const uint64_t K = 1000003ull;
 
 static uint64_t seg(uint32_t a, uint32_t b) { return hash[b] - hash[a] * powk[b - a]; }
+
+static uint32_t smallest_period(uint32_t n)
+{
+    uint32_t w = n / 2;
+    for (uint32_t p = 8; 2 * p <= w; p++)
+        if (seg(n - w, n - p) == seg(n - w + p, n))
+            return p;
+    return 0;
+}
 
 void tr_period_observe(const void *func)
 {
@@ -169,29 +182,26 @@ void tr_period_observe(const void *func)
     powk[seq_n + 1] = powk[seq_n] * K;
     when[seq_n] = tr_now_ms();
     seq_n++;
-    if (seq_n % 1024 == 0) {
-        for (uint32_t p = 8; 3 * p <= seq_n; p++) {
-            uint32_t n = seq_n;
-            if (seg(n - p, n) == seg(n - 2 * p, n - p) && seg(n - 2 * p, n - p) == seg(n - 3 * p, n - 2 * p)) {
-                /* phase: the launch after the longest pause, over the last two periods */
-                uint32_t best = n - p;
-                double gap = -1;
-                for (uint32_t i = n - 2 * p + 1; i < n; i++)
-                    if (when[i] - when[i - 1] > gap) {
-                        gap = when[i] - when[i - 1];
-                        best = i;
-                    }
-                uint64_t launches = atomic_load(&tr_st.launches);
-                /* the sequence index i is launch number i; next boundary at best + k p */
-                uint64_t next = best;
-                while (next + p <= launches)
-                    next += p;
-                tr_st.period = p;
-                tr_s.boundary_launch = next > p ? next - p : 0;
-                tr_log(TR_INFO, "iteration detected: %u kernel launches repeat", p);
-                break;
-            }
+    if (seq_n >= SEQ_START && seq_n % 1024 == 0) {
+        uint32_t n = seq_n, p = smallest_period(n);
+        if (p && p == candidate) {
+            /* phase: the launch after the longest pause, over the last two periods */
+            uint32_t best = n - p;
+            double gap = -1;
+            for (uint32_t i = n - 2 * p + 1; i < n; i++)
+                if (when[i] - when[i - 1] > gap) {
+                    gap = when[i] - when[i - 1];
+                    best = i;
+                }
+            uint64_t launches = atomic_load(&tr_st.launches);
+            uint64_t next = best; /* sequence index i is launch number i */
+            while (next + p <= launches)
+                next += p;
+            tr_st.period = p;
+            tr_s.boundary_launch = next > p ? next - p : 0;
+            tr_log(TR_INFO, "iteration detected: %u kernel launches repeat", p);
         }
+        candidate = p;
     }
     pthread_mutex_unlock(&tr_lock);
 }

@@ -135,7 +135,7 @@ void tr_iteration_boundary(int source)
         return;
     tr_sample_residency();
     if (tr_s.cupti && it >= record_until) {
-        tr_cupti_stop(); /* builds replay ranges / cold hints from the records */
+        tr_cupti_stop(1); /* builds replay ranges / cold hints from the records */
         tr_place_settle();
         tr_rebalance();
         tr_log(TR_INFO, "warm-up done after iteration %d: %llu replay positions", it,
@@ -157,4 +157,20 @@ void tr_iteration_boundary(int source)
             tr_place_settle();
         tr_rebalance();
     }
+}
+
+/* The adapter's first boundary after kernel-sequence guesses: its boundaries win, the
+ * warm-up starts over (a recording in progress is dropped). Called with tr_lock held. */
+void tr_adapter_takeover(void)
+{
+    if (tr_s.cupti)
+        tr_cupti_stop(0);
+    tr_log(TR_INFO, "the framework adapter reports iterations: dropping %d guessed boundaries", tr_st.iterations);
+    tr_st.iterations = 0;
+    tr_st.n_iter_ms = 0;
+    tr_st.period = 0;
+    tr_st.resident_peak_steady = 0;
+    record_until = 0;
+    if (tr_s.defer_advice)
+        tr_place_settle();
 }

@@ -148,12 +148,13 @@ HIDDEN void tr_init_once(void);    /* configuration */
 HIDDEN void tr_runtime_once(void); /* + the CUDA runtime: from interposed calls only */
 HIDDEN void tr_sample_residency(void);
 HIDDEN void tr_iteration_boundary(int source);
+HIDDEN void tr_adapter_takeover(void);
 HIDDEN double tr_now_ms(void);
 HIDDEN int tr_write_stats(const char *path);
 
 /* ---- recorder and replay (cupti.c, replay.c) --------------------------------- */
 HIDDEN int tr_cupti_start(void);     /* 0 ok */
-HIDDEN void tr_cupti_stop(void);     /* flush, build the replay table, release CUPTI */
+HIDDEN void tr_cupti_stop(int build); /* flush, build the replay table (build=1), release CUPTI */
 HIDDEN void tr_cupti_push(uint64_t id);
 HIDDEN void tr_cupti_pop(void);
 HIDDEN void tr_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes);
@@ -164,5 +165,6 @@ HIDDEN uint64_t tr_replay_positions(void);
 HIDDEN void tr_period_observe(const void *func);
 HIDDEN void tr_observe_touch(uintptr_t addr, uint64_t bytes, uint64_t pos);
 HIDDEN void tr_observe_classify(void);
+HIDDEN void tr_observe_discard(void);
 
 #endif

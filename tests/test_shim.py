@@ -164,11 +164,18 @@ def test_prefetch_replay_window_keeps_budget(built, tmp_path):
 
 
 def test_iterations_detected_from_kernel_sequence(built, tmp_path):
-    res, out, _ = run(built, "loop", 40, 300, GB, env={"TRANSIT_STATS": str(tmp_path / "s.json")})
+    res, out, _ = run(built, "loop", 100, 300, GB, env={"TRANSIT_STATS": str(tmp_path / "s.json")})
     s = stats_of(tmp_path / "s.json")
     assert s["iteration_source"] == "kernel-sequence" and s["detected_period"] == 300
-    assert 30 <= s["iterations"] <= 40 and s["kernel_launches"] == 12000
+    assert 30 <= s["iterations"] <= 100 and s["kernel_launches"] == 30000
     assert len(s["iteration_ms"]) == s["iterations"] - 1
+
+
+def test_iteration_not_mistaken_for_a_layer(built, tmp_path):
+    """40 identical layers of 8 launches and a 5-launch tail: the iteration is 325 launches."""
+    run(built, "layers", 120, 40, env={"TRANSIT_STATS": str(tmp_path / "s.json")})
+    s = stats_of(tmp_path / "s.json")
+    assert s["detected_period"] == 40 * 8 + 5
 
 
 def test_adapter_boundaries(built, tmp_path):
