@@ -32,10 +32,12 @@ ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--timeout", type=int, default=240)
 ap.add_argument("--only", default="", help="comma-separated subset of run names")
+ap.add_argument("--deterministic", action="store_true",
+                help="math attention and deterministic kernels: exact loss comparison, much slower")
 a = ap.parse_args()
 
 TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py"), *a.model.split(),
-           "--seq-len", str(a.seq_len), "--batch", str(a.batch), "--deterministic"]
+           "--seq-len", str(a.seq_len), "--batch", str(a.batch), *(["--deterministic"] if a.deterministic else [])]
 ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 results = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "trainer": TRAINER[1:], "runs": []}
 
@@ -84,10 +86,10 @@ def go(name, policy=None, budget=None, steps=None, timeout=None):
 
 
 ref = go("reference")
-go("off")
+go("off", "off")
 go("reference-2")
-go("off-2")
-go("base-nobudget")
+go("off-2", "off")
+go("base-nobudget", "base")
 peak = int(ref["max_reserved_gb"] * 1e9) if ref and ref.get("max_reserved_gb") else None
 if peak:
     adam = 8 * ref["params"]

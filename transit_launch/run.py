@@ -66,13 +66,23 @@ def read_stats(stats_dir: str) -> list[dict]:
     return out
 
 
+def placement_held(s: dict) -> bool:
+    """The shim never placed more managed bytes on the device than the budget."""
+    return s["device_placed_peak_bytes"] <= s["budget_bytes"]
+
+
+def measured_within(s: dict) -> bool:
+    """Device memory in use after warm-up (cudaMemGetInfo, whole process) stayed within the
+    budget plus the reserve the guard keeps for what does not go through cudaMalloc
+    (context, cuBLAS, NCCL: about 0.85 GB measured on the H200). It can also exceed it when
+    the UVM driver keeps the chunks of pages it evicted (seen on the H200, 2026-11-29:
+    in use exceeded placement by the host-placed bytes the GPU had touched first)."""
+    reserve = s["free_at_start_bytes"] - s["guard_limit_bytes"]
+    return s["gpu_resident_peak_steady_bytes"] <= s["budget_bytes"] + reserve
+
+
 def budget_held(s: dict) -> bool:
-    """Placement kept device bytes within the budget, and the measured device memory in
-    use after warm-up stayed within the budget plus the reserve the guard keeps for what
-    does not go through cudaMalloc (context, cuBLAS/NCCL internals)."""
-    reserve = s.get("guard_limit_bytes") and s["free_at_start_bytes"] - s["guard_limit_bytes"]
-    return (s["device_placed_peak_bytes"] <= s["budget_bytes"]
-            and s["gpu_resident_peak_steady_bytes"] <= s["budget_bytes"] + (reserve or 0))
+    return placement_held(s) and measured_within(s)
 
 
 def summary(stats: list[dict]) -> dict:
@@ -87,10 +97,11 @@ def summary(stats: list[dict]) -> dict:
             "host_placed_peak_gb": gb(s["host_placed_peak_bytes"]),
             "zero_copy_peak_gb": gb(s["zero_copy_mapped_peak_bytes"]),
             "optimizer_hint_gb": gb(s["cold_hint_bytes"]["optimizer"]),
-            "gpu_resident_peak_steady_gb": gb(s["gpu_resident_peak_steady_bytes"]),
+            "gpu_in_use_steady_gb": gb(s["gpu_resident_peak_steady_bytes"]),
             "prefetch_gb": gb(s["prefetch_bytes"]), "htod_gb": gb(s["htod_bytes"]),
             "iterations": s["iterations"], "iteration_source": s["iteration_source"],
             "median_iteration_ms": round(statistics.median(steady), 2) if steady else None,
+            "placement_held": placement_held(s), "measured_within": measured_within(s),
             "budget_held": budget_held(s), "file": s.get("file"),
         })
     return {"processes": procs}
@@ -101,7 +112,8 @@ def summary_text(summ: dict) -> str:
         return "transit-launch: no CUDA process of the command wrote shim stats"
     rows = [[p["pid"], p["policy"] + (" (pass-through)" if p["passthrough"] else ""), p["budget_gb"],
              p["managed_peak_gb"], p["device_placed_peak_gb"], p["host_placed_peak_gb"], p["zero_copy_peak_gb"],
-             p["gpu_resident_peak_steady_gb"], p["prefetch_gb"], p["iterations"],
-             p["median_iteration_ms"], "yes" if p["budget_held"] else "NO"] for p in summ["processes"]]
+             p["gpu_in_use_steady_gb"], p["prefetch_gb"], p["iterations"], p["median_iteration_ms"],
+             "yes" if p["budget_held"] else "placement only" if p["placement_held"] else "NO"]
+            for p in summ["processes"]]
     return table(["pid", "policy", "budget GB", "managed GB", "on GPU GB", "on host GB", "zero-copy GB",
-                  "resident GB", "prefetch GB", "iters", "ms/iter", "budget held"], rows, "llrrrrrrrrrl")
+                  "in use GB", "prefetch GB", "iters", "ms/iter", "budget held"], rows, "llrrrrrrrrrl")
