@@ -4,7 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import shutil
+
 import pytest
+
+from transit_launch import shimbuild
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -46,3 +50,26 @@ def write_json(tmp_path):
         p.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
         return p
     return write
+
+
+FAKECUDA = Path(__file__).resolve().parent / "fakecuda"
+CUDA_INC = shimbuild.find_header("cuda_runtime_api.h")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The fake libcudart, the test program linked against it, and libtransit.so built from
+    shim/ the way the package build does (plus -DTRANSIT_TESTING hooks)."""
+    if CUDA_INC is None or not shutil.which("cc"):
+        pytest.skip("needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
+    d = tmp_path_factory.mktemp("fakecuda")
+    os.chmod(d, 0o755)  # also used from Slurm job steps
+    cc = ["cc", "-std=c11", "-O1", "-Wall", "-Wextra", f"-I{CUDA_INC}"]
+    subprocess.run([*cc, "-fPIC", "-shared", "-Wl,-soname,libcudart.so.13", "-o", str(d / "libcudart.so.13"),
+                    str(FAKECUDA / "fake_cudart.c"), "-lpthread"], check=True)
+    (d / "libcudart.so").symlink_to("libcudart.so.13")
+    subprocess.run([*cc, "-o", str(d / "app"), str(FAKECUDA / "app.c"), f"-L{d}", "-lcudart", f"-Wl,-rpath,{d}",
+                    "-lpthread", "-ldl"], check=True)
+    shim, warnings = shimbuild.build(d / "lib", extra_cflags=["-DTRANSIT_TESTING"])
+    assert shim, warnings
+    return {"dir": d, "app": d / "app", "shim": shim, "warnings": warnings}

@@ -80,7 +80,9 @@ def test_rendered_script_runs_with_slurm_stand_ins(cli, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls"
-    _stub(bin_dir / "scontrol", f'echo "scontrol $*" >> {log}; printf "node-a\\nnode-b\\n"\n')
+    _stub(bin_dir / "scontrol", f'echo "scontrol $*" >> {log}; '
+                                f'if [ "$2" = node ]; then echo "NodeName=node-a NodeAddr=10.1.0.7 State=IDLE"; '
+                                f'else printf "node-a\\nnode-b\\n"; fi\n')
     _stub(bin_dir / "srun", f'echo "srun $*" >> {log}; while [[ $1 == --* ]]; do shift; done; exec "$@"\n')
     _stub(bin_dir / "torchrun", f'echo "torchrun $*" >> {log}; '
                                 f'echo "LD_PRELOAD=$LD_PRELOAD TRANSIT_POLICY=$TRANSIT_POLICY '
@@ -92,8 +94,9 @@ def test_rendered_script_runs_with_slurm_stand_ins(cli, tmp_path):
     assert res.returncode == 0, res.stderr  # stderr also has ld.so's notes on the absent libraries
     calls = log.read_text().splitlines()
     assert calls[0] == "scontrol show hostnames node-[a-b]"
-    assert calls[1].startswith("srun --export=ALL torchrun --nnodes 2 --nproc-per-node 4")
-    assert calls[2] == ("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-id 42 --rdzv-backend c10d "
-                        "--rdzv-endpoint node-a:29500 -m torchtitan.train --job.config_file llama3_70b.toml")
-    assert calls[3] == (f"LD_PRELOAD={SHIM}:/usr/lib/libkeep.so TRANSIT_POLICY=advise "
+    assert calls[1] == "scontrol show node node-a -o"
+    assert calls[2].startswith("srun --export=ALL torchrun --nnodes 2 --nproc-per-node 4")
+    assert calls[3] == ("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-id 42 --rdzv-backend c10d "
+                        "--rdzv-endpoint 10.1.0.7:29500 -m torchtitan.train --job.config_file llama3_70b.toml")
+    assert calls[4] == (f"LD_PRELOAD={SHIM}:/usr/lib/libkeep.so TRANSIT_POLICY=advise "
                         "PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False")

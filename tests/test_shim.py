@@ -15,7 +15,7 @@ import pytest
 
 from transit_launch import doctor, inject, shimbuild
 
-HERE = Path(__file__).resolve().parent / "fakecuda"
+
 GB = 10**9
 ADV_PREFERRED, ADV_UNSET_PREFERRED, ADV_ACCESSED_BY = 3, 4, 5
 LOC_DEVICE, LOC_HOST = 1, 2
@@ -23,20 +23,6 @@ LOC_DEVICE, LOC_HOST = 1, 2
 CUDA_INC = shimbuild.find_header("cuda_runtime_api.h")
 pytestmark = pytest.mark.skipif(CUDA_INC is None or not shutil.which("cc"),
                                 reason="needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fakecuda")
-    cc = ["cc", "-std=c11", "-O1", "-Wall", "-Wextra", f"-I{CUDA_INC}"]
-    subprocess.run([*cc, "-fPIC", "-shared", "-Wl,-soname,libcudart.so.13", "-o", str(d / "libcudart.so.13"),
-                    str(HERE / "fake_cudart.c"), "-lpthread"], check=True)
-    (d / "libcudart.so").symlink_to("libcudart.so.13")
-    subprocess.run([*cc, "-o", str(d / "app"), str(HERE / "app.c"), f"-L{d}", "-lcudart", f"-Wl,-rpath,{d}",
-                    "-lpthread", "-ldl"], check=True)
-    shim, warnings = shimbuild.build(d / "lib", extra_cflags=["-DTRANSIT_TESTING"])
-    assert shim, warnings
-    return {"dir": d, "app": d / "app", "shim": shim, "warnings": warnings}
 
 
 def run(built, *args, policy="advise", env=None, preload=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from transit_launch import __version__
@@ -101,24 +102,11 @@ def cmd_models(a):
     return 0
 
 
-def cmd_render(a, command):
+def _script(a, command, p, nodes, policy):
+    """The sbatch script (or with --local the torchrun line) for `nodes` nodes."""
     from transit_launch import doctor, inject, report
-    from transit_launch.plan import plan
     from transit_launch.render import render
-    if not command:
-        raise UsageError("render needs the training command after --, e.g. -- python train.py")
-    policy = a.policy
-    plan_lines, p = [], None
-    if a.model:
-        p = plan(_request(a))
-    elif not (a.nodes or a.local):
-        raise UsageError("render needs --model (to plan the node count) or --nodes")
-    nodes = a.nodes or (p.recommended.nodes if p else 1)
-    if p:
-        plan_lines = report.plan_comment(p, nodes)
-        if policy is None:
-            policy = "advise" if nodes < p.baseline.nodes else "off"
-    policy = policy or "off"
+    policy = policy or ("advise" if p and nodes < p.baseline.nodes else "off")
     gpn = a.gpus_per_node or 4
     shim = inject.shim_path() if policy != "off" else None
     adapter = inject.adapter_dir() if shim else None
@@ -128,19 +116,121 @@ def cmd_render(a, command):
     if policy != "off" and shim is None:
         print(f"transit-launch: warning: libtransit.so is not installed ({doctor.shim_missing_reason()}); "
               f"the job will run without the shim", file=sys.stderr)
-    if a.local:
-        text = render("local.j2", **ctx)
-    else:
-        name = a.job_name or (f"transit-{p.req.card.name}" if p else "transit")
-        summary = (f"{p.req.card.name} on {nodes} node(s), policy {policy}" if p else f"{nodes} node(s), policy {policy}")
-        text = render("sbatch.j2", nodes=nodes, job_name=name, partition=a.partition, account=a.account,
-                      time=a.time, output=a.output, port=a.port, plan_lines=plan_lines, summary=summary, **ctx)
+    if getattr(a, "local", False):
+        return render("local.j2", **ctx)
+    name = a.job_name or (f"transit-{p.req.card.name}" if p else "transit")
+    summary = f"{p.req.card.name} on {nodes} node(s), policy {policy}" if p else f"{nodes} node(s), policy {policy}"
+    return render("sbatch.j2", nodes=nodes, job_name=name, partition=a.partition, account=a.account, time=a.time,
+                  output=a.output, port=a.port, plan_lines=report.plan_comment(p, nodes) if p else [],
+                  summary=summary, **ctx)
+
+
+def cmd_render(a, command):
+    from transit_launch.plan import plan
+    if not command:
+        raise UsageError("render needs the training command after --, e.g. -- python train.py")
+    p = None
+    if a.model:
+        p = plan(_request(a))
+    elif not (a.nodes or a.local):
+        raise UsageError("render needs --model (to plan the node count) or --nodes")
+    nodes = a.nodes or (p.recommended.nodes if p else 1)
+    text = _script(a, command, p, nodes, a.policy)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
         print(f"wrote {a.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _auto_nodes(p, max_nodes):
+    """Fewest nodes whose layout fits host DRAM without pushing hot data off the GPU."""
+    from transit_launch.units import gb
+    # the no-offload minimum needs no host DRAM for offloading: it is always a candidate
+    fit = [c for c in p.options if c.fits_host and not c.spill and c.nodes <= max_nodes]
+    fit += [p.baseline] if p.baseline.nodes <= max_nodes else []
+    if not fit:
+        raise UsageError(f"no node count up to the partition's {max_nodes} fits {p.req.card.name} "
+                         f"({p.baseline.nodes} nodes without offloading)")
+    c = min(fit, key=lambda c: c.nodes)
+    if c is p.baseline:
+        why = (f"the no-offload minimum: no fewer nodes fit host DRAM ({gb(p.req.host_mem):.0f} GB per node) "
+               "without spilling hot data")
+    else:
+        why = (f"fewest nodes whose offload ({gb(c.offload):.1f} GB per GPU) fits host DRAM "
+               f"({gb(c.host_per_node):.0f} of {gb(p.req.host_mem):.0f} GB per node); the no-offload minimum is "
+               f"{p.baseline.nodes}")
+    return c.nodes, why
+
+
+def cmd_submit(a, command):
+    from transit_launch import slurm
+    from transit_launch.plan import plan
+    if not command:
+        raise UsageError("submit needs the training command after --, e.g. -- python train.py")
+    part = None
+    try:
+        part = slurm.partition(a.partition)
+    except UsageError:
+        if not a.dry_run:
+            raise
+    if part:
+        if not part.gpus_per_node:
+            raise UsageError(f"partition {part.name} has no GPUs (no gpu GRES on its nodes)")
+        a.gpus_per_node = a.gpus_per_node or part.gpus_per_node
+        a.host_mem = a.host_mem or f"{part.real_memory_mb}MiB"
+    p = plan(_request(a))
+    max_nodes = part.nodes if part else 10**6
+    if a.nodes in (None, "auto"):
+        nodes, why = _auto_nodes(p, max_nodes)
+    else:
+        try:
+            nodes = int(a.nodes)
+        except ValueError:
+            raise UsageError(f"--nodes takes a number or auto, got {a.nodes!r}") from None
+        if nodes < 1 or nodes > max_nodes:
+            raise UsageError(f"--nodes {nodes}: the partition has {max_nodes} nodes")
+        why = "as asked"
+    script = _script(a, command, p, nodes, a.policy)
+    print(f"transit-launch: {nodes} node(s): {why}", file=sys.stderr)
+    if a.dry_run:
+        sys.stdout.write(script)
+        return 0
+    job = slurm.submit(script)
+    out = a.output.replace("%x", a.job_name or f"transit-{p.req.card.name}").replace("%j", job)
+    print(f"submitted job {job} ({nodes} nodes); output: {os.path.abspath(out)}")
+    return 0
+
+
+def cmd_status(a):
+    from transit_launch import slurm
+    from transit_launch.table import table
+    info = slurm.job_info(a.job)
+    if a.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    keys = ("JobId", "JobName", "JobState", "NumNodes", "NodeList", "ExitCode", "RunTime", "StdOut")
+    print(table(["field", "value"], [[k, info[k]] for k in keys if k in info], "ll"))
+    return 0
+
+
+def cmd_cancel(a):
+    from transit_launch import slurm
+    slurm.cancel(a.job)
+    print(f"cancelled job {a.job}")
+    return 0
+
+
+def cmd_spank(a):
+    from transit_launch import spank
+    if a.spank_cmd == "build":
+        print(f"built {spank.build(a.out, a.include)}")
+        return 0
+    plugin, conf = spank.install(a.prefix, a.plugstack_dir, a.include, a.default, a.allowed, a.oversubscribe)
+    print(f"installed {plugin}\nwrote {conf}: add `include {conf.parent}/*.conf` to plugstack.conf "
+          "if it is not there")
     return 0
 
 
@@ -208,6 +298,16 @@ def cmd_doctor(a):
     return 0
 
 
+def _add_job_args(sp):
+    g = sp.add_argument_group("job")
+    g.add_argument("--job-name")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--time", help="Slurm time limit, e.g. 04:00:00")
+    g.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
+    g.add_argument("--port", type=_positive_int("--port"), default=29500, help="rendezvous port on the head node")
+
+
 def build_parser():
     from transit_launch.inject import POLICIES
     p = _Parser(prog="transit-launch", description="Transparent scale-in for PyTorch training on Slurm.")
@@ -230,14 +330,41 @@ def build_parser():
     sp.add_argument("--gpu-budget", help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU")
     sp.add_argument("--stats", help="TRANSIT_STATS: where the shim writes its JSON stats")
     sp.add_argument("--log", choices=("error", "warn", "info", "debug"), help="TRANSIT_LOG level")
-    sp.add_argument("--job-name")
-    sp.add_argument("--partition")
-    sp.add_argument("--account")
-    sp.add_argument("--time", help="Slurm time limit, e.g. 04:00:00")
-    sp.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
-    sp.add_argument("--port", type=_positive_int("--port"), default=29500, help="rendezvous port on the head node")
+    _add_job_args(sp)
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
     sp.add_argument("-o", "--out", help="write to this file instead of stdout")
+
+    sp = sub.add_parser("submit", help="plan, render and sbatch a job with the shim injected",
+                        usage="transit-launch submit --model M [options] -- COMMAND...")
+    _add_plan_args(sp)
+    sp.add_argument("--nodes", default="auto", help="node count, or auto: the fewest that fit host DRAM (default)")
+    sp.add_argument("--policy", choices=POLICIES,
+                    help="shim policy (default: advise below the no-offload minimum, off otherwise)")
+    sp.add_argument("--gpu-budget", help="TRANSIT_GPU_BUDGET for every rank")
+    sp.add_argument("--stats", help="TRANSIT_STATS: directory for the shim's per-rank stats")
+    sp.add_argument("--log", choices=("error", "warn", "info", "debug"), help="TRANSIT_LOG level")
+    _add_job_args(sp)
+    sp.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+
+    sp = sub.add_parser("status", help="a Slurm job's state")
+    sp.add_argument("job")
+    sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("cancel", help="cancel a Slurm job")
+    sp.add_argument("job")
+
+    sp = sub.add_parser("spank", help="build or install the SPANK plugin (sbatch --transit=POLICY)")
+    ssub = sp.add_subparsers(dest="spank_cmd", required=True, parser_class=_Parser)
+    b = ssub.add_parser("build", help="compile the plugin against the installed spank.h")
+    b.add_argument("--out", default=".", help="directory for transit_spank.so (default .)")
+    b.add_argument("--include", help="directory holding spank.h")
+    i = ssub.add_parser("install", help="build, install and write the plugstack include file")
+    i.add_argument("--prefix", default="/usr/local", help="the plugin goes to PREFIX/lib/slurm (default /usr/local)")
+    i.add_argument("--plugstack-dir", default="/etc/slurm/plugstack.conf.d")
+    i.add_argument("--include", help="directory holding spank.h")
+    i.add_argument("--default", choices=POLICIES, default="off", help="policy when a job asks for none")
+    i.add_argument("--allowed", default="off,base,prefetch,advise", help="policies users may choose")
+    i.add_argument("--oversubscribe", choices=("allow", "deny"), default="deny",
+                   help="allow: real UVM oversubscription (TRANSIT_ALLOW_OVERSUBSCRIBE=1)")
 
     sp = sub.add_parser("run", help="run a command here with the shim injected, then summarize its stats",
                         usage="transit-launch run [--policy P] [--gpu-budget SIZE] -- COMMAND...")
@@ -294,9 +421,12 @@ def main(argv=None):
             return cmd_render(a, command)
         if a.cmd == "run":
             return cmd_run(a, command)
+        if a.cmd == "submit":
+            return cmd_submit(a, command)
         if command:
             raise UsageError(f"{a.cmd} takes no command after --")
-        return {"plan": cmd_plan, "models": cmd_models, "doctor": cmd_doctor, "simulate": cmd_simulate}[a.cmd](a)
+        return {"plan": cmd_plan, "models": cmd_models, "doctor": cmd_doctor, "simulate": cmd_simulate,
+                "status": cmd_status, "cancel": cmd_cancel, "spank": cmd_spank}[a.cmd](a)
     except UsageError as e:
         print(f"transit-launch: error: {e}", file=sys.stderr)
         return 2

@@ -12,9 +12,11 @@
 
 set -euo pipefail
 
-# The first node of the allocation hosts torchrun's c10d rendezvous.
+# The first node of the allocation hosts torchrun's c10d rendezvous, at the address
+# slurmd uses for it (NodeAddr; the node name when none is set).
 nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
-head_node=${nodes[0]}
+head_node=$(scontrol show node "${nodes[0]}" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+head_node=${head_node:-${nodes[0]}}
 
 export LD_PRELOAD=/opt/transit/lib/libtransit.so${LD_PRELOAD:+:$LD_PRELOAD}
 export PYTHONPATH=/opt/transit/adapter${PYTHONPATH:+:$PYTHONPATH}

@@ -9,9 +9,11 @@
 
 set -euo pipefail
 
-# The first node of the allocation hosts torchrun's c10d rendezvous.
+# The first node of the allocation hosts torchrun's c10d rendezvous, at the address
+# slurmd uses for it (NodeAddr; the node name when none is set).
 nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
-head_node=${nodes[0]}
+head_node=$(scontrol show node "${nodes[0]}" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+head_node=${head_node:-${nodes[0]}}
 
 # libtransit.so is not installed here (see `transit-launch doctor`): the job runs without the shim.
 export TRANSIT_POLICY=prefetch

@@ -1,0 +1,114 @@
+/* plugstack.conf arguments: strict key=value, unknown keys are an error. */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "transit_spank.h"
+
+struct tr_site tr_site;
+struct tr_job tr_job;
+
+static int in_list(const char *item, const char *list)
+{
+    size_t n = strlen(item);
+    for (const char *p = list; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == n && strncmp(p, item, n) == 0)
+            return 1;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+int tr_policy_known(const char *p) { return *p && in_list(p, TR_POLICIES); }
+int tr_policy_allowed(const char *p) { return in_list(p, tr_site.allowed); }
+
+/* "40GB", "512MiB", "1e9": what libtransit.so's TRANSIT_GPU_BUDGET accepts. */
+int tr_size_valid(const char *s)
+{
+    static const char *units[] = {"", "b", "k", "kb", "kib", "m", "mb", "mib", "g", "gb", "gib", "t", "tb", "tib"};
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v <= 0)
+        return 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcasecmp(end, units[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int copy(char *dst, size_t size, const char *key, const char *val)
+{
+    if (strlen(val) >= size || !*val) {
+        slurm_error("transit: plugstack argument %s= is empty or too long", key);
+        return -1;
+    }
+    strcpy(dst, val);
+    return 0;
+}
+
+int tr_parse_args(int ac, char **av)
+{
+    strcpy(tr_site.dflt, "off");
+    strcpy(tr_site.allowed, TR_POLICIES);
+    tr_site.oversubscribe = 0;
+    for (int i = 0; i < ac; i++) {
+        char *eq = strchr(av[i], '=');
+        if (!eq) {
+            slurm_error("transit: plugstack argument '%s' is not key=value", av[i]);
+            goto fail;
+        }
+        size_t klen = (size_t)(eq - av[i]);
+        const char *val = eq + 1;
+#define KEY(k) (klen == strlen(k) && strncmp(av[i], k, klen) == 0)
+        if (KEY("shim")) {
+            if (copy(tr_site.shim, sizeof tr_site.shim, "shim", val))
+                goto fail;
+        } else if (KEY("adapter")) {
+            if (copy(tr_site.adapter, sizeof tr_site.adapter, "adapter", val))
+                goto fail;
+        } else if (KEY("default")) {
+            if (copy(tr_site.dflt, sizeof tr_site.dflt, "default", val))
+                goto fail;
+        } else if (KEY("allowed")) {
+            if (copy(tr_site.allowed, sizeof tr_site.allowed, "allowed", val))
+                goto fail;
+        } else if (KEY("oversubscribe")) {
+            if (strcmp(val, "allow") && strcmp(val, "deny")) {
+                slurm_error("transit: plugstack argument oversubscribe=%s: expected allow or deny", val);
+                goto fail;
+            }
+            tr_site.oversubscribe = strcmp(val, "allow") == 0;
+        } else {
+            slurm_error("transit: unknown plugstack argument '%.*s' (known: shim, adapter, default, allowed, "
+                        "oversubscribe)", (int)klen, av[i]);
+            goto fail;
+        }
+#undef KEY
+    }
+    for (const char *p = tr_site.allowed; *p;) { /* every allowed entry must be a policy */
+        char item[16] = "";
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len < sizeof item)
+            memcpy(item, p, len);
+        if (len >= sizeof item || !tr_policy_known(item)) {
+            slurm_error("transit: plugstack allowed=%s: '%.*s' is not one of %s", tr_site.allowed, (int)len, p,
+                        TR_POLICIES);
+            goto fail;
+        }
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    if (!tr_policy_known(tr_site.dflt) || !tr_policy_allowed(tr_site.dflt)) {
+        slurm_error("transit: plugstack default=%s is not an allowed policy (%s)", tr_site.dflt, tr_site.allowed);
+        goto fail;
+    }
+    return 0;
+fail:
+    return -1;
+}

@@ -1,0 +1,38 @@
+/* SPANK plugin for transit-launch: `sbatch --transit=advise job.sh` injects libtransit.so
+ * into every task of every step. One file per Slurm context (local.c: sbatch/salloc/srun
+ * on the submit host; remote.c: slurmstepd on the nodes), args.c for plugstack.conf,
+ * plugin.c for the entry points Slurm calls. Only slurm_spank_* and the plugin symbols
+ * are exported (transit_spank.map). */
+#ifndef TRANSIT_SPANK_H
+#define TRANSIT_SPANK_H
+
+#include <slurm/spank.h>
+
+#define TR_PATH_MAX 4096
+#define TR_POLICIES "off,base,prefetch,advise"
+
+struct tr_site {               /* plugstack.conf arguments */
+    char shim[TR_PATH_MAX];    /* shim=PATH */
+    char adapter[TR_PATH_MAX]; /* adapter=PATH */
+    char dflt[16];             /* default=POLICY (off) */
+    char allowed[64];          /* allowed=LIST (all policies) */
+    int oversubscribe;         /* oversubscribe=allow|deny (deny) */
+};
+
+struct tr_job {                /* what the user asked for */
+    char policy[16];           /* "" = not given */
+    char budget[64];
+    char stats[TR_PATH_MAX];
+};
+
+extern struct tr_site tr_site;
+extern struct tr_job tr_job;
+
+int tr_parse_args(int ac, char **av);           /* 0 or -1 (logged) */
+int tr_policy_known(const char *p);
+int tr_policy_allowed(const char *p);
+int tr_size_valid(const char *s);
+int tr_local_post_opt(spank_t sp);
+int tr_remote_user_init(spank_t sp);
+
+#endif

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Rendered by transit-launch 0.1.0: llama3-70b on 2 node(s), policy advise
+#SBATCH --job-name=transit-llama3-70b
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --partition=debug
+#SBATCH --output=%x-%j.out
+# Plan: llama3-70b, fsdp, h100-80gb; no-offload minimum 6 nodes (24 GPUs).
+# This job: 2 nodes, dp8, 176.0 GB per GPU, offload 90.5 GB per GPU, predicted efficiency 76%.
+
+set -euo pipefail
+
+# The first node of the allocation hosts torchrun's c10d rendezvous, at the address
+# slurmd uses for it (NodeAddr; the node name when none is set).
+nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
+head_node=$(scontrol show node "${nodes[0]}" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+head_node=${head_node:-${nodes[0]}}
+
+export LD_PRELOAD=/opt/transit/lib/libtransit.so${LD_PRELOAD:+:$LD_PRELOAD}
+export PYTHONPATH=/opt/transit/adapter${PYTHONPATH:+:$PYTHONPATH}
+export TRANSIT_POLICY=advise
+export PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False
+export PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:False
+
+srun --export=ALL torchrun \
+    --nnodes 2 \
+    --nproc-per-node 4 \
+    --rdzv-id "$SLURM_JOB_ID" \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "$head_node:29500" \
+    train.py

@@ -1,0 +1,205 @@
+"""Slurm integration against a real Slurm cluster started by the tests (tests/slurm_lab.py):
+the SPANK plugin in sbatch, salloc and srun, the environment it gives every step on every
+node, the real libtransit.so loaded in job steps, and transit-launch submit/status."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, check_golden
+from tests.slurm_lab import SlurmLab, missing
+from transit_launch import inject, spank
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+ADAPTER = str(inject._PKG / "adapter")
+
+
+@pytest.fixture(scope="session")
+def lab(built):
+    root = Path(tempfile.mkdtemp(prefix="transit-slurm-"))
+    plugin = spank.build(root / "plugin")
+    lab = SlurmLab(root, plugstack=spank.plugstack_line(plugin, built["shim"], Path(ADAPTER)))
+    try:
+        lab.start()
+        lab.plugin = plugin
+        lab.shim = str(built["shim"])
+        yield lab
+    finally:
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def job_script(lab, name, body):
+    # absolute paths: with --export=NONE the batch step has no PATH
+    path = lab.lab / "jobs" / name
+    path.write_text("#!/bin/bash\n" + body)
+    return path
+
+
+ENV_PROBE = ("/usr/bin/srun -N2 --ntasks-per-node=1 /bin/bash -c 'echo \"$SLURMD_NODENAME|$LD_PRELOAD|"
+             "$TRANSIT_POLICY|$PYTHONPATH|$PYTORCH_ALLOC_CONF|$TRANSIT_GPU_BUDGET|$TRANSIT_STATS\"'\n")
+
+
+def run_job(lab, *args, script):
+    res = lab.cmd("sbatch", "--parsable", "-N2", "-o", "out-%j.txt", *args, str(script))
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip()
+    info = lab.wait_job(job)
+    out = (lab.lab / "jobs" / f"out-{job}.txt").read_text()
+    return info, out
+
+
+def probe_rows(out):
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 6]
+    return {r[0]: r[1:] for r in rows}
+
+
+def test_options_listed_in_help(lab):
+    for cmd in ("sbatch", "salloc", "srun"):
+        res = lab.cmd(cmd, "--help")
+        for opt in ("--transit=POLICY", "--transit-budget=SIZE", "--transit-stats=DIR"):
+            assert opt in res.stdout, (cmd, opt)
+
+
+def test_bogus_policy_refused_at_submit(lab):
+    before = lab.cmd("squeue", "-h").stdout
+    res = lab.cmd("sbatch", "--transit=bogus", "--wrap", "true")
+    assert res.returncode != 0
+    assert "transit: --transit=bogus: expected one of off,base,prefetch,advise" in res.stderr
+    assert lab.cmd("squeue", "-h").stdout == before
+    res = lab.cmd("sbatch", "--transit=advise", "--transit-budget=lots", "--wrap", "true")
+    assert res.returncode != 0 and "expected a size such as 40GB" in res.stderr
+
+
+@pytest.mark.parametrize("export", [None, "NONE"])
+def test_advise_on_two_nodes(lab, export):
+    script = job_script(lab, "env.sh", ENV_PROBE)
+    extra = [f"--export={export}"] if export else []
+    info, out = run_job(lab, "--transit=advise", "--transit-budget=40GB", "--transit-stats=/tmp/tstats", *extra,
+                        script=script)
+    assert info["JobState"] == "COMPLETED", out
+    rows = probe_rows(out)
+    assert set(rows) == {"n1", "n2"}, out
+    for node, (preload, policy, pypath, alloc, budget, stats) in rows.items():
+        assert preload.split(":")[0] == lab.shim, (node, preload)
+        assert preload.count(lab.shim) == 1  # not prepended twice (batch step and srun step)
+        assert policy == "advise" and pypath.split(":")[0] == ADAPTER
+        assert alloc == "backend:native,expandable_segments:False"
+        assert (budget, stats) == ("40GB", "/tmp/tstats")
+
+
+def test_untouched_without_the_option(lab):
+    script = job_script(lab, "env.sh", ENV_PROBE)
+    info, out = run_job(lab, "--export=ALL,LD_PRELOAD=", script=script)
+    assert info["JobState"] == "COMPLETED"
+    for preload, policy, pypath, alloc, budget, stats in probe_rows(out).values():
+        assert (preload, policy, alloc, budget, stats) == ("", "", "", "", "")
+        assert ADAPTER not in pypath
+
+
+def test_srun_takes_the_option(lab):
+    res = lab.cmd("srun", "-N1", "--transit=prefetch", "/bin/bash", "-c", 'echo "$TRANSIT_POLICY|$LD_PRELOAD"')
+    assert res.returncode == 0, res.stderr
+    policy, preload = res.stdout.strip().split("|")
+    assert policy == "prefetch" and preload.startswith(lab.shim)
+
+
+def test_shim_really_loaded_in_job_steps(lab, built):
+    """Each task runs the test program linked against the fake libcudart: with the plugin's
+    LD_PRELOAD its cudaMalloc becomes cudaMallocManaged on every node."""
+    body = (f"/usr/bin/srun -N2 --ntasks-per-node=1 /bin/bash -c "
+            f"'FAKE_CUDART_LOG={lab.lab}/jobs/fake-$SLURMD_NODENAME.log {built['app']} alloc 4096'\n")
+    for f in (lab.lab / "jobs").glob("fake-*.log"):
+        f.unlink()
+    info, out = run_job(lab, "--transit=advise", script=job_script(lab, "app.sh", body))
+    assert info["JobState"] == "COMPLETED", out
+    for node in ("n1", "n2"):
+        calls = (lab.lab / "jobs" / f"fake-{node}.log").read_text().split()
+        assert "cudaMallocManaged" in calls and "cudaMalloc" not in calls, (node, calls)
+
+
+def test_unknown_plugstack_key_refuses_to_load(lab, tmp_path):
+    bad = lab.lab / "etc" / "plugstack-bad.conf"
+    bad.write_text(f"required {lab.plugin} shim={lab.shim} turbo=yes\n")
+    conf = lab.lab / "etc" / "slurm-bad.conf"
+    conf.write_text(lab.conf.read_text().replace(str(lab.lab / "etc/plugstack.conf"), str(bad)))
+    res = lab.cmd("sbatch", "--wrap", "true", env=dict(lab.env, SLURM_CONF=str(conf)))
+    assert res.returncode != 0
+    assert "transit: unknown plugstack argument 'turbo'" in res.stderr
+
+
+SUBMIT = ["submit", "--model", "llama3-70b", "--nodes", "2", "--policy", "advise", "--partition", "debug"]
+
+
+def test_submit_dry_run_golden(lab, cli):
+    env = dict(lab.env, TRANSIT_SHIM="/opt/transit/lib/libtransit.so", TRANSIT_ADAPTER_DIR="/opt/transit/adapter")
+    for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        env.pop(k, None)
+    rc, out, err = cli(*SUBMIT, "--dry-run", "--", "python", "train.py", env=env)
+    assert rc == 0, err
+    assert "2 node(s): as asked" in err
+    check_golden("submit_dry_run.sh", out)
+
+
+def test_submit_auto_says_why(lab, cli):
+    # the lab's nodes have 2000 MB of DRAM: nothing can be offloaded, so auto keeps the minimum
+    rc, out, err = cli("submit", "--model", "llama3-8b", "--dry-run", "--", "python", "train.py", env=lab.env)
+    assert rc == 0, err
+    assert "no fewer nodes fit host DRAM" in err and "#SBATCH --gpus-per-node=4" in out
+
+
+def test_submit_runs_and_status_reports(lab, cli):
+    torch_ok = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    if not torch_ok:
+        pytest.skip("needs PyTorch (CPU build) for the example trainer: .ci/run installs it")
+    env = dict(lab.env, TRANSIT_SHIM=lab.shim, PYTHONUNBUFFERED="1")
+    trainer = ["python3", str(ROOT / "examples" / "train_llama.py"), "--device", "cpu", "--steps", "2",
+               "--dim", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--vocab", "256",
+               "--seq-len", "32", "--batch", "1"]
+    rc, out, err = cli(*SUBMIT, "--gpus-per-node", "1", "--output", str(lab.lab / "jobs" / "%x-%j.out"), "--",
+                       *trainer, env=env)
+    assert rc == 0, err
+    job = out.split()[2]
+    info = lab.wait_job(job, timeout=180)
+    log = Path(info["StdOut"]).read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert '"summary"' in log and '"world": 2' in log
+    rc, out, _ = cli("status", job, "--json", env=lab.env)
+    assert rc == 0 and json.loads(out)["JobState"] == "COMPLETED"
+    rc, out, _ = cli("status", job, env=lab.env)
+    assert rc == 0 and "COMPLETED" in out
+
+
+def test_cancel(lab, cli):
+    res = lab.cmd("sbatch", "--parsable", "--wrap", "sleep 60")
+    job = res.stdout.strip()
+    rc, out, err = cli("cancel", job, env=lab.env)
+    assert rc == 0 and f"cancelled job {job}" in out
+    assert lab.wait_job(job)["JobState"] == "CANCELLED"
+
+
+def test_partition_discovery(lab):
+    from transit_launch import slurm
+    env_before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(lab.conf)
+    try:
+        p = slurm.partition(None)
+        assert (p.name, p.nodes, p.gpus_per_node, p.real_memory_mb, p.default) == ("debug", 4, 4, 2000, True)
+    finally:
+        if env_before is None:
+            os.environ.pop("SLURM_CONF")
+        else:
+            os.environ["SLURM_CONF"] = env_before
+
+
+@pytest.mark.parametrize("gres,gpus", [("gpu:4", 4), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,shard:8", 4),
+                                       ("(null)", 0), ("gpu:a:2,gpu:b:2", 4)])
+def test_gres_parsing(gres, gpus):
+    from transit_launch.slurm import gpus_from_gres
+    assert gpus_from_gres(gres) == gpus

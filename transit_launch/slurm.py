@@ -1,0 +1,138 @@
+"""Slurm through its commands (sbatch, squeue, scontrol, sinfo, sacct, scancel) with
+parsable output, the way submitit does. pyslurm is only an optional adapter for sites
+whose Slurm matches the pyslurm release (PyPI has 25.11 only; see pyslurm_backend)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from transit_launch.errors import UsageError
+
+
+def _run(args: list[str], input: str | None = None, timeout: float = 60) -> str:
+    exe = shutil.which(args[0])
+    if not exe:
+        raise UsageError(f"{args[0]} not found: is this a Slurm login node? (transit-launch doctor)")
+    try:
+        res = subprocess.run([exe, *args[1:]], capture_output=True, text=True, input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{args[0]} did not answer in {timeout:.0f} s") from None
+    if res.returncode != 0:
+        msg = res.stderr.strip().splitlines()
+        raise UsageError(f"{args[0]} failed: {msg[-1] if msg else f'exit code {res.returncode}'}")
+    return res.stdout
+
+
+@dataclass
+class Partition:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    real_memory_mb: int
+    default: bool = False
+
+
+_GRES_GPU = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")
+
+
+def gpus_from_gres(gres: str) -> int:
+    """'gpu:4', 'gpu:h100:8(S:0-1)', 'gpu:a100:4,shard:8' -> GPUs per node (0 if none)."""
+    return sum(int(m.group(1)) for m in _GRES_GPU.finditer(gres or ""))
+
+
+def partitions() -> list[Partition]:
+    """One row per partition and node configuration; the smallest GPU count and memory
+    per partition win (a job must fit on every node it may get)."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%P|%N|%G|%m"])
+    parts: dict[str, Partition] = {}
+    seen: dict[str, set] = {}
+    for line in out.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4:
+            continue
+        pname, node, gres, mem = fields
+        default = pname.endswith("*")
+        pname = pname.rstrip("*")
+        try:
+            mem_mb = int(mem.rstrip("+"))
+        except ValueError:
+            mem_mb = 0
+        g = gpus_from_gres(gres)
+        if pname not in parts:
+            parts[pname] = Partition(pname, 0, g, mem_mb, default)
+            seen[pname] = set()
+        p = parts[pname]
+        if node not in seen[pname]:
+            seen[pname].add(node)
+            p.nodes += 1
+            p.gpus_per_node = min(p.gpus_per_node, g) if p.nodes > 1 else g
+            p.real_memory_mb = min(p.real_memory_mb, mem_mb) if p.nodes > 1 else mem_mb
+    return list(parts.values())
+
+
+def partition(name: str | None) -> Partition:
+    parts = partitions()
+    if not parts:
+        raise UsageError("sinfo reports no partitions")
+    if name:
+        for p in parts:
+            if p.name == name:
+                return p
+        raise UsageError(f"no partition {name!r}; known: {', '.join(p.name for p in parts)}")
+    return next((p for p in parts if p.default), parts[0])
+
+
+def submit(script: str, extra: list[str] | None = None) -> str:
+    """sbatch the script text from stdin; returns the job id."""
+    out = _run(["sbatch", "--parsable", *(extra or [])], input=script)
+    return out.strip().split(";")[0]
+
+
+def job_info(job_id: str) -> dict:
+    """scontrol's view of the job (key=value), or sacct's once it has left the controller."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id")
+    try:
+        out = _run(["scontrol", "show", "job", "-o", job_id])
+        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+        if fields:
+            return fields
+    except UsageError as e:
+        if not shutil.which("sacct"):
+            raise
+        scontrol_error = e
+    else:
+        scontrol_error = None
+    out = _run(["sacct", "-j", job_id, "-X", "-n", "--parsable2", "-o", "JobID,JobName,State,ExitCode,NodeList,Elapsed"])
+    line = next((l for l in out.splitlines() if l.strip()), "")
+    if not line:
+        raise scontrol_error or UsageError(f"job {job_id} is unknown to scontrol and sacct")
+    jid, name, state, code, nodes, elapsed = (line.split("|") + [""] * 6)[:6]
+    return {"JobId": jid, "JobName": name, "JobState": state.split()[0], "ExitCode": code, "NodeList": nodes,
+            "RunTime": elapsed}
+
+
+def cancel(job_id: str) -> None:
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id")
+    _run(["scancel", job_id])
+
+
+def pyslurm_backend():
+    """pyslurm, when it imports and was built for the running Slurm; else None. PyPI only
+    ships 25.11, which no Slurm installable on our test machines matches, so this path is
+    not tested here: it only reads partitions, everything else goes through commands."""
+    try:
+        import pyslurm  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        version = _run(["sinfo", "--version"]).split()[-1]
+    except UsageError:
+        return None
+    if not getattr(pyslurm, "__version__", "").startswith(".".join(version.split(".")[:2])):
+        return None
+    return pyslurm
