@@ -183,12 +183,16 @@ def main():
         if not math.isfinite(loss_v):
             print("loss is not finite", file=sys.stderr)
             return 1
-    steady = times[3:] if len(times) > 5 else times
+    steady = times[3:] if len(times) > 5 else times[1:] or times
     med = statistics.median(steady)
     summ = {"params": n_params, "flop_params": n_flop_params, "tokens_per_step": tokens_per_step,
             "world": world, "device": device, "median_step_time": med,
             "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
-            "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12, "losses": losses}
+            "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12, "losses": losses,
+            # what the collectives carry (fp32): DDP all-reduces every gradient each step
+            # and broadcasts parameters and buffers from rank 0 once
+            "grad_bytes": 4 * n_params,
+            "broadcast_bytes": 4 * n_params + sum(b.numel() * b.element_size() for b in model.buffers())}
     if device == "cuda":
         summ["max_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
         summ["max_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9

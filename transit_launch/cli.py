@@ -291,6 +291,44 @@ def _nonneg_float(text):
     return v
 
 
+def cmd_sweep(a, command):
+    from transit_launch import netcap, sweep
+    journal = netcap.Journal(a.journal or netcap.default_journal())
+    if a.restore:
+        done = netcap.restore_journal(journal)
+        for line in done or ["nothing to restore"]:
+            print(line)
+        return 1 if any(line.startswith("ERROR") for line in done) else 0
+    if not command:
+        raise UsageError("sweep needs the job after --, e.g. -- python examples/train_llama.py --device cpu")
+    if not a.bandwidths or not a.iface:
+        raise UsageError("sweep needs --bandwidths and --iface")
+    bws = [netcap.parse_bandwidth(b) for b in a.bandwidths.split(",") if b.strip()]
+    if len(set(bws)) < len(bws):
+        raise UsageError("--bandwidths lists a bandwidth twice")
+    be = netcap.backend(a.cap)
+    ifaces = [netcap.Iface.parse(i) for i in a.iface.split(",") if i.strip()]
+    if a.metric_regex:
+        try:
+            re_compiled = __import__("re").compile(a.metric_regex)
+        except Exception as e:
+            raise UsageError(f"--metric-regex: {e}") from None
+        if re_compiled.groups < 1:
+            raise UsageError("--metric-regex needs one group that captures the number")
+    for i in ifaces:  # refuse before anything is changed
+        be.check(i, bws)
+    if journal.entries():
+        raise UsageError(f"a previous sweep left caps in {journal.path}: run `transit-launch sweep --restore` first")
+    report = sweep.sweep(netcap.Capper(be, ifaces, journal), bws, command, a.repeat, a.timeout, a.metric_regex,
+                         a.fail_fast)
+    if a.plot:
+        sweep.plot(report, a.plot)
+    print(json.dumps(report, indent=2) if a.json else sweep.text(report))
+    if report["interrupted"]:
+        return 130
+    return 1 if report["restore_errors"] or not report["rho"] and len(bws) > 1 else 0
+
+
 def cmd_doctor(a):
     from transit_launch import doctor, report
     checks = doctor.run_checks()
@@ -404,6 +442,20 @@ def build_parser():
     sp.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     sp.add_argument("--json", action="store_true")
 
+    sp = sub.add_parser("sweep", help="run a job under NIC bandwidth caps and compute rho",
+                        usage="transit-launch sweep --bandwidths 400,100 --cap tc --iface IFACE -- COMMAND...")
+    sp.add_argument("--bandwidths", help="comma-separated, Gbit/s unless a unit is given (400,100 or 1000mbit,100mbit)")
+    sp.add_argument("--cap", choices=("mlnx_qos", "dcb", "tc"), default="tc")
+    sp.add_argument("--iface", help="IFACE[,IFACE...]; NETNS/IFACE for an interface inside a network namespace")
+    sp.add_argument("--repeat", type=_positive_int("--repeat"), default=1)
+    sp.add_argument("--timeout", type=_nonneg_float, help="seconds one run may take")
+    sp.add_argument("--metric-regex", help="throughput from the job's stdout: a regex whose first group is the number")
+    sp.add_argument("--fail-fast", action="store_true", help="stop at the first failed run")
+    sp.add_argument("--journal", help="restore journal (default ~/.local/state/transit-launch/netcap-HOST.json)")
+    sp.add_argument("--restore", action="store_true", help="undo the caps a crashed sweep left, then exit")
+    sp.add_argument("--plot", help="write a PNG (needs matplotlib)")
+    sp.add_argument("--json", action="store_true")
+
     sp = sub.add_parser("doctor", help="what this machine has: GPU, managed memory, host memory, shim, Slurm")
     sp.add_argument("--json", action="store_true")
     return p
@@ -423,6 +475,8 @@ def main(argv=None):
             return cmd_run(a, command)
         if a.cmd == "submit":
             return cmd_submit(a, command)
+        if a.cmd == "sweep":
+            return cmd_sweep(a, command)
         if command:
             raise UsageError(f"{a.cmd} takes no command after --")
         return {"plan": cmd_plan, "models": cmd_models, "doctor": cmd_doctor, "simulate": cmd_simulate,

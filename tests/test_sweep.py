@@ -1,0 +1,234 @@
+"""Bandwidth sweeps. Real, as root: two network namespaces joined by a veth pair, the
+example trainer on CPU with gloo, one rank in each, capped with tc. mlnx_qos and dcb
+need hardware that cannot exist here: recording stand-ins on PATH check the exact
+commands (read, set, restore) and that a failing set still restores."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+NETNS_SCRIPT = ROOT / "examples" / "netns_pair.sh"
+
+
+def _why_no_netns():
+    if os.geteuid() != 0:
+        return "needs root (network namespaces and tc)"
+    if not (shutil.which("ip") and shutil.which("tc")):
+        return "needs iproute2 (ip, tc)"
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode:
+        return "needs PyTorch (CPU build) for the example trainer: .ci/run installs it"
+    return None
+
+
+netns_only = pytest.mark.skipif(_why_no_netns() is not None, reason=str(_why_no_netns()))
+
+
+@pytest.fixture
+def pair():
+    tag = f"{os.getpid() % 100000}"
+    env = dict(os.environ, NS_A=f"tsa{tag}", NS_B=f"tsb{tag}")
+    subprocess.run(["bash", str(NETNS_SCRIPT), "teardown"], env=env)
+    subprocess.run(["bash", str(NETNS_SCRIPT), "setup"], env=env, check=True)
+    try:
+        yield env
+    finally:  # namespaces are removed whatever happens
+        subprocess.run(["bash", str(NETNS_SCRIPT), "teardown"], env=env)
+
+
+def qdiscs(ns, dev):
+    out = subprocess.run(["ip", "netns", "exec", ns, "tc", "-j", "qdisc", "show", "dev", dev], capture_output=True,
+                         text=True, check=True).stdout
+    return [{k: q.get(k) for k in ("kind", "handle", "root")} for q in json.loads(out)]
+
+
+def sweep_cmd(env, journal, *extra, job=None):
+    ifaces = f"{env['NS_A']}/veth-a,{env['NS_B']}/veth-b"
+    job = job or ["bash", str(NETNS_SCRIPT), "run", "--steps", "6"]
+    return [sys.executable, "-m", "transit_launch", "sweep", "--cap", "tc", "--iface", ifaces,
+            "--journal", str(journal), *extra, "--", *job]
+
+
+@netns_only
+def test_tc_sweep_over_netns(pair, tmp_path):
+    before = {d: qdiscs(pair[ns], d) for ns, d in (("NS_A", "veth-a"), ("NS_B", "veth-b"))}
+    res = subprocess.run(sweep_cmd(pair, tmp_path / "j.json", "--bandwidths", "1000mbit,100mbit", "--json"),
+                         capture_output=True, text=True, env=pair, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rep = json.loads(res.stdout)
+    fast, slow = rep["bandwidths"]
+    assert fast["ok"] == slow["ok"] == 1
+    assert slow["throughput_median"] < 0.7 * fast["throughput_median"]  # measurably lower at the lower cap
+    assert rep["rho"][0]["b1"] == "1Gbit" and rep["rho"][0]["rho"] > 1.5
+    # traffic counters against the bytes the collectives moved: with two ranks a ring
+    # all-reduce sends and receives the gradient size once per step; rank 0 also sends the
+    # initial broadcast of parameters and buffers (job output: the trainer's summary)
+    out = subprocess.run(["bash", str(NETNS_SCRIPT), "run", "--steps", "6"], capture_output=True, text=True, env=pair,
+                         timeout=120).stdout
+    summary = json.loads(out.splitlines()[-1])["summary"]
+    steps, grad, bcast = 6, summary["grad_bytes"], summary["broadcast_bytes"]
+    for b in rep["bandwidths"]:
+        a = b["traffic_bytes"][f"{pair['NS_A']}/veth-a"]
+        assert a["tx"] == pytest.approx(steps * grad + bcast, rel=0.10), b["bandwidth"]
+        assert a["rx"] == pytest.approx(steps * grad, rel=0.10), b["bandwidth"]
+    after = {d: qdiscs(pair[ns], d) for ns, d in (("NS_A", "veth-a"), ("NS_B", "veth-b"))}
+    assert after == before  # the qdiscs exactly as before
+    assert not (tmp_path / "j.json").exists()
+
+
+def _wait_for_tbf(ns, dev, timeout=30):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if any(q["kind"] == "tbf" for q in qdiscs(ns, dev)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@netns_only
+def test_restore_after_a_crash(pair, tmp_path):
+    journal = tmp_path / "j.json"
+    before = qdiscs(pair["NS_A"], "veth-a")
+    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=["sleep", "60"]), env=pair,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert _wait_for_tbf(pair["NS_A"], "veth-a")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # a crash: no chance to clean up
+        proc.wait()
+    assert any(q["kind"] == "tbf" for q in qdiscs(pair["NS_A"], "veth-a")) and journal.exists()
+    res = subprocess.run([sys.executable, "-m", "transit_launch", "sweep", "--restore", "--journal", str(journal)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert f"tc {pair['NS_A']}/veth-a" in res.stdout
+    assert qdiscs(pair["NS_A"], "veth-a") == before and not journal.exists()
+
+
+@netns_only
+def test_sigterm_restores_and_reports(pair, tmp_path):
+    journal = tmp_path / "j.json"
+    before = qdiscs(pair["NS_B"], "veth-b")
+    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit,20mbit", job=["sleep", "60"]), env=pair,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert _wait_for_tbf(pair["NS_B"], "veth-b")
+    proc.send_signal(signal.SIGTERM)  # what Slurm sends at the end of a job
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted by SIGTERM; every cap was restored" in out
+    assert qdiscs(pair["NS_B"], "veth-b") == before and not journal.exists()
+
+
+@netns_only
+def test_configured_root_qdisc_is_refused_untouched(pair, tmp_path):
+    ns = pair["NS_A"]
+    subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "veth-a", "root", "handle", "1:", "htb"],
+                   check=True)
+    before = qdiscs(ns, "veth-a")
+    res = subprocess.run(sweep_cmd(pair, tmp_path / "j.json", "--bandwidths", "100mbit", job=["true"]),
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "has a configured root qdisc (htb 1:)" in res.stderr
+    assert qdiscs(ns, "veth-a") == before
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bandwidths", "100,0", "--iface", "lo"], "bandwidth '0' must be positive"),
+    (["--bandwidths", "fast", "--iface", "lo"], "bandwidth 'fast' is not a number"),
+    (["--bandwidths", "100", "--iface", "nonexistent0"], "unknown interface nonexistent0"),
+    (["--bandwidths", "100", "--iface", "bad name!"], "is not a valid name"),
+    (["--bandwidths", "100,100", "--iface", "lo"], "lists a bandwidth twice"),
+    (["--bandwidths", "100", "--iface", "lo", "--metric-regex", "tokens"], "needs one group"),
+])
+def test_refused_before_anything_changes(cli, tmp_path, args, needle):
+    rc, out, err = cli("sweep", "--journal", str(tmp_path / "j.json"), *args, "--", "true")
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "j.json").exists()
+
+
+# --- stand-ins for the hardware backends ------------------------------------------
+
+MLNX_OUT = """DCBX mode: OS controlled
+Priority trust state: pcp
+tc: 0 ratelimit: unlimited, tsa: vendor
+tc: 1 ratelimit: 25.0 Gbps, tsa: vendor
+tc: 2 ratelimit: unlimited, tsa: vendor
+tc: 3 ratelimit: unlimited, tsa: vendor
+tc: 4 ratelimit: unlimited, tsa: vendor
+tc: 5 ratelimit: unlimited, tsa: vendor
+tc: 6 ratelimit: 100.0 Gbps, tsa: vendor
+tc: 7 ratelimit: unlimited, tsa: vendor
+"""
+DCB_OUT = "tc-maxrate 0:0bit 1:25Gbit 2:0bit 3:0bit 4:0bit 5:0bit 6:100Gbit 7:0bit\n"
+
+
+def standins(tmp_path, fail_on=None):
+    """mlnx_qos and dcb that log their arguments and print a fixed state; fail_on: an
+    argument that makes them exit 1 (a set the NIC refuses)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls.log"
+    (tmp_path / "mlnx.txt").write_text(MLNX_OUT)
+    (tmp_path / "dcb.txt").write_text(DCB_OUT)
+    for name, state in (("mlnx_qos", "mlnx.txt"), ("dcb", "dcb.txt")):
+        fail = f'case "$*" in *"{fail_on}"*) echo "netlink error" >&2; exit 1;; esac\n' if fail_on else ""
+        script = bin_dir / name
+        script.write_text(f'#!/bin/bash\necho "{name} $*" >> {log}\n{fail}'
+                          f'case "$*" in *" -r "*|*" set "*) ;; *) cat {tmp_path / state};; esac\n')
+        script.chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"), log
+
+
+JOB = [sys.executable, "-c", "print('throughput: 42.0')"]
+
+
+def test_mlnx_qos_sequence(cli, tmp_path):
+    env, log = standins(tmp_path)
+    rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "400,100", "--journal",
+                       str(tmp_path / "j.json"), "--metric-regex", r"throughput: ([0-9.]+)", "--", *JOB, env=env)
+    assert rc == 0, err
+    assert log.read_text().splitlines() == [
+        "mlnx_qos -i lo", "mlnx_qos -i lo -r 400,400,400,400,400,400,400,400", "mlnx_qos -i lo -r 0,25,0,0,0,0,100,0",
+        "mlnx_qos -i lo", "mlnx_qos -i lo -r 100,100,100,100,100,100,100,100", "mlnx_qos -i lo -r 0,25,0,0,0,0,100,0",
+    ]
+    assert "rho(B1, B2)" in out and "1.00" in out
+
+
+def test_dcb_sequence(cli, tmp_path):
+    env, log = standins(tmp_path)
+    rc, out, err = cli("sweep", "--cap", "dcb", "--iface", "lo", "--bandwidths", "25gbit", "--journal",
+                       str(tmp_path / "j.json"), "--metric-regex", r"throughput: ([0-9.]+)", "--", *JOB, env=env)
+    assert rc == 0, err
+    restore = "dcb maxrate set dev lo tc-maxrate 0:0bit 1:25Gbit 2:0bit 3:0bit 4:0bit 5:0bit 6:100Gbit 7:0bit"
+    assert log.read_text().splitlines() == [
+        "dcb maxrate show dev lo",
+        "dcb maxrate set dev lo tc-maxrate " + " ".join(f"{i}:25Gbit" for i in range(8)),
+        restore,
+    ]
+
+
+def test_failing_set_still_restores_and_other_bandwidths_run(cli, tmp_path):
+    env, log = standins(tmp_path, fail_on="-r 100,")
+    rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "100,200", "--journal",
+                       str(tmp_path / "j.json"), "--metric-regex", r"throughput: ([0-9.]+)", "--json", "--", *JOB,
+                       env=env)
+    rep = json.loads(out)
+    calls = log.read_text().splitlines()
+    assert calls[:3] == ["mlnx_qos -i lo", "mlnx_qos -i lo -r 100,100,100,100,100,100,100,100",
+                         "mlnx_qos -i lo -r 0,25,0,0,0,0,100,0"]  # the refused set is followed by a restore
+    assert calls[-1] == "mlnx_qos -i lo -r 0,25,0,0,0,0,100,0"
+    assert "netlink error" in rep["bandwidths"][0]["failures"][0]
+    assert rep["bandwidths"][1]["ok"] == 1  # the next bandwidth still ran
+    assert rc == 1 and not rep["restore_errors"] and not (tmp_path / "j.json").exists()
+
+
+def test_mlnx_qos_needs_whole_gbits(cli, tmp_path):
+    env, _ = standins(tmp_path)
+    rc, _, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "500mbit", "--", "true", env=env)
+    assert rc == 2 and "mlnx_qos caps whole Gbit/s" in err

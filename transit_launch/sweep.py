@@ -1,0 +1,211 @@
+"""Bandwidth sweeps: run the same job with NICs capped at each bandwidth, collect its
+throughput and per-node traffic, and compute the sensitivity ratio of the paper's
+section 4.2: rho(B1, B2) = throughput at B1 / throughput at B2 (1.0: insensitive).
+
+Guarantee: whatever happens (the job fails, times out, Ctrl-C, SIGTERM from Slurm),
+every cap applied is restored before the next bandwidth or the exit, the failure goes
+into the report, and the other bandwidths still run unless --fail-fast."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from transit_launch import counters
+from transit_launch.netcap import Capper, CapError, fmt_rate
+from transit_launch.table import table
+
+
+class Interrupted(Exception):
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def throughput(stdout: str, metric_regex: str | None) -> float | None:
+    """From --metric-regex (median of its first group), else the example trainer's JSON
+    lines (tokens per second of its median step)."""
+    if metric_regex:
+        vals = [float(m.group(1)) for m in re.finditer(metric_regex, stdout)]
+        return statistics.median(vals) if vals else None
+    for line in reversed(stdout.splitlines()):
+        if line.startswith('{"summary"'):
+            s = json.loads(line)["summary"]
+            return s["tokens_per_step"] / s["median_step_time"]
+    steps = [json.loads(l)["tokens_per_s"] for l in stdout.splitlines() if l.startswith('{"step"')]
+    return statistics.median(steps[1:] or steps) if steps else None
+
+
+@dataclass
+class Run:
+    bandwidth: float
+    repeat: int
+    rc: int | None = None
+    throughput: float | None = None
+    traffic: dict = field(default_factory=dict)
+    failure: str | None = None
+    seconds: float = 0.0
+
+
+def run_one(command: list[str], timeout: float | None) -> tuple[int | None, str, str]:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return None, "", f"timed out after {timeout} s"
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _stop(proc):
+    import os
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def sweep(capper: Capper, bandwidths: list[float], command: list[str], repeat: int = 1,
+          timeout: float | None = None, metric_regex: str | None = None, fail_fast: bool = False,
+          log=sys.stderr) -> dict:
+    runs: list[Run] = []
+    restore_errors: list[str] = []
+    interrupted = None
+
+    def on_signal(signum, frame):
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    total, n = len(bandwidths) * repeat, 0
+    try:
+        for bw in bandwidths:
+            for r in range(1, repeat + 1):
+                n += 1
+                run = Run(bw, r)
+                runs.append(run)
+                print(f"sweep: [{n}/{total}] {fmt_rate(bw)}/s, run {r}/{repeat}", file=log, flush=True)
+                t0 = time.time()
+                try:
+                    capper.apply(bw)
+                    before = counters.sample(capper.ifaces)
+                    run.rc, out, err = run_one(command, timeout)
+                    run.traffic = counters.delta(before, counters.sample(capper.ifaces))
+                    run.throughput = throughput(out, metric_regex)
+                    if run.rc != 0:
+                        tail = err.strip().splitlines()[-1:] if err.strip() else []
+                        run.failure = f"exit {run.rc}" + (f": {tail[0]}" if tail else "")
+                    elif run.throughput is None:
+                        run.failure = "no throughput in the job's output"
+                except CapError as e:
+                    run.failure = str(e)
+                finally:
+                    run.seconds = round(time.time() - t0, 2)
+                    restore_errors += capper.restore()
+                if run.failure:
+                    print(f"sweep: {fmt_rate(bw)}/s run {r} failed: {run.failure}", file=log, flush=True)
+                    if fail_fast:
+                        raise StopIteration
+    except StopIteration:
+        pass
+    except Interrupted as e:
+        interrupted = e
+        if runs and not runs[-1].failure:
+            runs[-1].failure = f"interrupted by {e}"
+    finally:
+        restore_errors += capper.restore()
+        for s, h in old.items():
+            signal.signal(s, h)
+    report = summarize(runs, bandwidths)
+    report["restore_errors"] = restore_errors
+    report["interrupted"] = str(interrupted) if interrupted else None
+    report["cap"] = capper.be.name
+    report["ifaces"] = [str(i) for i in capper.ifaces]
+    return report
+
+
+def summarize(runs: list[Run], bandwidths: list[float]) -> dict:
+    per_bw = []
+    for bw in bandwidths:
+        rs = [r for r in runs if r.bandwidth == bw]
+        good = [r.throughput for r in rs if r.throughput is not None and not r.failure]
+        med = statistics.median(good) if good else None
+        traffic = {}
+        for r in rs:
+            if r.failure:
+                continue
+            for iface, c in r.traffic.items():
+                t = traffic.setdefault(iface, {"tx": [], "rx": []})
+                t["tx"].append(c["tx"] + c.get("rdma_tx", 0))
+                t["rx"].append(c["rx"] + c.get("rdma_rx", 0))
+        per_bw.append({
+            "bandwidth_bps": bw, "bandwidth": fmt_rate(bw), "runs": len(rs), "ok": len(good),
+            "throughput_median": med,
+            "throughput_spread": (max(good) - min(good)) / med if good and med else None,
+            "traffic_bytes": {i: {"tx": statistics.median(v["tx"]), "rx": statistics.median(v["rx"])}
+                              for i, v in traffic.items()},
+            "failures": [f"run {r.repeat}: {r.failure}" for r in rs if r.failure],
+        })
+    rho = []
+    for i, a in enumerate(per_bw):
+        for b in per_bw[i + 1:]:
+            hi, lo = (a, b) if a["bandwidth_bps"] >= b["bandwidth_bps"] else (b, a)
+            if hi["throughput_median"] and lo["throughput_median"]:
+                rho.append({"b1": hi["bandwidth"], "b2": lo["bandwidth"],
+                            "rho": round(hi["throughput_median"] / lo["throughput_median"], 3)})
+    return {"bandwidths": per_bw, "rho": rho,
+            "runs": [r.__dict__ for r in runs]}
+
+
+def text(report: dict) -> str:
+    rows = []
+    for b in report["bandwidths"]:
+        traffic = sum(v["tx"] + v["rx"] for v in b["traffic_bytes"].values())
+        rows.append([b["bandwidth"], f"{b['ok']}/{b['runs']}",
+                     f"{b['throughput_median']:.1f}" if b["throughput_median"] else "-",
+                     f"{b['throughput_spread']:.1%}" if b["throughput_spread"] is not None else "-",
+                     f"{traffic / 1e6:.1f}", "; ".join(b["failures"]) or ""])
+    out = [f"cap: {report['cap']} on {', '.join(report['ifaces'])}",
+           table(["bandwidth", "ok", "throughput", "spread", "traffic MB (tx+rx, all ifaces)", "failures"], rows,
+                 "lrrrrl")]
+    if report["rho"]:
+        out += ["", table(["B1", "B2", "rho(B1, B2)"], [[r["b1"], r["b2"], f"{r['rho']:.2f}"] for r in report["rho"]],
+                          "llr")]
+    if report["restore_errors"]:
+        out += ["", "RESTORE ERRORS (run `transit-launch sweep --restore`): " + "; ".join(report["restore_errors"])]
+    if report["interrupted"]:
+        out += ["", f"interrupted by {report['interrupted']}; every cap was restored"]
+    out += ["", "throughput: the job's metric (tokens/s for the example trainer), median over repeats; "
+                "rho = throughput at B1 / at B2."]
+    return "\n".join(out)
+
+
+def plot(report: dict, path: str) -> None:
+    from transit_launch.errors import UsageError
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib (pip install 'transit-launch[plot]')") from None
+    bws = report["bandwidths"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([b["bandwidth"] for b in bws], [b["throughput_median"] or 0 for b in bws])
+    ax.set_ylabel("throughput")
+    ax.set_title(", ".join(f"rho({r['b1']},{r['b2']})={r['rho']:.2f}" for r in report["rho"]) or "sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
