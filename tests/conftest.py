@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import shutil
+import tempfile
 
 import pytest
 
@@ -73,3 +74,25 @@ def built(tmp_path_factory):
     shim, warnings = shimbuild.build(d / "lib", extra_cflags=["-DTRANSIT_TESTING"])
     assert shim, warnings
     return {"dir": d, "app": d / "app", "shim": shim, "warnings": warnings}
+
+
+@pytest.fixture(scope="session")
+def lab(built):
+    """A real Slurm cluster (tests/slurm_lab.py) whose plugstack loads the SPANK plugin
+    built from spank/, pointing at the test build of libtransit.so and the adapter."""
+    from tests.slurm_lab import SlurmLab, missing
+    from transit_launch import inject, spank
+    why = missing()
+    if why:
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="transit-slurm-"))
+    plugin = spank.build(root / "plugin")
+    lab = SlurmLab(root, plugstack=spank.plugstack_line(plugin, built["shim"], inject._PKG / "adapter"))
+    try:
+        lab.start()
+        lab.plugin = plugin
+        lab.shim = str(built["shim"])
+        yield lab
+    finally:
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -14,25 +14,10 @@ import pytest
 
 from tests.conftest import ROOT, check_golden
 from tests.slurm_lab import SlurmLab, missing
-from transit_launch import inject, spank
+from transit_launch import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
-ADAPTER = str(inject._PKG / "adapter")
-
-
-@pytest.fixture(scope="session")
-def lab(built):
-    root = Path(tempfile.mkdtemp(prefix="transit-slurm-"))
-    plugin = spank.build(root / "plugin")
-    lab = SlurmLab(root, plugstack=spank.plugstack_line(plugin, built["shim"], Path(ADAPTER)))
-    try:
-        lab.start()
-        lab.plugin = plugin
-        lab.shim = str(built["shim"])
-        yield lab
-    finally:
-        lab.stop()
-        shutil.rmtree(root, ignore_errors=True)
+ADAPTER = str(inject._PKG / "adapter")  # the lab's plugstack points here (conftest.lab)
 
 
 def job_script(lab, name, body):

@@ -232,3 +232,29 @@ def test_mlnx_qos_needs_whole_gbits(cli, tmp_path):
     env, _ = standins(tmp_path)
     rc, _, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "500mbit", "--", "true", env=env)
     assert rc == 2 and "mlnx_qos caps whole Gbit/s" in err
+
+
+@netns_only
+def test_sweep_caps_every_node_of_a_slurm_allocation(lab, pair, tmp_path):
+    """Inside a 2-node allocation the sweep caps each node's interface through one task
+    per node (here n1 owns one end of the veth pair and n2 the other)."""
+    from tests.slurm_lab import missing
+    if missing():
+        pytest.skip(missing())
+    ns_a, ns_b = pair["NS_A"], pair["NS_B"]
+    journal = tmp_path / "netcap-%n.json"
+    report = tmp_path / "report.json"
+    sweep = (f"{sys.executable} -m transit_launch sweep --slurm --cap tc --iface n1={ns_a}/veth-a,n2={ns_b}/veth-b "
+             f"--bandwidths 1000mbit,100mbit --journal {journal} --json -- "
+             f"bash {NETNS_SCRIPT} run --steps 4 > {report}")
+    env = dict(lab.env, NS_A=ns_a, NS_B=ns_b)
+    res = lab.cmd("sbatch", "--parsable", "-N2", "-o", str(tmp_path / "out.txt"), "--wrap", sweep, env=env)
+    assert res.returncode == 0, res.stderr
+    info = lab.wait_job(res.stdout.strip(), timeout=240)
+    assert info["JobState"] == "COMPLETED", (tmp_path / "out.txt").read_text()[-3000:]
+    rep = json.loads(report.read_text())
+    fast, slow = rep["bandwidths"]
+    assert set(fast["traffic_bytes"]) == {f"n1:{ns_a}/veth-a", f"n2:{ns_b}/veth-b"}
+    assert rep["rho"][0]["rho"] > 1.5 and not rep["restore_errors"]
+    assert qdiscs(ns_a, "veth-a")[0]["kind"] == "noqueue" and qdiscs(ns_b, "veth-b")[0]["kind"] == "noqueue"
+    assert not list(tmp_path.glob("netcap-*.json"))

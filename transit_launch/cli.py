@@ -293,7 +293,7 @@ def _nonneg_float(text):
 
 def cmd_sweep(a, command):
     from transit_launch import netcap, sweep
-    journal = netcap.Journal(a.journal or netcap.default_journal())
+    journal = netcap.Journal(netcap.journal_path(a.journal))
     if a.restore:
         done = netcap.restore_journal(journal)
         for line in done or ["nothing to restore"]:
@@ -307,26 +307,67 @@ def cmd_sweep(a, command):
     if len(set(bws)) < len(bws):
         raise UsageError("--bandwidths lists a bandwidth twice")
     be = netcap.backend(a.cap)
-    ifaces = [netcap.Iface.parse(i) for i in a.iface.split(",") if i.strip()]
     if a.metric_regex:
+        import re
         try:
-            re_compiled = __import__("re").compile(a.metric_regex)
-        except Exception as e:
+            groups = re.compile(a.metric_regex).groups
+        except re.error as e:
             raise UsageError(f"--metric-regex: {e}") from None
-        if re_compiled.groups < 1:
+        if groups < 1:
             raise UsageError("--metric-regex needs one group that captures the number")
-    for i in ifaces:  # refuse before anything is changed
-        be.check(i, bws)
-    if journal.entries():
-        raise UsageError(f"a previous sweep left caps in {journal.path}: run `transit-launch sweep --restore` first")
-    report = sweep.sweep(netcap.Capper(be, ifaces, journal), bws, command, a.repeat, a.timeout, a.metric_regex,
-                         a.fail_fast)
+    slurm_mode = a.slurm or int(os.environ.get("SLURM_JOB_NUM_NODES") or 0) > 1
+    if slurm_mode:
+        if not os.environ.get("SLURM_JOB_ID"):
+            raise UsageError("--slurm runs inside a Slurm allocation (sbatch/salloc)")
+        capper = netcap.SlurmCapper(be, a.iface, a.journal, sys.executable)
+        capper._srun("check", "--bandwidth", ",".join(f"{int(b)}bit" for b in bws))  # refuse before changing
+    else:
+        ifaces = netcap.ifaces_for_node(a.iface, netcap.node_name())
+        if not ifaces:
+            raise UsageError(f"--iface {a.iface}: no interface for this node ({netcap.node_name()})")
+        for i in ifaces:  # refuse before anything is changed
+            be.check(i, bws)
+        if journal.entries():
+            raise UsageError(f"a previous sweep left caps in {journal.path}: run `transit-launch sweep --restore` first")
+        capper = netcap.Capper(be, ifaces, journal)
+    report = sweep.sweep(capper, bws, command, a.repeat, a.timeout, a.metric_regex, a.fail_fast)
     if a.plot:
         sweep.plot(report, a.plot)
     print(json.dumps(report, indent=2) if a.json else sweep.text(report))
     if report["interrupted"]:
         return 130
     return 1 if report["restore_errors"] or not report["rho"] and len(bws) > 1 else 0
+
+
+def cmd_netcap(a):
+    """The per-node helper of sweeps under Slurm: one JSON line per call."""
+    from transit_launch import counters, netcap
+    be = netcap.backend(a.cap)
+    node = netcap.node_name()
+    ifaces = netcap.ifaces_for_node(a.iface, node)
+    journal = netcap.Journal(netcap.journal_path(a.journal))
+    row = {"node": node, "ifaces": [str(i) for i in ifaces]}
+    if a.action == "check":
+        bws = [netcap.parse_bandwidth(b) for b in (a.bandwidth or "1gbit").split(",")]
+        for i in ifaces:
+            be.check(i, bws)
+        if journal.entries():
+            raise UsageError(f"{node}: a previous sweep left caps in {journal.path}: run `transit-launch sweep "
+                             "--restore` there first")
+    elif a.action == "apply":
+        bps = netcap.parse_bandwidth(a.bandwidth or "")
+        try:
+            netcap.Capper(be, ifaces, journal).apply(bps)
+        except netcap.CapError as e:
+            raise UsageError(f"{node}: {e}") from None
+    elif a.action == "restore":
+        done = netcap.restore_journal(journal)
+        row["restored"] = [d for d in done if not d.startswith("ERROR")]
+        row["errors"] = [d for d in done if d.startswith("ERROR")]
+    elif a.action == "counters":
+        row["counters"] = counters.sample(ifaces)
+    print(json.dumps(row))
+    return 0
 
 
 def cmd_doctor(a):
@@ -451,10 +492,20 @@ def build_parser():
     sp.add_argument("--timeout", type=_nonneg_float, help="seconds one run may take")
     sp.add_argument("--metric-regex", help="throughput from the job's stdout: a regex whose first group is the number")
     sp.add_argument("--fail-fast", action="store_true", help="stop at the first failed run")
-    sp.add_argument("--journal", help="restore journal (default ~/.local/state/transit-launch/netcap-HOST.json)")
+    sp.add_argument("--journal", help="restore journal, %%n = node name "
+                                      "(default ~/.local/state/transit-launch/netcap-NODE.json)")
     sp.add_argument("--restore", action="store_true", help="undo the caps a crashed sweep left, then exit")
+    sp.add_argument("--slurm", action="store_true",
+                    help="cap every node of the Slurm allocation (default when the allocation has several nodes)")
     sp.add_argument("--plot", help="write a PNG (needs matplotlib)")
     sp.add_argument("--json", action="store_true")
+
+    sp = sub.add_parser("netcap", help="per-node cap helper that sweeps run under Slurm")
+    sp.add_argument("action", choices=("check", "apply", "restore", "counters"))
+    sp.add_argument("--cap", choices=("mlnx_qos", "dcb", "tc"), required=True)
+    sp.add_argument("--iface", required=True, help="IFACE[,IFACE...]; NODE=IFACE for one node only")
+    sp.add_argument("--bandwidth")
+    sp.add_argument("--journal")
 
     sp = sub.add_parser("doctor", help="what this machine has: GPU, managed memory, host memory, shim, Slurm")
     sp.add_argument("--json", action="store_true")
@@ -480,7 +531,7 @@ def main(argv=None):
         if command:
             raise UsageError(f"{a.cmd} takes no command after --")
         return {"plan": cmd_plan, "models": cmd_models, "doctor": cmd_doctor, "simulate": cmd_simulate,
-                "status": cmd_status, "cancel": cmd_cancel, "spank": cmd_spank}[a.cmd](a)
+                "status": cmd_status, "cancel": cmd_cancel, "spank": cmd_spank, "netcap": cmd_netcap}[a.cmd](a)
     except UsageError as e:
         print(f"transit-launch: error: {e}", file=sys.stderr)
         return 2

@@ -199,9 +199,30 @@ def backend(name: str) -> Backend:
 
 # --- the restore journal ----------------------------------------------------------
 
+def node_name() -> str:
+    """Slurm's name for this node inside a job step (several slurmd may share a host)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def default_journal() -> Path:
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return base / "transit-launch" / f"netcap-{socket.gethostname()}.json"
+    return base / "transit-launch" / f"netcap-{node_name()}.json"
+
+
+def journal_path(spec: str | None) -> Path:
+    """--journal PATH ('%n' becomes the node name), or the per-node default."""
+    return Path(spec.replace("%n", node_name())) if spec else default_journal()
+
+
+def ifaces_for_node(spec: str, node: str | None = None) -> list[Iface]:
+    """IFACE[,IFACE...]; an entry NODE=IFACE applies only on that Slurm node."""
+    out = []
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        target, sep, name = item.rpartition("=")
+        if sep and node is not None and target != node:
+            continue
+        out.append(Iface.parse(name if sep else item))
+    return out
 
 
 class Journal:
@@ -238,11 +259,19 @@ class Journal:
 
 
 class Capper:
-    """Applies caps on a set of interfaces and restores all of them, whatever happens."""
+    """Applies caps on a set of interfaces of this machine and restores all of them,
+    whatever happens."""
 
     def __init__(self, be: Backend, ifaces: list[Iface], journal: Journal):
         self.be, self.ifaces, self.journal = be, ifaces, journal
         self.applied: list[Iface] = []
+
+    def names(self) -> list[str]:
+        return [str(i) for i in self.ifaces]
+
+    def sample(self) -> dict:
+        from transit_launch import counters
+        return counters.sample(self.ifaces)
 
     def apply(self, bps: float) -> None:
         for iface in self.ifaces:
@@ -278,3 +307,46 @@ def restore_journal(journal: Journal) -> list[str]:
         except (CapError, OSError, subprocess.SubprocessError) as err:
             errors.append(f"{e['backend']} {iface}: {err}")
     return done if not errors else done + ["ERROR " + x for x in errors]
+
+
+class SlurmCapper:
+    """The same on every node of a Slurm allocation: one task per node runs
+    `transit-launch netcap ...` there (srun --overlap, inside the job's allocation); each
+    node keeps its own journal."""
+
+    def __init__(self, be: Backend, iface_spec: str, journal_spec: str | None, python: str):
+        self.be, self.spec, self.journal_spec, self.python = be, iface_spec, journal_spec, python
+        self.nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+        self.ifaces = []
+
+    def names(self) -> list[str]:
+        return [f"{self.spec} on {self.nodes} nodes"]
+
+    def _srun(self, *args: str) -> list[dict]:
+        cmd = ["srun", "--overlap", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1",
+               self.python, "-m", "transit_launch", "netcap", *args, "--cap", self.be.name, "--iface", self.spec]
+        if self.journal_spec:
+            cmd += ["--journal", self.journal_spec]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        rows = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
+        if res.returncode != 0 or len(rows) != self.nodes:
+            msg = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+            raise CapError(f"netcap {args[0]} on the allocation's nodes failed: {msg}")
+        return rows
+
+    def apply(self, bps: float) -> None:
+        self._srun("apply", "--bandwidth", f"{int(bps)}bit")
+
+    def restore(self) -> list[str]:
+        try:
+            rows = self._srun("restore")
+        except (CapError, OSError, subprocess.SubprocessError) as e:
+            return [str(e)]
+        return [f"{r['node']}: {err}" for r in rows for err in r.get("errors", [])]
+
+    def sample(self) -> dict:
+        out = {}
+        for r in self._srun("counters"):
+            for iface, c in r["counters"].items():
+                out[f"{r['node']}:{iface}"] = c
+        return out

@@ -102,9 +102,9 @@ def sweep(capper: Capper, bandwidths: list[float], command: list[str], repeat: i
                 t0 = time.time()
                 try:
                     capper.apply(bw)
-                    before = counters.sample(capper.ifaces)
+                    before = capper.sample()
                     run.rc, out, err = run_one(command, timeout)
-                    run.traffic = counters.delta(before, counters.sample(capper.ifaces))
+                    run.traffic = counters.delta(before, capper.sample())
                     run.throughput = throughput(out, metric_regex)
                     if run.rc != 0:
                         tail = err.strip().splitlines()[-1:] if err.strip() else []
@@ -134,7 +134,7 @@ def sweep(capper: Capper, bandwidths: list[float], command: list[str], repeat: i
     report["restore_errors"] = restore_errors
     report["interrupted"] = str(interrupted) if interrupted else None
     report["cap"] = capper.be.name
-    report["ifaces"] = [str(i) for i in capper.ifaces]
+    report["ifaces"] = capper.names()
     return report
 
 
