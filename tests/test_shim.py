@@ -205,6 +205,13 @@ def test_managed_failure_falls_back_to_plain_memory(built):
     assert [c.split()[0] for c in calls] == ["cudaMalloc", "cudaFree"]
 
 
+def test_build_without_a_compiler_is_skipped_with_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    path, reason = shimbuild.build(tmp_path / "lib")
+    assert path is None and "no C compiler found" in reason
+    assert (tmp_path / "lib" / "BUILD_SKIPPED").is_file()
+
+
 def test_build_without_headers_installs_and_doctor_says_why(tmp_path, monkeypatch):
     monkeypatch.setattr(shimbuild, "find_header", lambda *a, **k: None)
     path, reason = shimbuild.build(tmp_path / "lib")

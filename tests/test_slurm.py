@@ -188,3 +188,31 @@ def test_partition_discovery(lab):
 def test_gres_parsing(gres, gpus):
     from transit_launch.slurm import gpus_from_gres
     assert gpus_from_gres(gres) == gpus
+
+
+def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
+    from tests.slurm_lab import missing
+    if not Path("/usr/include/slurm/spank.h").exists():
+        pytest.skip("needs libslurm-dev (spank.h)")
+    env = dict(os.environ, TRANSIT_SHIM=str(built["shim"]), TRANSIT_ADAPTER_DIR="/opt/transit/adapter")
+    rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "usr"), "--plugstack-dir",
+                       str(tmp_path / "plugstack.d"), "--default", "base", "--oversubscribe", "allow", env=env)
+    assert rc == 0, err
+    plugin = tmp_path / "usr" / "lib" / "slurm" / "transit_spank.so"
+    conf = (tmp_path / "plugstack.d" / "transit.conf").read_text().splitlines()[-1]
+    assert plugin.is_file()
+    assert conf == (f"required {plugin} shim={built['shim']} adapter=/opt/transit/adapter default=base "
+                    "allowed=off,base,prefetch,advise oversubscribe=allow")
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(plugin)], capture_output=True, text=True).stdout
+    assert sorted(line.split()[-1] for line in syms.splitlines()) == [
+        "plugin_name", "plugin_type", "plugin_version", "slurm_spank_init", "slurm_spank_init_post_opt",
+        "slurm_spank_user_init"]
+
+
+@pytest.mark.parametrize("args,env,needle", [
+    (["spank", "build", "--include", "/nonexistent"], {}, "--include /nonexistent: no spank.h there"),
+    (["spank", "build"], {"CC": "no-such-cc"}, "no C compiler (no-such-cc) found"),
+])
+def test_spank_build_errors(cli, tmp_path, args, env, needle):
+    rc, out, err = cli(*args, "--out", str(tmp_path), env=env) if args[1] == "build" else cli(*args, env=env)
+    assert rc == 2 and needle in err and "Traceback" not in err

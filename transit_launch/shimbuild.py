@@ -40,13 +40,14 @@ def build(out_dir: Path, cc: str | None = None, src: Path = SRC, extra_cflags: l
     """Compile into out_dir/libtransit.so. Returns (path, '') or (None, reason)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = cc or os.environ.get("CC") or "cc"
+    cc = shutil.which(cc) or (shutil.which("gcc") if cc == "cc" else None)
     cuda_inc = find_header("cuda_runtime_api.h")
     reason = ""
     if not (src / "transit.h").is_file():
         reason = f"shim sources not found at {src}"
     elif not cc:
-        reason = "no C compiler (cc/gcc) found"
+        reason = "no C compiler found (cc, gcc or $CC)"
     elif not cuda_inc:
         reason = ("CUDA runtime headers (cuda_runtime_api.h) not found in CUDA_HOME, /usr/local/cuda or the "
                   "nvidia-cuda-runtime wheel; install one and reinstall transit-launch")

@@ -21,7 +21,11 @@ PLUGIN = "transit_spank.so"
 
 
 def find_spank_h(include: str | None = None) -> Path:
-    dirs = [include] if include else []
+    if include:  # an explicit directory is not second-guessed
+        if Path(include, "spank.h").is_file():
+            return Path(include)
+        raise UsageError(f"--include {include}: no spank.h there")
+    dirs = []
     for var in ("SLURM_HOME", "SLURM_PREFIX"):
         if os.environ.get(var):
             dirs.append(os.path.join(os.environ[var], "include", "slurm"))
@@ -35,9 +39,10 @@ def find_spank_h(include: str | None = None) -> Path:
 
 def build(out_dir: str | Path, include: str | None = None, cc: str | None = None) -> Path:
     inc = find_spank_h(include)
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise UsageError("no C compiler (cc or gcc) found: install gcc to build the SPANK plugin")
+    cc = cc or os.environ.get("CC") or "cc"
+    if not shutil.which(cc) and not shutil.which("gcc" if cc == "cc" else cc):
+        raise UsageError(f"no C compiler ({cc}) found: install gcc (or set CC) to build the SPANK plugin")
+    cc = shutil.which(cc) or shutil.which("gcc")
     if not (SRC / "plugin.c").is_file():
         raise UsageError(f"the SPANK plugin sources are not at {SRC} (install transit-launch from its source tree)")
     out = Path(out_dir)
