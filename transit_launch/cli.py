@@ -29,14 +29,19 @@ def _positive_int(what):
     return conv
 
 
-def _fractions(text):
-    try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--scale-in takes fractions like 0.25,0.5, got {text!r}") from None
-    if not vals or any(not 0 < v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"--scale-in fractions must lie strictly between 0 and 1, got {text!r}")
-    return vals
+def _fractions(flag, allow_zero=False):
+    """Comma-separated fractions: in (0, 1), or [0, 1) with allow_zero."""
+    def conv(text):
+        try:
+            vals = [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes fractions like 0.25,0.5, got {text!r}") from None
+        low_ok = (lambda v: v >= 0) if allow_zero else (lambda v: v > 0)
+        if not vals or any(not (low_ok(v) and v < 1) for v in vals):
+            span = "must lie in [0, 1)" if allow_zero else "fractions must lie strictly between 0 and 1"
+            raise argparse.ArgumentTypeError(f"{flag} {span}, got {text!r}")
+        return vals
+    return conv
 
 
 def _add_plan_args(p, model_required=True):
@@ -64,7 +69,7 @@ def _add_plan_args(p, model_required=True):
     h.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), default=None,
                    help="GPUs per node (default 4)")
     h.add_argument("--host-mem", help="host DRAM per node (default 2000GB)")
-    p.add_argument("--scale-in", type=_fractions, metavar="FRACTIONS",
+    p.add_argument("--scale-in", type=_fractions("--scale-in"), metavar="FRACTIONS",
                    help="node reductions to show, e.g. 0.25,0.5 (default: every valid node count below the minimum)")
     p.add_argument("--min-efficiency", type=float, default=0.9,
                    help="predicted per-GPU efficiency the recommendation must keep (default 0.9)")
@@ -83,7 +88,8 @@ def _request(a):
                    host_mem=parse_size(a.host_mem, "--host-mem") if a.host_mem else DEFAULT_HOST_MEM,
                    parallel=parallel, tp=a.tp, pp=a.pp, ep=a.ep, seq_len=a.seq_len,
                    local_batch=a.local_batch, global_batch=a.global_batch, precision=a.precision,
-                   recompute=a.recompute, scale_in=a.scale_in, min_efficiency=a.min_efficiency)
+                   recompute=a.recompute, scale_in=tuple(a.scale_in) if a.scale_in else None,
+                   min_efficiency=a.min_efficiency)
 
 
 def cmd_plan(a):
@@ -145,29 +151,9 @@ def cmd_render(a, command):
     return 0
 
 
-def _auto_nodes(p, max_nodes):
-    """Fewest nodes whose layout fits host DRAM without pushing hot data off the GPU."""
-    from transit_launch.units import gb
-    # the no-offload minimum needs no host DRAM for offloading: it is always a candidate
-    fit = [c for c in p.options if c.fits_host and not c.spill and c.nodes <= max_nodes]
-    fit += [p.baseline] if p.baseline.nodes <= max_nodes else []
-    if not fit:
-        raise UsageError(f"no node count up to the partition's {max_nodes} fits {p.req.card.name} "
-                         f"({p.baseline.nodes} nodes without offloading)")
-    c = min(fit, key=lambda c: c.nodes)
-    if c is p.baseline:
-        why = (f"the no-offload minimum: no fewer nodes fit host DRAM ({gb(p.req.host_mem):.0f} GB per node) "
-               "without spilling hot data")
-    else:
-        why = (f"fewest nodes whose offload ({gb(c.offload):.1f} GB per GPU) fits host DRAM "
-               f"({gb(c.host_per_node):.0f} of {gb(p.req.host_mem):.0f} GB per node); the no-offload minimum is "
-               f"{p.baseline.nodes}")
-    return c.nodes, why
-
-
 def cmd_submit(a, command):
     from transit_launch import slurm
-    from transit_launch.plan import plan
+    from transit_launch.plan import auto_nodes, plan
     if not command:
         raise UsageError("submit needs the training command after --, e.g. -- python train.py")
     part = None
@@ -184,7 +170,7 @@ def cmd_submit(a, command):
     p = plan(_request(a))
     max_nodes = part.nodes if part else 10**6
     if a.nodes in (None, "auto"):
-        nodes, why = _auto_nodes(p, max_nodes)
+        nodes, why = auto_nodes(p, max_nodes)
     else:
         try:
             nodes = int(a.nodes)
@@ -271,16 +257,6 @@ def cmd_simulate(a):
     return 0
 
 
-def _fraction_list(text):
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected fractions like 0.25,0.5, got {text!r}") from None
-    if any(not 0 <= v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"reductions must lie in [0, 1), got {text!r}")
-    return vals
-
-
 def _nonneg_float(text):
     try:
         v = float(text)
@@ -341,32 +317,8 @@ def cmd_sweep(a, command):
 
 def cmd_netcap(a):
     """The per-node helper of sweeps under Slurm: one JSON line per call."""
-    from transit_launch import counters, netcap
-    be = netcap.backend(a.cap)
-    node = netcap.node_name()
-    ifaces = netcap.ifaces_for_node(a.iface, node)
-    journal = netcap.Journal(netcap.journal_path(a.journal))
-    row = {"node": node, "ifaces": [str(i) for i in ifaces]}
-    if a.action == "check":
-        bws = [netcap.parse_bandwidth(b) for b in (a.bandwidth or "1gbit").split(",")]
-        for i in ifaces:
-            be.check(i, bws)
-        if journal.entries():
-            raise UsageError(f"{node}: a previous sweep left caps in {journal.path}: run `transit-launch sweep "
-                             "--restore` there first")
-    elif a.action == "apply":
-        bps = netcap.parse_bandwidth(a.bandwidth or "")
-        try:
-            netcap.Capper(be, ifaces, journal).apply(bps)
-        except netcap.CapError as e:
-            raise UsageError(f"{node}: {e}") from None
-    elif a.action == "restore":
-        done = netcap.restore_journal(journal)
-        row["restored"] = [d for d in done if not d.startswith("ERROR")]
-        row["errors"] = [d for d in done if d.startswith("ERROR")]
-    elif a.action == "counters":
-        row["counters"] = counters.sample(ifaces)
-    print(json.dumps(row))
+    from transit_launch import netcap
+    print(json.dumps(netcap.node_action(a.action, a.cap, a.iface, a.bandwidth, a.journal)))
     return 0
 
 
@@ -471,7 +423,7 @@ def build_parser():
     cl.add_argument("--reduced-racks", type=_positive_int("--reduced-racks"),
                     help="also run every scenario on a cluster of this many racks")
     sc = sp.add_argument_group("scale-in")
-    sc.add_argument("--reductions", type=_fraction_list, default=[0.25, 0.5],
+    sc.add_argument("--reductions", type=_fractions("--reductions", allow_zero=True), default=[0.25, 0.5],
                     help="node-count reductions for eligible (multi-node) jobs (default 0.25,0.5)")
     sc.add_argument("--speedup", type=_nonneg_float, default=0.5,
                     help="inter-rack -> intra-rack speed-up (paper: 0-1.37; default 0.5)")

@@ -350,3 +350,32 @@ class SlurmCapper:
             for iface, c in r["counters"].items():
                 out[f"{r['node']}:{iface}"] = c
         return out
+
+
+def node_action(action: str, cap: str, iface_spec: str, bandwidth: str | None, journal_spec: str | None) -> dict:
+    """What `transit-launch netcap ACTION` does on one node (one task per node under srun)."""
+    from transit_launch import counters
+    be = backend(cap)
+    node = node_name()
+    ifaces = ifaces_for_node(iface_spec, node)
+    journal = Journal(journal_path(journal_spec))
+    row = {"node": node, "ifaces": [str(i) for i in ifaces]}
+    if action == "check":
+        bws = [parse_bandwidth(b) for b in (bandwidth or "1gbit").split(",")]
+        for i in ifaces:
+            be.check(i, bws)
+        if journal.entries():
+            raise UsageError(f"{node}: a previous sweep left caps in {journal.path}: run `transit-launch sweep "
+                             "--restore` there first")
+    elif action == "apply":
+        try:
+            Capper(be, ifaces, journal).apply(parse_bandwidth(bandwidth or ""))
+        except CapError as e:
+            raise UsageError(f"{node}: {e}") from None
+    elif action == "restore":
+        done = restore_journal(journal)
+        row["restored"] = [d for d in done if not d.startswith("ERROR")]
+        row["errors"] = [d for d in done if d.startswith("ERROR")]
+    elif action == "counters":
+        row["counters"] = counters.sample(ifaces)
+    return row

@@ -190,3 +190,21 @@ def plan(req: Request) -> Plan:
     recommended = min(good, key=lambda c: c.nodes) if good else baseline
     return Plan(req, baseline, options, recommended)
 
+
+
+def auto_nodes(p: Plan, max_nodes: int) -> tuple[int, str]:
+    """`submit --nodes auto`: the fewest nodes whose layout fits host DRAM without pushing
+    hot data off the GPU, and why."""
+    # the no-offload minimum needs no host DRAM for offloading: it is always a candidate
+    fit = [c for c in p.options if c.fits_host and not c.spill and c.nodes <= max_nodes]
+    fit += [p.baseline] if p.baseline.nodes <= max_nodes else []
+    if not fit:
+        raise UsageError(f"no node count up to the partition's {max_nodes} fits {p.req.card.name} "
+                         f"({p.baseline.nodes} nodes without offloading)")
+    c = min(fit, key=lambda c: c.nodes)
+    if c is p.baseline:
+        return c.nodes, (f"the no-offload minimum: no fewer nodes fit host DRAM ({gb(p.req.host_mem):.0f} GB per "
+                         "node) without spilling hot data")
+    return c.nodes, (f"fewest nodes whose offload ({gb(c.offload):.1f} GB per GPU) fits host DRAM "
+                     f"({gb(c.host_per_node):.0f} of {gb(p.req.host_mem):.0f} GB per node); the no-offload "
+                     f"minimum is {p.baseline.nodes}")
