@@ -17,16 +17,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(what):
+def _number(cast, what, minimum, desc):
+    """argparse type: cast(text) >= minimum, else one clear line."""
     def conv(text):
         try:
-            v = int(text)
+            v = cast(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {text!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {text!r}")
+            v = None
+        if v is None or v < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be {desc}, got {text!r}")
         return v
     return conv
+
+
+def _positive_int(what):
+    return _number(int, what, 1, "a positive integer")
 
 
 def _fractions(flag, allow_zero=False):
@@ -257,14 +262,7 @@ def cmd_simulate(a):
     return 0
 
 
-def _nonneg_float(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
-    return v
+_nonneg_float = _number(float, "the value", 0.0, "a non-negative number")
 
 
 def cmd_sweep(a, command):
