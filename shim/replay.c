@@ -125,12 +125,6 @@ void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
     pthread_mutex_unlock(&tr_lock);
 }
 
-void tr_replay_reset_window(void)
-{
-    win_head = win_len = 0;
-    win_bytes = 0;
-}
-
 /* ---- iteration detection from the kernel sequence ------------------------------
  * The launch sequence of a training loop repeats once the first iteration's lazy set-up
  * is over, but so does each transformer layer's: a period must hold over a window that
