@@ -48,6 +48,8 @@ def parse():
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no checkpointing)")
     p.add_argument("--foreach", action="store_true", help="foreach AdamW instead of fused")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="FSDP2 CPUOffloadPolicy(pin_memory=True), what TorchTitan's enable_cpu_offload does")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels (memory-efficient attention, cuBLAS workspace config), for A/B runs")
     return p.parse_args()
@@ -147,15 +149,19 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     n_flop_params = n_params - model.tok.weight.numel()
     if device == "cuda":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        model = model.cuda()
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        # with CPU offload FSDP2 keeps the sharded parameters (and so the optimizer) on the host
+        model = model if a.cpu_offload else model.cuda()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        off = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
         for blk in model.blocks:
-            fully_shard(blk, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(blk, mp_policy=mp, offload_policy=off)
+        fully_shard(model, mp_policy=mp, offload_policy=off)
+        if a.cpu_offload:
+            model.cos, model.sin = model.cos.cuda(), model.sin.cuda()
     elif world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    fused = device == "cuda" and not a.foreach
+    fused = device == "cuda" and not a.foreach and not a.cpu_offload  # the step runs on the CPU then
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1, fused=fused or None,
                             foreach=a.foreach or None)
     gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
