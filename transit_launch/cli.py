@@ -327,6 +327,16 @@ def cmd_doctor(a):
     return 0
 
 
+def _add_shim_args(sp):
+    from transit_launch.inject import POLICIES
+    g = sp.add_argument_group("shim")
+    g.add_argument("--policy", choices=POLICIES,
+                   help="shim policy (default: advise below the no-offload minimum, off otherwise)")
+    g.add_argument("--gpu-budget", help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU")
+    g.add_argument("--stats", help="TRANSIT_STATS: directory (or file) for the shim's per-rank stats JSON")
+    g.add_argument("--log", choices=("error", "warn", "info", "debug"), help="TRANSIT_LOG level")
+
+
 def _add_job_args(sp):
     g = sp.add_argument_group("job")
     g.add_argument("--job-name")
@@ -354,11 +364,7 @@ def build_parser():
                         usage="transit-launch render [options] -- COMMAND...")
     _add_plan_args(sp, model_required=False)
     sp.add_argument("--nodes", type=_positive_int("--nodes"), help="node count (default: the plan's recommendation)")
-    sp.add_argument("--policy", choices=POLICIES,
-                    help="shim policy (default: advise below the no-offload minimum, off otherwise)")
-    sp.add_argument("--gpu-budget", help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU")
-    sp.add_argument("--stats", help="TRANSIT_STATS: where the shim writes its JSON stats")
-    sp.add_argument("--log", choices=("error", "warn", "info", "debug"), help="TRANSIT_LOG level")
+    _add_shim_args(sp)
     _add_job_args(sp)
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
     sp.add_argument("-o", "--out", help="write to this file instead of stdout")
@@ -367,11 +373,7 @@ def build_parser():
                         usage="transit-launch submit --model M [options] -- COMMAND...")
     _add_plan_args(sp)
     sp.add_argument("--nodes", default="auto", help="node count, or auto: the fewest that fit host DRAM (default)")
-    sp.add_argument("--policy", choices=POLICIES,
-                    help="shim policy (default: advise below the no-offload minimum, off otherwise)")
-    sp.add_argument("--gpu-budget", help="TRANSIT_GPU_BUDGET for every rank")
-    sp.add_argument("--stats", help="TRANSIT_STATS: directory for the shim's per-rank stats")
-    sp.add_argument("--log", choices=("error", "warn", "info", "debug"), help="TRANSIT_LOG level")
+    _add_shim_args(sp)
     _add_job_args(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
 
