@@ -8,7 +8,6 @@
  * torch.profiler can be used afterwards. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,21 +108,6 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
     free(buf);
 }
 
-static int find_cudart_dir(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    const char *slash = strrchr(info->dlpi_name, '/');
-    if (slash && strncmp(slash + 1, "libcudart.so", 12) == 0) {
-        size_t n = (size_t)(slash - info->dlpi_name);
-        if (n < 4000) {
-            memcpy(data, info->dlpi_name, n);
-            ((char *)data)[n] = 0;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 static void *open_cupti(void)
 {
     const char *names[] = {"libcupti.so", "libcupti.so.13", "libcupti.so.12"};
@@ -132,10 +116,11 @@ static void *open_cupti(void)
         if (h)
             return h;
     }
-    char dir[4096] = "", path[4200];
-    dl_iterate_phdr(find_cudart_dir, dir); /* wheels keep libcupti beside libcudart */
-    for (size_t i = 0; dir[0] && i < 3; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    const char *cudart = tr_cudart_path(); /* wheels keep libcupti beside libcudart */
+    const char *slash = cudart ? strrchr(cudart, '/') : NULL;
+    char path[4200];
+    for (size_t i = 0; slash && i < 3; i++) {
+        snprintf(path, sizeof path, "%.*s/%s", (int)(slash - cudart), cudart, names[i]);
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (h)
             return h;

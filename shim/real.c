@@ -18,14 +18,18 @@ static int find_cudart(struct dl_phdr_info *info, size_t size, void *data)
     (void)size;
     const char *slash = strrchr(info->dlpi_name, '/');
     const char *base = slash ? slash + 1 : info->dlpi_name;
-    if (strncmp(base, "libcudart.so", 12) == 0) {
-        void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-        if (h) {
-            *(void **)data = h;
-            return 1;
-        }
-    }
-    return 0;
+    if (strncmp(base, "libcudart.so", 12) != 0)
+        return 0;
+    *(const char **)data = info->dlpi_name;
+    return 1;
+}
+
+/* Path of the libcudart already loaded in this process, or NULL. */
+const char *tr_cudart_path(void)
+{
+    const char *path = NULL;
+    dl_iterate_phdr(find_cudart, &path);
+    return path;
 }
 
 static void *sym(const char *name)
@@ -33,8 +37,9 @@ static void *sym(const char *name)
     void *p = dlsym(RTLD_NEXT, name);
     if (!p) {
         static void *handle;
-        if (!handle)
-            dl_iterate_phdr(find_cudart, &handle);
+        const char *path;
+        if (!handle && (path = tr_cudart_path()))
+            handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
         if (handle)
             p = dlsym(handle, name);
     }

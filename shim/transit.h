@@ -64,6 +64,7 @@ struct tr_real {
 };
 HIDDEN extern struct tr_real tr_real;
 HIDDEN int tr_real_resolve(void); /* 0 ok; -1: pass through (logged) */
+HIDDEN const char *tr_cudart_path(void); /* the loaded libcudart, or NULL */
 HIDDEN cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev);
 HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s);
 
