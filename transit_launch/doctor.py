@@ -12,7 +12,6 @@ from pathlib import Path
 from transit_launch import inject
 
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "sacct", "scancel")
-SPANK_H_DIRS = ("/usr/include/slurm", "/usr/local/include/slurm")
 
 
 def _item(check: str, ok: bool, detail: str, **extra) -> dict:
@@ -140,13 +139,10 @@ def check_slurm() -> list[dict]:
 
 
 def check_spank() -> dict:
-    dirs = list(SPANK_H_DIRS)
-    for var in ("SLURM_HOME", "SLURM_PREFIX"):
-        if os.environ.get(var):
-            dirs.insert(0, os.path.join(os.environ[var], "include", "slurm"))
-    for d in dirs:
-        if Path(d, "spank.h").is_file():
-            return _item("spank.h", True, str(Path(d, "spank.h")))
+    from transit_launch.spank import locate_spank_h
+    found = locate_spank_h()
+    if found:
+        return _item("spank.h", True, str(found / "spank.h"))
     return _item("spank.h", False, "not found (Debian/Ubuntu: libslurm-dev; RHEL: slurm-devel)")
 
 

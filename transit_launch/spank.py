@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 from transit_launch import inject
-from transit_launch.doctor import SPANK_H_DIRS
 from transit_launch.errors import UsageError
 
 SRC = Path(__file__).resolve().parent.parent / "spank"
@@ -20,21 +19,27 @@ LDFLAGS = ["-shared", "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack"]
 PLUGIN = "transit_spank.so"
 
 
+SPANK_H_DIRS = ("/usr/include/slurm", "/usr/local/include/slurm")
+
+
+def locate_spank_h() -> Path | None:
+    """The directory of the installed spank.h: $SLURM_HOME or $SLURM_PREFIX first, then
+    the usual system places; None when there is none."""
+    dirs = [os.path.join(os.environ[v], "include", "slurm") for v in ("SLURM_HOME", "SLURM_PREFIX")
+            if os.environ.get(v)]
+    return next((Path(d) for d in [*dirs, *SPANK_H_DIRS] if Path(d, "spank.h").is_file()), None)
+
+
 def find_spank_h(include: str | None = None) -> Path:
     if include:  # an explicit directory is not second-guessed
         if Path(include, "spank.h").is_file():
             return Path(include)
         raise UsageError(f"--include {include}: no spank.h there")
-    dirs = []
-    for var in ("SLURM_HOME", "SLURM_PREFIX"):
-        if os.environ.get(var):
-            dirs.append(os.path.join(os.environ[var], "include", "slurm"))
-    dirs += list(SPANK_H_DIRS)
-    for d in dirs:
-        if d and Path(d, "spank.h").is_file():
-            return Path(d)
-    raise UsageError("spank.h not found (Debian/Ubuntu: apt install libslurm-dev; RHEL: slurm-devel; "
-                     "or give --include DIR)")
+    found = locate_spank_h()
+    if found is None:
+        raise UsageError("spank.h not found (Debian/Ubuntu: apt install libslurm-dev; RHEL: slurm-devel; "
+                         "or give --include DIR)")
+    return found
 
 
 def build(out_dir: str | Path, include: str | None = None, cc: str | None = None) -> Path:
