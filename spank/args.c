@@ -8,20 +8,22 @@
 struct tr_site tr_site;
 struct tr_job tr_job;
 
-static int in_list(const char *item, const char *list)
+/* Is item (n bytes) one of the sep-separated entries of list? */
+int tr_list_has(const char *list, char sep, const char *item, size_t n)
 {
-    size_t n = strlen(item);
     for (const char *p = list; *p;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *end = strchr(p, sep);
+        size_t len = end ? (size_t)(end - p) : strlen(p);
         if (len == n && strncmp(p, item, n) == 0)
             return 1;
-        if (!comma)
+        if (!end)
             break;
-        p = comma + 1;
+        p = end + 1;
     }
     return 0;
 }
+
+static int in_list(const char *item, const char *list) { return tr_list_has(list, ',', item, strlen(item)); }
 
 int tr_policy_known(const char *p) { return *p && in_list(p, TR_POLICIES); }
 int tr_policy_allowed(const char *p) { return in_list(p, tr_site.allowed); }

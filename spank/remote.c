@@ -27,16 +27,8 @@ static int prepend(spank_t sp, const char *var, const char *first)
     char old[8192] = "", val[8192 + TR_PATH_MAX + 2];
     if (spank_getenv(sp, var, old, sizeof old) != ESPANK_SUCCESS)
         old[0] = 0;
-    size_t n = strlen(first);
-    for (const char *p = old; *p;) {
-        const char *colon = strchr(p, ':');
-        size_t len = colon ? (size_t)(colon - p) : strlen(p);
-        if (len == n && strncmp(p, first, n) == 0)
-            return 0;
-        if (!colon)
-            break;
-        p = colon + 1;
-    }
+    if (tr_list_has(old, ':', first, strlen(first)))
+        return 0;
     snprintf(val, sizeof val, "%s%s%s", first, old[0] ? ":" : "", old);
     return spank_setenv(sp, var, val, 1) == ESPANK_SUCCESS ? 0 : -1;
 }

@@ -29,6 +29,7 @@ extern struct tr_site tr_site;
 extern struct tr_job tr_job;
 
 int tr_parse_args(int ac, char **av);           /* 0 or -1 (logged) */
+int tr_list_has(const char *list, char sep, const char *item, size_t n);
 int tr_policy_known(const char *p);
 int tr_policy_allowed(const char *p);
 int tr_size_valid(const char *s);
