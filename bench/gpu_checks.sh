@@ -8,7 +8,9 @@ if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
-python3 -c "from transit_launch import shimbuild as s; p, w = s.build('transit_launch/lib'); print('shim:', p, w or '')"
+# TRANSIT_SKIP_BUILD=1: built already by the caller (rebuilding under running processes is unsafe)
+[ -n "${TRANSIT_SKIP_BUILD:-}" ] || \
+    python3 -c "from transit_launch import shimbuild as s; p, w = s.build('transit_launch/lib'); print('shim:', p, w or '')"
 python3 -m transit_launch doctor
 if [ "${1:-all}" != "accept" ]; then
     python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"

@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -41,7 +42,10 @@ def parse():
     p.add_argument("--ffn", type=int, default=7168)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
+    p.add_argument("--batch", type=int, default=2, help="sequences per rank per microbatch")
+    p.add_argument("--accum", type=int, default=1,
+                   help="microbatches per optimizer step (gradient accumulation): tokens per step grow, "
+                        "activation memory does not")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
@@ -50,6 +54,11 @@ def parse():
     p.add_argument("--foreach", action="store_true", help="foreach AdamW instead of fused")
     p.add_argument("--cpu-offload", action="store_true",
                    help="FSDP2 CPUOffloadPolicy(pin_memory=True), what TorchTitan's enable_cpu_offload does")
+    p.add_argument("--engine", choices=("fsdp", "deepspeed"), default="fsdp",
+                   help="deepspeed: the same model under DeepSpeed ZeRO (bf16), see --zero")
+    p.add_argument("--zero", choices=("offload", "infinity"), default="offload",
+                   help="offload: ZeRO-Offload (stage 2, optimizer on the CPU); infinity: ZeRO-Infinity "
+                        "(stage 3, parameters and optimizer on the CPU)")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels (memory-efficient attention, cuBLAS workspace config), for A/B runs")
     return p.parse_args()
@@ -135,19 +144,8 @@ def init_dist(device):
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
 
 
-def main():
-    a = parse()
-    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if a.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    rank, world, local = init_dist(device)
-    if device == "cuda":
-        torch.cuda.set_device(local)
-    torch.manual_seed(a.seed)
-    model = Llama(a)
-    n_params = sum(p.numel() for p in model.parameters())
-    n_flop_params = n_params - model.tok.weight.numel()
+def build_fsdp(a, model, device, world):
+    """FSDP2 with TorchTitan's mixed precision (or DDP on CPU); returns (model, optimizer)."""
     if device == "cuda":
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
         # with CPU offload FSDP2 keeps the sharded parameters (and so the optimizer) on the host
@@ -161,27 +159,94 @@ def main():
             model.cos, model.sin = model.cos.cuda(), model.sin.cuda()
     elif world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    fused = device == "cuda" and not a.foreach and not a.cpu_offload  # the step runs on the CPU then
+    # fused AdamW also has a CPU kernel: the fastest step torch offers for offloaded states
+    fused = device == "cuda" and not a.foreach
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1, fused=fused or None,
                             foreach=a.foreach or None)
+    return model, opt
+
+
+def build_deepspeed(a, model):
+    """DeepSpeed ZeRO-Offload (stage 2) or ZeRO-Infinity (stage 3, parameters on the CPU too), bf16
+    with fp32 master weights and Adam states in host memory, DeepSpeed's CPU Adam; returns
+    (engine, the optimizer it uses)."""
+    import deepspeed
+    zero = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True, "contiguous_gradients": True}
+    if a.zero == "infinity":
+        zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+                "contiguous_gradients": True}
+    cfg = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": a.accum,
+           "bf16": {"enabled": True}, "zero_optimization": zero, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.1, "betas": [0.9, 0.999],
+                                                      "eps": 1e-8}},
+           "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+    deepspeed.init_distributed(dist_backend="nccl")
+    try:
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        return engine, "DeepSpeedCPUAdam"
+    except Exception as e:  # noqa: BLE001 - its CPU Adam is JIT-compiled and needs a compiler and headers
+        print(f"DeepSpeed's CPU Adam is unavailable ({type(e).__name__}: {str(e)[:200]}); "
+              "falling back to torch's AdamW on the CPU", file=sys.stderr)
+    del cfg["optimizer"]
+    cfg["zero_force_ds_cpu_optimizer"] = False
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    return engine, "torch.optim.AdamW (cpu)"
+
+
+def main():
+    a = parse()
+    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.engine == "deepspeed" and device != "cuda":
+        print("--engine deepspeed needs a GPU", file=sys.stderr)
+        return 2
+    if a.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    rank, world, local = init_dist(device)
+    if device == "cuda":
+        torch.cuda.set_device(local)
+    torch.manual_seed(a.seed)
+    model = Llama(a)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_flop_params = n_params - model.tok.weight.numel()
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    engine = opt = None
+    optimizer_impl = "torch.optim.AdamW"
+    if a.engine == "deepspeed":
+        engine, optimizer_impl = build_deepspeed(a, model)
+        model = engine
+    else:
+        model, opt = build_fsdp(a, model, device, world)
     gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
-    tokens_per_step = a.batch * a.seq_len
+    tokens_per_step = a.batch * a.seq_len * a.accum
     times, losses = [], []
     for step in range(1, a.steps + 1):
-        data = torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=gen).to(device)
+        micro = [torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=gen).to(device)
+                 for _ in range(a.accum)]
         t0 = time.perf_counter()
-        logits = model(data[:, :-1])
-        loss = F.cross_entropy(logits.float().view(-1, a.vocab), data[:, 1:].reshape(-1))
-        del logits
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_v = loss.item()  # synchronizes: the step's time is complete here
+        total = 0.0
+        for data in micro:
+            logits = model(data[:, :-1])
+            loss = F.cross_entropy(logits.float().view(-1, a.vocab), data[:, 1:].reshape(-1))
+            del logits
+            if engine is not None:
+                engine.backward(loss)  # scales by 1/accum itself
+                engine.step()          # steps the optimizer at the accumulation boundary only
+            else:
+                (loss / a.accum if a.accum > 1 else loss).backward()
+            total = total + loss.detach()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        loss_v = (total / a.accum).item()  # synchronizes: the step's time is complete here
         dt = time.perf_counter() - t0
         times.append(dt)
         losses.append(loss_v)
-        rec = {"step": step, "loss": loss_v, "step_time": dt, "tokens_per_s": tokens_per_step / dt,
-               "tflops": 6 * n_flop_params * tokens_per_step / dt / 1e12}
+        rec = {"step": step, "loss": loss_v, "step_time": dt, "t_end": time.time(),
+               "tokens_per_s": tokens_per_step / dt, "tflops": 6 * n_flop_params * tokens_per_step / dt / 1e12}
         if device == "cuda":
             rec["max_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
         if rank == 0:
@@ -192,13 +257,15 @@ def main():
     steady = times[3:] if len(times) > 5 else times[1:] or times
     med = statistics.median(steady)
     summ = {"params": n_params, "flop_params": n_flop_params, "tokens_per_step": tokens_per_step,
-            "world": world, "device": device, "median_step_time": med,
-            "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
+            "world": world, "device": device, "engine": a.engine if a.engine == "fsdp" else f"zero-{a.zero}",
+            "cpu_offload": a.cpu_offload, "optimizer": optimizer_impl, "accum": a.accum, "seq_len": a.seq_len, "batch": a.batch,
+            "median_step_time": med, "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
             "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12, "losses": losses,
             # what the collectives carry (fp32): DDP all-reduces every gradient each step
             # and broadcasts parameters and buffers from rank 0 once
-            "grad_bytes": 4 * n_params,
-            "broadcast_bytes": 4 * n_params + sum(b.numel() * b.element_size() for b in model.buffers())}
+            "grad_bytes": 4 * n_params, "broadcast_bytes": 4 * n_params + buffer_bytes,
+            # peak resident host memory of this process (pinned buffers included once touched)
+            "host_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
     if device == "cuda":
         summ["max_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
         summ["max_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9

@@ -67,6 +67,7 @@ int tr_real_resolve(void)
     RESOLVE(runtime_get_version, "cudaRuntimeGetVersion");
     RESOLVE(device_synchronize, "cudaDeviceSynchronize");
     RESOLVE(get_last_error, "cudaGetLastError");
+    RESOLVE(peek_last_error, "cudaPeekAtLastError");
     if (!tr_real.malloc || !tr_real.free) {
         tr_log(TR_ERROR, "no CUDA runtime (cudaMalloc/cudaFree) found in this process: passing through");
         return -1;
@@ -108,21 +109,47 @@ typedef cudaError_t (*advise_dev_t)(const void *, size_t, enum cudaMemoryAdvise,
 typedef cudaError_t (*prefetch_loc_t)(const void *, size_t, struct tr_loc, unsigned int, cudaStream_t);
 typedef cudaError_t (*prefetch_dev_t)(const void *, size_t, int, cudaStream_t);
 
+/* A failed cudaMemAdvise/cudaMemPrefetchAsync of the shim's own also sets the runtime's
+ * last error, which the application would then read after its next kernel launch
+ * (PyTorch checks cudaGetLastError there) as its own failure. Clear what the shim caused,
+ * unless an error of the application's was already pending. */
+static cudaError_t own_call(cudaError_t pending, cudaError_t err, const char *what, const void *p, size_t n)
+{
+    if (err == cudaSuccess)
+        return err;
+    tr_st.hint_errors++;
+    if (pending == cudaSuccess && tr_real.get_last_error)
+        tr_real.get_last_error();
+    tr_log(TR_DEBUG, "%s(%p, %zu) failed (%d); the job goes on without it", what, p, n, (int)err);
+    return err;
+}
+
+static cudaError_t pending_error(void)
+{
+    return tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess;
+}
+
 cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev)
 {
     tr_st.advise_calls++;
+    cudaError_t pending = pending_error(), err;
     if (tr_real.loc_api) {
         struct tr_loc loc = {loc_type, loc_type == TR_LOC_HOST ? 0 : dev};
-        return ((advise_loc_t)tr_real.advise_fn)(p, n, a, loc);
+        err = ((advise_loc_t)tr_real.advise_fn)(p, n, a, loc);
+    } else {
+        err = ((advise_dev_t)tr_real.advise_fn)(p, n, a, loc_type == TR_LOC_HOST ? cudaCpuDeviceId : dev);
     }
-    return ((advise_dev_t)tr_real.advise_fn)(p, n, a, loc_type == TR_LOC_HOST ? cudaCpuDeviceId : dev);
+    return own_call(pending, err, "cudaMemAdvise", p, n);
 }
 
 cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s)
 {
+    cudaError_t pending = pending_error(), err;
     if (tr_real.loc_api) {
         struct tr_loc loc = {loc_type, loc_type == TR_LOC_HOST ? 0 : dev};
-        return ((prefetch_loc_t)tr_real.prefetch_fn)(p, n, loc, 0, s);
+        err = ((prefetch_loc_t)tr_real.prefetch_fn)(p, n, loc, 0, s);
+    } else {
+        err = ((prefetch_dev_t)tr_real.prefetch_fn)(p, n, loc_type == TR_LOC_HOST ? cudaCpuDeviceId : dev, s);
     }
-    return ((prefetch_dev_t)tr_real.prefetch_fn)(p, n, loc_type == TR_LOC_HOST ? cudaCpuDeviceId : dev, s);
+    return own_call(pending, err, "cudaMemPrefetchAsync", p, n);
 }

@@ -63,7 +63,11 @@ void tr_replay_finish(void)
         qsort(s->r, (size_t)s->n, sizeof *s->r, by_start);
         int k = 0;
         for (int i = 1; i < s->n; i++) {
-            if (s->r[i].start <= s->r[k].end + tr_cfg.merge_gap) {
+            /* never across allocations: the gap between two may be unmapped, and a
+             * prefetch over it fails (cudaErrorInvalidValue) */
+            struct tr_alloc *a = tr_table_find(s->r[k].start);
+            int same = a && s->r[i].start < a->ptr + a->size;
+            if (same && s->r[i].start <= s->r[k].end + tr_cfg.merge_gap) {
                 if (s->r[i].end > s->r[k].end)
                     s->r[k].end = s->r[i].end;
             } else {
@@ -98,6 +102,13 @@ void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
     uint64_t room = budget > tr_tab.dev_bytes ? budget - tr_tab.dev_bytes : 0;
     struct slot *s = &slots[pos];
     for (int i = 0; i < s->n; i++) {
+        /* the allocation may have been freed or shrunk since warm-up: prefetch only what is
+         * still managed memory */
+        struct tr_alloc *a = tr_table_find(s->r[i].start);
+        if (!a)
+            continue;
+        if (s->r[i].end > a->ptr + a->size)
+            s->r[i].end = a->ptr + a->size;
         uint64_t len = s->r[i].end - s->r[i].start;
         if (len > room)
             continue; /* larger than all the room there is: the kernel reads it remotely */

@@ -78,10 +78,12 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_st.um_faults, (unsigned long long)tr_st.um_htod_bytes,
             (unsigned long long)tr_st.um_dtoh_bytes);
     fprintf(f, "  \"prefetch_calls\": %llu,\n  \"prefetch_bytes\": %llu,\n  \"evict_calls\": %llu,\n"
-               "  \"evict_bytes\": %llu,\n  \"advise_calls\": %llu,\n  \"replay_positions\": %llu,\n",
+               "  \"evict_bytes\": %llu,\n  \"advise_calls\": %llu,\n  \"hint_errors\": %llu,\n"
+               "  \"replay_positions\": %llu,\n",
             (unsigned long long)tr_st.prefetch_calls, (unsigned long long)tr_st.prefetch_bytes,
             (unsigned long long)tr_st.evict_calls, (unsigned long long)tr_st.evict_bytes,
-            (unsigned long long)tr_st.advise_calls, (unsigned long long)tr_replay_positions());
+            (unsigned long long)tr_st.advise_calls, (unsigned long long)tr_st.hint_errors,
+            (unsigned long long)tr_replay_positions());
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
             tr_st.iterations, sources[tr_st.boundary_source], (unsigned long long)tr_st.period);
     fprintf(f, "  \"iteration_ms\": [");

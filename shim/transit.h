@@ -56,6 +56,7 @@ struct tr_real {
     cudaError_t (*runtime_get_version)(int *);
     cudaError_t (*device_synchronize)(void);
     cudaError_t (*get_last_error)(void);
+    cudaError_t (*peek_last_error)(void);
     /* resolved by version: CUDA 13 names, 12.2+ *_v2 names, or the legacy int-device form */
     void *advise_fn;
     void *prefetch_fn;
@@ -120,6 +121,7 @@ struct tr_stats {
     uint64_t zero_copy_bytes, zero_copy_peak;
     uint64_t prefetch_calls, prefetch_bytes, evict_calls, evict_bytes;
     uint64_t advise_calls;
+    uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
     uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI, during recording */
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];

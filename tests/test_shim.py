@@ -149,6 +149,19 @@ def test_prefetch_replay_window_keeps_budget(built, tmp_path):
     assert s["prefetch_calls"] == 6 and s["replay_positions"] == 2 and s["iteration_source"] == "adapter"
 
 
+def test_failed_prefetch_leaves_no_error_for_the_application(built, tmp_path):
+    """A prefetch of the shim's that fails (on the H200: a replayed range over memory that
+    was no longer managed) must not surface as the application's error after its next
+    launch, which PyTorch reports as a CUDA error in whatever kernel ran."""
+    res, out, calls = run(built, "loop", 3, 20, 2 * GB, "adapter", "replay", policy="prefetch",
+                          env={"TRANSIT_GPU_BUDGET": "3GB", "TRANSIT_STATS": str(tmp_path / "s.json"),
+                               "FAKE_PREFETCH_FAIL": "1"})
+    assert res.returncode == 0, res.stderr
+    assert out["last_error"] == "0"
+    s = stats_of(tmp_path / "s.json")
+    assert s["hint_errors"] == sum(c.startswith("cudaMemPrefetchAsync") for c in calls) > 0
+
+
 def test_iterations_detected_from_kernel_sequence(built, tmp_path):
     res, out, _ = run(built, "loop", 100, 300, GB, env={"TRANSIT_STATS": str(tmp_path / "s.json")})
     s = stats_of(tmp_path / "s.json")

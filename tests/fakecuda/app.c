@@ -112,6 +112,7 @@ int main(int argc, char **argv)
             if (adapter && iteration)
                 iteration();
         }
+        printf("last_error=%d\n", (int)cudaGetLastError()); /* what PyTorch checks after launches */
         cudaFree(p);
         cudaFree(q);
         printf("iterations=%d\n", iters);

@@ -115,7 +115,16 @@ cudaError_t cudaRuntimeGetVersion(int *v)
 
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+/* like the runtime: a failed call leaves its error for cudaGetLastError (which resets it)
+ * and cudaPeekAtLastError (which does not) */
+static cudaError_t last_error = cudaSuccess;
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
 
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 {
@@ -140,6 +149,8 @@ cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation
     logcall("cudaMemPrefetchAsync 0x%llx %zu %d %d %p", (unsigned long long)(uintptr_t)p, n, (int)loc.type, loc.id,
             (void *)s);
     pthread_mutex_unlock(&mu);
+    if (getenv("FAKE_PREFETCH_FAIL")) /* e.g. a range over unmapped memory */
+        return last_error = cudaErrorInvalidValue;
     return cudaSuccess;
 }
 

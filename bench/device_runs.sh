@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# What each device call runs, on the nvidia-h200-x2 machine (two H200s, used as two
+# independent single-GPU benches unless the phase says otherwise). Results go to $OUT.
+#
+#   bash bench/device_runs.sh shim      # GPU0: GPU tests + acceptance + UVM probe + calibration
+#                                       # GPU1: shim_policies (overhead, policies under a budget) + peer smoke
+#   bash bench/device_runs.sh offload   # GPU0: reference + transit policies; GPU1: the offloading peers
+#
+# Single-GPU runs pin their host threads to separate halves of the cores so that the
+# CPU-side optimizers of the peers do not steal the transit runs' launch threads.
+set -uo pipefail
+OUT=${OUT:-device-out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export CUDA_DEVICE_ORDER=PCI_BUS_ID TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site || exit 1
+fi
+[ -f .ext/torch_ext.tar ] && mkdir -p $TORCH_EXTENSIONS_DIR && tar xf .ext/torch_ext.tar -C $TORCH_EXTENSIONS_DIR
+nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+nproc; free -g | head -2
+python3 -c "from transit_launch import shimbuild as s; p, w = s.build('transit_launch/lib'); print('shim:', p, w or '')"
+half=$(( $(nproc) / 2 ))
+g0() { CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) "$@"; }
+g1() { CUDA_VISIBLE_DEVICES=1 taskset -c $half-$(( $(nproc) - 1 )) "$@"; }
+
+peer_smoke() {  # the peers on a small model: DeepSpeed's CPU Adam JIT build, ZeRO-2/3 offload, FSDP2 offload
+    local m="--dim 512 --layers 2 --heads 8 --kv-heads 4 --ffn 1536 --vocab 8192 --seq-len 1024 --steps 3"
+    for p in "--engine deepspeed --zero offload" "--engine deepspeed --zero infinity" "--cpu-offload"; do
+        echo "== $p"; g1 timeout 240 python3 examples/train_llama.py $m $p 2>&1 | grep -v '^\[' | tail -4
+    done
+    tar cf "$OUT/torch_ext.tar" -C $TORCH_EXTENSIONS_DIR . 2>/dev/null
+}
+
+case "${1:-}" in
+shim)
+    ( export TRANSIT_SKIP_BUILD=1
+      g0 timeout 300 bash bench/gpu_checks.sh > "$OUT/checks.log" 2>&1
+      g0 timeout 100 python3 bench/uvm_residency_probe.py --out "$OUT/uvm_probe.json" > "$OUT/probe.log" 2>&1
+      g0 timeout 120 python3 bench/calibrate.py --measure --out "$OUT/calibration.json" > "$OUT/calibrate.log" 2>&1
+    ) &
+    ( g1 timeout 380 python3 bench/shim_policies.py --out "$OUT/shim_policies.json" --timeout 150 > "$OUT/policies.log" 2>&1
+      peer_smoke > "$OUT/peers_smoke.log" 2>&1
+    ) &
+    wait
+    tail -n 4 "$OUT"/*.log
+    ;;
+offload)
+    g0 python3 bench/offload.py --set transit --gpu 0 --out "$OUT/offload_transit.json" --deadline 400 --timeout 200 > "$OUT/transit.log" 2>&1 &
+    g1 python3 bench/offload.py --set peers --gpu 1 --out "$OUT/offload_peers.json" --deadline 400 --timeout 200 > "$OUT/peers.log" 2>&1 &
+    wait
+    python3 bench/offload.py --report "$OUT"/offload_*.json
+    ;;
+*)
+    echo "usage: $0 shim|offload" >&2; exit 2 ;;
+esac

@@ -1,0 +1,328 @@
+"""The performance gate: transit policies against no offload, FSDP2 CPU offload and DeepSpeed
+ZeRO-Offload / ZeRO-Infinity, on one GPU, one harness.
+
+Every configuration trains the examples' Llama-style model (FSDP2 or DeepSpeed, bf16 compute
+with fp32 master weights and AdamW, full activation checkpointing, synthetic tokens) at
+sequence length 8192 with a fixed microbatch; tokens per optimizer step grow by gradient
+accumulation, so activation memory, and with it the GPU budget, stays the same along the
+curve while the offloaded bytes per model FLOP fall.
+
+Per run: per-GPU TFLOPS (model FLOPs: 6 x non-embedding parameters x tokens / median step
+time; attention's own FLOPs are not counted), median and spread of the measured step times,
+torch's max_memory_reserved, the GPU memory in use as NVML sees it (sampled), PCIe bytes per
+step (NVML's PCIe throughput counters, sampled every ~20 ms and integrated over the measured
+steps: an estimate), the process's peak host RSS, the shim's stats, and the losses.
+
+    python3 bench/offload.py --set transit --gpu 0 --out $OUT/transit.json
+    python3 bench/offload.py --set peers --gpu 1 --budget BYTES --out $OUT/peers.json
+    python3 bench/offload.py --report bench/results/offload_*.json --plot bench/results/offload.png
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PAPER_RATIO = 26e9 / (6 * 70.55e9 * 8192)  # bytes offloaded per model FLOP per GPU: Llama3-70B, 16 GPUs
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TRANSIT = ("off", "base", "prefetch", "advise")
+PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "deepspeed", "--zero", "offload"],
+         "zero-infinity": ["--engine", "deepspeed", "--zero", "infinity"]}
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", default="transit",
+                    help="comma list of run names or groups: transit (reference + transit policies), peers, all")
+    ap.add_argument("--gpu", type=int, default=0, help="physical GPU index (NVML order)")
+    ap.add_argument("--cpus", default="", help="pin the runs to these host cores, e.g. 0-15")
+    ap.add_argument("--accum", default="12,1,3", help="microbatches per step: the curve's points, in run order")
+    ap.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
+    ap.add_argument("--seq-len", type=int, default=8192)
+    ap.add_argument("--model", default="", help="trainer model flags (default: its 1.0 B-parameter model)")
+    ap.add_argument("--steps", type=int, default=13)
+    ap.add_argument("--warmup", type=int, default=3, help="steps not measured")
+    ap.add_argument("--budget", type=int, default=0,
+                    help="GPU budget in bytes (default: the reference's peak reserved minus the AdamW state bytes)")
+    ap.add_argument("--slow-points", default="1", help="accum points at which base and prefetch also run")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds: start no run after this")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "offload.json"))
+    ap.add_argument("--report", nargs="*", help="merge result files, print the table, check the targets")
+    ap.add_argument("--plot", default="", help="with --report: write the curve as a PNG")
+    ap.add_argument("--markdown", action="store_true", help="with --report: print a Markdown table")
+    return ap.parse_args()
+
+
+class GpuMeter(threading.Thread):
+    """Samples NVML's PCIe throughput (KB/s over a 20 ms window) and memory in use."""
+
+    def __init__(self, index):
+        super().__init__(daemon=True)
+        import pynvml
+        self.nv = pynvml
+        pynvml.nvmlInit()
+        self.h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.samples = []  # (t, rx_B/s (host to device), tx_B/s (device to host), used_B)
+        self.stop = threading.Event()
+
+    def run(self):
+        nv, h = self.nv, self.h
+        while not self.stop.is_set():
+            rx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES) * 1024
+            tx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1024
+            used = nv.nvmlDeviceGetMemoryInfo(h).used
+            self.samples.append((time.time(), rx, tx, used))
+            time.sleep(0.005)
+
+    def window(self, t0, t1):
+        """Bytes each way and peak memory in use between t0 and t1 (wall clock)."""
+        s = [x for x in self.samples if t0 <= x[0] <= t1]
+        htod = dtoh = 0.0
+        for (ta, rx, tx, _), (tb, _, _, _) in zip(s, s[1:]):
+            htod += rx * (tb - ta)
+            dtoh += tx * (tb - ta)
+        return htod, dtoh, max((x[3] for x in s), default=0)
+
+
+def run_one(a, name, accum, budget, meter):
+    trainer = [sys.executable, str(ROOT / "examples" / "train_llama.py"), *a.model.split(), "--seq-len",
+               str(a.seq_len), "--batch", str(a.batch), "--accum", str(accum), "--steps", str(a.steps)]
+    stats_dir = tempfile.mkdtemp(prefix="tr-")
+    policy = name.split("-")[0] if name.split("-")[0] in TRANSIT else None
+    if policy:
+        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats_dir,
+               *(["--gpu-budget", str(budget)] if policy != "off" else []), "--", *trainer]
+    else:
+        cmd = trainer + PEERS.get(name.rsplit("-", 1)[0] if name.endswith("-2") else name, [])
+    env = dict(os.environ, **MULTICAST_OFF, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu),
+               PYTHONUNBUFFERED="1")
+    pin = None
+    if a.cpus:
+        lo, _, hi = a.cpus.partition("-")
+        cores = set(range(int(lo), int(hi or lo) + 1))
+        pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
+    t0 = time.time()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout, cwd=ROOT,
+                             preexec_fn=pin)
+        out, err, rc = res.stdout, res.stderr, res.returncode
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return b.decode() if isinstance(b, bytes) else (b or "")
+        out, err, rc = text(e.stdout), text(e.stderr), "timeout"
+    recs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    steps = [r for r in recs if "step" in r]
+    summ = next((r["summary"] for r in recs if "summary" in r), {})
+    r = {"name": name, "accum": accum, "policy": policy or "none", "rc": rc, "wall_s": round(time.time() - t0, 1),
+         "budget_bytes": budget if policy and policy != "off" else None,
+         "losses": [s["loss"] for s in steps], "step_times": [s["step_time"] for s in steps]}
+    measured = steps[a.warmup:]
+    if measured:
+        ts = [s["step_time"] for s in measured]
+        med = statistics.median(ts)
+        flop_params = summ.get("flop_params") or steps[-1]["tflops"] * 1e12 * steps[-1]["step_time"] / (
+            6 * a.batch * a.seq_len * accum)
+        tokens = a.batch * a.seq_len * accum
+        r.update(measured_steps=len(ts), median_step_s=med, spread=(max(ts) - min(ts)) / med,
+                 tflops=6 * flop_params * tokens / med / 1e12, tokens_per_step=tokens,
+                 max_reserved_gb=steps[-1].get("max_reserved_gb"))
+        if meter and a.warmup >= 1:
+            htod, dtoh, used = meter.window(steps[a.warmup - 1]["t_end"], measured[-1]["t_end"])
+            r.update(pcie_htod_gb_per_step=htod / len(ts) / 1e9, pcie_dtoh_gb_per_step=dtoh / len(ts) / 1e9,
+                     nvml_used_peak_gb=used / 1e9)
+    for k in ("params", "flop_params", "host_peak_rss_gb", "max_allocated_gb", "engine"):
+        if k in summ:
+            r[k] = summ[k]
+    if policy:
+        from transit_launch import run as runmod
+        stats = runmod.read_stats(stats_dir)
+        if stats:
+            s = stats[0]
+            r["shim"] = {k: s.get(k) for k in ("device_placed_peak_bytes", "host_placed_peak_bytes", "htod_bytes",
+                                               "dtoh_bytes", "page_faults", "prefetch_bytes", "evict_bytes",
+                                               "cold_hint_bytes", "zero_copy_mapped_peak_bytes", "managed_peak_bytes",
+                                               "gpu_resident_peak_bytes")}
+    if rc != 0:
+        r["stderr_tail"] = err[-2500:]
+    return r
+
+
+def expand(sel):
+    names = []
+    for s in sel.split(","):
+        if s == "transit":
+            names += ["reference", "off", "advise", "prefetch", "base"]
+        elif s == "peers":
+            names += list(PEERS)
+        elif s == "all":
+            names += ["reference", "off", "advise", "prefetch", "base", *PEERS]
+        elif s:
+            names.append(s)
+    return names
+
+
+def measure(a):
+    names = expand(a.set)
+    points = [int(x) for x in a.accum.split(",")]
+    slow = {int(x) for x in a.slow_points.split(",") if x}
+    try:
+        meter = GpuMeter(a.gpu)
+        meter.start()
+    except Exception as e:  # no NVML: the PCIe and NVML columns stay empty
+        print(f"NVML unavailable ({e}); no PCIe or NVML memory figures", file=sys.stderr)
+        meter = None
+    results = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "seq_len": a.seq_len, "batch": a.batch,
+               "model": a.model, "runs": [], "budget_bytes": a.budget or None}
+    t_start = time.time()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # base and prefetch under the budget can be slow by orders of magnitude: after the rest
+    plan = [(acc, n) for acc in points for n in names if n not in ("base", "prefetch")]
+    plan += [(acc, n) for acc in points for n in names if n in ("base", "prefetch") and acc in slow]
+    for accum, name in plan:
+        if True:
+            if name == "off" and accum != min(points):
+                continue  # pass-through overhead: without memory pressure, one point is enough
+            if a.deadline and time.time() - t_start > a.deadline:
+                print(f"deadline: skipping {name} at accum {accum}", file=sys.stderr)
+                continue
+            budget = results["budget_bytes"]
+            if name in ("base", "prefetch", "advise") and not budget:
+                print("no budget: run the reference first or pass --budget", file=sys.stderr)
+                continue
+            r = run_one(a, name, accum, budget, meter)
+            if name == "reference" and not results["budget_bytes"] and r.get("max_reserved_gb"):
+                # the optimizer states cannot stay: the reference's peak minus the AdamW bytes
+                results["budget_bytes"] = int(r["max_reserved_gb"] * 1e9 - 8 * r["params"])
+            results["runs"].append(r)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("losses", "step_times", "stderr_tail")}),
+                  flush=True)
+            if r["rc"] != 0:
+                print(r.get("stderr_tail", "")[-800:], file=sys.stderr, flush=True)
+            out.write_text(json.dumps(results, indent=1))
+    if meter:
+        meter.stop.set()
+    return results
+
+
+def report(a):
+    runs, budget, seq = [], None, None
+    for f in a.report:
+        d = json.loads(Path(f).read_text())
+        runs += d["runs"]
+        budget = budget or d.get("budget_bytes")
+        seq = d.get("seq_len")
+    ref = {r["accum"]: r for r in runs if r["name"] == "reference" and r.get("tflops")}
+    rows = []
+    for r in sorted(runs, key=lambda r: (r["accum"], r["name"])):
+        if not r.get("tflops"):
+            rows.append({**r, "status": f"failed (rc {r['rc']})"})
+            continue
+        base = ref.get(r["accum"])
+        adam = 8 * r["params"]
+        x = dict(r)
+        x["offload_per_flop"] = adam / (6 * r["flop_params"] * r["tokens_per_step"])
+        x["x_paper"] = x["offload_per_flop"] / PAPER_RATIO
+        x["pct_ref"] = 100 * r["tflops"] / base["tflops"] if base else None
+        n = min(len(base["losses"]), len(r["losses"])) if base else 0
+        x["max_rel_loss_diff"] = max((abs(p - q) / abs(q) for p, q in zip(r["losses"][:n], base["losses"][:n])),
+                                     default=None) if base else None
+        # the peers run outside the shim: their peak reserved must fit the same budget
+        x["within_budget"] = ((r["max_reserved_gb"] or 0) * 1e9 <= budget) if budget and r["policy"] == "none" and \
+            r["name"] != "reference" else None
+        if r.get("shim"):
+            x["within_budget"] = r["shim"]["device_placed_peak_bytes"] <= r["budget_bytes"] if r["budget_bytes"] else None
+        rows.append(x)
+    hdr = ["accum", "tokens", "x paper", "run", "TFLOPS", "% ref", "med s", "spread", "reserved GB",
+           "NVML used GB", "PCIe H2D GB/step", "PCIe D2H GB/step", "host RSS GB", "in budget", "max rel loss diff"]
+    lines = []
+    for x in rows:
+        if "status" in x:
+            lines.append([x["accum"], "", "", x["name"], x["status"]] + [""] * (len(hdr) - 5))
+            continue
+        lines.append([x["accum"], x["tokens_per_step"], f"{x['x_paper']:.2f}", x["name"], f"{x['tflops']:.1f}",
+                      f"{x['pct_ref']:.1f}" if x["pct_ref"] is not None else "-", f"{x['median_step_s']:.3f}",
+                      f"{100 * x['spread']:.1f}%", f"{x['max_reserved_gb'] or 0:.2f}",
+                      f"{x.get('nvml_used_peak_gb', 0):.2f}", f"{x.get('pcie_htod_gb_per_step', 0):.2f}",
+                      f"{x.get('pcie_dtoh_gb_per_step', 0):.2f}", f"{x.get('host_peak_rss_gb', 0):.1f}",
+                      {True: "yes", False: "NO", None: "-"}[x["within_budget"]],
+                      "-" if x["max_rel_loss_diff"] is None else f"{x['max_rel_loss_diff']:.1e}"])
+    if a.markdown:
+        print("| " + " | ".join(hdr) + " |")
+        print("|" + " --- |" * len(hdr))
+        for l in lines:
+            print("| " + " | ".join(str(c) for c in l) + " |")
+    else:
+        from transit_launch.table import table as render
+        print(render(hdr, lines))
+    print(f"budget: {budget / 1e9:.2f} GB; sequence length {seq}; paper ratio {PAPER_RATIO:.2e} bytes/FLOP"
+          if budget else "budget: unknown")
+    targets(rows)
+    if a.plot:
+        plot(rows, a.plot)
+
+
+def targets(rows):
+    ok = [x for x in rows if "status" not in x]
+    best = {}
+    for x in ok:
+        if x["policy"] in ("base", "prefetch", "advise") and (x["accum"] not in best or x["tflops"] > best[x["accum"]]["tflops"]):
+            best[x["accum"]] = x
+    for x in ok:
+        if x["name"] == "off" and x["pct_ref"] is not None:
+            print(f"1. pass-through overhead: {100 - x['pct_ref']:.2f}% (target <= 1%)")
+    for accum, b in sorted(best.items()):
+        peers = {x["name"]: x["tflops"] for x in ok if x["accum"] == accum and x["name"] in PEERS}
+        vs = ", ".join(f"{b['tflops'] / t:.2f}x {n}" for n, t in peers.items())
+        print(f"accum {accum} ({b['x_paper']:.2f}x the paper's ratio): best transit {b['name']} "
+              f"{b['pct_ref']:.1f}% of reference; {vs or 'no peers measured'}")
+    for x in ok:
+        if x["policy"] in TRANSIT and x["max_rel_loss_diff"] is not None and x["max_rel_loss_diff"] > 1e-6:
+            print(f"4. losses: {x['name']} at accum {x['accum']} differs by {x['max_rel_loss_diff']:.1e}")
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = sorted({x["name"] for x in rows if "status" not in x and x["name"] not in ("reference", "off")})
+    for n in names:
+        pts = sorted((x["offload_per_flop"], x["pct_ref"]) for x in rows
+                     if x.get("name") == n and x.get("pct_ref") is not None)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
+    ax.axvline(PAPER_RATIO, color="grey", ls="--", label="paper (Llama3-70B, 16 GPUs)")
+    ax.axvline(4 * PAPER_RATIO, color="grey", ls=":", label="4x paper")
+    ax.set_xscale("log")
+    ax.set_xlabel("offloaded bytes per GPU / model FLOPs per GPU per step")
+    ax.set_ylabel("% of reference per-GPU TFLOPS")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main():
+    a = parse()
+    if a.report is not None:
+        report(a)
+        return 0
+    measure(a)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
