@@ -47,8 +47,11 @@ shim)
     ;;
 offload)
     g0 python3 bench/offload.py --set transit --gpu 0 --out "$OUT/offload_transit.json" --deadline 400 --timeout 200 > "$OUT/transit.log" 2>&1 &
-    g1 python3 bench/offload.py --set peers --gpu 1 --out "$OUT/offload_peers.json" --deadline 400 --timeout 200 > "$OUT/peers.log" 2>&1 &
+    ( g1 timeout 120 python3 -m pytest -q -rs tests/test_gpu.py -k prefetch > "$OUT/gpu_tests_prefetch.log" 2>&1
+      g1 python3 bench/offload.py --set peers --gpu 1 --out "$OUT/offload_peers.json" --deadline 330 --timeout 200 \
+          > "$OUT/peers.log" 2>&1 ) &
     wait
+    tail -n 3 "$OUT/gpu_tests_prefetch.log"
     python3 bench/offload.py --report "$OUT"/offload_*.json
     ;;
 *)
