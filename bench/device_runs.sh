@@ -5,6 +5,7 @@
 #   bash bench/device_runs.sh shim      # GPU0: GPU tests + acceptance + UVM probe + calibration
 #                                       # GPU1: shim_policies (overhead, policies under a budget) + peer smoke
 #   bash bench/device_runs.sh offload   # GPU0: reference + transit policies; GPU1: the offloading peers
+#   bash bench/device_runs.sh offload-transit; bash bench/device_runs.sh offload-peers   # the same on one GPU
 #
 # Single-GPU runs pin their host threads to separate halves of the cores so that the
 # CPU-side optimizers of the peers do not steal the transit runs' launch threads.
@@ -54,6 +55,16 @@ offload)
     tail -n 3 "$OUT/gpu_tests_prefetch.log"
     python3 bench/offload.py --report "$OUT"/offload_*.json
     ;;
+offload-transit)  # one GPU: the reference and the transit policies (about 9 minutes)
+    timeout 120 python3 -m pytest -q -rs tests/test_gpu.py -k prefetch > "$OUT/gpu_tests_prefetch.log" 2>&1
+    tail -n 3 "$OUT/gpu_tests_prefetch.log"
+    python3 bench/offload.py --set transit --gpu 0 --out "$OUT/offload_transit.json" --deadline 390 --timeout 150 \
+        2>&1 | tee "$OUT/transit.log" | cut -c1-400
+    ;;
+offload-peers)    # one GPU: the offloading peers (about 9 minutes)
+    python3 bench/offload.py --set peers --gpu 0 --out "$OUT/offload_peers.json" --deadline 420 --timeout 150 \
+        2>&1 | tee "$OUT/peers.log" | cut -c1-400
+    ;;
 *)
-    echo "usage: $0 shim|offload" >&2; exit 2 ;;
+    echo "usage: $0 shim|offload|offload-transit|offload-peers" >&2; exit 2 ;;
 esac
