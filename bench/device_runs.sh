@@ -62,7 +62,7 @@ offload-transit)  # one GPU: the reference and the transit policies (about 9 min
         2>&1 | tee "$OUT/transit.log" | cut -c1-400
     ;;
 offload-peers)    # one GPU: the offloading peers (about 9 minutes)
-    python3 bench/offload.py --set peers --gpu 0 --out "$OUT/offload_peers.json" --deadline 420 --timeout 150 \
+    python3 bench/offload.py --set peers --gpu 0 --out "$OUT/offload_peers.json" --deadline 340 --timeout 150 \
         2>&1 | tee "$OUT/peers.log" | cut -c1-400
     ;;
 *)
