@@ -223,10 +223,18 @@ def report(a):
         budget = budget or d.get("budget_bytes")
         seq = d.get("seq_len")
     ref = {r["accum"]: r for r in runs if r["name"] == "reference" and r.get("tflops")}
+    # a run cut by its timeout prints no summary: the model is the same in every run
+    model = next((r for r in runs if r.get("params")), {})
+    for r in runs:
+        r.setdefault("params", model.get("params"))
+        r.setdefault("flop_params", model.get("flop_params"))
     rows = []
     for r in sorted(runs, key=lambda r: (r["accum"], r["name"])):
         if not r.get("tflops"):
-            rows.append({**r, "status": f"failed (rc {r['rc']})"})
+            slow = [round(t, 1) for t in r.get("step_times", [])]
+            why = f"timed out after {len(slow)} steps of {slow} s" if r["rc"] == "timeout" and slow else \
+                f"failed (rc {r['rc']})"
+            rows.append({**r, "status": why})
             continue
         base = ref.get(r["accum"])
         adam = 8 * r["params"]
@@ -250,7 +258,8 @@ def report(a):
         if "status" in x:
             lines.append([x["accum"], "", "", x["name"], x["status"]] + [""] * (len(hdr) - 5))
             continue
-        lines.append([x["accum"], x["tokens_per_step"], f"{x['x_paper']:.2f}", x["name"], f"{x['tflops']:.1f}",
+        name = x["name"] + (f" ({x['measured_steps']} measured, cut by timeout)" if x["rc"] == "timeout" else "")
+        lines.append([x["accum"], x["tokens_per_step"], f"{x['x_paper']:.2f}", name, f"{x['tflops']:.1f}",
                       f"{x['pct_ref']:.1f}" if x["pct_ref"] is not None else "-", f"{x['median_step_s']:.3f}",
                       f"{100 * x['spread']:.1f}%", f"{x['max_reserved_gb'] or 0:.2f}",
                       f"{x.get('nvml_used_peak_gb', 0):.2f}", f"{x.get('pcie_htod_gb_per_step', 0):.2f}",

@@ -64,16 +64,6 @@ def parse():
     return p.parse_args()
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return self.weight * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
-
-
 def rope(x, cos, sin):
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # bf16 under FSDP mixed precision
     x1, x2 = x[..., ::2], x[..., 1::2]
@@ -86,7 +76,8 @@ class Block(nn.Module):
         self.heads, self.kv_heads, self.hd = a.heads, a.kv_heads, a.dim // a.heads
         # flash attention's backward accumulates with atomics: the math kernel for A/B runs
         self.sdpa = [SDPBackend.MATH] if a.deterministic else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
-        self.attn_norm, self.ffn_norm = RMSNorm(a.dim), RMSNorm(a.dim)
+        # TorchTitan's norm (nn.RMSNorm): it saves its input and a per-token rstd for backward
+        self.attn_norm, self.ffn_norm = nn.RMSNorm(a.dim, eps=1e-5), nn.RMSNorm(a.dim, eps=1e-5)
         self.wq = nn.Linear(a.dim, a.heads * self.hd, bias=False)
         self.wk = nn.Linear(a.dim, a.kv_heads * self.hd, bias=False)
         self.wv = nn.Linear(a.dim, a.kv_heads * self.hd, bias=False)
@@ -116,7 +107,7 @@ class Llama(nn.Module):
         self.recompute = not a.no_recompute
         self.tok = nn.Embedding(a.vocab, a.dim)
         self.blocks = nn.ModuleList(Block(a) for _ in range(a.layers))
-        self.norm = RMSNorm(a.dim)
+        self.norm = nn.RMSNorm(a.dim, eps=1e-5)
         self.out = nn.Linear(a.dim, a.vocab, bias=False)
         hd = a.dim // a.heads
         freqs = 1.0 / (500000.0 ** (torch.arange(0, hd, 2).float() / hd))

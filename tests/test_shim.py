@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from transit_launch import run as runmod
+
 from transit_launch import doctor, inject, shimbuild
 
 
@@ -245,6 +247,22 @@ def test_host_regions_are_pushed_off_the_gpu_once(built):
     assert len(evictions) == 1
     first_launch = next(i for i, c in enumerate(calls) if c.startswith("cudaLaunchKernel"))
     assert calls.index(evictions[0]) > first_launch + 19  # after the first iteration's 20 launches
+
+
+def test_summary_separates_placement_from_memory_in_use():
+    """The budget is the shim's placement; cudaMemGetInfo's in-use figure is shown beside it
+    and flagged, not folded in (UVM keeps evicted chunks: bench/RESULTS.md)."""
+    s = {"pid": 1, "policy": "advise", "passthrough": False, "budget_bytes": 10 * GB, "managed_peak_bytes": 20 * GB,
+         "device_placed_peak_bytes": 10 * GB - 1, "host_placed_peak_bytes": 10 * GB, "zero_copy_mapped_peak_bytes": 0,
+         "cold_hint_bytes": {"optimizer": 8 * GB}, "gpu_resident_peak_steady_bytes": 15 * GB, "prefetch_bytes": 0,
+         "htod_bytes": 0, "iterations": 20, "iteration_source": "adapter", "iteration_ms": [1.0] * 19,
+         "free_at_start_bytes": 140 * GB, "guard_limit_bytes": 139 * GB}
+    text = runmod.summary_text(runmod.summary([s]))
+    row = text.splitlines()[2].split()
+    assert row[-3:] == ["yes", "no", "(*)"] and "UVM driver keeps" in text
+    over = dict(s, device_placed_peak_bytes=10 * GB + 1)
+    assert runmod.summary([over])["processes"][0]["budget_held"] is False
+    assert "NO" in runmod.summary_text(runmod.summary([over])).splitlines()[2].split()
 
 
 def test_run_command_summarizes_stats(built, tmp_path):

@@ -40,9 +40,12 @@ from transit_launch.models import ModelCard
 # backward runs; about half of them are alive at the worst moment (assumption, to be
 # calibrated against torch.cuda.max_memory_reserved on the H200: bench/RESULTS.md).
 BACKWARD_WORKING_FACTOR = 1.5
-# bf16 logits (2) freed after the fp32 upcast (4) that cross-entropy keeps for backward,
-# plus the fp32 gradient of the logits (4): TorchTitan's loss computes on logits.float().
-LOGITS_BYTES_PER_ELEMENT = 10
+# TorchTitan's loss runs cross-entropy on logits.float(). The peak is in its backward:
+# log_softmax's saved fp32 output (4), the fp32 gradient coming in (4) and the fp32
+# gradient going out (4). Calibrated on the H200 (bench/RESULTS.md, 2026-11-29): a
+# 128K-vocabulary run measured 13.6 B per logit with the allocator's rounding, against
+# 10 assumed before (the forward's bf16 + fp32 + fp32, which is not the peak).
+LOGITS_BYTES_PER_ELEMENT = 12
 # FSDP2 gathers the current layer and prefetches the next one (forward and backward).
 FSDP_PREFETCH_LAYERS = 2
 # NCCL keeps NCCL_BUFFSIZE (4 MiB) per channel and direction, up to 32 channels on
