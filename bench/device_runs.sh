@@ -6,6 +6,8 @@
 #                                       # GPU1: shim_policies (overhead, policies under a budget) + peer smoke
 #   bash bench/device_runs.sh offload   # GPU0: reference + transit policies; GPU1: the offloading peers
 #   bash bench/device_runs.sh offload-transit; bash bench/device_runs.sh offload-peers   # the same on one GPU
+#   bash bench/device_runs.sh verify | offload-fsdp | offload-peers-rest   # what the 2026-11-29 runs left
+# The wheels they need: bash bench/fetch_wheels.sh (then carry .whl).
 #
 # Single-GPU runs pin their host threads to separate halves of the cores so that the
 # CPU-side optimizers of the peers do not steal the transit runs' launch threads.
@@ -65,6 +67,24 @@ offload-peers)    # one GPU: the offloading peers (about 9 minutes)
     python3 bench/offload.py --set peers --gpu 0 --out "$OUT/offload_peers.json" --deadline 340 --timeout 150 \
         2>&1 | tee "$OUT/peers.log" | cut -c1-400
     ;;
+verify)           # one GPU, about 9 minutes: the GPU tests, planner calibration, TorchTitan,
+                  # and the harness's losses with deterministic kernels (math attention)
+    timeout 260 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 4
+    timeout 100 python3 bench/calibrate.py --measure --out "$OUT/calibration.json" > "$OUT/calibrate.log" 2>&1
+    python3 bench/calibrate.py --compare "$OUT/calibration.json"
+    timeout 150 python3 bench/torchtitan_check.py --steps 10 --out "$OUT/torchtitan.json" 2>&1 | tail -n 6
+    timeout 60 python3 bench/offload.py --set reference,off,advise --model=--deterministic --seq-len 2048 \
+        --accum 4 --steps 8 --warmup 3 --out "$OUT/offload_losses.json" > "$OUT/losses.log" 2>&1
+    python3 bench/offload.py --report "$OUT/offload_losses.json" | tail -n 8
+    ;;
+offload-fsdp)     # one GPU, about 8 minutes: FSDP2 CPU offload at the paper's ratio (35-40 s a step)
+    python3 bench/offload.py --set fsdp-cpu-offload --gpu 0 --accum 12 --steps 11 --warmup 1 --timeout 540 \
+        --out "$OUT/offload_fsdp.json" 2>&1 | tee "$OUT/fsdp.log" | cut -c1-400
+    ;;
+offload-peers-rest)  # one GPU, about 8 minutes: the peers at 1 and 3 microbatches
+    python3 bench/offload.py --set peers --gpu 0 --accum 1,3 --out "$OUT/offload_peers_rest.json" --deadline 420 \
+        --timeout 150 2>&1 | tee "$OUT/peers.log" | cut -c1-400
+    ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers" >&2; exit 2 ;;
+    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest" >&2; exit 2 ;;
 esac

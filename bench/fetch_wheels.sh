@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The Python packages the device machine lacks, fetched here into .whl/ (ignored by git,
+# carried to the device with `carry: [".whl"]`; bench/device_runs.sh installs them there).
+# Exact versions: the device image has Python 3.12 and torch 2.11; one version of each.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+get() {
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl "$@"
+}
+# the shim's control API (cffi bindings)
+get cffi==2.0.0 pycparser==3.12
+# DeepSpeed publishes only an sdist: build a pure-Python wheel (its ops JIT-compile there)
+if ! ls .whl/deepspeed-0.18.2-*.whl >/dev/null 2>&1; then
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --no-binary=:all: -d "$tmp" deepspeed==0.18.2
+    DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$tmp"/deepspeed-0.18.2.tar.gz
+fi
+get hjson==3.1.0 pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.8.0 typing-inspection==0.4.5
+# TorchTitan 0.3.0 and what it imports that the image lacks
+get torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 tyro==1.0.17 \
+    docstring-parser==0.18.0 typeguard==4.6.1 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
+ls .whl
