@@ -7,6 +7,7 @@
 #   bash bench/device_runs.sh offload   # GPU0: reference + transit policies; GPU1: the offloading peers
 #   bash bench/device_runs.sh offload-transit; bash bench/device_runs.sh offload-peers   # the same on one GPU
 #   bash bench/device_runs.sh verify | offload-fsdp | offload-peers-rest   # what the 2026-11-29 runs left
+#   bash bench/device_runs.sh multigpu   # issue 8, on nvidia-h200-x2 or larger
 # The wheels they need: bash bench/fetch_wheels.sh (then carry .whl).
 #
 # Single-GPU runs pin their host threads to separate halves of the cores so that the
@@ -85,6 +86,14 @@ offload-peers-rest)  # one GPU, about 8 minutes: the peers at 1 and 3 microbatch
     python3 bench/offload.py --set peers --gpu 0 --accum 1,3 --out "$OUT/offload_peers_rest.json" --deadline 420 \
         --timeout 150 2>&1 | tee "$OUT/peers.log" | cut -c1-400
     ;;
+multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets
+    n=$(nvidia-smi -L | wc -l)
+    timeout 300 python3 bench/scale_in.py --gpus "$n" --emulated-gpu 20GB --out "$OUT/scale_in.json" 2>&1 | tail -n 8
+    timeout 260 python3 bench/rho_layouts.py --device cuda --layouts "$n,$((n / 2)):advise:20GB" \
+        --bandwidths 10gbit,2gbit --model "--seq-len 4096" --global-batch "$n" --steps 6 --repeat 1 \
+        --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
+    ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest" >&2; exit 2 ;;
+    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|multigpu" >&2
+    exit 2 ;;
 esac

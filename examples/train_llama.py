@@ -59,6 +59,8 @@ def parse():
     p.add_argument("--zero", choices=("offload", "infinity"), default="offload",
                    help="offload: ZeRO-Offload (stage 2, optimizer on the CPU); infinity: ZeRO-Infinity "
                         "(stage 3, parameters and optimizer on the CPU)")
+    p.add_argument("--comm-profile", type=int, default=0, metavar="STEP",
+                   help="profile this step with torch.profiler and report the bytes its collectives moved")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels (memory-efficient attention, cuBLAS workspace config), for A/B runs")
     return p.parse_args()
@@ -133,6 +135,39 @@ def init_dist(device):
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def collective_bytes(prof):
+    """The collectives of one profiled step, from the c10d operator events the dispatcher
+    records for every backend (NCCL and gloo alike): {op: {calls, buffer_bytes}}, where a
+    call's buffer is its largest tensor argument (all-gather output, reduce-scatter input,
+    the all-reduced tensors)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as fh:
+            trace = json.load(fh)
+    width = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
+             "unsigned char": 1, "signed char": 1, "bool": 1}
+
+    def nbytes(dims, dtype):
+        if dims and isinstance(dims[0], list):  # a tensor list
+            return sum(nbytes(d, dtype) for d in dims)
+        return math.prod(dims) * width.get(dtype, 0) if dims else 0
+
+    out = {}
+    for ev in trace.get("traceEvents", []):
+        name, args = ev.get("name", ""), ev.get("args") or {}
+        if not name.startswith("c10d::") or "barrier" in name or "Input Dims" not in args:
+            continue
+        types = args.get("Input type", [])
+        sizes = [nbytes(d, types[i] if i < len(types) else "") for i, d in enumerate(args["Input Dims"])]
+        if types and types[0] == "TensorList":  # allreduce_ and friends do not name the dtype:
+            sizes[0] = nbytes(args["Input Dims"][0], "float")  # DDP reduces fp32 gradients
+        c = out.setdefault(name, {"calls": 0, "buffer_bytes": 0})
+        c["calls"] += 1
+        c["buffer_bytes"] += max(sizes, default=0)
+    return out
 
 
 def build_fsdp(a, model, device, world):
@@ -214,9 +249,14 @@ def main():
     gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
     tokens_per_step = a.batch * a.seq_len * a.accum
     times, losses = [], []
+    comm = None
     for step in range(1, a.steps + 1):
         micro = [torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=gen).to(device)
                  for _ in range(a.accum)]
+        prof = None
+        if step == a.comm_profile:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            prof.__enter__()
         t0 = time.perf_counter()
         total = 0.0
         for data in micro:
@@ -234,6 +274,9 @@ def main():
             opt.zero_grad(set_to_none=True)
         loss_v = (total / a.accum).item()  # synchronizes: the step's time is complete here
         dt = time.perf_counter() - t0
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            comm = collective_bytes(prof)
         times.append(dt)
         losses.append(loss_v)
         rec = {"step": step, "loss": loss_v, "step_time": dt, "t_end": time.time(),
@@ -257,6 +300,8 @@ def main():
             "grad_bytes": 4 * n_params, "broadcast_bytes": 4 * n_params + buffer_bytes,
             # peak resident host memory of this process (pinned buffers included once touched)
             "host_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+    if comm is not None:
+        summ["comm_profile"] = comm
     if device == "cuda":
         summ["max_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
         summ["max_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9

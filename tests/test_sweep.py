@@ -258,3 +258,38 @@ def test_sweep_caps_every_node_of_a_slurm_allocation(lab, pair, tmp_path):
     assert rep["rho"][0]["rho"] > 1.5 and not rep["restore_errors"]
     assert qdiscs(ns_a, "veth-a")[0]["kind"] == "noqueue" and qdiscs(ns_b, "veth-b")[0]["kind"] == "noqueue"
     assert not list(tmp_path.glob("netcap-*.json"))
+
+
+RANKS_SCRIPT = ROOT / "examples" / "netns_ranks.sh"
+
+
+def veth_tx_bytes(ns, dev):
+    out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", dev], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)[0]["stats64"]["tx"]["bytes"]
+
+
+@netns_only
+def test_ranks_behind_a_bridge_carry_the_allreduce(tmp_path):
+    """examples/netns_ranks.sh (issue 8's rho over several namespaces): three ranks, one per
+    namespace, joined by a bridge. The run completes; rank 0's profile of one step counts
+    DDP's gradient all-reduce as exactly 4 bytes x parameters; and every rank's veth sent at
+    least what any bandwidth-optimal all-reduce must send, 2 (d-1)/d of that buffer a step."""
+    env = dict(os.environ, PREFIX=f"tk{os.getpid() % 100000}", SUBNET="10.79.0")
+    subprocess.run(["bash", str(RANKS_SCRIPT), "teardown", "3"], env=env)
+    subprocess.run(["bash", str(RANKS_SCRIPT), "setup", "3"], env=env, check=True)
+    try:
+        ns = [f"{env['PREFIX']}{i}" for i in range(3)]
+        before = [veth_tx_bytes(n, f"veth{i}") for i, n in enumerate(ns)]
+        res = subprocess.run(["bash", str(RANKS_SCRIPT), "run", "3", "--dim", "128", "--layers", "2", "--heads", "4",
+                              "--kv-heads", "2", "--ffn", "256", "--vocab", "1024", "--seq-len", "32", "--steps", "3",
+                              "--comm-profile", "2"], capture_output=True, text=True, env=env, timeout=240)
+        assert res.returncode == 0, res.stderr[-2000:]
+        after = [veth_tx_bytes(n, f"veth{i}") for i, n in enumerate(ns)]
+    finally:
+        subprocess.run(["bash", str(RANKS_SCRIPT), "teardown", "3"], env=env)
+    summ = next(json.loads(line)["summary"] for line in res.stdout.splitlines() if line.startswith('{"summary'))
+    assert summ["world"] == 3
+    assert summ["comm_profile"]["c10d::allreduce_"]["buffer_bytes"] == 4 * summ["params"]
+    floor = 2 * (3 - 1) / 3 * 4 * summ["params"] * 3  # three steps
+    assert all(b - a >= floor for a, b in zip(before, after)), (before, after, floor)

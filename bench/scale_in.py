@@ -1,0 +1,129 @@
+"""Scale-in on one host (issue 8): the example trainer under FSDP2 and torchrun on N GPUs
+without offloading, and on N/2 GPUs under transit's advise policy, each GPU emulating a
+smaller one (TRANSIT_GPU_BUDGET = --emulated-gpu), with the same global batch (the N/2
+layout accumulates twice the microbatches).
+
+Reports per layout: per-GPU TFLOPS (model FLOPs, rank 0), the peak reserved memory and
+whether the N-GPU layout fits the emulated GPU without offloading, the bytes each GPU
+offloaded (shim stats, every rank), and the collective bytes each GPU sent in one step,
+measured (torch.profiler's record_param_comms events: ring traffic (d-1)/d x buffer) and
+predicted by the planner (transit_launch.traffic).
+
+    python3 bench/scale_in.py --gpus 2 --emulated-gpu 20GB --out bench/results/scale_in.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from transit_launch import units  # noqa: E402
+
+
+def card_and_layout(a, dp, accum):
+    from transit_launch import memory
+    from transit_launch.models import _card_from_dict
+    f = dict(zip(a.model.split()[::2], a.model.split()[1::2]))
+    g = lambda k, d: int(f.get(k, d))  # noqa: E731
+    dim, heads = g("--dim", 2048), g("--heads", 16)
+    card = _card_from_dict({"name": "trainer", "arch": {
+        "hidden": dim, "layers": g("--layers", 16), "heads": heads, "kv_heads": g("--kv-heads", 4),
+        "head_dim": dim // heads, "ffn": g("--ffn", 7168), "vocab": g("--vocab", 32000),
+        "tied_embeddings": False}}, "trainer flags")
+    return card, memory.Layout(dp=dp, local_batch=a.batch, seq_len=a.seq_len)
+
+
+def predicted_sent_bytes(a, dp, accum):
+    """Planner: bytes one GPU sends per step (its per-node tx+rx over 2 x GPUs, x microsteps)."""
+    from transit_launch import traffic
+    card, lay = card_and_layout(a, dp, accum)
+    t = traffic.per_node(card, lay, gpus_per_node=dp)
+    return (t.intra + t.inter) / 2 / dp * accum
+
+
+def measured_sent_bytes(comm, dp):
+    """Ring collectives: each rank sends (d-1)/d of the full buffer (all-gather output,
+    reduce-scatter input), an all-reduce twice that."""
+    total = 0.0
+    for name, c in (comm or {}).items():
+        factor = 2 if "allreduce" in name else 1
+        total += factor * (dp - 1) / dp * c["buffer_bytes"]
+    return total
+
+
+def run_layout(a, ngpus, accum, policy, budget):
+    stats = tempfile.mkdtemp(prefix="scale-in-")
+    trainer = ["torchrun", "--standalone", "--nproc-per-node", str(ngpus), str(ROOT / "examples" / "train_llama.py"),
+               *a.model.split(), "--seq-len", str(a.seq_len), "--batch", str(a.batch), "--accum", str(accum),
+               "--steps", str(a.steps), "--comm-profile", str(a.warmup + 1)]
+    cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats,
+           *(["--gpu-budget", str(budget)] if policy != "off" else []), "--", *trainer]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
+               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus)), PYTHONUNBUFFERED="1")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout, cwd=ROOT)
+    recs = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
+    summ = next((r["summary"] for r in recs if "summary" in r), {})
+    from transit_launch import run as runmod
+    st = runmod.read_stats(stats)
+    procs = runmod.summary(st)["processes"] if st else []
+    r = {"gpus": ngpus, "policy": policy, "budget_bytes": budget, "accum": accum, "rc": res.returncode,
+         "tflops_per_gpu": summ.get("tflops_per_gpu"), "median_step_s": summ.get("median_step_time"),
+         "max_reserved_gb": summ.get("max_reserved_gb"), "losses": summ.get("losses"),
+         "offloaded_gb_per_gpu": [p["host_placed_peak_gb"] for p in procs],
+         "placement_held": all(p["placement_held"] for p in procs) if procs else None,
+         "comm_profile_rank0": summ.get("comm_profile"),
+         "sent_gb_per_gpu_measured": measured_sent_bytes(summ.get("comm_profile"), ngpus) / 1e9,
+         "sent_gb_per_gpu_planner": predicted_sent_bytes(a, ngpus, accum) / 1e9}
+    if res.returncode:
+        r["stderr_tail"] = res.stderr[-2500:]
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=2, help="N: the full layout's GPUs (N/2 for the scaled-in one)")
+    ap.add_argument("--emulated-gpu", default="20GB", help="the smaller GPU each H200 plays (TRANSIT_GPU_BUDGET)")
+    ap.add_argument("--model", default="", help="trainer model flags (default: its 1.0 B-parameter model)")
+    ap.add_argument("--seq-len", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--accum", type=int, default=1, help="microbatches per step in the full layout")
+    ap.add_argument("--steps", type=int, default=13)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale_in.json"))
+    a = ap.parse_args()
+    if a.gpus < 2 or a.gpus % 2:
+        print("scale_in: --gpus must be even and at least 2", file=sys.stderr)
+        return 2
+    budget = units.parse_size(a.emulated_gpu)
+    full = run_layout(a, a.gpus, a.accum, "off", budget)
+    full["fits_emulated_gpu"] = bool(full["max_reserved_gb"]) and full["max_reserved_gb"] * 1e9 <= budget
+    half = run_layout(a, a.gpus // 2, 2 * a.accum, "advise", budget)
+    if full.get("tflops_per_gpu") and half.get("tflops_per_gpu"):
+        half["pct_of_full_per_gpu"] = 100 * half["tflops_per_gpu"] / full["tflops_per_gpu"]
+    result = {"command": " ".join(sys.argv), "emulated_gpu_bytes": budget, "full": full, "scaled_in": half}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    print(f"{'layout':<22} {'rc':>3} {'TFLOPS/GPU':>10} {'reserved GB':>11} {'offloaded GB/GPU':>17} "
+          f"{'sent GB/GPU/step (measured, planner)':>36}")
+    for name, r in (("full", full), ("scaled-in (advise)", half)):
+        off = ",".join(f"{x:.1f}" for x in r["offloaded_gb_per_gpu"]) or "-"
+        print(f"{name + ' ' + str(r['gpus']) + ' GPUs':<22} {r['rc']:>3} {r['tflops_per_gpu'] or 0:>10.1f} "
+              f"{r['max_reserved_gb'] or 0:>11.2f} {off:>17} "
+              f"{r['sent_gb_per_gpu_measured']:>17.2f}, {r['sent_gb_per_gpu_planner']:.2f}")
+        if r["rc"]:
+            print(r.get("stderr_tail", "")[-600:], file=sys.stderr)
+    if "pct_of_full_per_gpu" in half:
+        print(f"scaled-in per-GPU TFLOPS: {half['pct_of_full_per_gpu']:.1f}% of the full layout's "
+              f"(the paper keeps > 90% at half the GPUs); full layout fits the emulated GPU: {full['fits_emulated_gpu']}")
+    return 0 if full["rc"] == 0 and half["rc"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
