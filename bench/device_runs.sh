@@ -68,23 +68,25 @@ offload-peers)    # one GPU: the offloading peers (about 9 minutes)
     python3 bench/offload.py --set peers --gpu 0 --out "$OUT/offload_peers.json" --deadline 340 --timeout 150 \
         2>&1 | tee "$OUT/peers.log" | cut -c1-400
     ;;
-verify)           # one GPU, about 9 minutes: the GPU tests, planner calibration, TorchTitan,
-                  # and the harness's losses with deterministic kernels (math attention)
-    timeout 260 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 4
+verify)           # one GPU, about 9 minutes: the GPU tests, planner calibration, base under a budget
+    timeout 220 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 4
     timeout 100 python3 bench/calibrate.py --measure --out "$OUT/calibration.json" > "$OUT/calibrate.log" 2>&1
     python3 bench/calibrate.py --compare "$OUT/calibration.json"
-    timeout 150 python3 bench/torchtitan_check.py --steps 10 --out "$OUT/torchtitan.json" 2>&1 | tail -n 6
-    timeout 60 python3 bench/offload.py --set reference,off,advise --model=--deterministic --seq-len 2048 \
-        --accum 4 --steps 8 --warmup 3 --out "$OUT/offload_losses.json" > "$OUT/losses.log" 2>&1
-    python3 bench/offload.py --report "$OUT/offload_losses.json" | tail -n 8
+    timeout 190 python3 bench/shim_policies.py --only reference,base-budget --timeout 140 \
+        --out "$OUT/base_budget.json" 2>&1 | tail -n 4
     ;;
 offload-fsdp)     # one GPU, about 8 minutes: FSDP2 CPU offload at the paper's ratio (35-40 s a step)
     python3 bench/offload.py --set fsdp-cpu-offload --gpu 0 --accum 12 --steps 11 --warmup 1 --timeout 540 \
         --out "$OUT/offload_fsdp.json" 2>&1 | tee "$OUT/fsdp.log" | cut -c1-400
     ;;
-offload-peers-rest)  # one GPU, about 8 minutes: the peers at 1 and 3 microbatches
-    python3 bench/offload.py --set peers --gpu 0 --accum 1,3 --out "$OUT/offload_peers_rest.json" --deadline 420 \
-        --timeout 150 2>&1 | tee "$OUT/peers.log" | cut -c1-400
+offload-peers-rest)  # one GPU, about 9 minutes: the peers at 1 and 3 microbatches, TorchTitan under
+                     # the shim, the gate's losses with deterministic kernels (math attention)
+    python3 bench/offload.py --set peers --gpu 0 --accum 1,3 --out "$OUT/offload_peers_rest.json" --deadline 250 \
+        --timeout 120 2>&1 | tee "$OUT/peers.log" | cut -c1-400
+    timeout 150 python3 bench/torchtitan_check.py --steps 10 --out "$OUT/torchtitan.json" 2>&1 | tail -n 6
+    timeout 60 python3 bench/offload.py --set reference,off,advise --model=--deterministic --seq-len 2048 \
+        --accum 4 --steps 8 --warmup 3 --out "$OUT/offload_losses.json" > "$OUT/losses.log" 2>&1
+    python3 bench/offload.py --report "$OUT/offload_losses.json" | tail -n 8
     ;;
 multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets
     n=$(nvidia-smi -L | wc -l)
