@@ -151,6 +151,23 @@ def test_prefetch_replay_window_keeps_budget(built, tmp_path):
     assert s["prefetch_calls"] == 6 and s["replay_positions"] == 2 and s["iteration_source"] == "adapter"
 
 
+def test_replay_ranges_never_span_two_allocations(built, tmp_path):
+    """Two recorded ranges closer than TRANSIT_MERGE_GAP but in different allocations (the
+    end of p, the start of q right after it) stay two prefetches: on a GPU the gap between
+    allocations need not be managed memory, and one prefetch over both failed there."""
+    gib = 1 << 30  # a multiple of the fake's 2 MiB alignment: q starts where p ends
+    res, out, calls = run(built, "loop", 2, 20, 2 * gib, "adapter", "replay", "straddle", policy="prefetch",
+                          env={"TRANSIT_GPU_BUDGET": "3GB"})
+    assert res.returncode == 0, res.stderr
+    p, q = int(out["p"], 16), int(out["q"], 16)
+    assert q == p + 2 * gib  # adjacent, as the test means
+    mb = 1 << 20
+    pre = [c for c in calls if c.startswith("cudaMemPrefetchAsync") and f" {LOC_DEVICE} 0 " in c]
+    assert f"cudaMemPrefetchAsync 0x{p + 2 * gib - mb:x} {mb} {LOC_DEVICE} 0 (nil)" in pre
+    assert f"cudaMemPrefetchAsync 0x{q:x} {mb} {LOC_DEVICE} 0 (nil)" in pre
+    assert not any(c.startswith(f"cudaMemPrefetchAsync 0x{p + 2 * gib - mb:x} {2 * mb} ") for c in calls)
+
+
 def test_failed_prefetch_leaves_no_error_for_the_application(built, tmp_path):
     """A prefetch of the shim's that fails (on the H200: a replayed range over memory that
     was no longer managed) must not surface as the application's error after its next

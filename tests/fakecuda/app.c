@@ -80,10 +80,11 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "loop")) {
         int iters = atoi(argv[2]), launches = atoi(argv[3]);
         size_t size = strtoull(argv[4], NULL, 10);
-        int adapter = 0, replay = 0;
+        int adapter = 0, replay = 0, straddle = 0;
         for (int i = 5; i < argc; i++) {
             adapter |= !strcmp(argv[i], "adapter");
             replay |= !strcmp(argv[i], "replay");
+            straddle |= !strcmp(argv[i], "straddle");
         }
         int (*iteration)(void) = (int (*)(void))api("transit_iteration");
         void *p, *q;
@@ -96,6 +97,10 @@ int main(int argc, char **argv)
             add(5, (uintptr_t)q, 768u << 20);
             add(10, (uintptr_t)q + (1u << 30), 256u << 20);
             add(10, (uintptr_t)q + (1u << 30) + (256u << 20) + 4096, 256u << 20); /* merged: gap < 128 KB */
+            if (straddle) { /* the last MB of p and the first of q, which follows it: not one range */
+                add(7, (uintptr_t)p + size - (1u << 20), 1u << 20);
+                add(7, (uintptr_t)q, 1u << 20);
+            }
             finish();
         }
         for (int it = 0; it < iters; it++) {
