@@ -151,7 +151,9 @@ def run_one(a, name, accum, budget, meter):
             r["shim"] = {k: s.get(k) for k in ("device_placed_peak_bytes", "host_placed_peak_bytes", "htod_bytes",
                                                "dtoh_bytes", "page_faults", "prefetch_bytes", "evict_bytes",
                                                "cold_hint_bytes", "zero_copy_mapped_peak_bytes", "managed_peak_bytes",
-                                               "gpu_resident_peak_bytes")}
+                                               "gpu_resident_peak_bytes", "cuda_malloc_calls", "cuda_free_calls",
+                                               "managed_allocs", "evict_calls", "prefetch_calls", "hint_errors",
+                                               "iterations", "iteration_ms")}
     if rc != 0:
         r["stderr_tail"] = err[-2500:]
     return r
