@@ -7,7 +7,9 @@ and without the shim, and the losses must match.
    not the console's rounded ones);
 2. the same command under `transit-launch run --policy advise --gpu-budget B`, B = a
    fraction (default half) of the reference's peak reserved memory;
-3. compare: relative loss difference per step (target <= 1e-6), the shim's stats.
+3. compare: relative loss difference per step (target <= 1e-6), the shim's stats;
+4. TorchTitan's own FSDP2 CPU offload (--training.enable-cpu-offload) for its TFLOPS (the
+   debug model is tiny: a correctness check first, its speeds are not the gate's).
 
     python3 bench/torchtitan_check.py --out bench/results/torchtitan.json   # on a GPU
 """
@@ -36,13 +38,13 @@ def read_scalars(tb_dir):
     return out
 
 
-def titan(a, assets, dump, policy=None, budget=None, stats=None):
+def titan(a, assets, dump, policy=None, budget=None, stats=None, extra=()):
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "1", "-m", "torchtitan.train", "--module", "llama3",
            "--config", "llama3_debugmodel", "--hf-assets-path", f"{assets}/tokenizer", "--dataloader.dataset",
            "c4_test", "--dataloader.dataset-path", f"{assets}/c4_synthetic", "--training.steps", str(a.steps),
            "--checkpoint.no-enable", "--validator.no-enable", "--debug.seed", "0", "--debug.deterministic",
            "--metrics.log-freq", "1", "--metrics.enable-tensorboard", "--metrics.disable-color-printing",
-           "--dump-folder", dump]
+           "--dump-folder", dump, *extra]
     if policy:
         cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats,
                *(["--gpu-budget", str(budget)] if budget else []), "--", *cmd]
@@ -52,7 +54,9 @@ def titan(a, assets, dump, policy=None, budget=None, stats=None):
     scalars = read_scalars(dump)
     loss_tag = next((t for t in scalars if "loss" in t and "avg" in t), next((t for t in scalars if "loss" in t), None))
     mem_tag = next((t for t in scalars if "max_reserved(GiB)" in t), None)
+    tflops = [v for k, v in sorted(scalars.get("tflops", {}).items()) if k > 2]  # after warm-up
     return {"rc": res.returncode, "losses": [scalars[loss_tag][k] for k in sorted(scalars[loss_tag])] if loss_tag else [],
+            "tflops_median": sorted(tflops)[len(tflops) // 2] if tflops else None,
             "loss_tag": loss_tag, "max_reserved_gib": max(scalars[mem_tag].values()) if mem_tag else None,
             "summary_tail": res.stdout[-1500:], "stderr_tail": res.stderr[-3000:] if res.returncode else ""}
 
@@ -79,13 +83,17 @@ def main():
                    max_rel_loss_diff=max((abs(x - y) / abs(y) for x, y in zip(run["losses"][:n], ref["losses"][:n])),
                                          default=None), compared_steps=n)
         result["advise"] = run
+        # TorchTitan's own answer to the same budget: FSDP2 CPU offload (what the paper compares)
+        off = titan(a, work / "assets", str(work / "cpu-offload"), extra=("--training.enable-cpu-offload",))
+        result["torchtitan-cpu-offload"] = off
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
-    for k in ("reference", "advise"):
+    for k in ("reference", "advise", "torchtitan-cpu-offload"):
         r = result.get(k)
         if r:
             print(k, "rc", r["rc"], "steps", len(r["losses"]), "max_reserved_gib", r["max_reserved_gib"],
-                  "max_rel_loss_diff", r.get("max_rel_loss_diff"), (r["stderr_tail"] or "")[-800:])
+                  "tflops", r["tflops_median"], "max_rel_loss_diff", r.get("max_rel_loss_diff"),
+                  (r["stderr_tail"] or "")[-800:])
     return 0 if result.get("advise", {}).get("rc") == 0 else 1
 
 
