@@ -81,9 +81,9 @@ offload-fsdp)     # one GPU, about 8 minutes: FSDP2 CPU offload at the paper's r
     ;;
 offload-peers-rest)  # one GPU, about 9 minutes: the peers at 1 and 3 microbatches, TorchTitan under
                      # the shim, the gate's losses with deterministic kernels (math attention)
-    python3 bench/offload.py --set peers --gpu 0 --accum 1,3 --out "$OUT/offload_peers_rest.json" --deadline 250 \
+    python3 bench/offload.py --set peers --gpu 0 --accum 1,3 --out "$OUT/offload_peers_rest.json" --deadline 200 \
         --timeout 120 2>&1 | tee "$OUT/peers.log" | cut -c1-400
-    timeout 150 python3 bench/torchtitan_check.py --steps 10 --out "$OUT/torchtitan.json" 2>&1 | tail -n 6
+    timeout 220 python3 bench/torchtitan_check.py --steps 10 --out "$OUT/torchtitan.json" 2>&1 | tail -n 6
     timeout 60 python3 bench/offload.py --set reference,off,advise --model=--deterministic --seq-len 2048 \
         --accum 4 --steps 8 --warmup 3 --out "$OUT/offload_losses.json" > "$OUT/losses.log" 2>&1
     python3 bench/offload.py --report "$OUT/offload_losses.json" | tail -n 8
