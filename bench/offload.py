@@ -103,7 +103,7 @@ def run_one(a, name, accum, budget, meter):
         cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats_dir,
                *(["--gpu-budget", str(budget)] if policy != "off" else []), "--", *trainer]
     else:
-        cmd = trainer + PEERS.get(name.rsplit("-", 1)[0] if name.endswith("-2") else name, [])
+        cmd = trainer + PEERS.get(name, [])
     env = dict(os.environ, **MULTICAST_OFF, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu),
                PYTHONUNBUFFERED="1")
     pin = None
@@ -193,26 +193,25 @@ def measure(a):
     plan = [(acc, n) for acc in points for n in names if n not in ("base", "prefetch")]
     plan += [(acc, n) for acc in points for n in names if n in ("base", "prefetch") and acc in slow]
     for accum, name in plan:
-        if True:
-            if name == "off" and accum != min(points):
-                continue  # pass-through overhead: without memory pressure, one point is enough
-            if a.deadline and time.time() - t_start > a.deadline:
-                print(f"deadline: skipping {name} at accum {accum}", file=sys.stderr)
-                continue
-            budget = results["budget_bytes"]
-            if name in ("base", "prefetch", "advise") and not budget:
-                print("no budget: run the reference first or pass --budget", file=sys.stderr)
-                continue
-            r = run_one(a, name, accum, budget, meter)
-            if name == "reference" and not results["budget_bytes"] and r.get("max_reserved_gb"):
-                # the optimizer states cannot stay: the reference's peak minus the AdamW bytes
-                results["budget_bytes"] = int(r["max_reserved_gb"] * 1e9 - 8 * r["params"])
-            results["runs"].append(r)
-            print(json.dumps({k: v for k, v in r.items() if k not in ("losses", "step_times", "stderr_tail")}),
-                  flush=True)
-            if r["rc"] != 0:
-                print(r.get("stderr_tail", "")[-800:], file=sys.stderr, flush=True)
-            out.write_text(json.dumps(results, indent=1))
+        if name == "off" and accum != min(points):
+            continue  # pass-through overhead: without memory pressure, one point is enough
+        if a.deadline and time.time() - t_start > a.deadline:
+            print(f"deadline: skipping {name} at accum {accum}", file=sys.stderr)
+            continue
+        budget = results["budget_bytes"]
+        if name in ("base", "prefetch", "advise") and not budget:
+            print("no budget: run the reference first or pass --budget", file=sys.stderr)
+            continue
+        r = run_one(a, name, accum, budget, meter)
+        if name == "reference" and not results["budget_bytes"] and r.get("max_reserved_gb"):
+            # the optimizer states cannot stay: the reference's peak minus the AdamW bytes
+            results["budget_bytes"] = int(r["max_reserved_gb"] * 1e9 - 8 * r["params"])
+        results["runs"].append(r)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("losses", "step_times", "stderr_tail")}),
+              flush=True)
+        if r["rc"] != 0:
+            print(r.get("stderr_tail", "")[-800:], file=sys.stderr, flush=True)
+        out.write_text(json.dumps(results, indent=1))
     if meter:
         meter.stop.set()
     return results
