@@ -12,13 +12,10 @@ estimate (total - CUDA_CONTEXT_BYTES - NCCL) and max_memory_reserved. Target: wi
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, TRAINER, env, trainer_card, trainer_flags, trainer_records
 
 # name: trainer flags (model, sequence, microbatch, recompute)
 CONFIGS = {
@@ -31,41 +28,20 @@ CONFIGS = {
     "0.2B vocab128K s4096 b4 recompute": "--dim 512 --layers 8 --heads 8 --kv-heads 4 --ffn 1536 --vocab 128256 "
                                          "--seq-len 4096 --batch 4",
 }
-DEFAULTS = {"dim": 2048, "layers": 16, "heads": 16, "kv-heads": 4, "ffn": 7168, "vocab": 32000, "seq-len": 2048,
-            "batch": 2}
-
-
-def flags(spec):
-    d, it = dict(DEFAULTS), iter(spec.split())
-    d["recompute"] = "full"
-    for tok in it:
-        if tok == "--no-recompute":
-            d["recompute"] = "none"
-        else:
-            d[tok[2:]] = int(next(it))
-    return d
-
-
 def predict(spec):
     from transit_launch import memory
-    from transit_launch.models import _card_from_dict
-    f = flags(spec)
-    card = _card_from_dict({"name": "trainer", "arch": {
-        "hidden": f["dim"], "layers": f["layers"], "heads": f["heads"], "kv_heads": f["kv-heads"],
-        "head_dim": f["dim"] // f["heads"], "ffn": f["ffn"], "vocab": f["vocab"], "tied_embeddings": False}},
-        "trainer flags")
+    f = trainer_flags(spec)
     lay = memory.Layout(dp=1, local_batch=f["batch"], seq_len=f["seq-len"], recompute=f["recompute"])
-    est = memory.estimate(card, lay)
+    est = memory.estimate(trainer_card(f), lay)
     return est, est.total - memory.CUDA_CONTEXT_BYTES - est.comm
 
 
 def measure(out):
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     runs = []
     for name, spec in CONFIGS.items():
-        cmd = [sys.executable, str(ROOT / "examples" / "train_llama.py"), "--steps", "4", *spec.split()]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        summ = next((json.loads(l)["summary"] for l in res.stdout.splitlines() if l.startswith('{"summary')), None)
+        res = subprocess.run([*TRAINER, "--steps", "4", *spec.split()], capture_output=True, text=True, env=env(),
+                             timeout=300)
+        _, summ = trainer_records(res.stdout)
         runs.append({"name": name, "flags": spec, "rc": res.returncode, "summary": summ,
                      "stderr_tail": res.stderr[-1500:] if res.returncode else ""})
         print(name, res.returncode, summ and summ["max_reserved_gb"], flush=True)

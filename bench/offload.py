@@ -22,18 +22,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, TRAINER, env, run, trainer_records, transit
 
 PAPER_RATIO = 26e9 / (6 * 70.55e9 * 8192)  # bytes offloaded per model FLOP per GPU: Llama3-70B, 16 GPUs
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TRANSIT = ("off", "base", "prefetch", "advise")
 PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "deepspeed", "--zero", "offload"],
          "zero-infinity": ["--engine", "deepspeed", "--zero", "infinity"]}
@@ -95,34 +92,23 @@ class GpuMeter(threading.Thread):
 
 
 def run_one(a, name, accum, budget, meter):
-    trainer = [sys.executable, str(ROOT / "examples" / "train_llama.py"), *a.model.split(), "--seq-len",
-               str(a.seq_len), "--batch", str(a.batch), "--accum", str(accum), "--steps", str(a.steps)]
+    trainer = [*TRAINER, *a.model.split(), "--seq-len", str(a.seq_len), "--batch", str(a.batch), "--accum",
+               str(accum), "--steps", str(a.steps)]
     stats_dir = tempfile.mkdtemp(prefix="tr-")
     policy = name.split("-")[0] if name.split("-")[0] in TRANSIT else None
     if policy:
-        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats_dir,
-               *(["--gpu-budget", str(budget)] if policy != "off" else []), "--", *trainer]
+        cmd = transit(policy, trainer, stats_dir, budget if policy != "off" else None)
     else:
         cmd = trainer + PEERS.get(name, [])
-    env = dict(os.environ, **MULTICAST_OFF, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu),
-               PYTHONUNBUFFERED="1")
     pin = None
     if a.cpus:
         lo, _, hi = a.cpus.partition("-")
         cores = set(range(int(lo), int(hi or lo) + 1))
         pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
     t0 = time.time()
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout, cwd=ROOT,
-                             preexec_fn=pin)
-        out, err, rc = res.stdout, res.stderr, res.returncode
-    except subprocess.TimeoutExpired as e:
-        def text(b):
-            return b.decode() if isinstance(b, bytes) else (b or "")
-        out, err, rc = text(e.stdout), text(e.stderr), "timeout"
-    recs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    steps = [r for r in recs if "step" in r]
-    summ = next((r["summary"] for r in recs if "summary" in r), {})
+    out, err, rc = run(cmd, env(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu)), a.timeout, pin)
+    steps, summ = trainer_records(out)
+    summ = summ or {}
     r = {"name": name, "accum": accum, "policy": policy or "none", "rc": rc, "wall_s": round(time.time() - t0, 1),
          "budget_bytes": budget if policy and policy != "off" else None,
          "losses": [s["loss"] for s in steps], "step_times": [s["step_time"] for s in steps]}

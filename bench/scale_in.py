@@ -14,36 +14,20 @@ predicted by the planner (transit_launch.traffic).
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from transit_launch import units  # noqa: E402
-
-
-def card_and_layout(a, dp, accum):
-    from transit_launch import memory
-    from transit_launch.models import _card_from_dict
-    f = dict(zip(a.model.split()[::2], a.model.split()[1::2]))
-    g = lambda k, d: int(f.get(k, d))  # noqa: E731
-    dim, heads = g("--dim", 2048), g("--heads", 16)
-    card = _card_from_dict({"name": "trainer", "arch": {
-        "hidden": dim, "layers": g("--layers", 16), "heads": heads, "kv_heads": g("--kv-heads", 4),
-        "head_dim": dim // heads, "ffn": g("--ffn", 7168), "vocab": g("--vocab", 32000),
-        "tied_embeddings": False}}, "trainer flags")
-    return card, memory.Layout(dp=dp, local_batch=a.batch, seq_len=a.seq_len)
+from common import ROOT, env, run, trainer_card, trainer_flags, trainer_records, transit
+from transit_launch import units
 
 
 def predicted_sent_bytes(a, dp, accum):
     """Planner: bytes one GPU sends per step (its per-node tx+rx over 2 x GPUs, x microsteps)."""
-    from transit_launch import traffic
-    card, lay = card_and_layout(a, dp, accum)
-    t = traffic.per_node(card, lay, gpus_per_node=dp)
+    from transit_launch import memory, traffic
+    f = trainer_flags(a.model)
+    lay = memory.Layout(dp=dp, local_batch=a.batch, seq_len=a.seq_len, recompute=f["recompute"])
+    t = traffic.per_node(trainer_card(f), lay, gpus_per_node=dp)
     return (t.intra + t.inter) / 2 / dp * accum
 
 
@@ -62,17 +46,14 @@ def run_layout(a, ngpus, accum, policy, budget):
     trainer = ["torchrun", "--standalone", "--nproc-per-node", str(ngpus), str(ROOT / "examples" / "train_llama.py"),
                *a.model.split(), "--seq-len", str(a.seq_len), "--batch", str(a.batch), "--accum", str(accum),
                "--steps", str(a.steps), "--comm-profile", str(a.warmup + 1)]
-    cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats,
-           *(["--gpu-budget", str(budget)] if policy != "off" else []), "--", *trainer]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus)), PYTHONUNBUFFERED="1")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout, cwd=ROOT)
-    recs = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
-    summ = next((r["summary"] for r in recs if "summary" in r), {})
+    cmd = transit(policy, trainer, stats, budget if policy != "off" else None)
+    out, err, rc = run(cmd, env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus))), a.timeout)
+    _, summ = trainer_records(out)
+    summ = summ or {}
     from transit_launch import run as runmod
     st = runmod.read_stats(stats)
     procs = runmod.summary(st)["processes"] if st else []
-    r = {"gpus": ngpus, "policy": policy, "budget_bytes": budget, "accum": accum, "rc": res.returncode,
+    r = {"gpus": ngpus, "policy": policy, "budget_bytes": budget, "accum": accum, "rc": rc,
          "tflops_per_gpu": summ.get("tflops_per_gpu"), "median_step_s": summ.get("median_step_time"),
          "max_reserved_gb": summ.get("max_reserved_gb"), "losses": summ.get("losses"),
          "offloaded_gb_per_gpu": [p["host_placed_peak_gb"] for p in procs],
@@ -80,8 +61,8 @@ def run_layout(a, ngpus, accum, policy, budget):
          "comm_profile_rank0": summ.get("comm_profile"),
          "sent_gb_per_gpu_measured": measured_sent_bytes(summ.get("comm_profile"), ngpus) / 1e9,
          "sent_gb_per_gpu_planner": predicted_sent_bytes(a, ngpus, accum) / 1e9}
-    if res.returncode:
-        r["stderr_tail"] = res.stderr[-2500:]
+    if rc:
+        r["stderr_tail"] = err[-2500:]
     return r
 
 

@@ -13,16 +13,13 @@ after the third), per GPU. Losses are compared to the reference step by step.
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from transit_launch import run as runmod  # noqa: E402
+from common import ROOT, TRAINER as TRAINER_CMD, env, run, trainer_records, transit
+from transit_launch import run as runmod
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "shim_policies.json"))
@@ -36,9 +33,8 @@ ap.add_argument("--deterministic", action="store_true",
                 help="math attention and deterministic kernels: exact loss comparison, much slower")
 a = ap.parse_args()
 
-TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py"), *a.model.split(),
-           "--seq-len", str(a.seq_len), "--batch", str(a.batch), *(["--deterministic"] if a.deterministic else [])]
-ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+TRAINER = [*TRAINER_CMD, *a.model.split(), "--seq-len", str(a.seq_len), "--batch", str(a.batch),
+           *(["--deterministic"] if a.deterministic else [])]
 results = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "trainer": TRAINER[1:], "runs": []}
 
 
@@ -48,18 +44,10 @@ def go(name, policy=None, budget=None, steps=None, timeout=None):
     stats_dir = tempfile.mkdtemp(prefix="tr-")
     cmd = TRAINER + ["--steps", str(steps or a.steps)]
     if policy:
-        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats_dir,
-               *(["--gpu-budget", str(budget)] if budget else []), "--", *cmd]
+        cmd = transit(policy, cmd, stats_dir, budget)
     t0 = time.time()
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout or a.timeout, cwd=ROOT)
-        out, rc = res.stdout, res.returncode
-        err = res.stderr
-    except subprocess.TimeoutExpired as e:
-        out, rc, err = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", ""
-    recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-    steps_r = [r for r in recs if "step" in r]
-    summ = next((r["summary"] for r in recs if "summary" in r), None)
+    out, err, rc = run(cmd, env(), timeout or a.timeout)
+    steps_r, summ = trainer_records(out)
     stats = runmod.read_stats(stats_dir)
     r = {"name": name, "policy": policy or "none", "budget_bytes": budget, "rc": rc, "wall_s": round(time.time() - t0, 1),
          "losses": [s["loss"] for s in steps_r], "step_times": [s["step_time"] for s in steps_r]}

@@ -23,8 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, env, transit
 
 
 def read_scalars(tb_dir):
@@ -46,11 +45,8 @@ def titan(a, assets, dump, policy=None, budget=None, stats=None, extra=()):
            "--metrics.log-freq", "1", "--metrics.enable-tensorboard", "--metrics.disable-color-printing",
            "--dump-folder", dump, *extra]
     if policy:
-        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", stats,
-               *(["--gpu-budget", str(budget)] if budget else []), "--", *cmd]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               PYTHONUNBUFFERED="1")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout, cwd=ROOT)
+        cmd = transit(policy, cmd, stats, budget)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=a.timeout, cwd=ROOT)
     scalars = read_scalars(dump)
     loss_tag = next((t for t in scalars if "loss" in t and "avg" in t), next((t for t in scalars if "loss" in t), None))
     mem_tag = next((t for t in scalars if "max_reserved(GiB)" in t), None)

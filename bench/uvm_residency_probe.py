@@ -14,49 +14,46 @@ If that succeeds while the trainer keeps stepping, the budget held physically.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, TRAINER, env, trainer_records, transit
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "uvm_probe.json"))
 ap.add_argument("--margin-gb", type=float, default=3.0)
 a = ap.parse_args()
-ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-           PYTHONUNBUFFERED="1")
-TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py")]
+ENV = env()
 FREE = "import torch; f, t = torch.cuda.mem_get_info(); print(f, t)"
 
 free0, total = map(int, subprocess.run([sys.executable, "-c", FREE], capture_output=True, text=True, env=ENV,
                                        check=True).stdout.split())
 ref = subprocess.run(TRAINER + ["--steps", "6"], capture_output=True, text=True, env=ENV, check=True).stdout
-peak = json.loads(ref.splitlines()[-1])["summary"]["max_reserved_gb"] * 1e9
+peak = trainer_records(ref)[1]["max_reserved_gb"] * 1e9
 budget = int(peak / 2)
-proc = subprocess.Popen([sys.executable, "-m", "transit_launch", "run", "--policy", "advise", "--gpu-budget",
-                         str(budget), "--", *TRAINER, "--steps", "400"], stdout=subprocess.PIPE, text=True, env=ENV,
-                        cwd=ROOT)
-steps = []
-while len(steps) < 12:
-    line = proc.stdout.readline()
-    if not line:
-        break
-    if line.startswith('{"step"'):
-        steps.append(json.loads(line))
+proc = subprocess.Popen(transit("advise", [*TRAINER, "--steps", "400"], budget=budget), stdout=subprocess.PIPE,
+                        text=True, env=ENV, cwd=ROOT)
+
+
+def next_steps(n):
+    """The trainer's next n step records (fewer if it ends)."""
+    out = []
+    while len(out) < n:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith('{"step"'):
+            out.append(json.loads(line))
+    return out
+
+
+steps = next_steps(12)
 rest = int(free0 - budget - a.margin_gb * 1e9)
 probe = (f"import torch, time; x = torch.empty({rest}, dtype=torch.uint8, device='cuda'); x.fill_(1); "
          "torch.cuda.synchronize(); time.sleep(5); print('ok', torch.cuda.mem_get_info()[0])")
-t0 = time.time()
 res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=ENV)
-after = []
-while len(after) < 8:
-    line = proc.stdout.readline()
-    if not line:
-        break
-    if line.startswith('{"step"'):
-        after.append(json.loads(line))
+after = next_steps(8)
 proc.terminate()
 proc.wait(60)
 result = {

@@ -12,6 +12,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import calibrate  # noqa: E402
+import common  # noqa: E402
 
 MEASURED = ROOT / "bench" / "results" / "calibration_2026-11-29.json"
 # Measured before the trainer's RMSNorm became nn.RMSNorm (TorchTitan's): the old norm kept
@@ -34,8 +35,8 @@ def test_planner_within_ten_percent_of_measured_peak(run):
 def test_enough_calibration_points():
     ok = [r for r in runs() if r["name"] not in STALE]
     assert len(ok) >= 4
-    assert {"none", "full"} <= {calibrate.flags(r["flags"])["recompute"] for r in ok}
-    assert len({calibrate.flags(r["flags"])["seq-len"] for r in ok}) >= 2
+    assert {"none", "full"} <= {common.trainer_flags(r["flags"])["recompute"] for r in ok}
+    assert len({common.trainer_flags(r["flags"])["seq-len"] for r in ok}) >= 2
 
 
 def test_offload_gate_report_from_recorded_runs(tmp_path):

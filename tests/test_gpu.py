@@ -5,8 +5,6 @@ steps under every policy, with and without a GPU budget of half its peak; losses
 equal the run without the shim (relative difference <= 1e-6), the stats must show the
 budget held, and advise must have placed the optimizer states on the host."""
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,34 +14,25 @@ import pytest
 from transit_launch import inject
 from transit_launch import run as runmod
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from common import ROOT, env, trainer_records, transit  # noqa: E402
+
 torch = pytest.importorskip("torch", reason="needs PyTorch with CUDA (a GPU machine)")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
               pytest.mark.skipif(inject.shim_path() is None, reason="libtransit.so is not built here")]
 
-ROOT = Path(__file__).resolve().parent.parent
 # 200 M parameters, 1K tokens a step: model states (3.2 GB) dominate, as in LLM training.
 TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py"), "--steps", "20", "--deterministic",
            "--dim", "1024", "--layers", "16", "--ffn", "2816", "--vocab", "8192", "--seq-len", "512", "--batch", "2"]
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-def trainer_records(stdout):
-    recs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    return [r for r in recs if "step" in r], next(r["summary"] for r in recs if "summary" in r)
 
 
 def run_trainer(tmp_path, policy=None, budget=None):
-    env = dict(os.environ, **MULTICAST_OFF)
-    if policy is None:
-        cmd = TRAINER
-    else:
-        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", policy, "--stats", str(tmp_path)]
-        cmd += ["--gpu-budget", str(budget)] if budget else []
-        cmd += ["--", *TRAINER]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    cmd = TRAINER if policy is None else transit(policy, TRAINER, str(tmp_path), budget)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     steps, summary = trainer_records(res.stdout)
+    assert summary is not None, res.stdout[-2000:]
     stats = runmod.read_stats(str(tmp_path)) if policy else []
     return steps, summary, stats, res.stderr
 

@@ -17,8 +17,10 @@ POLICIES = ("off", "base", "prefetch", "advise")
 # would see nothing: force the native caching allocator without expandable segments.
 # PYTORCH_CUDA_ALLOC_CONF is the name PyTorch < 2.9 reads.
 ALLOC_CONF = "backend:native,expandable_segments:False"
-# NVLink multicast (NVLS) must stay off on shared machines; passed through when set.
-PASS_THROUGH = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+# NVLink multicast (NVLS) must stay off on shared machines: these values turn it off in
+# NCCL, PyTorch and NVSHMEM; the job's own settings of them are passed through.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+PASS_THROUGH = tuple(MULTICAST_OFF)
 
 _PKG = Path(__file__).resolve().parent
 

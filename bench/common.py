@@ -1,0 +1,67 @@
+"""What the bench scripts share: the environment of every GPU run (NVLink multicast off),
+running a command (under `transit-launch run` or not) and reading the example trainer's
+JSON lines, and the model card of the trainer's flags for the planner."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from transit_launch.inject import MULTICAST_OFF  # noqa: E402
+
+TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py")]
+# examples/train_llama.py's defaults: its 1.0 B-parameter model
+TRAINER_DEFAULTS = {"dim": 2048, "layers": 16, "heads": 16, "kv-heads": 4, "ffn": 7168, "vocab": 32000,
+                    "seq-len": 2048, "batch": 2}
+
+
+def env(**extra) -> dict:
+    return dict(os.environ, **MULTICAST_OFF, PYTHONUNBUFFERED="1", **extra)
+
+
+def transit(policy: str, cmd: list, stats: str | None = None, budget: int | None = None) -> list:
+    """cmd under `transit-launch run --policy POLICY [--stats DIR] [--gpu-budget BYTES]`."""
+    return [sys.executable, "-m", "transit_launch", "run", "--policy", policy, *(["--stats", stats] if stats else []),
+            *(["--gpu-budget", str(budget)] if budget else []), "--", *cmd]
+
+
+def run(cmd: list, run_env: dict, timeout: float, preexec_fn=None) -> tuple[str, str, int | str]:
+    """(stdout, stderr, returncode), returncode "timeout" with what was printed until then."""
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=run_env, timeout=timeout, cwd=ROOT,
+                             preexec_fn=preexec_fn)
+        return res.stdout, res.stderr, res.returncode
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return b.decode() if isinstance(b, bytes) else (b or "")
+        return text(e.stdout), text(e.stderr), "timeout"
+
+
+def trainer_records(stdout: str) -> tuple[list[dict], dict | None]:
+    """The trainer's per-step records and its summary (None when it did not finish)."""
+    recs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return [r for r in recs if "step" in r], next((r["summary"] for r in recs if "summary" in r), None)
+
+
+def trainer_flags(spec: str) -> dict:
+    """The model and batch of a trainer flag string, over the trainer's defaults."""
+    d, toks = dict(TRAINER_DEFAULTS, recompute="full"), spec.split()
+    for i, tok in enumerate(toks):
+        if tok == "--no-recompute":
+            d["recompute"] = "none"
+        elif tok.startswith("--") and i + 1 < len(toks) and not toks[i + 1].startswith("--"):
+            d[tok[2:]] = int(toks[i + 1]) if toks[i + 1].isdigit() else toks[i + 1]
+    return d
+
+
+def trainer_card(f: dict):
+    """The planner's model card of the trainer's model (untied embeddings)."""
+    from transit_launch.models import _card_from_dict
+    return _card_from_dict({"name": "trainer", "arch": {
+        "hidden": f["dim"], "layers": f["layers"], "heads": f["heads"], "kv_heads": f["kv-heads"],
+        "head_dim": f["dim"] // f["heads"], "ffn": f["ffn"], "vocab": f["vocab"], "tied_embeddings": False}},
+        "trainer flags")
