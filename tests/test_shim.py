@@ -292,3 +292,18 @@ def test_run_command_summarizes_stats(built, tmp_path):
     p = summ["processes"][0]
     assert summ["returncode"] == 0 and p["policy"] == "advise" and p["budget_gb"] == 3.0
     assert p["iterations"] == 5 and p["host_placed_peak_gb"] == 2.0 and p["budget_held"]
+
+
+def test_python_bindings_declare_what_the_header_declares():
+    """transit_api.py carries its own copy of shim/transit_api.h's declarations (the header
+    does not ship with the package, and cffi's cdef takes no preprocessor): they must agree."""
+    import re
+
+    from transit_launch.adapter import transit_api
+    header = (Path(__file__).resolve().parent.parent / "shim" / "transit_api.h").read_text()
+    header = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
+    protos = {" ".join(line.split()) for line in header.splitlines() if re.match(r"^\s*[a-z].*\);\s*$", line)}
+    assert protos and protos == {" ".join(line.split()) for line in transit_api.CDEF.strip().splitlines()}
+    kinds = dict(re.findall(r"TRANSIT_HINT_(\w+) = (\d+)", header))
+    assert kinds == {"HOT": str(transit_api.HOT), "MASTER": str(transit_api.MASTER),
+                     "OPTIMIZER": str(transit_api.OPTIMIZER)}
