@@ -6,7 +6,7 @@
 #                                       # GPU1: shim_policies (overhead, policies under a budget) + peer smoke
 #   bash bench/device_runs.sh offload   # GPU0: reference + transit policies; GPU1: the offloading peers
 #   bash bench/device_runs.sh offload-transit; bash bench/device_runs.sh offload-peers   # the same on one GPU
-#   bash bench/device_runs.sh verify | offload-fsdp | offload-peers-rest   # what the 2026-11-29 runs left
+#   bash bench/device_runs.sh verify | offload-fsdp | offload-peers-rest | finish   # what the 2026-11-29 runs left
 #   bash bench/device_runs.sh multigpu   # issue 8, on nvidia-h200-x2 or larger
 # The wheels they need: bash bench/fetch_wheels.sh (then carry .whl).
 #
@@ -17,8 +17,12 @@ OUT=${OUT:-device-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_DEVICE_ORDER=PCI_BUS_ID TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        $(ls .whl/*.whl | grep -v /torchtitan-) && export PYTHONPATH=/tmp/site || exit 1
+    # TorchTitan 0.3.0 needs a newer torch.distributed.fsdp than torch 2.11 has; 0.2.2 runs there
+    titan=0.3.0; python3 -c "from torch.distributed.fsdp import DataParallelMeshDims" 2>/dev/null || titan=0.2.2
+    ls .whl/torchtitan-$titan-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site .whl/torchtitan-$titan-*.whl && echo "torchtitan $titan"
 fi
 [ -f .ext/torch_ext.tar ] && mkdir -p $TORCH_EXTENSIONS_DIR && tar xf .ext/torch_ext.tar -C $TORCH_EXTENSIONS_DIR
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
@@ -76,7 +80,7 @@ verify)           # one GPU, about 9 minutes: the GPU tests, planner calibration
         --out "$OUT/base_budget.json" 2>&1 | tail -n 4
     ;;
 offload-fsdp)     # one GPU, about 8 minutes: FSDP2 CPU offload at the paper's ratio (35-40 s a step)
-    python3 bench/offload.py --set fsdp-cpu-offload --gpu 0 --accum 12 --steps 11 --warmup 1 --timeout 540 \
+    python3 bench/offload.py --set fsdp-cpu-offload --gpu 0 --accum 12 --steps 11 --warmup 1 --timeout ${FSDP_TIMEOUT:-540} \
         --out "$OUT/offload_fsdp.json" 2>&1 | tee "$OUT/fsdp.log" | cut -c1-400
     ;;
 offload-peers-rest)  # one GPU, about 9 minutes: the peers at 1 and 3 microbatches, TorchTitan under
@@ -88,6 +92,15 @@ offload-peers-rest)  # one GPU, about 9 minutes: the peers at 1 and 3 microbatch
         --accum 4 --steps 8 --warmup 3 --out "$OUT/offload_losses.json" > "$OUT/losses.log" 2>&1
     python3 bench/offload.py --report "$OUT/offload_losses.json" | tail -n 8
     ;;
+finish)           # one GPU, about 8 minutes: what offload-peers-rest left (its loss check's 60 s
+                  # timeout was shorter than three runs; TorchTitan 0.3.0 does not import on torch 2.11)
+    timeout 240 python3 bench/offload.py --set reference,off,advise --model=--deterministic --seq-len 2048 \
+        --accum 4 --steps 8 --warmup 3 --timeout 100 --out "$OUT/offload_losses.json" > "$OUT/losses.log" 2>&1
+    python3 bench/offload.py --report "$OUT/offload_losses.json" | tail -n 8
+    timeout 240 python3 bench/torchtitan_check.py --steps 10 --timeout 110 --out "$OUT/torchtitan.json" 2>&1 | tail -n 6
+    python3 bench/offload.py --set peers --gpu 0 --accum 3 --out "$OUT/offload_peers_accum3.json" --deadline 200 \
+        --timeout 110 2>&1 | tee "$OUT/peers3.log" | cut -c1-300
+    ;;
 multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets
     n=$(nvidia-smi -L | wc -l)
     timeout 300 python3 bench/scale_in.py --gpus "$n" --emulated-gpu 20GB --out "$OUT/scale_in.json" 2>&1 | tail -n 8
@@ -96,6 +109,6 @@ multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho 
         --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
     ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|multigpu" >&2
+    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|multigpu" >&2
     exit 2 ;;
 esac

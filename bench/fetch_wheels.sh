@@ -20,7 +20,9 @@ if ! ls .whl/deepspeed-0.18.2-*.whl >/dev/null 2>&1; then
     DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$tmp"/deepspeed-0.18.2.tar.gz
 fi
 get hjson==3.1.0 pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.8.0 typing-inspection==0.4.5
-# TorchTitan 0.3.0 and what it imports that the image lacks
+# TorchTitan 0.3.0 and what it imports that the image lacks; 0.2.2 for torch 2.11, whose
+# torch.distributed.fsdp lacks names 0.3.0 imports (device_runs.sh installs the one that imports)
+get torchtitan==0.2.2
 get torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 tyro==1.0.17 \
     docstring-parser==0.18.0 typeguard==4.6.1 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
 ls .whl
