@@ -8,8 +8,11 @@
  *   base:     preferred location host; the GPU maps it on first touch (faults, then remote reads)
  *   prefetch: as base after warm-up; replay prefetches its recorded ranges in a window
  *   advise:   preferred location host + accessed-by GPU: zero-copy with no faults
- * advise also moves ranges reported cold (optimizer states first, then fp32 master
- * weights) to the host and promotes hot host regions into the room that frees. */
+ * advise ranks data at every iteration boundary: hot data, then fp32 master weights (read
+ * in every forward and backward), then optimizer states (touched once a step), and keeps
+ * on the device what fits the budget in that order; the rest is served zero-copy. So
+ * cold data leaves only when the budget needs its room, as transit_launch/plan.py
+ * assumes (only what does not fit crosses PCIe). */
 #include "transit.h"
 
 #define HINT_ALIGN (64u * 1024u) /* hints are aligned inwards to 64 KiB */
@@ -147,71 +150,78 @@ int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind)
     return 0;
 }
 
-/* Every region of `kind` on the device goes to the host while device bytes exceed
- * `limit` (UINT64_MAX: all of them). */
-static void demote_kind(enum tr_kind kind, uint64_t limit)
+/* Gives every region of `kind` on `place` the device while it fits in *room. */
+static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
 {
     for (int i = 0; i < tr_tab.n; i++) {
         struct tr_alloc *a = &tr_tab.a[i];
         for (int j = 0; j < a->nreg; j++) {
             struct tr_region *r = &a->reg[j];
-            if (limit != UINT64_MAX && tr_tab.dev_bytes <= limit)
-                return;
-            if (r->kind == kind && r->place == TR_DEV)
-                to_host(r, 1);
+            if (r->kind != kind || r->place != place)
+                continue;
+            if (rsize(r) <= *room) {
+                r->want = TR_DEV;
+                *room -= rsize(r);
+            } else {
+                r->want = TR_HOST;
+            }
         }
     }
 }
 
-/* Hot regions waiting on the host come back, oldest first, while they fit; returns the
- * bytes of hot data still on the host. */
-static uint64_t promote_hot(void)
+/* advise: rank (hot, master, optimizer; within a kind what is on the device already
+ * comes first, so that a steady state moves nothing). */
+static void rank(void)
 {
-    uint64_t left = 0;
-    for (int i = 0; i < tr_tab.n; i++) {
-        struct tr_alloc *a = &tr_tab.a[i];
-        for (int j = 0; j < a->nreg; j++) {
-            struct tr_region *r = &a->reg[j];
-            if (r->place != TR_HOST || r->kind != TR_HOT)
-                continue;
-            if (tr_tab.dev_bytes + rsize(r) <= tr_budget())
-                to_device(r);
-            else
-                left += rsize(r);
+    uint64_t room = tr_budget();
+    for (int k = TR_HOT; k <= TR_COLD_OPT; k++) {
+        rank_kind((enum tr_kind)k, TR_DEV, &room);
+        rank_kind((enum tr_kind)k, TR_HOST, &room);
+    }
+}
+
+/* Demote before promoting, so that placement never exceeds the budget. */
+static void place_ranked(void)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < tr_tab.n; i++) {
+            struct tr_alloc *a = &tr_tab.a[i];
+            for (int j = 0; j < a->nreg; j++) {
+                struct tr_region *r = &a->reg[j];
+                if (pass == 0 && r->place == TR_DEV && r->want == TR_HOST)
+                    to_host(r, 1);
+                else if (pass == 1 && r->place == TR_HOST && r->want == TR_DEV)
+                    to_device(r);
+            }
         }
     }
-    return left;
 }
 
 /* A GPU's first touch can populate host-preferred pages in device memory: every host
- * region is pushed to the host once after it was placed there (at the next boundary). */
-static void evict_new_host_regions(void)
+ * region is pushed to the host once after it was placed there (at the next boundary),
+ * unless advise is about to bring it to the device anyway (ranked: want == TR_DEV). */
+static void evict_new_host_regions(int ranked)
 {
     if (tr_s.defer_advice)
         return;
     for (int i = 0; i < tr_tab.n; i++) {
         struct tr_alloc *a = &tr_tab.a[i];
-        for (int j = 0; j < a->nreg; j++)
-            if (a->reg[j].place == TR_HOST && !a->reg[j].evicted)
-                evict_region(&a->reg[j]);
+        for (int j = 0; j < a->nreg; j++) {
+            struct tr_region *r = &a->reg[j];
+            if (r->place == TR_HOST && !r->evicted && !(ranked && r->want == TR_DEV))
+                evict_region(r);
+        }
     }
 }
 
 void tr_rebalance(void)
 {
-    evict_new_host_regions();
-    if (tr_cfg.policy != TR_ADVISE)
-        return;
-    /* Optimizer states are touched once per step: always zero-copy from the host. */
-    demote_kind(TR_COLD_OPT, UINT64_MAX);
-    uint64_t waiting = promote_hot();
-    /* fp32 master weights are also read in forward (the bf16 cast before all-gather):
-     * they leave only to make room for hot data still on the host. */
-    if (waiting) {
-        uint64_t budget = tr_budget();
-        demote_kind(TR_COLD_MASTER, budget > waiting ? budget - waiting : 0);
-        promote_hot();
-    }
+    int advise = tr_cfg.policy == TR_ADVISE;
+    if (advise)
+        rank();
+    evict_new_host_regions(advise);
+    if (advise)
+        place_ranked();
     peaks();
 }
 

@@ -77,6 +77,7 @@ struct tr_region {          /* page-aligned piece of one allocation */
     uintptr_t start, end;
     uint8_t kind, place, zero_copy, advised;
     uint8_t evicted;        /* host region pushed off the GPU since it was placed there */
+    uint8_t want;           /* rebalance: the placement it is given (enum tr_place) */
     uint32_t touches;       /* distinct launch positions seen migrating it (warm-up) */
 };
 

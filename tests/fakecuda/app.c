@@ -7,6 +7,8 @@
  *   app loop ITERS LAUNCHES SIZE [adapter]   training-like loop over fake kernels
  *   app hint SIZE OFF LEN KIND    allocate, hint a sub-range, apply, print
  *   app fork SIZE                 allocate, fork a child that allocates too, wait
+ *   app place SIZE EXTRA STATS OFF:LEN:KIND...   allocate SIZE then EXTRA (0: none), hint
+ *                                 ranges of the first, apply twice, write stats
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -154,6 +156,32 @@ int main(int argc, char **argv)
             if (argc > 6)
                 printf("stats=%d\n", write_stats(argv[6]));
         }
+        cudaFree(p);
+        return 0;
+    }
+    if (!strcmp(argv[1], "place") && argc >= 5) {
+        size_t size = strtoull(argv[2], NULL, 10), extra = strtoull(argv[3], NULL, 10);
+        int (*hint)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
+        void (*apply)(void) = (void (*)(void))api("transit_apply");
+        int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
+        void *p, *q = NULL;
+        cudaMalloc(&p, size);
+        if (extra)
+            cudaMalloc(&q, extra);
+        printf("ptr=0x%llx\nq=0x%llx\n", (unsigned long long)(uintptr_t)p, (unsigned long long)(uintptr_t)q);
+        if (!hint)
+            return 1;
+        for (int i = 5; i < argc; i++) {
+            unsigned long long off, len;
+            int kind;
+            if (sscanf(argv[i], "%llu:%llu:%d", &off, &len, &kind) == 3)
+                printf("hint%d=%d\n", i - 5, hint((uintptr_t)p + off, len, kind));
+        }
+        apply();
+        apply(); /* a steady state: the second boundary must move nothing */
+        printf("stats=%d\n", write_stats(argv[4]));
+        if (q)
+            cudaFree(q);
         cudaFree(p);
         return 0;
     }
