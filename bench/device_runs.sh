@@ -7,7 +7,7 @@
 #   bash bench/device_runs.sh offload   # GPU0: reference + transit policies; GPU1: the offloading peers
 #   bash bench/device_runs.sh offload-transit; bash bench/device_runs.sh offload-peers   # the same on one GPU
 #   bash bench/device_runs.sh verify | offload-fsdp | offload-peers-rest | finish   # what the 2026-11-29 runs left
-#   bash bench/device_runs.sh next       # the next GPU session: ranked advise placement, ZeRO-Infinity at 3
+#   bash bench/device_runs.sh next | next-peers   # the next GPU session: ranked advise, memory timeline, ZeRO-Infinity at 3
 #   bash bench/device_runs.sh multigpu   # issue 8, on nvidia-h200-x2 or larger
 # The wheels they need: bash bench/fetch_wheels.sh (then carry .whl).
 #
@@ -102,13 +102,21 @@ finish)           # one GPU, about 8 minutes: what offload-peers-rest left (its 
     python3 bench/offload.py --set peers --gpu 0 --accum 3 --out "$OUT/offload_peers_accum3.json" --deadline 200 \
         --timeout 110 2>&1 | tee "$OUT/peers3.log" | cut -c1-300
     ;;
-next)             # one GPU, about 9 minutes: advise with ranked placement (cold data leaves only
-                  # when the budget needs its room) along the curve, ZeRO-Infinity at 3, GPU tests
+next)             # one GPU, about 8 minutes: advise with ranked placement (cold data leaves only
+                  # when the budget needs its room) along the curve, its GPU tests, and the step's
+                  # memory timeline (what a lifetime-aware policy could reach: bench/memory_timeline.py)
     timeout 150 python3 -m pytest -q -rs tests/test_gpu.py -k advise 2>&1 | tee "$OUT/gpu_tests_advise.log" | tail -n 3
-    python3 bench/offload.py --set reference,advise --gpu 0 --out "$OUT/offload_advise_ranked.json" --deadline 260 \
-        --timeout 120 2>&1 | tee "$OUT/advise.log" | cut -c1-300
+    for n in 1 3 12; do
+        timeout 90 python3 bench/memory_timeline.py --step 4 --out "$OUT/timeline_accum$n.json" -- \
+            --seq-len 8192 --batch 2 --accum $n > "$OUT/timeline_accum$n.log" 2>&1
+    done
+    python3 bench/memory_timeline.py --analyze "$OUT"/timeline_accum*.json 2>&1 | tail -n 6
+    python3 bench/offload.py --set reference,advise --gpu 0 --out "$OUT/offload_advise_ranked.json" --deadline 230 \
+        --steps 12 --warmup 2 --timeout 120 2>&1 | tee "$OUT/advise.log" | cut -c1-300
+    ;;
+next-peers)       # one GPU, about 3 minutes: ZeRO-Infinity at 3 microbatches (the curve's missing peer point)
     python3 bench/offload.py --set zero-infinity --gpu 0 --accum 3 --out "$OUT/offload_zinf_accum3.json" \
-        --timeout 130 2>&1 | tee "$OUT/zinf.log" | cut -c1-300
+        --timeout 150 2>&1 | tee "$OUT/zinf.log" | cut -c1-300
     ;;
 multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets
     n=$(nvidia-smi -L | wc -l)
@@ -118,6 +126,6 @@ multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho 
         --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
     ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|multigpu" >&2
+    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|multigpu" >&2
     exit 2 ;;
 esac

@@ -1,0 +1,65 @@
+"""bench/memory_timeline.py: the bound a lifetime-aware policy could reach from a step's
+memory profile, and the hooks that record the profile (on CPU here: labels and order;
+memory and GPU times need a GPU)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import memory_timeline as mt  # noqa: E402
+
+GB = 1e9
+
+
+def profile(peak_at, step=0.6, opt_at=0.5, peak=20 * GB, low=5 * GB):
+    """A step: low memory, a peak at `peak_at` seconds, low again, the optimizer at `opt_at`."""
+    pts = [(0.0, low), (peak_at, peak), (opt_at, low), (step, low)]
+    labels = ["forward", "loss", "optimizer", "optimizer end"]
+    return [{"label": lab, "t_ms": 1e3 * t, "allocated": a, "reserved": peak} for lab, (t, a) in zip(labels, pts)]
+
+
+def test_no_wait_when_the_state_always_fits():
+    r = mt.bound(profile(0.3), opt_bytes=8 * GB, budget=30 * GB, rate=50 * GB)
+    assert r["wait_out_s"] == r["wait_in_s"] == 0 and r["lifetime_pct"] == 100
+    assert r["zero_copy_pct"] == pytest.approx(100 * 0.6 / (0.6 + 0.16))
+
+
+def test_wait_when_the_peak_comes_before_the_state_can_leave():
+    # budget = peak: all 10 GB must be away at the peak; leaving takes 0.2 s
+    r = mt.bound(profile(0.1), opt_bytes=10 * GB, budget=20 * GB, rate=50 * GB)
+    assert r["wait_out_s"] == pytest.approx(0.1)   # peak at 0.1 s, 0.2 s to leave
+    assert r["wait_in_s"] == pytest.approx(0.0)    # 0.4 s from the peak to the optimizer
+    r = mt.bound(profile(0.4), opt_bytes=10 * GB, budget=20 * GB, rate=50 * GB)
+    assert (r["wait_out_s"], r["wait_in_s"]) == (pytest.approx(0.0), pytest.approx(0.1))
+    assert r["lifetime_pct"] == pytest.approx(100 * 0.6 / 0.7)
+
+
+def test_only_the_part_that_does_not_fit_must_move():
+    # 4 GB of room at the peak: 6 of the 10 GB move, 0.12 s each way
+    r = mt.bound(profile(0.05), opt_bytes=10 * GB, budget=24 * GB, rate=50 * GB)
+    assert r["wait_out_s"] == pytest.approx(0.07)
+
+
+@pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
+                    reason="needs PyTorch (CPU build)")
+def test_recorder_marks_every_layer_forward_backward_and_the_optimizer(tmp_path):
+    out = tmp_path / "t.json"
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "memory_timeline.py"), "--step", "3", "--out", str(out),
+                          "--", "--device", "cpu", "--dim", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2",
+                          "--ffn", "128", "--vocab", "256", "--seq-len", "32", "--batch", "2"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run = json.loads(out.read_text())["runs"][0]
+    labels = [m["label"] for m in run["marks"]]
+    assert labels == ["forward", "fwd 0", "fwd 1", "fwd 2", "loss", "bwd logits", "bwd 2", "recompute 2", "bwd 1",
+                      "recompute 1", "bwd 0", "recompute 0", "optimizer", "optimizer end"]
+    times = [m["t_ms"] for m in run["marks"]]
+    assert times == sorted(times)
+    block = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64  # wq, wo; wk, wv (2 of 4 heads); FFN; norms
+    params = 2 * 256 * 64 + 3 * block + 64                      # embedding, output; final norm
+    assert run["opt_bytes"] == 2 * 4 * params  # AdamW: two fp32 states per parameter
