@@ -114,9 +114,16 @@ next)             # one GPU, about 8 minutes: advise with ranked placement (cold
     python3 bench/offload.py --set reference,advise --gpu 0 --out "$OUT/offload_advise_ranked.json" --deadline 230 \
         --steps 12 --warmup 2 --timeout 120 2>&1 | tee "$OUT/advise.log" | cut -c1-300
     ;;
-next-peers)       # one GPU, about 3 minutes: ZeRO-Infinity at 3 microbatches (the curve's missing peer point)
+next-peers)       # one GPU, about 5 minutes: ZeRO-Infinity at 3 microbatches (the curve's missing peer
+                  # point), then docs/lifetime-policy.md's two mechanisms (bench/lifetime_probe.py)
     python3 bench/offload.py --set zero-infinity --gpu 0 --accum 3 --out "$OUT/offload_zinf_accum3.json" \
         --timeout 150 2>&1 | tee "$OUT/zinf.log" | cut -c1-300
+    m="--seq-len 8192 --batch 2 --accum 1"
+    timeout 90 python3 -m transit_launch run --policy base -- python3 bench/lifetime_probe.py --mode discard \
+        --out "$OUT/probe_discard.json" -- $m > "$OUT/probe_discard.log" 2>&1
+    timeout 90 python3 bench/lifetime_probe.py --mode empty-cache --out "$OUT/probe_empty_cache.json" -- $m \
+        > "$OUT/probe_empty_cache.log" 2>&1
+    grep -h '^{"step"' "$OUT"/probe_*.log | grep -v '"loss"' | cut -c1-400
     ;;
 multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets
     n=$(nvidia-smi -L | wc -l)

@@ -1,6 +1,7 @@
 """bench/memory_timeline.py: the bound a lifetime-aware policy could reach from a step's
 memory profile, and the hooks that record the profile (on CPU here: labels and order;
-memory and GPU times need a GPU)."""
+memory and GPU times need a GPU); bench/lifetime_probe.py's reading of PyTorch's
+allocator snapshot (which ranges are safe to discard)."""
 
 import json
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
+import lifetime_probe as lp  # noqa: E402
 import memory_timeline as mt  # noqa: E402
 
 GB = 1e9
@@ -63,3 +65,25 @@ def test_recorder_marks_every_layer_forward_backward_and_the_optimizer(tmp_path)
     block = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64  # wq, wo; wk, wv (2 of 4 heads); FFN; norms
     params = 2 * 256 * 64 + 3 * block + 64                      # embedding, output; final norm
     assert run["opt_bytes"] == 2 * 4 * params  # AdamW: two fp32 states per parameter
+
+
+MB = 1 << 20
+
+
+def test_probe_discards_only_whole_pages_of_free_blocks():
+    """A segment at 0 MiB: a live 3 MiB block, a free 7 MiB block, a live 1 MiB block, a
+    free 1 MiB block. Only [4, 10) MiB of the free [3, 10) MiB is whole 2 MiB pages that no live
+    block shares; the 1 MiB free block has none."""
+    blocks = [{"size": 3 * MB, "state": "active_allocated"}, {"size": 7 * MB, "state": "inactive"},
+              {"size": MB, "state": "active_allocated"}, {"size": MB, "state": "inactive"}]
+    snap = [{"address": 0, "total_size": 12 * MB, "blocks": blocks}]
+    assert lp.free_ranges(snap) == [(4 * MB, 10 * MB)]
+    with_addresses = [{"address": 64 * MB, "blocks": [dict(b, address=64 * MB + o) for b, o in
+                                                      zip(blocks, (0, 3 * MB, 10 * MB, 11 * MB))]}]
+    assert lp.free_ranges(with_addresses) == [(68 * MB, 74 * MB)]
+
+
+def test_probe_counts_discarded_bytes_handed_out_again():
+    later = [{"address": 0, "blocks": [{"size": 5 * MB, "state": "active_allocated"},
+                                       {"size": 7 * MB, "state": "inactive"}]}]
+    assert lp.reused([(4 * MB, 10 * MB)], later) == MB  # the new 5 MiB block covers [4, 5) MiB
