@@ -65,3 +65,23 @@ def trainer_card(f: dict):
         "hidden": f["dim"], "layers": f["layers"], "heads": f["heads"], "kv_heads": f["kv-heads"],
         "head_dim": f["dim"] // f["heads"], "ffn": f["ffn"], "vocab": f["vocab"], "tied_embeddings": False}},
         "trainer flags")
+
+
+def split_trainer_args(argv: list) -> tuple[list, list]:
+    """(the script's own arguments, the trainer's after `--`)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def run_trainer_here(args: list) -> int:
+    """examples/train_llama.py in this process, so that hooks installed first see it; its exit code."""
+    import runpy
+    sys.argv = [TRAINER[1], *args]
+    try:
+        runpy.run_path(TRAINER[1], run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            return e.code if isinstance(e.code, int) else 1
+    return 0

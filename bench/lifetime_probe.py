@@ -24,13 +24,11 @@ plain again, so that the probed steps' times compare with their neighbours.
 import argparse
 import ctypes
 import json
-import runpy
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TRAINER = ROOT / "examples" / "train_llama.py"
+from common import run_trainer_here, split_trainer_args
 ALIGN = 2 << 20  # UVM's large page: never discard a page that a live block shares
 
 
@@ -130,7 +128,6 @@ class Probe:
         self.recs.append(rec)
 
     def at_optimizer(self):
-        import torch
         if self.cur and self.recs:
             self.recs[-1]["discarded_reused_by_optimizer"] = reused(self.cur, snapshot())
             self.cur = []
@@ -161,11 +158,7 @@ def install(p: Probe):
 
 
 def main():
-    argv = sys.argv[1:]
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_trainer_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["none", "discard", "empty-cache"], default="discard")
     ap.add_argument("--warmup", type=int, default=3)
@@ -178,12 +171,9 @@ def main():
         return 2
     p = Probe(a)
     install(p)
-    sys.argv = [str(TRAINER), *extra, "--steps", str(a.warmup + 2 * a.probe)]
-    try:
-        runpy.run_path(str(TRAINER), run_name="__main__")
-    except SystemExit as e:
-        if e.code not in (0, None):
-            return e.code if isinstance(e.code, int) else 1
+    rc = run_trainer_here([*extra, "--steps", str(a.warmup + 2 * a.probe)])
+    if rc:
+        return rc
     result = {"mode": a.mode, "trainer": extra, "steps": p.recs}
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))

@@ -21,13 +21,11 @@ with this memory profile, against advise's zero-copy cost (O / rate, full duplex
 
 import argparse
 import json
-import runpy
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TRAINER = ROOT / "examples" / "train_llama.py"
+from common import run_trainer_here, split_trainer_args
 
 
 class Recorder:
@@ -169,11 +167,7 @@ def analyze(path: str, budget: float | None, rate: float) -> list[dict]:
 
 
 def main():
-    argv = sys.argv[1:]
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_trainer_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step", type=int, default=5, help="the training step to record (after warm-up)")
     ap.add_argument("--out", default="")
@@ -182,18 +176,14 @@ def main():
     ap.add_argument("--rate", type=float, default=50e9, help="PCIe bytes/s each way (H200 measured ~50e9)")
     a = ap.parse_args(argv)
     if a.analyze:
-        sys.path.insert(0, str(ROOT))
         for f in a.analyze:
             analyze(f, a.budget or None, a.rate)
         return 0
     rec = Recorder(a.step)
     install(rec)
-    sys.argv = [str(TRAINER), *extra, "--steps", str(max(a.step + 1, 2))]
-    try:
-        runpy.run_path(str(TRAINER), run_name="__main__")
-    except SystemExit as e:
-        if e.code not in (0, None):
-            return e.code if isinstance(e.code, int) else 1
+    rc = run_trainer_here([*extra, "--steps", str(max(a.step + 1, 2))])
+    if rc:
+        return rc
     marks = rec.resolve()
     if not marks:
         print(f"step {a.step} was not recorded", file=sys.stderr)
