@@ -52,6 +52,9 @@ def parse():
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--no-recompute", action="store_true", help="keep all activations (no checkpointing)")
     p.add_argument("--foreach", action="store_true", help="foreach AdamW instead of fused")
+    p.add_argument("--dp", choices=("auto", "fsdp", "ddp"), default="auto",
+                   help="data parallelism: FSDP2 (auto on GPUs) or DDP (auto on CPU ranks); FSDP2 runs on CPU "
+                        "ranks too (gloo), for its collectives (all-gather, reduce-scatter) without a GPU")
     p.add_argument("--cpu-offload", action="store_true",
                    help="FSDP2 CPUOffloadPolicy(pin_memory=True), what TorchTitan's enable_cpu_offload does")
     p.add_argument("--engine", choices=("fsdp", "deepspeed"), default="fsdp",
@@ -170,12 +173,16 @@ def collective_bytes(prof):
     return out
 
 
+def data_parallel(a, device):
+    return a.dp if a.dp != "auto" else ("fsdp" if device == "cuda" else "ddp")
+
+
 def build_fsdp(a, model, device, world):
-    """FSDP2 with TorchTitan's mixed precision (or DDP on CPU); returns (model, optimizer)."""
-    if device == "cuda":
+    """FSDP2 with TorchTitan's mixed precision (or DDP); returns (model, optimizer)."""
+    if data_parallel(a, device) == "fsdp":
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
         # with CPU offload FSDP2 keeps the sharded parameters (and so the optimizer) on the host
-        model = model if a.cpu_offload else model.cuda()
+        model = model if a.cpu_offload or device == "cpu" else model.cuda()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         off = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
         for blk in model.blocks:
@@ -227,6 +234,9 @@ def main():
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if a.engine == "deepspeed" and device != "cuda":
         print("--engine deepspeed needs a GPU", file=sys.stderr)
+        return 2
+    if a.cpu_offload and device != "cuda":
+        print("--cpu-offload needs a GPU (it offloads from one)", file=sys.stderr)
         return 2
     if a.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -292,6 +302,7 @@ def main():
     med = statistics.median(steady)
     summ = {"params": n_params, "flop_params": n_flop_params, "tokens_per_step": tokens_per_step,
             "world": world, "device": device, "engine": a.engine if a.engine == "fsdp" else f"zero-{a.zero}",
+            "dp": data_parallel(a, device) if a.engine == "fsdp" else "zero",
             "cpu_offload": a.cpu_offload, "optimizer": optimizer_impl, "accum": a.accum, "seq_len": a.seq_len, "batch": a.batch,
             "median_step_time": med, "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
             "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12, "losses": losses,

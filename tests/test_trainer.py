@@ -1,0 +1,54 @@
+"""examples/train_llama.py on CPU ranks (gloo): FSDP2 there moves what the planner's FSDP
+traffic model counts (bf16 all-gathers, fp32 reduce-scatters), and flags that need a
+GPU fail with one line."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TRAINER = ROOT / "examples" / "train_llama.py"
+MODEL = ["--device", "cpu", "--dim", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "256",
+         "--vocab", "1024", "--seq-len", "32", "--steps", "3"]
+has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+pytestmark = pytest.mark.skipif(not has_torch, reason="needs PyTorch (CPU build)")
+
+
+def summary(out: str) -> dict:
+    return next(json.loads(line)["summary"] for line in out.splitlines() if line.startswith('{"summary'))
+
+
+@pytest.mark.skipif(not shutil.which("torchrun"), reason="needs torchrun")
+def test_fsdp2_on_cpu_ranks_moves_bf16_gathers_and_fp32_reduce_scatters():
+    res = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", str(TRAINER), *MODEL, "--dp", "fsdp",
+                          "--comm-profile", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    s = summary(res.stdout)
+    assert (s["dp"], s["world"]) == ("fsdp", 2)
+    comm, n = s["comm_profile"], s["params"]
+    assert set(comm) == {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_"}
+    # every gradient reduce-scattered once a step in fp32 (mixed precision: reduce_dtype fp32)
+    assert comm["c10d::_reduce_scatter_base_"]["buffer_bytes"] == 4 * n
+    # parameters all-gathered in bf16: once for the root (FSDP2 keeps it unsharded until
+    # backward), twice for each block (re-gathered for backward)
+    gathered = comm["c10d::_allgather_base_"]["buffer_bytes"]
+    assert 2 * n < gathered < 2 * 2 * n
+    assert comm["c10d::_allgather_base_"]["calls"] == 1 + 2 * 2  # root + two blocks, forward and backward
+
+
+def test_ddp_stays_the_cpu_default():
+    res = subprocess.run([sys.executable, str(TRAINER), *MODEL], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert summary(res.stdout)["dp"] == "ddp"
+
+
+def test_cpu_offload_without_a_gpu_is_one_clear_error():
+    res = subprocess.run([sys.executable, str(TRAINER), *MODEL, "--cpu-offload"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "--cpu-offload needs a GPU (it offloads from one)"
