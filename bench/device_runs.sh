@@ -7,7 +7,8 @@
 #   bash bench/device_runs.sh offload   # GPU0: reference + transit policies; GPU1: the offloading peers
 #   bash bench/device_runs.sh offload-transit; bash bench/device_runs.sh offload-peers   # the same on one GPU
 #   bash bench/device_runs.sh verify | offload-fsdp | offload-peers-rest | finish   # what the 2026-11-29 runs left
-#   bash bench/device_runs.sh next | next-peers   # the next GPU session: ranked advise, memory timeline, ZeRO-Infinity at 3
+#   bash bench/device_runs.sh next | next-peers | peers-rerun   # the next GPU session: ranked advise, memory
+#                                        # timeline, lifetime probe, ZeRO-Infinity at 3, peers cut below 10 steps
 #   bash bench/device_runs.sh multigpu   # issue 8, on nvidia-h200-x2 or larger
 # The wheels they need: bash bench/fetch_wheels.sh (then carry .whl).
 #
@@ -125,6 +126,14 @@ next-peers)       # one GPU, about 5 minutes: ZeRO-Infinity at 3 microbatches (t
         > "$OUT/probe_empty_cache.log" 2>&1
     grep -h '^{"step"' "$OUT"/probe_*.log | grep -v '"loss"' | cut -c1-400
     ;;
+peers-rerun)      # one GPU, about 5 minutes: the peer runs that timeouts cut below 10 measured steps
+                  # (ZeRO-Offload at 12: 9; FSDP2 CPU offload at 3: 8). FSDP2 at 12 (38 s a step) is
+                  # `FSDP_TIMEOUT=480 bash bench/device_runs.sh offload-fsdp` on its own.
+    python3 bench/offload.py --set zero-offload --gpu 0 --accum 12 --budget 19003850752 --timeout 170 \
+        --out "$OUT/offload_zoff_accum12.json" 2>&1 | tee "$OUT/zoff.log" | cut -c1-300
+    python3 bench/offload.py --set fsdp-cpu-offload --gpu 0 --accum 3 --steps 12 --warmup 2 --budget 19003850752 \
+        --timeout 130 --out "$OUT/offload_fsdp_accum3.json" 2>&1 | tee "$OUT/fsdp3.log" | cut -c1-300
+    ;;
 multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets
     n=$(nvidia-smi -L | wc -l)
     timeout 300 python3 bench/scale_in.py --gpus "$n" --emulated-gpu 20GB --out "$OUT/scale_in.json" 2>&1 | tail -n 8
@@ -133,6 +142,6 @@ multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho 
         --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
     ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|multigpu" >&2
+    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|peers-rerun|multigpu" >&2
     exit 2 ;;
 esac
