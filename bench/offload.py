@@ -204,23 +204,26 @@ def measure(a):
 
 
 def report(a):
-    runs, budget, seq = [], None, None
+    by_key, budget, seq = {}, None, None
     for f in a.report:
         d = json.loads(Path(f).read_text())
-        runs += d["runs"]
+        for r in d["runs"]:
+            # a later file's run replaces an earlier one of the same run and point, unless
+            # the later one measured nothing (a rerun cut before its first measured step)
+            old = by_key.get((r["name"], r["accum"]))
+            if old is None or r.get("tflops") or not old.get("tflops"):
+                by_key[(r["name"], r["accum"])] = r
         budget = budget or d.get("budget_bytes")
         seq = d.get("seq_len")
+    runs = list(by_key.values())
     ref = {r["accum"]: r for r in runs if r["name"] == "reference" and r.get("tflops")}
     # a run cut by its timeout prints no summary: the model is the same in every run
     model = next((r for r in runs if r.get("params")), {})
     for r in runs:
         r.setdefault("params", model.get("params"))
         r.setdefault("flop_params", model.get("flop_params"))
-    measured = {(r["name"], r["accum"]) for r in runs if r.get("tflops")}
     rows = []
     for r in sorted(runs, key=lambda r: (r["accum"], r["name"])):
-        if not r.get("tflops") and (r["name"], r["accum"]) in measured:
-            continue  # an earlier attempt that a later file measured
         if not r.get("tflops"):
             slow = [round(t, 1) for t in r.get("step_times", [])]
             why = f"timed out after {len(slow)} steps of {slow} s" if r["rc"] == "timeout" and slow else \

@@ -75,3 +75,22 @@ def test_offload_gate_full_curve_verdicts():
     assert "1.25x fsdp-cpu-offload" in verdicts["1"] and "target 3 NOT met (fsdp-cpu-offload)" in verdicts["1"]
     assert "target 3 met; not measured: zero-infinity" in verdicts["3"]
     assert "6.95x fsdp-cpu-offload" in verdicts["12"] and verdicts["12"].endswith("target 3 met")
+
+
+def test_offload_report_takes_the_later_measurement_of_a_run(tmp_path):
+    """A rerun in a later file replaces the earlier measurement of the same run and point;
+    a rerun that measured nothing does not replace a measurement."""
+    import subprocess
+    base = json.loads((ROOT / "bench/results/offload_peers_2026-11-29.json").read_text())
+    zoff = next(r for r in base["runs"] if r["name"] == "zero-offload" and r["accum"] == 12)
+    rerun = dict(base, runs=[dict(zoff, tflops=190.0, measured_steps=10, rc=0)])
+    failed = dict(base, runs=[dict(zoff, tflops=None, rc="timeout", step_times=[])])
+    (tmp_path / "rerun.json").write_text(json.dumps(rerun))
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    files = [str(ROOT / "bench/results" / f"offload_{n}_2026-11-29.json") for n in ("transit", "peers")]
+    files += [str(tmp_path / "rerun.json"), str(tmp_path / "failed.json")]
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "offload.py"), "--report", *files], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if " zero-offload" in line and line.startswith("12")]
+    assert len(rows) == 1 and "190.0" in rows[0] and "cut by timeout" not in rows[0]
