@@ -124,6 +124,9 @@ next-peers)       # one GPU, about 5 minutes: ZeRO-Infinity at 3 microbatches (t
         --out "$OUT/probe_discard.json" -- $m > "$OUT/probe_discard.log" 2>&1
     timeout 90 python3 bench/lifetime_probe.py --mode empty-cache --out "$OUT/probe_empty_cache.json" -- $m \
         > "$OUT/probe_empty_cache.log" 2>&1
+    # the same under the shim: segments cudaMalloc'd again each step are new managed memory
+    timeout 90 python3 -m transit_launch run --policy base -- python3 bench/lifetime_probe.py --mode empty-cache \
+        --out "$OUT/probe_empty_cache_managed.json" -- $m > "$OUT/probe_empty_cache_managed.log" 2>&1
     grep -h '^{"step"' "$OUT"/probe_*.log | grep -v '"loss"' | cut -c1-400
     ;;
 peers-rerun)      # one GPU, about 5 minutes: the peer runs that timeouts cut below 10 measured steps
