@@ -75,6 +75,18 @@ def test_offload_gate_full_curve_verdicts():
     assert "1.25x fsdp-cpu-offload" in verdicts["1"] and "target 3 NOT met (fsdp-cpu-offload)" in verdicts["1"]
     assert "target 3 met; not measured: zero-infinity" in verdicts["3"]
     assert "6.95x fsdp-cpu-offload" in verdicts["12"] and verdicts["12"].endswith("target 3 met")
+    assert "2. at 0.97x the paper's ratio: best transit advise 95.0% of reference: met" in res.stdout
+
+
+def test_offload_report_judges_losses_of_the_deterministic_run():
+    """Target 4 from the recorded deterministic run: every transit run bit-identical."""
+    import subprocess
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "offload.py"), "--report",
+                          str(ROOT / "bench/results/offload_losses_deterministic_2026-11-29.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "4. losses: every transit run within 1e-6 of the reference (2 runs)" in res.stdout
+    assert "no peers measured; target 3 not judged" in res.stdout
 
 
 def test_offload_report_takes_the_later_measurement_of_a_run(tmp_path):
