@@ -107,7 +107,10 @@ def run_one(a, name, accum, budget, meter):
         cores = set(range(int(lo), int(hi or lo) + 1))
         pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
     t0 = time.time()
-    out, err, rc = run(cmd, env(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu)), a.timeout, pin)
+    # advise-stage: advise with TRANSIT_STAGE=1 (experimental: docs/lifetime-policy.md)
+    staged = {"TRANSIT_STAGE": "1"} if name.endswith("-stage") else {}
+    out, err, rc = run(cmd, env(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu), **staged),
+                       a.timeout, pin)
     steps, summ = trainer_records(out)
     summ = summ or {}
     r = {"name": name, "accum": accum, "policy": policy or "none", "rc": rc, "wall_s": round(time.time() - t0, 1),

@@ -57,3 +57,26 @@ EXPORT int transit_write_stats(const char *path)
         return -1;
     return tr_write_stats(path);
 }
+
+EXPORT int transit_stage_enabled(void)
+{
+    tr_init_once();
+    return tr_stage_enabled();
+}
+
+/* A staging call on the application's stream, under the table lock. */
+static uint64_t staged(uint64_t (*fn)(cudaStream_t), uintptr_t stream)
+{
+    if (!transit_active())
+        return 0;
+    pthread_mutex_lock(&tr_lock);
+    uint64_t n = fn((cudaStream_t)stream);
+    pthread_mutex_unlock(&tr_lock);
+    return n;
+}
+
+static uint64_t wait_on(cudaStream_t s) { return (uint64_t)tr_stage_wait(s); }
+
+EXPORT size_t transit_stage_in(uintptr_t stream) { return (size_t)staged(tr_stage_in, stream); }
+EXPORT int transit_stage_wait(uintptr_t stream) { return (int)staged(wait_on, stream); }
+EXPORT size_t transit_stage_out(uintptr_t stream) { return (size_t)staged(tr_stage_out, stream); }

@@ -84,6 +84,8 @@ void tr_config_load(void)
     if (tr_cfg.warmup_iters < 1)
         tr_cfg.warmup_iters = 1;
     tr_cfg.merge_gap = env_size("TRANSIT_MERGE_GAP", 128 * 1024);
+    v = getenv("TRANSIT_STAGE");
+    tr_cfg.stage = v && strcmp(v, "1") == 0;
     v = getenv("TRANSIT_STATS");
     tr_cfg.stats_path[0] = 0;
     if (v && *v) {

@@ -78,7 +78,7 @@ static void to_host(struct tr_region *r, int evict)
         evict_region(r);
 }
 
-static void to_device(struct tr_region *r)
+static void to_device_on(struct tr_region *r, cudaStream_t s)
 {
     void *p = (void *)r->start;
     if (r->zero_copy) {
@@ -87,7 +87,7 @@ static void to_device(struct tr_region *r)
         tr_st.zero_copy_bytes -= rsize(r);
     }
     tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_DEVICE, tr_s.device);
-    tr_prefetch(p, rsize(r), TR_LOC_DEVICE, tr_s.device, 0);
+    tr_prefetch(p, rsize(r), TR_LOC_DEVICE, tr_s.device, s);
     tr_st.prefetch_calls++;
     tr_st.prefetch_bytes += rsize(r);
     r->place = TR_DEV;
@@ -95,11 +95,45 @@ static void to_device(struct tr_region *r)
     tr_st.host_placed_bytes -= rsize(r);
 }
 
+static void to_device(struct tr_region *r) { to_device_on(r, 0); }
+
+uint64_t tr_region_bytes(const struct tr_region *r) { return rsize(r); }
+
+/* Staging (stage.c): counted on the device from the moment the copy is enqueued. */
+void tr_move_to_device(struct tr_region *r, cudaStream_t s) { to_device_on(r, s); }
+
+/* Staging: the copy home is enqueued on s; the bytes stay counted on the device until
+ * tr_move_settled (stage.c knows when the copy is done). Advice is not stream-ordered,
+ * and harmless to kernels still running: resident pages do not fault. */
+void tr_move_to_host(struct tr_region *r, cudaStream_t s)
+{
+    void *p = (void *)r->start;
+    tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_HOST, tr_s.device);
+    tr_advise(p, rsize(r), cudaMemAdviseSetAccessedBy, TR_LOC_DEVICE, tr_s.device);
+    tr_prefetch(p, rsize(r), TR_LOC_HOST, 0, s);
+    tr_st.evict_calls++;
+    tr_st.evict_bytes += rsize(r);
+}
+
+void tr_move_settled(struct tr_region *r)
+{
+    r->place = TR_HOST;
+    tr_tab.dev_bytes -= rsize(r);
+    tr_st.host_placed_bytes += rsize(r);
+    r->advised = 1;
+    r->zero_copy = 1;
+    tr_st.zero_copy_bytes += rsize(r);
+    r->evicted = 1;
+}
+
 void tr_place_new(struct tr_alloc *a)
 {
     struct tr_region *r = &a->reg[0];
+    if (tr_tab.dev_bytes + a->size > tr_budget())
+        tr_stage_settle(1); /* staged data on its way home holds room this allocation needs */
     if (tr_tab.dev_bytes + a->size <= tr_budget()) {
         tr_tab.dev_bytes += a->size;
+        tr_stage_placed((int64_t)a->size);
     } else {
         r->place = TR_HOST;
         tr_st.host_placed_bytes += a->size;
@@ -114,9 +148,11 @@ void tr_place_drop(struct tr_alloc *a)
 {
     for (int i = 0; i < a->nreg; i++) {
         struct tr_region *r = &a->reg[i];
-        if (r->place == TR_DEV)
+        if (r->place == TR_DEV) {
             tr_tab.dev_bytes -= rsize(r);
-        else
+            if (r->stage == TR_HOME)
+                tr_stage_placed(-(int64_t)rsize(r));
+        } else
             tr_st.host_placed_bytes -= rsize(r);
         if (r->zero_copy)
             tr_st.zero_copy_bytes -= rsize(r);
@@ -157,8 +193,8 @@ static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
         struct tr_alloc *a = &tr_tab.a[i];
         for (int j = 0; j < a->nreg; j++) {
             struct tr_region *r = &a->reg[j];
-            if (r->kind != kind || r->place != place)
-                continue;
+            if (r->kind != kind || r->place != place || r->stage != TR_HOME)
+                continue; /* lent regions are stage.c's until they are home */
             if (rsize(r) <= *room) {
                 r->want = TR_DEV;
                 *room -= rsize(r);
@@ -173,10 +209,20 @@ static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
  * comes first, so that a steady state moves nothing). */
 static void rank(void)
 {
-    uint64_t room = tr_budget();
-    for (int k = TR_HOT; k <= TR_COLD_OPT; k++) {
+    uint64_t budget = tr_budget(), lent = tr_stage_lent_bytes();
+    uint64_t room = budget > lent ? budget - lent : 0;
+    /* Staging: the optimizer ranges live on the host and are lent per step; the room seen
+     * here, at the boundary, is not there at the step's peak when the framework gives its
+     * cache back mid-step. */
+    int last = tr_stage_enabled() ? TR_COLD_MASTER : TR_COLD_OPT;
+    for (int k = TR_HOT; k <= last; k++) {
         rank_kind((enum tr_kind)k, TR_DEV, &room);
         rank_kind((enum tr_kind)k, TR_HOST, &room);
+    }
+    if (last != TR_COLD_OPT) {
+        uint64_t none = 0;
+        rank_kind(TR_COLD_OPT, TR_DEV, &none);
+        rank_kind(TR_COLD_OPT, TR_HOST, &none);
     }
 }
 
@@ -188,6 +234,8 @@ static void place_ranked(void)
             struct tr_alloc *a = &tr_tab.a[i];
             for (int j = 0; j < a->nreg; j++) {
                 struct tr_region *r = &a->reg[j];
+                if (r->stage != TR_HOME)
+                    continue;
                 if (pass == 0 && r->place == TR_DEV && r->want == TR_HOST)
                     to_host(r, 1);
                 else if (pass == 1 && r->place == TR_HOST && r->want == TR_DEV)
@@ -208,7 +256,7 @@ static void evict_new_host_regions(int ranked)
         struct tr_alloc *a = &tr_tab.a[i];
         for (int j = 0; j < a->nreg; j++) {
             struct tr_region *r = &a->reg[j];
-            if (r->place == TR_HOST && !r->evicted && !(ranked && r->want == TR_DEV))
+            if (r->place == TR_HOST && !r->evicted && r->stage == TR_HOME && !(ranked && r->want == TR_DEV))
                 evict_region(r);
         }
     }

@@ -68,6 +68,12 @@ int tr_real_resolve(void)
     RESOLVE(device_synchronize, "cudaDeviceSynchronize");
     RESOLVE(get_last_error, "cudaGetLastError");
     RESOLVE(peek_last_error, "cudaPeekAtLastError");
+    RESOLVE(stream_create, "cudaStreamCreateWithFlags");
+    RESOLVE(event_create, "cudaEventCreateWithFlags");
+    RESOLVE(event_record, "cudaEventRecord");
+    RESOLVE(stream_wait_event, "cudaStreamWaitEvent");
+    RESOLVE(event_synchronize, "cudaEventSynchronize");
+    RESOLVE(event_query, "cudaEventQuery");
     if (!tr_real.malloc || !tr_real.free) {
         tr_log(TR_ERROR, "no CUDA runtime (cudaMalloc/cudaFree) found in this process: passing through");
         return -1;

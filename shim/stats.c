@@ -84,6 +84,11 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_st.evict_calls, (unsigned long long)tr_st.evict_bytes,
             (unsigned long long)tr_st.advise_calls, (unsigned long long)tr_st.hint_errors,
             (unsigned long long)tr_replay_positions());
+    fprintf(f, "  \"staging\": {\"enabled\": %d, \"in_bytes\": %llu, \"out_bytes\": %llu, \"steps\": %llu, "
+               "\"syncs\": %llu, \"learned_need_bytes\": %llu},\n",
+            tr_stage_enabled(), (unsigned long long)tr_st.stage_in_bytes, (unsigned long long)tr_st.stage_out_bytes,
+            (unsigned long long)tr_st.stage_steps, (unsigned long long)tr_st.stage_syncs,
+            (unsigned long long)tr_st.stage_need);
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
             tr_st.iterations, sources[tr_st.boundary_source], (unsigned long long)tr_st.period);
     fprintf(f, "  \"iteration_ms\": [");

@@ -27,6 +27,7 @@ struct tr_config {
     uint64_t merge_gap;       /* TRANSIT_MERGE_GAP */
     char stats_path[4096];    /* TRANSIT_STATS ("" = none) */
     int log_level;            /* 0 error, 1 warn, 2 info, 3 debug */
+    int stage;                /* TRANSIT_STAGE=1 (advise): the adapter stages cold data per step */
 };
 HIDDEN extern struct tr_config tr_cfg;
 HIDDEN void tr_config_load(void);
@@ -57,6 +58,13 @@ struct tr_real {
     cudaError_t (*device_synchronize)(void);
     cudaError_t (*get_last_error)(void);
     cudaError_t (*peek_last_error)(void);
+    /* staging (stage.c): optional, staging is off without them */
+    cudaError_t (*stream_create)(cudaStream_t *, unsigned int);
+    cudaError_t (*event_create)(cudaEvent_t *, unsigned int);
+    cudaError_t (*event_record)(cudaEvent_t, cudaStream_t);
+    cudaError_t (*stream_wait_event)(cudaStream_t, cudaEvent_t, unsigned int);
+    cudaError_t (*event_synchronize)(cudaEvent_t);
+    cudaError_t (*event_query)(cudaEvent_t);
     /* resolved by version: CUDA 13 names, 12.2+ *_v2 names, or the legacy int-device form */
     void *advise_fn;
     void *prefetch_fn;
@@ -72,12 +80,14 @@ HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, c
 /* ---- allocation table and placement (table.c, place.c) --------------------- */
 enum tr_kind { TR_HOT = 0, TR_COLD_MASTER = 1, TR_COLD_OPT = 2 };
 enum tr_place { TR_DEV = 0, TR_HOST = 1 };
+enum tr_stage { TR_HOME = 0, TR_STAGED = 1, TR_LEAVING = 2 }; /* LEAVING: still counted on the device */
 
 struct tr_region {          /* page-aligned piece of one allocation */
     uintptr_t start, end;
     uint8_t kind, place, zero_copy, advised;
     uint8_t evicted;        /* host region pushed off the GPU since it was placed there */
     uint8_t want;           /* rebalance: the placement it is given (enum tr_place) */
+    uint8_t stage;          /* enum tr_stage: lent to the device for one step (stage.c) */
     uint32_t touches;       /* distinct launch positions seen migrating it (warm-up) */
 };
 
@@ -113,6 +123,20 @@ HIDDEN void tr_place_unadvise(void);
 HIDDEN void tr_place_evict_observed(int all);
 HIDDEN uint64_t tr_budget(void);
 HIDDEN uint64_t tr_guard_limit(void);
+HIDDEN void tr_move_to_device(struct tr_region *r, cudaStream_t s);
+HIDDEN void tr_move_to_host(struct tr_region *r, cudaStream_t s); /* still counted on the device */
+HIDDEN void tr_move_settled(struct tr_region *r);                  /* ... until this */
+HIDDEN uint64_t tr_region_bytes(const struct tr_region *r);
+
+/* ---- staging (stage.c): cold data lent to the device for part of a step ------- */
+HIDDEN int tr_stage_enabled(void);
+HIDDEN uint64_t tr_stage_in(cudaStream_t app);   /* bytes staged; under tr_lock */
+HIDDEN uint64_t tr_stage_out(cudaStream_t app);  /* bytes leaving; under tr_lock */
+HIDDEN int tr_stage_wait(cudaStream_t app);      /* under tr_lock */
+HIDDEN void tr_stage_settle(int block);          /* finish leaving moves: block, or if done */
+HIDDEN void tr_stage_placed(int64_t delta);      /* the application's placement changed */
+HIDDEN uint64_t tr_stage_lent_bytes(void);       /* staged + leaving bytes on the device */
+HIDDEN void tr_stage_boundary(void);
 
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {
@@ -123,6 +147,7 @@ struct tr_stats {
     uint64_t prefetch_calls, prefetch_bytes, evict_calls, evict_bytes;
     uint64_t advise_calls;
     uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
+    uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need;
     uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI, during recording */
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];

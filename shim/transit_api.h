@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 1
+#define TRANSIT_API_VERSION 2
 enum { TRANSIT_HINT_HOT = 0, TRANSIT_HINT_MASTER = 1, TRANSIT_HINT_OPTIMIZER = 2 };
 
 int transit_api_version(void);
@@ -20,4 +20,14 @@ int transit_hint(uintptr_t ptr, size_t size, int kind);
 void transit_apply(void);
 /* Write the stats JSON now (NULL: the TRANSIT_STATS path); 0 on success. */
 int transit_write_stats(const char *path);
+/* Staging (TRANSIT_STAGE=1 with advise; experimental): optimizer ranges lent to the device
+ * for the end of a step. `stream` is the application's cudaStream_t (0: legacy default).
+ * 1 when staging is on. */
+int transit_stage_enabled(void);
+/* Start of the last backward, after the framework gave its free cache back: bytes staged. */
+size_t transit_stage_in(uintptr_t stream);
+/* Before the optimizer step: `stream` waits for the staged copies; 1 if it had to. */
+int transit_stage_wait(uintptr_t stream);
+/* After the optimizer step: the staged ranges go home after `stream`'s work; bytes. */
+size_t transit_stage_out(uintptr_t stream);
 #endif

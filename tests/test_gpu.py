@@ -27,9 +27,9 @@ TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py"), "--steps",
            "--dim", "1024", "--layers", "16", "--ffn", "2816", "--vocab", "8192", "--seq-len", "512", "--batch", "2"]
 
 
-def run_trainer(tmp_path, policy=None, budget=None):
+def run_trainer(tmp_path, policy=None, budget=None, **extra_env):
     cmd = TRAINER if policy is None else transit(policy, TRAINER, str(tmp_path), budget)
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env(**extra_env), timeout=900, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     steps, summary = trainer_records(res.stdout)
     assert summary is not None, res.stdout[-2000:]
@@ -73,3 +73,20 @@ def test_losses_match_and_budget_holds(reference, tmp_path, policy, budgeted):
         adam = 8 * params  # exp_avg and exp_avg_sq in fp32
         assert s["cold_hint_bytes"]["optimizer"] >= 0.95 * adam
         assert s["host_placed_peak_bytes"] >= 0.95 * adam and s["zero_copy_mapped_peak_bytes"] >= 0.95 * adam
+
+
+def test_staging_keeps_losses_and_budget(reference, tmp_path):
+    """TRANSIT_STAGE=1 (experimental, docs/lifetime-policy.md): with the budget the offload
+    gate uses (peak less the AdamW bytes), lending the optimizer state to the GPU for the
+    end of each step changes no loss and never exceeds the budget."""
+    peak = int(reference["max_reserved_gb"] * 1e9)
+    budget = peak - 8 * reference["params"]
+    steps, summary, stats, err = run_trainer(tmp_path, "advise", budget, TRANSIT_STAGE="1")
+    got, ref = [s["loss"] for s in steps], reference["losses"]
+    assert len(got) == len(ref) == 20
+    for a, b in zip(got, ref):
+        assert abs(a - b) <= 1e-6 * abs(b), (got, ref)
+    assert len(stats) == 1, err[-2000:]
+    s = stats[0]
+    assert s["staging"]["enabled"] == 1 and runmod.budget_held(s), s
+    assert "staging disabled" not in err

@@ -359,3 +359,48 @@ def test_python_bindings_declare_what_the_header_declares():
     kinds = dict(re.findall(r"TRANSIT_HINT_(\w+) = (\d+)", header))
     assert kinds == {"HOT": str(transit_api.HOT), "MASTER": str(transit_api.MASTER),
                      "OPTIMIZER": str(transit_api.OPTIMIZER)}
+
+
+GiB = 1 << 30
+
+
+def test_staging_lends_optimizer_state_for_the_end_of_each_step(built, tmp_path):
+    """TRANSIT_STAGE=1 (advise): budget 5.5 GiB; 4 GiB hot, 2 GiB of optimizer state (two
+    hinted halves) at home on the host. Step 1 only learns what the rest of a step places
+    (0.5 GiB of gradients); from step 2 the half that fits is lent to the device on the
+    side stream when the activations are freed, the application's stream waits for it
+    before the optimizer, it goes home after the optimizer, and the next step's activations
+    wait for that copy instead of landing on the host. Placement never exceeds the budget."""
+    res, out, calls = run(built, "stage", 3, tmp_path / "s.json",
+                          env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1"})
+    assert out.get("stats") == "0", res.stderr
+    assert [int(out[f"staged{i}"]) for i in (1, 2, 3)] == [0, GiB, GiB]
+    assert [int(out[f"waited{i}"]) for i in (1, 2, 3)] == [0, 1, 1]
+    assert [int(out[f"out{i}"]) for i in (1, 2, 3)] == [0, GiB, GiB]
+    side = next(c.split()[1] for c in calls if c.startswith("cudaStreamCreateWithFlags"))
+    ev_app, ev_in, ev_out = [c.split()[1] for c in calls if c.startswith("cudaEventCreateWithFlags")]
+    half = f"{out['o']} {GiB}"
+    assert calls.count(f"cudaMemPrefetchAsync {half} {LOC_DEVICE} 0 {side}") == 2  # in, on the side stream
+    assert calls.count(f"cudaMemPrefetchAsync {half} {LOC_HOST} 0 {side}") == 2    # home, on the side stream
+    assert calls.count(f"cudaStreamWaitEvent 0x77 {ev_in}") == 2                    # the optimizer waits
+    # home only after the application's optimizer step: the side stream waits for it first
+    first_out = calls.index(f"cudaMemPrefetchAsync {half} {LOC_HOST} 0 {side}")
+    assert calls[first_out - 4:first_out - 2] == [f"cudaEventRecord {ev_app} 0x77", f"cudaStreamWaitEvent {side} {ev_app}"]
+    # step 3's activations needed the room of the copy going home: they waited for it
+    sync = calls.index(f"cudaEventSynchronize {ev_out}")
+    mallocs = [i for i, c in enumerate(calls) if c.startswith(f"cudaMallocManaged {GiB} ")]
+    assert mallocs[2] < sync < mallocs[2] + 2
+    s = stats_of(tmp_path / "s.json")
+    st = s["staging"]
+    assert st == {"enabled": 1, "in_bytes": 2 * GiB, "out_bytes": 2 * GiB, "steps": 2, "syncs": 1,
+                  "learned_need_bytes": GiB // 2}
+    assert s["device_placed_peak_bytes"] <= s["budget_bytes"] == 11 * GiB // 2
+    assert s["host_placed_peak_bytes"] == 2 * GiB  # nothing but the optimizer state ever on the host
+
+
+def test_staging_is_off_unless_asked(built, tmp_path):
+    res, out, calls = run(built, "stage", 2, tmp_path / "s.json", env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2)})
+    assert out.get("stats") == "0", res.stderr
+    assert [out["staged1"], out["staged2"], out["out2"], out["waited2"]] == ["0", "0", "0", "0"]
+    assert not [c for c in calls if c.startswith(("cudaStreamCreate", "cudaEvent", "cudaStreamWaitEvent"))]
+    assert stats_of(tmp_path / "s.json")["staging"]["enabled"] == 0

@@ -7,6 +7,7 @@
  *   app loop ITERS LAUNCHES SIZE [adapter]   training-like loop over fake kernels
  *   app hint SIZE OFF LEN KIND    allocate, hint a sub-range, apply, print
  *   app fork SIZE                 allocate, fork a child that allocates too, wait
+ *   app stage STEPS STATS         steps of a training loop with staging calls (TRANSIT_STAGE=1)
  *   app place SIZE EXTRA STATS OFF:LEN:KIND...   allocate SIZE then EXTRA (0: none), hint
  *                                 ranges of the first, apply twice, write stats
  */
@@ -183,6 +184,45 @@ int main(int argc, char **argv)
         if (q)
             cudaFree(q);
         cudaFree(p);
+        return 0;
+    }
+    if (!strcmp(argv[1], "stage") && argc >= 4) {
+        /* STEPS STATS: a 4 GiB hot allocation, 2 GiB of optimizer state in two hinted
+         * halves; each step allocates 1 GiB of activations, frees them (the framework's
+         * cache given back at the start of backward), stages, allocates 0.5 GiB of
+         * gradients, waits, runs the optimizer, ends the iteration, stages out, frees. */
+        const size_t GiB = 1ull << 30;
+        int steps = atoi(argv[2]);
+        size_t (*in)(uintptr_t) = (size_t(*)(uintptr_t))api("transit_stage_in");
+        size_t (*out)(uintptr_t) = (size_t(*)(uintptr_t))api("transit_stage_out");
+        int (*wait)(uintptr_t) = (int (*)(uintptr_t))api("transit_stage_wait");
+        int (*hint)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
+        int (*iteration)(void) = (int (*)(void))api("transit_iteration");
+        int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
+        if (!in || !out || !wait || !hint || !iteration)
+            return 1;
+        cudaStream_t app = (cudaStream_t)0x77;
+        void *a, *o, *t, *g;
+        cudaMalloc(&a, 4 * GiB);
+        cudaMalloc(&o, 2 * GiB);
+        hint((uintptr_t)o, GiB, 2);
+        hint((uintptr_t)o + GiB, GiB, 2);
+        printf("o=0x%llx\n", (unsigned long long)(uintptr_t)o);
+        for (int i = 1; i <= steps; i++) {
+            cudaMalloc(&t, GiB);
+            cudaLaunchKernel((const void *)kern0, (dim3){1, 1, 1}, (dim3){1, 1, 1}, NULL, 0, app);
+            cudaFree(t);
+            printf("staged%d=%zu\n", i, in((uintptr_t)app));
+            cudaMalloc(&g, GiB / 2);
+            printf("waited%d=%d\n", i, wait((uintptr_t)app));
+            cudaLaunchKernel((const void *)kern1, (dim3){1, 1, 1}, (dim3){1, 1, 1}, NULL, 0, app);
+            iteration();
+            printf("out%d=%zu\n", i, out((uintptr_t)app));
+            cudaFree(g);
+        }
+        printf("stats=%d\n", write_stats(argv[3]));
+        cudaFree(o);
+        cudaFree(a);
         return 0;
     }
     if (!strcmp(argv[1], "fork")) {

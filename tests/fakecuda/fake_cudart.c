@@ -154,6 +154,59 @@ cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation
     return cudaSuccess;
 }
 
+/* Streams and events: handles are small numbers, every call is logged. cudaEventQuery
+ * says not-ready while FAKE_EVENT_BUSY is set (a copy still running). */
+static uintptr_t next_handle = 0x100;
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+    pthread_mutex_lock(&mu);
+    *s = (cudaStream_t)next_handle++;
+    logcall("cudaStreamCreateWithFlags %p %u", (void *)*s, flags);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
+{
+    pthread_mutex_lock(&mu);
+    *e = (cudaEvent_t)next_handle++;
+    logcall("cudaEventCreateWithFlags %p %u", (void *)*e, flags);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+#define LOG2(fmt, a, b)                  \
+    do {                                 \
+        pthread_mutex_lock(&mu);         \
+        logcall(fmt, (void *)(a), (void *)(b)); \
+        pthread_mutex_unlock(&mu);       \
+    } while (0)
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { LOG2("cudaEventRecord %p %p", e, s); return cudaSuccess; }
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+    (void)flags;
+    LOG2("cudaStreamWaitEvent %p %p", s, e);
+    return cudaSuccess;
+}
+
+static void log1(const char *what, cudaEvent_t e)
+{
+    pthread_mutex_lock(&mu);
+    logcall("%s %p", what, (void *)e);
+    pthread_mutex_unlock(&mu);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { log1("cudaEventSynchronize", e); return cudaSuccess; }
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    log1("cudaEventQuery", e);
+    return getenv("FAKE_EVENT_BUSY") ? cudaErrorNotReady : cudaSuccess;
+}
+
 /* Both launch entry points share this; like the real runtime, no internal call goes back
  * through the exported (interposable) names. */
 static cudaError_t launch(const void *f, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s)

@@ -15,6 +15,10 @@ int transit_iteration(void);
 int transit_hint(uintptr_t ptr, size_t size, int kind);
 void transit_apply(void);
 int transit_write_stats(const char *path);
+int transit_stage_enabled(void);
+size_t transit_stage_in(uintptr_t stream);
+int transit_stage_wait(uintptr_t stream);
+size_t transit_stage_out(uintptr_t stream);
 """
 
 
@@ -41,6 +45,9 @@ def _load():
     lib.transit_hint.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
     lib.transit_policy.restype = ctypes.c_char_p
     lib.transit_write_stats.argtypes = [ctypes.c_char_p]
+    for f in ("transit_stage_in", "transit_stage_out"):
+        getattr(lib, f).argtypes, getattr(lib, f).restype = [ctypes.c_size_t], ctypes.c_size_t
+    lib.transit_stage_wait.argtypes = [ctypes.c_size_t]
     return "ctypes", lib, None
 
 
@@ -77,3 +84,19 @@ def write_stats(path: str | None = None) -> int:
         return -1
     arg = path.encode() if path else (_ffi.NULL if _ffi else None)
     return _lib.transit_write_stats(arg)
+
+
+def stage_enabled() -> bool:
+    return bool(available and _lib.transit_stage_enabled())
+
+
+def stage_in(stream: int) -> int:
+    return _lib.transit_stage_in(stream) if available else 0
+
+
+def stage_wait(stream: int) -> int:
+    return _lib.transit_stage_wait(stream) if available else 0
+
+
+def stage_out(stream: int) -> int:
+    return _lib.transit_stage_out(stream) if available else 0

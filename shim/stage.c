@@ -1,0 +1,198 @@
+/* Staging (TRANSIT_STAGE=1 with advise; experimental, docs/lifetime-policy.md): cold data
+ * whose home is the host is lent to the device for the part of a step that has room for
+ * it, so that the optimizer reads it from HBM instead of over PCIe, and the copies run on
+ * a side stream behind compute. The framework adapter drives it:
+ *   stage_in  at the start of the last backward, after PyTorch gave its free cache back:
+ *             optimizer ranges move in while they fit the budget less what the application
+ *             placed between this point and the step's end last time (learned, the first
+ *             step only measures);
+ *   stage_wait before the optimizer step: the application's stream waits for the copies;
+ *   stage_out after the optimizer step: the ranges go home after the step's kernels.
+ * The budget holds at every instant: staged bytes count on the device from the moment
+ * their copy is enqueued, and leaving bytes until their copy is known done; an allocation
+ * that needs their room waits for it (tr_place_new). */
+#include "transit.h"
+
+static cudaStream_t side;
+static cudaEvent_t ev_app, ev_in, ev_out;
+static int ready = -1; /* -1 not tried, 0 failed (staging off), 1 ready */
+static int in_pending, out_pending;
+static int measuring;                 /* between stage_in and the next boundary */
+static int64_t since, since_peak;     /* the application's placement change since stage_in */
+static int have_need;
+static uint64_t need;                 /* learned: the most it grew from stage_in to the boundary */
+
+int tr_stage_enabled(void)
+{
+    return tr_cfg.stage && tr_cfg.policy == TR_ADVISE && !tr_s.passthrough && tr_s.runtime_ready &&
+           tr_real.stream_create && tr_real.event_create && tr_real.event_record && tr_real.stream_wait_event &&
+           tr_real.event_synchronize && tr_real.event_query;
+}
+
+static int setup(void)
+{
+    if (ready >= 0)
+        return ready;
+    ready = tr_real.stream_create(&side, cudaStreamNonBlocking) == cudaSuccess &&
+            tr_real.event_create(&ev_app, cudaEventDisableTiming) == cudaSuccess &&
+            tr_real.event_create(&ev_in, cudaEventDisableTiming) == cudaSuccess &&
+            tr_real.event_create(&ev_out, cudaEventDisableTiming) == cudaSuccess;
+    if (!ready) {
+        if (tr_real.get_last_error)
+            tr_real.get_last_error();
+        tr_log(TR_WARN, "staging: no side stream or events: staging off");
+    }
+    return ready;
+}
+
+static int each_region(int (*fn)(struct tr_region *, void *), void *arg)
+{
+    for (int i = 0; i < tr_tab.n; i++)
+        for (int j = 0; j < tr_tab.a[i].nreg; j++)
+            if (fn(&tr_tab.a[i].reg[j], arg))
+                return 1;
+    return 0;
+}
+
+static int count_lent(struct tr_region *r, void *arg)
+{
+    if (r->stage != TR_HOME && r->place == TR_DEV)
+        *(uint64_t *)arg += tr_region_bytes(r);
+    return 0;
+}
+
+uint64_t tr_stage_lent_bytes(void)
+{
+    uint64_t n = 0;
+    each_region(count_lent, &n);
+    return n;
+}
+
+struct fill { uint64_t room, moved; };
+
+static int stage_one_in(struct tr_region *r, void *arg)
+{
+    struct fill *f = arg;
+    uint64_t n = tr_region_bytes(r);
+    if (r->kind != TR_COLD_OPT || r->place != TR_HOST || r->stage != TR_HOME || n > f->room)
+        return 0;
+    tr_move_to_device(r, side);
+    r->stage = TR_STAGED;
+    f->room -= n;
+    f->moved += n;
+    return 0;
+}
+
+uint64_t tr_stage_in(cudaStream_t app)
+{
+    (void)app; /* the room was made by cudaFree, which synchronized: nothing to order after */
+    if (!tr_stage_enabled() || !setup() || tr_s.defer_advice)
+        return 0;
+    tr_stage_settle(0);
+    measuring = 1;
+    since = since_peak = 0;
+    if (!have_need)
+        return 0; /* the first step learns what the rest of a step allocates */
+    uint64_t budget = tr_budget(), used = tr_tab.dev_bytes + need;
+    struct fill f = {budget > used ? budget - used : 0, 0};
+    each_region(stage_one_in, &f);
+    if (f.moved) {
+        tr_real.event_record(ev_in, side);
+        in_pending = 1;
+        tr_st.stage_in_bytes += f.moved;
+    }
+    tr_log(TR_DEBUG, "staging in %llu bytes (room %llu, learned need %llu)", (unsigned long long)f.moved,
+           (unsigned long long)(f.room + f.moved), (unsigned long long)need);
+    return f.moved;
+}
+
+int tr_stage_wait(cudaStream_t app)
+{
+    if (!in_pending)
+        return 0;
+    tr_real.stream_wait_event(app, ev_in, 0);
+    in_pending = 0;
+    return 1;
+}
+
+static int stage_one_out(struct tr_region *r, void *arg)
+{
+    if (r->stage != TR_STAGED)
+        return 0;
+    tr_move_to_host(r, side);
+    r->stage = TR_LEAVING;
+    *(uint64_t *)arg += tr_region_bytes(r);
+    return 0;
+}
+
+uint64_t tr_stage_out(cudaStream_t app)
+{
+    if (ready != 1)
+        return 0;
+    uint64_t moved = 0;
+    if (!tr_stage_lent_bytes())
+        return 0;
+    /* after the kernels the application enqueued so far (the optimizer step) */
+    tr_real.event_record(ev_app, app);
+    tr_real.stream_wait_event(side, ev_app, 0);
+    each_region(stage_one_out, &moved);
+    if (moved) {
+        tr_real.event_record(ev_out, side);
+        out_pending = 1;
+        tr_st.stage_out_bytes += moved;
+        tr_st.stage_steps++;
+    }
+    return moved;
+}
+
+static int settle_one(struct tr_region *r, void *arg)
+{
+    (void)arg;
+    if (r->stage == TR_LEAVING) {
+        r->stage = TR_HOME;
+        tr_move_settled(r);
+    }
+    return 0;
+}
+
+void tr_stage_settle(int block)
+{
+    if (!out_pending)
+        return;
+    if (block) {
+        tr_real.event_synchronize(ev_out);
+        tr_st.stage_syncs++;
+    } else {
+        cudaError_t pending = tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess;
+        cudaError_t q = tr_real.event_query(ev_out);
+        if (q != cudaSuccess) {
+            if (pending == cudaSuccess && tr_real.get_last_error)
+                tr_real.get_last_error(); /* not the application's error */
+            return;
+        }
+    }
+    each_region(settle_one, NULL);
+    out_pending = 0;
+}
+
+void tr_stage_placed(int64_t delta)
+{
+    if (!measuring)
+        return;
+    since += delta;
+    if (since > since_peak)
+        since_peak = since;
+}
+
+void tr_stage_boundary(void)
+{
+    if (measuring) {
+        uint64_t n = since_peak > 0 ? (uint64_t)since_peak : 0;
+        if (!have_need || n > need)
+            need = n;
+        have_need = 1;
+        measuring = 0;
+        tr_st.stage_need = need;
+    }
+    tr_stage_settle(0);
+}

@@ -1,0 +1,82 @@
+"""The framework adapter's staging driver (transit_launch/adapter/sitecustomize.py,
+TRANSIT_STAGE=1) on a CPU model: it finds the start of every backward without the
+application's help and calls the shim's staging API at the right points of a step."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+pytestmark = pytest.mark.skipif(not has_torch, reason="needs PyTorch (CPU build)")
+
+
+def load_site():
+    spec = importlib.util.spec_from_file_location("transit_site", ROOT / "transit_launch/adapter/sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)  # installs nothing here: no shim is loaded
+    return site
+
+
+class Api:
+    def __init__(self):
+        self.calls = []
+
+    def stage_in(self, stream):
+        self.calls.append("in")
+
+    def stage_wait(self, stream):
+        self.calls.append("wait")
+
+    def stage_out(self, stream):
+        self.calls.append("out")
+
+
+def test_stager_lends_at_the_last_backward_of_each_step(monkeypatch):
+    import torch
+    site = load_site()
+    monkeypatch.setattr(site._Stager, "stream", staticmethod(lambda: 0))
+    api = Api()
+    st = site._Stager(api)
+    st.install()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            for _ in range(2):  # two microbatches a step
+                model(torch.randn(4, 8)).sum().backward()
+                api.calls.append("bwd")
+            opt.step()
+            st.step_end()  # what _Hooks.post_step calls after the iteration boundary
+    finally:
+        st.uninstall()
+    # step 1 counts the microbatches; from step 2 the state comes in at the last backward
+    assert api.calls == ["bwd", "bwd", "wait", "out",
+                         "bwd", "in", "bwd", "wait", "out",
+                         "bwd", "in", "bwd", "wait", "out"]
+    assert st.micro == 2 and not st.off
+
+
+def test_a_failing_staging_hook_switches_staging_off_not_the_job(monkeypatch, capsys):
+    import torch
+    site = load_site()
+
+    def broken():
+        raise RuntimeError("no stream")
+    monkeypatch.setattr(site._Stager, "stream", staticmethod(broken))
+    st = site._Stager(Api())
+    st.install()
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            st.step_end()
+    finally:
+        st.uninstall()
+    assert st.off
+    assert "staging disabled after an error: RuntimeError('no stream')" in capsys.readouterr().err
