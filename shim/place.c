@@ -134,6 +134,10 @@ void tr_place_new(struct tr_alloc *a)
     if (tr_tab.dev_bytes + a->size <= tr_budget()) {
         tr_tab.dev_bytes += a->size;
         tr_stage_placed((int64_t)a->size);
+        /* Staging makes the framework allocate again every step; populate the new pages
+         * on the device now rather than by a storm of first-touch faults. */
+        if (tr_stage_enabled() && !tr_s.defer_advice && tr_st.iterations > 0)
+            tr_prefetch((void *)a->ptr, a->size, TR_LOC_DEVICE, tr_s.device, 0);
     } else {
         r->place = TR_HOST;
         tr_st.host_placed_bytes += a->size;

@@ -390,6 +390,11 @@ def test_staging_lends_optimizer_state_for_the_end_of_each_step(built, tmp_path)
     sync = calls.index(f"cudaEventSynchronize {ev_out}")
     mallocs = [i for i, c in enumerate(calls) if c.startswith(f"cudaMallocManaged {GiB} ")]
     assert mallocs[2] < sync < mallocs[2] + 2
+    # allocations after the first boundary are populated on the device at once, not by faults
+    t3 = calls[mallocs[2]].split()[2]
+    assert calls[sync + 1] == f"cudaMemPrefetchAsync {t3} {GiB} {LOC_DEVICE} 0 (nil)"
+    t1 = calls[mallocs[0]].split()[2]
+    assert not [c for c in calls if c.startswith(f"cudaMemPrefetchAsync {t1} {GiB} {LOC_DEVICE}")]
     s = stats_of(tmp_path / "s.json")
     st = s["staging"]
     assert st == {"enabled": 1, "in_bytes": 2 * GiB, "out_bytes": 2 * GiB, "steps": 2, "syncs": 1,
