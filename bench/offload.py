@@ -143,7 +143,7 @@ def run_one(a, name, accum, budget, meter):
                                                "cold_hint_bytes", "zero_copy_mapped_peak_bytes", "managed_peak_bytes",
                                                "gpu_resident_peak_bytes", "cuda_malloc_calls", "cuda_free_calls",
                                                "managed_allocs", "evict_calls", "prefetch_calls", "hint_errors",
-                                               "host_placed_bytes", "device_placed_bytes",
+                                               "host_placed_bytes", "device_placed_bytes", "staging",
                                                "iterations", "iteration_ms")}
     if rc != 0:
         r["stderr_tail"] = err[-2500:]
