@@ -147,7 +147,29 @@ def bound(marks: list[dict], opt_bytes: float, budget: float, rate: float) -> di
     return {"step_s": step_s, "optimizer_start_s": t_opt, "peak_allocated": peak, "budget": budget,
             "opt_bytes": opt_bytes, "rate": rate, "wait_out_s": out_wait, "wait_in_s": in_wait,
             "lifetime_pct": 100 * step_s / (step_s + out_wait + in_wait),
-            "zero_copy_pct": 100 * step_s / (step_s + opt_bytes / rate)}
+            "zero_copy_pct": 100 * step_s / (step_s + opt_bytes / rate), **staged(marks, opt_bytes, budget, rate)}
+
+
+def staged(marks: list[dict], opt_bytes: float, budget: float, rate: float) -> dict:
+    """What the built staging (TRANSIT_STAGE=1, docs/lifetime-policy.md) should reach with
+    this profile, before the costs it adds (empty_cache's synchronization, allocating
+    again): at the last backward start it lends X = min(O, budget - the most allocated from
+    there to the step's end) and the optimizer waits for X / rate beyond the time left to
+    it; the rest, O - X, is still read zero-copy (O - X) / rate; going home X / rate
+    overlaps the next step up to its first peak (the loss), beyond that the step waits."""
+    t_opt = next(m["t_ms"] for m in marks if m["label"] == "optimizer") / 1e3
+    starts = [m for m in marks if m["label"] == "bwd logits"]
+    losses = [m for m in marks if m["label"] == "loss"]
+    if not starts or not losses:
+        return {}
+    t_in = starts[-1]["t_ms"] / 1e3
+    after = max(m["allocated"] for m in marks if t_in * 1e3 <= m["t_ms"] <= t_opt * 1e3)
+    x = min(opt_bytes, max(budget - after, 0.0))
+    wait_in = max(0.0, x / rate - (t_opt - t_in))
+    wait_out = max(0.0, x / rate - losses[0]["t_ms"] / 1e3)
+    extra = wait_in + wait_out + (opt_bytes - x) / rate
+    step_s = marks[-1]["t_ms"] / 1e3
+    return {"staged_bytes": x, "staged_wait_s": wait_in + wait_out, "staged_pct": 100 * step_s / (step_s + extra)}
 
 
 def analyze(path: str, budget: float | None, rate: float) -> list[dict]:
@@ -160,9 +182,12 @@ def analyze(path: str, budget: float | None, rate: float) -> list[dict]:
         out.append({"trainer": run["trainer"], **r})
         rows.append([" ".join(run["trainer"]), f"{r['step_s']:.3f}", f"{r['peak_allocated'] / 1e9:.2f}",
                      f"{b / 1e9:.2f}", f"{r['opt_bytes'] / 1e9:.2f}", f"{r['wait_out_s']:.3f}",
-                     f"{r['wait_in_s']:.3f}", f"{r['lifetime_pct']:.1f}", f"{r['zero_copy_pct']:.1f}"])
+                     f"{r['wait_in_s']:.3f}", f"{r['lifetime_pct']:.1f}", f"{r['zero_copy_pct']:.1f}",
+                     f"{r['staged_bytes'] / 1e9:.2f}" if "staged_bytes" in r else "-",
+                     f"{r['staged_pct']:.1f}" if "staged_pct" in r else "-"])
     print(table(["trainer flags", "step s", "peak alloc GB", "budget GB", "optimizer GB", "wait out s",
-                 "wait in s", "lifetime-aware % (bound)", "zero-copy % (model)"], rows))
+                 "wait in s", "lifetime-aware % (bound)", "zero-copy % (model)", "staged GB",
+                 "staging % (model)"], rows))
     return out
 
 

@@ -41,6 +41,17 @@ def test_wait_when_the_peak_comes_before_the_state_can_leave():
     assert r["lifetime_pct"] == pytest.approx(100 * 0.6 / 0.7)
 
 
+def test_staging_model_lends_what_fits_after_the_last_backward_start():
+    # forward 0-0.1 s, loss at 0.1 s (20 GB), backward from 0.15 s at 8 GB, optimizer at 0.5 s
+    marks = [{"label": lab, "t_ms": 1e3 * t, "allocated": a, "reserved": 20 * GB} for lab, t, a in
+             [("forward", 0.0, 5 * GB), ("loss", 0.1, 20 * GB), ("bwd logits", 0.15, 8 * GB),
+              ("bwd 0", 0.3, 9 * GB), ("optimizer", 0.5, 6 * GB), ("optimizer end", 0.6, 6 * GB)]]
+    r = mt.bound(marks, opt_bytes=8 * GB, budget=15 * GB, rate=50 * GB)
+    assert r["staged_bytes"] == 6 * GB                 # 15 GB less the 9 GB most allocated after 0.15 s
+    assert r["staged_wait_s"] == pytest.approx(0.02)   # 0.12 s home, 0.1 s until the next loss
+    assert r["staged_pct"] == pytest.approx(100 * 0.6 / (0.6 + 0.02 + 2 / 50))
+
+
 def test_only_the_part_that_does_not_fit_must_move():
     # 4 GB of room at the peak: 6 of the 10 GB move, 0.12 s each way
     r = mt.bound(profile(0.05), opt_bytes=10 * GB, budget=24 * GB, rate=50 * GB)
