@@ -22,26 +22,41 @@ static int64_t since, since_peak;     /* the application's placement change sinc
 static int have_need;
 static uint64_t need;                 /* learned: the most it grew from stage_in to the boundary */
 
+static int broken; /* a runtime call of staging's failed: no new staging */
+
+static cudaError_t peek(void) { return tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess; }
+
+/* A runtime call of staging's own: a failure is cleared (unless the application had an
+ * error pending, which stays for it to read) and stops new staging; the job goes on. */
+static int own(cudaError_t pending, cudaError_t err, const char *what)
+{
+    if (err == cudaSuccess)
+        return 1;
+    tr_st.hint_errors++;
+    if (pending == cudaSuccess && tr_real.get_last_error)
+        tr_real.get_last_error();
+    if (!broken)
+        tr_log(TR_WARN, "staging: %s failed (%d): no more staging", what, (int)err);
+    broken = 1;
+    return 0;
+}
+
 int tr_stage_enabled(void)
 {
-    return tr_cfg.stage && tr_cfg.policy == TR_ADVISE && !tr_s.passthrough && tr_s.runtime_ready &&
+    return tr_cfg.stage && !broken && tr_cfg.policy == TR_ADVISE && !tr_s.passthrough && tr_s.runtime_ready &&
            tr_real.stream_create && tr_real.event_create && tr_real.event_record && tr_real.stream_wait_event &&
-           tr_real.event_synchronize && tr_real.event_query;
+           tr_real.event_synchronize && tr_real.event_query && tr_real.device_synchronize;
 }
 
 static int setup(void)
 {
     if (ready >= 0)
         return ready;
-    ready = tr_real.stream_create(&side, cudaStreamNonBlocking) == cudaSuccess &&
-            tr_real.event_create(&ev_app, cudaEventDisableTiming) == cudaSuccess &&
-            tr_real.event_create(&ev_in, cudaEventDisableTiming) == cudaSuccess &&
-            tr_real.event_create(&ev_out, cudaEventDisableTiming) == cudaSuccess;
-    if (!ready) {
-        if (tr_real.get_last_error)
-            tr_real.get_last_error();
-        tr_log(TR_WARN, "staging: no side stream or events: staging off");
-    }
+    cudaError_t p = peek();
+    ready = own(p, tr_real.stream_create(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
+            own(p, tr_real.event_create(&ev_app, cudaEventDisableTiming), "cudaEventCreateWithFlags") &&
+            own(p, tr_real.event_create(&ev_in, cudaEventDisableTiming), "cudaEventCreateWithFlags") &&
+            own(p, tr_real.event_create(&ev_out, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     return ready;
 }
 
@@ -97,8 +112,8 @@ uint64_t tr_stage_in(cudaStream_t app)
     struct fill f = {budget > used ? budget - used : 0, 0};
     each_region(stage_one_in, &f);
     if (f.moved) {
-        tr_real.event_record(ev_in, side);
-        in_pending = 1;
+        cudaError_t p = peek(); /* before the call: C leaves argument order open */
+        in_pending = own(p, tr_real.event_record(ev_in, side), "cudaEventRecord");
         tr_st.stage_in_bytes += f.moved;
     }
     tr_log(TR_DEBUG, "staging in %llu bytes (room %llu, learned need %llu)", (unsigned long long)f.moved,
@@ -110,9 +125,9 @@ int tr_stage_wait(cudaStream_t app)
 {
     if (!in_pending)
         return 0;
-    tr_real.stream_wait_event(app, ev_in, 0);
     in_pending = 0;
-    return 1;
+    cudaError_t p = peek();
+    return own(p, tr_real.stream_wait_event(app, ev_in, 0), "cudaStreamWaitEvent");
 }
 
 static int stage_one_out(struct tr_region *r, void *arg)
@@ -132,12 +147,17 @@ uint64_t tr_stage_out(cudaStream_t app)
     uint64_t moved = 0;
     if (!tr_stage_lent_bytes())
         return 0;
-    /* after the kernels the application enqueued so far (the optimizer step) */
-    tr_real.event_record(ev_app, app);
-    tr_real.stream_wait_event(side, ev_app, 0);
+    /* after the kernels the application enqueued so far (the optimizer step); if that
+     * cannot be ordered, synchronizing is the safe way home */
+    cudaError_t p = peek();
+    if (!own(p, tr_real.event_record(ev_app, app), "cudaEventRecord") ||
+        !own(p, tr_real.stream_wait_event(side, ev_app, 0), "cudaStreamWaitEvent"))
+        tr_real.device_synchronize();
     each_region(stage_one_out, &moved);
     if (moved) {
-        tr_real.event_record(ev_out, side);
+        p = peek();
+        if (!own(p, tr_real.event_record(ev_out, side), "cudaEventRecord"))
+            tr_real.device_synchronize(); /* then the copies are done when settled below */
         out_pending = 1;
         tr_st.stage_out_bytes += moved;
         tr_st.stage_steps++;
@@ -159,8 +179,10 @@ void tr_stage_settle(int block)
 {
     if (!out_pending)
         return;
-    if (block) {
-        tr_real.event_synchronize(ev_out);
+    if (block || broken) {
+        cudaError_t p = peek();
+        if (!own(p, tr_real.event_synchronize(ev_out), "cudaEventSynchronize"))
+            tr_real.device_synchronize();
         tr_st.stage_syncs++;
     } else {
         cudaError_t pending = tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess;

@@ -409,3 +409,19 @@ def test_staging_is_off_unless_asked(built, tmp_path):
     assert [out["staged1"], out["staged2"], out["out2"], out["waited2"]] == ["0", "0", "0", "0"]
     assert not [c for c in calls if c.startswith(("cudaStreamCreate", "cudaEvent", "cudaStreamWaitEvent"))]
     assert stats_of(tmp_path / "s.json")["staging"]["enabled"] == 0
+
+
+def test_a_failing_staging_call_stops_staging_and_stays_hidden(built, tmp_path):
+    """cudaEventRecord fails: staging stops (no more ranges lent), what was lent still goes
+    home (after a device synchronization, the safe order), and the application never sees
+    the error."""
+    res, out, calls = run(built, "stage", 3, tmp_path / "s.json",
+                          env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1", "FAKE_EVENT_FAIL": "1"})
+    assert out.get("stats") == "0", res.stderr
+    assert "staging: cudaEventRecord failed" in res.stderr
+    assert [int(out[f"staged{i}"]) for i in (1, 2, 3)] == [0, GiB, 0]
+    assert int(out["out2"]) == GiB and "cudaDeviceSynchronize" in calls
+    assert out["last_error"] == "0"
+    s = stats_of(tmp_path / "s.json")
+    assert s["hint_errors"] >= 1 and s["staging"]["enabled"] == 0
+    assert s["device_placed_peak_bytes"] <= s["budget_bytes"]

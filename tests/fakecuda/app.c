@@ -221,6 +221,7 @@ int main(int argc, char **argv)
             cudaFree(g);
         }
         printf("stats=%d\n", write_stats(argv[3]));
+        printf("last_error=%d\n", (int)cudaPeekAtLastError());
         cudaFree(o);
         cudaFree(a);
         return 0;

@@ -114,7 +114,13 @@ cudaError_t cudaRuntimeGetVersion(int *v)
 }
 
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void)
+{
+    pthread_mutex_lock(&mu);
+    logcall("cudaDeviceSynchronize");
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
 /* like the runtime: a failed call leaves its error for cudaGetLastError (which resets it)
  * and cudaPeekAtLastError (which does not) */
 static cudaError_t last_error = cudaSuccess;
@@ -183,7 +189,13 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
         pthread_mutex_unlock(&mu);       \
     } while (0)
 
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { LOG2("cudaEventRecord %p %p", e, s); return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    LOG2("cudaEventRecord %p %p", e, s);
+    if (getenv("FAKE_EVENT_FAIL")) /* e.g. an event of another context */
+        return last_error = cudaErrorInvalidResourceHandle;
+    return cudaSuccess;
+}
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
 {
