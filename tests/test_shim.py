@@ -332,6 +332,10 @@ def test_summary_separates_placement_from_memory_in_use():
     over = dict(s, device_placed_peak_bytes=10 * GB + 1)
     assert runmod.summary([over])["processes"][0]["budget_held"] is False
     assert "NO" in runmod.summary_text(runmod.summary([over])).splitlines()[2].split()
+    assert "staging" not in text  # only when it lent something
+    staged = dict(s, staging={"enabled": 1, "in_bytes": 12 * GB, "out_bytes": 12 * GB, "steps": 3, "syncs": 0,
+                              "learned_need_bytes": GB})
+    assert "pid 1: staging lent 4.0 GB a step to the GPU (experimental)" in runmod.summary_text(runmod.summary([staged]))
 
 
 def test_run_command_summarizes_stats(built, tmp_path):

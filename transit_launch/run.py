@@ -110,6 +110,9 @@ def summary(stats: list[dict]) -> dict:
             "median_iteration_ms": round(statistics.median(steady), 2) if steady else None,
             "placement_held": placement_held(s), "measured_within": measured_within(s),
             "budget_held": budget_held(s), "file": s.get("file"),
+            # experimental staging (TRANSIT_STAGE=1): bytes lent to the GPU per staged step
+            "staged_gb_per_step": gb(st["in_bytes"] / st["steps"]) if (st := s.get("staging") or {}).get("steps")
+            else None,
         })
     return {"processes": procs}
 
@@ -127,4 +130,7 @@ def summary_text(summ: dict) -> str:
                  "llrrrrrrrrrll")
     if any(not p["measured_within"] for p in summ["processes"]):
         text += "\n(*) " + UVM_CACHE_NOTE
+    for p in summ["processes"]:
+        if p.get("staged_gb_per_step") is not None:
+            text += f"\npid {p['pid']}: staging lent {p['staged_gb_per_step']} GB a step to the GPU (experimental)"
     return text
