@@ -193,18 +193,15 @@ int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind)
 /* Gives every region of `kind` on `place` the device while it fits in *room. */
 static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
 {
-    for (int i = 0; i < tr_tab.n; i++) {
-        struct tr_alloc *a = &tr_tab.a[i];
-        for (int j = 0; j < a->nreg; j++) {
-            struct tr_region *r = &a->reg[j];
-            if (r->kind != kind || r->place != place || r->stage != TR_HOME)
-                continue; /* lent regions are stage.c's until they are home */
-            if (rsize(r) <= *room) {
-                r->want = TR_DEV;
-                *room -= rsize(r);
-            } else {
-                r->want = TR_HOST;
-            }
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
+        if (r->kind != kind || r->place != place || r->stage != TR_HOME)
+            continue; /* lent regions are stage.c's until they are home */
+        if (rsize(r) <= *room) {
+            r->want = TR_DEV;
+            *room -= rsize(r);
+        } else {
+            r->want = TR_HOST;
         }
     }
 }
@@ -233,18 +230,15 @@ static void rank(void)
 /* Demote before promoting, so that placement never exceeds the budget. */
 static void place_ranked(void)
 {
+    struct tr_region *r;
     for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < tr_tab.n; i++) {
-            struct tr_alloc *a = &tr_tab.a[i];
-            for (int j = 0; j < a->nreg; j++) {
-                struct tr_region *r = &a->reg[j];
-                if (r->stage != TR_HOME)
-                    continue;
-                if (pass == 0 && r->place == TR_DEV && r->want == TR_HOST)
-                    to_host(r, 1);
-                else if (pass == 1 && r->place == TR_HOST && r->want == TR_DEV)
-                    to_device(r);
-            }
+        for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
+            if (r->stage != TR_HOME)
+                continue;
+            if (pass == 0 && r->place == TR_DEV && r->want == TR_HOST)
+                to_host(r, 1);
+            else if (pass == 1 && r->place == TR_HOST && r->want == TR_DEV)
+                to_device(r);
         }
     }
 }
@@ -256,14 +250,10 @@ static void evict_new_host_regions(int ranked)
 {
     if (tr_s.defer_advice)
         return;
-    for (int i = 0; i < tr_tab.n; i++) {
-        struct tr_alloc *a = &tr_tab.a[i];
-        for (int j = 0; j < a->nreg; j++) {
-            struct tr_region *r = &a->reg[j];
-            if (r->place == TR_HOST && !r->evicted && r->stage == TR_HOME && !(ranked && r->want == TR_DEV))
-                evict_region(r);
-        }
-    }
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));)
+        if (r->place == TR_HOST && !r->evicted && r->stage == TR_HOME && !(ranked && r->want == TR_DEV))
+            evict_region(r);
 }
 
 void tr_rebalance(void)
@@ -281,20 +271,17 @@ void tr_rebalance(void)
 void tr_place_unadvise(void)
 {
     tr_s.defer_advice = 1;
-    for (int i = 0; i < tr_tab.n; i++) {
-        struct tr_alloc *a = &tr_tab.a[i];
-        for (int j = 0; j < a->nreg; j++) {
-            struct tr_region *r = &a->reg[j];
-            if (!r->advised)
-                continue;
-            tr_advise((void *)r->start, rsize(r), cudaMemAdviseUnsetPreferredLocation, TR_LOC_HOST, 0);
-            if (r->zero_copy) {
-                tr_advise((void *)r->start, rsize(r), cudaMemAdviseUnsetAccessedBy, TR_LOC_DEVICE, tr_s.device);
-                r->zero_copy = 0;
-                tr_st.zero_copy_bytes -= rsize(r);
-            }
-            r->advised = 0;
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
+        if (!r->advised)
+            continue;
+        tr_advise((void *)r->start, rsize(r), cudaMemAdviseUnsetPreferredLocation, TR_LOC_HOST, 0);
+        if (r->zero_copy) {
+            tr_advise((void *)r->start, rsize(r), cudaMemAdviseUnsetAccessedBy, TR_LOC_DEVICE, tr_s.device);
+            r->zero_copy = 0;
+            tr_st.zero_copy_bytes -= rsize(r);
         }
+        r->advised = 0;
     }
 }
 
@@ -303,14 +290,11 @@ void tr_place_unadvise(void)
 void tr_place_settle(void)
 {
     tr_s.defer_advice = 0;
-    for (int i = 0; i < tr_tab.n; i++) {
-        struct tr_alloc *a = &tr_tab.a[i];
-        for (int j = 0; j < a->nreg; j++) {
-            struct tr_region *r = &a->reg[j];
-            if (r->place == TR_HOST && !r->advised) {
-                advise_host(r);
-                evict_region(r);
-            }
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
+        if (r->place == TR_HOST && !r->advised) {
+            advise_host(r);
+            evict_region(r);
         }
     }
 }
@@ -320,12 +304,8 @@ void tr_place_settle(void)
  * access probe), else only host-placed regions (prefetch's recording). */
 void tr_place_evict_observed(int all)
 {
-    for (int i = 0; i < tr_tab.n; i++) {
-        struct tr_alloc *a = &tr_tab.a[i];
-        for (int j = 0; j < a->nreg; j++) {
-            struct tr_region *r = &a->reg[j];
-            if (all || r->place == TR_HOST)
-                evict_region(r);
-        }
-    }
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));)
+        if (all || r->place == TR_HOST)
+            evict_region(r);
 }

@@ -60,42 +60,14 @@ static int setup(void)
     return ready;
 }
 
-static int each_region(int (*fn)(struct tr_region *, void *), void *arg)
-{
-    for (int i = 0; i < tr_tab.n; i++)
-        for (int j = 0; j < tr_tab.a[i].nreg; j++)
-            if (fn(&tr_tab.a[i].reg[j], arg))
-                return 1;
-    return 0;
-}
-
-static int count_lent(struct tr_region *r, void *arg)
-{
-    if (r->stage != TR_HOME && r->place == TR_DEV)
-        *(uint64_t *)arg += tr_region_bytes(r);
-    return 0;
-}
-
 uint64_t tr_stage_lent_bytes(void)
 {
     uint64_t n = 0;
-    each_region(count_lent, &n);
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));)
+        if (r->stage != TR_HOME && r->place == TR_DEV)
+            n += tr_region_bytes(r);
     return n;
-}
-
-struct fill { uint64_t room, moved; };
-
-static int stage_one_in(struct tr_region *r, void *arg)
-{
-    struct fill *f = arg;
-    uint64_t n = tr_region_bytes(r);
-    if (r->kind != TR_COLD_OPT || r->place != TR_HOST || r->stage != TR_HOME || n > f->room)
-        return 0;
-    tr_move_to_device(r, side);
-    r->stage = TR_STAGED;
-    f->room -= n;
-    f->moved += n;
-    return 0;
 }
 
 uint64_t tr_stage_in(cudaStream_t app)
@@ -109,16 +81,24 @@ uint64_t tr_stage_in(cudaStream_t app)
     if (!have_need)
         return 0; /* the first step learns what the rest of a step allocates */
     uint64_t budget = tr_budget(), used = tr_tab.dev_bytes + need;
-    struct fill f = {budget > used ? budget - used : 0, 0};
-    each_region(stage_one_in, &f);
-    if (f.moved) {
+    uint64_t room = budget > used ? budget - used : 0, moved = 0;
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
+        uint64_t n = tr_region_bytes(r);
+        if (r->kind != TR_COLD_OPT || r->place != TR_HOST || r->stage != TR_HOME || n > room - moved)
+            continue;
+        tr_move_to_device(r, side);
+        r->stage = TR_STAGED;
+        moved += n;
+    }
+    if (moved) {
         cudaError_t p = peek(); /* before the call: C leaves argument order open */
         in_pending = own(p, tr_real.event_record(ev_in, side), "cudaEventRecord");
-        tr_st.stage_in_bytes += f.moved;
+        tr_st.stage_in_bytes += moved;
     }
-    tr_log(TR_DEBUG, "staging in %llu bytes (room %llu, learned need %llu)", (unsigned long long)f.moved,
-           (unsigned long long)(f.room + f.moved), (unsigned long long)need);
-    return f.moved;
+    tr_log(TR_DEBUG, "staging in %llu bytes (room %llu, learned need %llu)", (unsigned long long)moved,
+           (unsigned long long)room, (unsigned long long)need);
+    return moved;
 }
 
 int tr_stage_wait(cudaStream_t app)
@@ -128,16 +108,6 @@ int tr_stage_wait(cudaStream_t app)
     in_pending = 0;
     cudaError_t p = peek();
     return own(p, tr_real.stream_wait_event(app, ev_in, 0), "cudaStreamWaitEvent");
-}
-
-static int stage_one_out(struct tr_region *r, void *arg)
-{
-    if (r->stage != TR_STAGED)
-        return 0;
-    tr_move_to_host(r, side);
-    r->stage = TR_LEAVING;
-    *(uint64_t *)arg += tr_region_bytes(r);
-    return 0;
 }
 
 uint64_t tr_stage_out(cudaStream_t app)
@@ -153,7 +123,14 @@ uint64_t tr_stage_out(cudaStream_t app)
     if (!own(p, tr_real.event_record(ev_app, app), "cudaEventRecord") ||
         !own(p, tr_real.stream_wait_event(side, ev_app, 0), "cudaStreamWaitEvent"))
         tr_real.device_synchronize();
-    each_region(stage_one_out, &moved);
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
+        if (r->stage == TR_STAGED) {
+            tr_move_to_host(r, side);
+            r->stage = TR_LEAVING;
+            moved += tr_region_bytes(r);
+        }
+    }
     if (moved) {
         p = peek();
         if (!own(p, tr_real.event_record(ev_out, side), "cudaEventRecord"))
@@ -163,16 +140,6 @@ uint64_t tr_stage_out(cudaStream_t app)
         tr_st.stage_steps++;
     }
     return moved;
-}
-
-static int settle_one(struct tr_region *r, void *arg)
-{
-    (void)arg;
-    if (r->stage == TR_LEAVING) {
-        r->stage = TR_HOME;
-        tr_move_settled(r);
-    }
-    return 0;
 }
 
 void tr_stage_settle(int block)
@@ -193,7 +160,13 @@ void tr_stage_settle(int block)
             return;
         }
     }
-    each_region(settle_one, NULL);
+    struct tr_region *r;
+    for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
+        if (r->stage == TR_LEAVING) {
+            r->stage = TR_HOME;
+            tr_move_settled(r);
+        }
+    }
     out_pending = 0;
 }
 

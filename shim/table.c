@@ -92,3 +92,15 @@ int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end)
 {
     return cut(a, start) || cut(a, end) ? -1 : 0;
 }
+
+struct tr_region *tr_region_next(struct tr_cursor *c)
+{
+    while (c->i < tr_tab.n) {
+        struct tr_alloc *a = &tr_tab.a[c->i];
+        if (c->j < a->nreg)
+            return &a->reg[c->j++];
+        c->i++;
+        c->j = 0;
+    }
+    return NULL;
+}

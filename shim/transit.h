@@ -113,6 +113,10 @@ HIDDEN struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size);
 HIDDEN struct tr_alloc *tr_table_find(uintptr_t addr); /* containing allocation or NULL */
 HIDDEN void tr_table_remove(struct tr_alloc *a);
 HIDDEN int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end); /* 0 ok */
+/* Every region of the table in address order, for loops that do not change the table:
+ *   for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) */
+struct tr_cursor { int i, j; };
+HIDDEN struct tr_region *tr_region_next(struct tr_cursor *c);
 
 HIDDEN void tr_place_new(struct tr_alloc *a);
 HIDDEN void tr_place_drop(struct tr_alloc *a);
