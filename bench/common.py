@@ -85,3 +85,8 @@ def run_trainer_here(args: list) -> int:
         if e.code not in (0, None):
             return e.code if isinstance(e.code, int) else 1
     return 0
+
+
+def is_module(module, name: str) -> bool:
+    """Whether `module` is the trainer's class `name`, also once FSDP2 subclassed it."""
+    return any(c.__name__ == name for c in type(module).__mro__)

@@ -28,37 +28,36 @@ import sys
 import time
 from pathlib import Path
 
-from common import run_trainer_here, split_trainer_args
+from common import is_module, run_trainer_here, split_trainer_args
 ALIGN = 2 << 20  # UVM's large page: never discard a page that a live block shares
 
 
-def free_ranges(snapshot, min_bytes=ALIGN):
-    """[(start, end)] of inactive blocks, aligned inwards to ALIGN; blocks are in address order."""
-    out = []
+def blocks(snapshot):
+    """(start, end, state) of every block; blocks carry no address in some PyTorch versions,
+    but lie in address order from their segment's start."""
     for seg in snapshot:
         addr = seg["address"]
         for b in seg["blocks"]:
             start = b.get("address", addr)
-            if b["state"] == "inactive":
-                s, e = (start + ALIGN - 1) // ALIGN * ALIGN, (start + b["size"]) // ALIGN * ALIGN
-                if e - s >= min_bytes:
-                    out.append((s, e))
             addr = start + b["size"]
+            yield start, addr, b["state"]
+
+
+def free_ranges(snapshot, min_bytes=ALIGN):
+    """[(start, end)] of inactive blocks, aligned inwards to ALIGN."""
+    out = []
+    for start, end, state in blocks(snapshot):
+        if state == "inactive":
+            s, e = (start + ALIGN - 1) // ALIGN * ALIGN, end // ALIGN * ALIGN
+            if e - s >= min_bytes:
+                out.append((s, e))
     return out
 
 
 def reused(ranges, snapshot):
     """Bytes of `ranges` covered by allocated blocks in `snapshot`."""
-    n = 0
-    for seg in snapshot:
-        addr = seg["address"]
-        for b in seg["blocks"]:
-            start = b.get("address", addr)
-            end = start + b["size"]
-            if b["state"] != "inactive":
-                n += sum(max(0, min(end, e) - max(start, s)) for s, e in ranges)
-            addr = end
-    return n
+    return sum(max(0, min(end, e) - max(start, s)) for start, end, state in blocks(snapshot) if state != "inactive"
+               for s, e in ranges)
 
 
 def snapshot():
@@ -148,7 +147,7 @@ def install(p: Probe):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def post(mod, args, out):
-        if any(c.__name__ == "Llama" for c in type(mod).__mro__) and torch.is_tensor(out) and out.requires_grad \
+        if is_module(mod, "Llama") and torch.is_tensor(out) and out.requires_grad \
                 and torch._C._current_graph_task_id() == -1:
             out.register_hook(lambda g: p.at_backward())
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import run_trainer_here, split_trainer_args
+from common import is_module, run_trainer_here, split_trainer_args
 
 
 class Recorder:
@@ -67,10 +67,6 @@ class Recorder:
         return [{"label": m[0], "t_ms": 1e3 * (m[1] - t0), "allocated": m[2], "reserved": m[3]} for m in self.marks]
 
 
-def is_a(module, name: str) -> bool:
-    return any(c.__name__ == name for c in type(module).__mro__)  # FSDP2 subclasses the module's class
-
-
 def install(rec: Recorder):
     import torch
     from torch.nn.modules import module as M
@@ -80,19 +76,19 @@ def install(rec: Recorder):
         return torch._C._current_graph_task_id() != -1
 
     def pre(mod, args):
-        if is_a(mod, "Llama"):
+        if is_module(mod, "Llama"):
             rec.mark("forward")
-        elif is_a(mod, "Block"):
+        elif is_module(mod, "Block"):
             i = rec.blocks.setdefault(id(mod), len(rec.blocks))
             rec.mark(f"recompute {i}" if in_backward() else f"fwd {i}")
 
     def post(mod, args, out):
         if in_backward() or not rec.active or not torch.is_tensor(out) or not out.requires_grad:
             return
-        if is_a(mod, "Block"):
+        if is_module(mod, "Block"):
             i = rec.blocks[id(mod)]
             out.register_hook(lambda g, i=i: rec.mark(f"bwd {i}"))
-        elif is_a(mod, "Llama"):
+        elif is_module(mod, "Llama"):
             rec.mark("loss")  # after the logits: the loss is next
             out.register_hook(lambda g: rec.mark("bwd logits"))
 
@@ -147,17 +143,18 @@ def bound(marks: list[dict], opt_bytes: float, budget: float, rate: float) -> di
     return {"step_s": step_s, "optimizer_start_s": t_opt, "peak_allocated": peak, "budget": budget,
             "opt_bytes": opt_bytes, "rate": rate, "wait_out_s": out_wait, "wait_in_s": in_wait,
             "lifetime_pct": 100 * step_s / (step_s + out_wait + in_wait),
-            "zero_copy_pct": 100 * step_s / (step_s + opt_bytes / rate), **staged(marks, opt_bytes, budget, rate)}
+            "zero_copy_pct": 100 * step_s / (step_s + opt_bytes / rate),
+            **staged(marks, opt_bytes, budget, rate, t_opt, step_s)}
 
 
-def staged(marks: list[dict], opt_bytes: float, budget: float, rate: float) -> dict:
+def staged(marks: list[dict], opt_bytes: float, budget: float, rate: float, t_opt: float, step_s: float) -> dict:
     """What the built staging (TRANSIT_STAGE=1, docs/lifetime-policy.md) should reach with
     this profile, before the costs it adds (empty_cache's synchronization, allocating
     again): at the last backward start it lends X = min(O, budget - the most allocated from
     there to the step's end) and the optimizer waits for X / rate beyond the time left to
     it; the rest, O - X, is still read zero-copy (O - X) / rate; going home X / rate
-    overlaps the next step up to its first peak (the loss), beyond that the step waits."""
-    t_opt = next(m["t_ms"] for m in marks if m["label"] == "optimizer") / 1e3
+    overlaps the next step up to its first peak (the loss), beyond that the step waits.
+    t_opt, step_s: the optimizer's start and the step's end, seconds (from `bound`)."""
     starts = [m for m in marks if m["label"] == "bwd logits"]
     losses = [m for m in marks if m["label"] == "loss"]
     if not starts or not losses:
@@ -168,7 +165,6 @@ def staged(marks: list[dict], opt_bytes: float, budget: float, rate: float) -> d
     wait_in = max(0.0, x / rate - (t_opt - t_in))
     wait_out = max(0.0, x / rate - losses[0]["t_ms"] / 1e3)
     extra = wait_in + wait_out + (opt_bytes - x) / rate
-    step_s = marks[-1]["t_ms"] / 1e3
     return {"staged_bytes": x, "staged_wait_s": wait_in + wait_out, "staged_pct": 100 * step_s / (step_s + extra)}
 
 
