@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 import subprocess
@@ -13,6 +14,14 @@ from transit_launch import shimbuild
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
+NEEDS_TORCH = "needs PyTorch (CPU build) for the example trainer: .ci/run installs it"
+
+
+@functools.cache
+def torch_importable() -> bool:
+    """Whether this Python imports PyTorch: checked once, in a subprocess (importing it here
+    would slow every test that does not need it)."""
+    return subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
 
 
 def run_cli(*args, env=None, timeout=60):

@@ -3,15 +3,12 @@ TRANSIT_STAGE=1) on a CPU model: it finds the start of every backward without th
 application's help and calls the shim's staging API at the right points of a step."""
 
 import importlib.util
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 
-has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
-pytestmark = pytest.mark.skipif(not has_torch, reason="needs PyTorch (CPU build)")
+pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 
 
 def load_site():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 
 sys.path.insert(0, str(ROOT / "bench"))
 import lifetime_probe as lp  # noqa: E402
@@ -58,8 +58,7 @@ def test_only_the_part_that_does_not_fit_must_move():
     assert r["wait_out_s"] == pytest.approx(0.07)
 
 
-@pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
-                    reason="needs PyTorch (CPU build)")
+@pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 def test_recorder_marks_every_layer_forward_backward_and_the_optimizer(tmp_path):
     out = tmp_path / "t.json"
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "memory_timeline.py"), "--step", "3", "--out", str(out),

@@ -4,16 +4,13 @@ node, the real libtransit.so loaded in job steps, and transit-launch submit/stat
 
 import json
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, check_golden
-from tests.slurm_lab import SlurmLab, missing
+from tests.conftest import NEEDS_TORCH, ROOT, check_golden, torch_importable
+from tests.slurm_lab import missing
 from transit_launch import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
@@ -140,9 +137,8 @@ def test_submit_auto_says_why(lab, cli):
 
 
 def test_submit_runs_and_status_reports(lab, cli):
-    torch_ok = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
-    if not torch_ok:
-        pytest.skip("needs PyTorch (CPU build) for the example trainer: .ci/run installs it")
+    if not torch_importable():
+        pytest.skip(NEEDS_TORCH)
     env = dict(lab.env, TRANSIT_SHIM=lab.shim, PYTHONUNBUFFERED="1")
     trainer = ["python3", str(ROOT / "examples" / "train_llama.py"), "--device", "cpu", "--steps", "2",
                "--dim", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--vocab", "256",
@@ -191,7 +187,6 @@ def test_gres_parsing(gres, gpus):
 
 
 def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
-    from tests.slurm_lab import missing
     if not Path("/usr/include/slurm/spank.h").exists():
         pytest.skip("needs libslurm-dev (spank.h)")
     env = dict(os.environ, TRANSIT_SHIM=str(built["shim"]), TRANSIT_ADAPTER_DIR="/opt/transit/adapter")

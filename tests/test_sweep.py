@@ -10,11 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 
 NETNS_SCRIPT = ROOT / "examples" / "netns_pair.sh"
 
@@ -24,12 +23,13 @@ def _why_no_netns():
         return "needs root (network namespaces and tc)"
     if not (shutil.which("ip") and shutil.which("tc")):
         return "needs iproute2 (ip, tc)"
-    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode:
-        return "needs PyTorch (CPU build) for the example trainer: .ci/run installs it"
+    if not torch_importable():
+        return NEEDS_TORCH
     return None
 
 
-netns_only = pytest.mark.skipif(_why_no_netns() is not None, reason=str(_why_no_netns()))
+_NO_NETNS = _why_no_netns()
+netns_only = pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 
 
 @pytest.fixture

@@ -9,13 +9,12 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 
 TRAINER = ROOT / "examples" / "train_llama.py"
 MODEL = ["--device", "cpu", "--dim", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "256",
          "--vocab", "1024", "--seq-len", "32", "--steps", "3"]
-has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
-pytestmark = pytest.mark.skipif(not has_torch, reason="needs PyTorch (CPU build)")
+pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 
 
 def summary(out: str) -> dict:
