@@ -52,6 +52,18 @@ static int copy(char *dst, size_t size, const char *key, const char *val)
     return 0;
 }
 
+/* The string-valued arguments and where each goes. */
+static const struct {
+    const char *key;
+    char *dst;
+    size_t size;
+} strings[] = {
+    {"shim", tr_site.shim, sizeof tr_site.shim},
+    {"adapter", tr_site.adapter, sizeof tr_site.adapter},
+    {"default", tr_site.dflt, sizeof tr_site.dflt},
+    {"allowed", tr_site.allowed, sizeof tr_site.allowed},
+};
+
 int tr_parse_args(int ac, char **av)
 {
     strcpy(tr_site.dflt, "off");
@@ -66,17 +78,11 @@ int tr_parse_args(int ac, char **av)
         size_t klen = (size_t)(eq - av[i]);
         const char *val = eq + 1;
 #define KEY(k) (klen == strlen(k) && strncmp(av[i], k, klen) == 0)
-        if (KEY("shim")) {
-            if (copy(tr_site.shim, sizeof tr_site.shim, "shim", val))
-                goto fail;
-        } else if (KEY("adapter")) {
-            if (copy(tr_site.adapter, sizeof tr_site.adapter, "adapter", val))
-                goto fail;
-        } else if (KEY("default")) {
-            if (copy(tr_site.dflt, sizeof tr_site.dflt, "default", val))
-                goto fail;
-        } else if (KEY("allowed")) {
-            if (copy(tr_site.allowed, sizeof tr_site.allowed, "allowed", val))
+        size_t s = 0;
+        while (s < sizeof strings / sizeof strings[0] && !KEY(strings[s].key))
+            s++;
+        if (s < sizeof strings / sizeof strings[0]) {
+            if (copy(strings[s].dst, strings[s].size, strings[s].key, val))
                 goto fail;
         } else if (KEY("oversubscribe")) {
             if (strcmp(val, "allow") && strcmp(val, "deny")) {
