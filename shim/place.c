@@ -78,7 +78,9 @@ static void to_host(struct tr_region *r, int evict)
         evict_region(r);
 }
 
-static void to_device_on(struct tr_region *r, cudaStream_t s)
+/* Counted on the device from the moment the prefetch is enqueued on s (staging: its side
+ * stream). */
+void tr_move_to_device(struct tr_region *r, cudaStream_t s)
 {
     void *p = (void *)r->start;
     if (r->zero_copy) {
@@ -95,12 +97,9 @@ static void to_device_on(struct tr_region *r, cudaStream_t s)
     tr_st.host_placed_bytes -= rsize(r);
 }
 
-static void to_device(struct tr_region *r) { to_device_on(r, 0); }
+static void to_device(struct tr_region *r) { tr_move_to_device(r, 0); }
 
 uint64_t tr_region_bytes(const struct tr_region *r) { return rsize(r); }
-
-/* Staging (stage.c): counted on the device from the moment the copy is enqueued. */
-void tr_move_to_device(struct tr_region *r, cudaStream_t s) { to_device_on(r, s); }
 
 /* Staging: the copy home is enqueued on s; the bytes stay counted on the device until
  * tr_move_settled (stage.c knows when the copy is done). Advice is not stream-ordered,
