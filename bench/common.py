@@ -4,6 +4,7 @@ JSON lines, and the model card of the trainer's flags for the planner."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,15 +31,18 @@ def transit(policy: str, cmd: list, stats: str | None = None, budget: int | None
 
 
 def run(cmd: list, run_env: dict, timeout: float, preexec_fn=None) -> tuple[str, str, int | str]:
-    """(stdout, stderr, returncode), returncode "timeout" with what was printed until then."""
+    """(stdout, stderr, returncode), returncode "timeout" with what was printed until then.
+    The run gets its own process group and a timeout kills all of it: killing only the
+    child left `transit-launch run`'s trainer running into the next measurement."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=ROOT,
+                            preexec_fn=preexec_fn, start_new_session=True)
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, env=run_env, timeout=timeout, cwd=ROOT,
-                             preexec_fn=preexec_fn)
-        return res.stdout, res.stderr, res.returncode
-    except subprocess.TimeoutExpired as e:
-        def text(b):
-            return b.decode() if isinstance(b, bytes) else (b or "")
-        return text(e.stdout), text(e.stderr), "timeout"
+        out, err = proc.communicate(timeout=timeout)
+        return out, err, proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return out or "", err or "", "timeout"
 
 
 def trainer_records(stdout: str) -> tuple[list[dict], dict | None]:

@@ -129,11 +129,13 @@ next-peers)       # one GPU, about 5 minutes: ZeRO-Infinity at 3 microbatches (t
         --out "$OUT/probe_empty_cache_managed.json" -- $m > "$OUT/probe_empty_cache_managed.log" 2>&1
     grep -h '^{"step"' "$OUT"/probe_*.log | grep -v '"loss"' | cut -c1-400
     ;;
-next-stage)       # one GPU, about 8 minutes: the experimental staging (advise + TRANSIT_STAGE=1,
-                  # docs/lifetime-policy.md): its GPU test, then both ends of the curve against advise
-    timeout 150 python3 -m pytest -q -rs tests/test_gpu.py -k staging 2>&1 | tee "$OUT/gpu_tests_stage.log" | tail -n 3
-    python3 bench/offload.py --set reference,advise,advise-stage --gpu 0 --accum 12,1 --out "$OUT/offload_stage.json" \
-        --deadline 330 --steps 15 --warmup 5 --timeout 120 2>&1 | tee "$OUT/stage.log" | cut -c1-300
+next-stage)       # one GPU, about 9 minutes: the experimental staging (advise + TRANSIT_STAGE=1,
+                  # docs/lifetime-policy.md) and ranked advise against the reference along the curve
+    python3 bench/offload.py --set reference,advise,advise-stage --gpu 0 --accum 12,1,3 --out "$OUT/offload_stage.json" \
+        --deadline 450 --steps 13 --warmup 3 --timeout 150 2>&1 | tee "$OUT/stage.log" | cut -c1-300
+    ;;
+gpu-tests)        # one GPU, about 3 minutes: the advise and staging GPU tests
+    timeout 280 python3 -m pytest -q -rs tests/test_gpu.py -k "advise or staging" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 4
     ;;
 peers-rerun)      # one GPU, about 5 minutes: the peer runs that timeouts cut below 10 measured steps
                   # (ZeRO-Offload at 12: 9; FSDP2 CPU offload at 3: 8). FSDP2 at 12 (38 s a step) is
@@ -151,6 +153,6 @@ multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho 
         --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
     ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|peers-rerun|multigpu" >&2
+    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|gpu-tests|peers-rerun|multigpu" >&2
     exit 2 ;;
 esac

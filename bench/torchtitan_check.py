@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, env, transit
+from common import ROOT, env, run, transit
 
 
 def read_scalars(tb_dir):
@@ -68,15 +68,15 @@ def titan(a, assets, dump, policy=None, budget=None, stats=None, extra=()):
            *titan_args(titan_version(), assets, dump, a.steps), *extra]
     if policy:
         cmd = transit(policy, cmd, stats, budget)
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=a.timeout, cwd=ROOT)
+    out, err, rc = run(cmd, env(), a.timeout)  # a timeout kills torchrun's workers too
     scalars = read_scalars(dump)
     loss_tag = next((t for t in scalars if "loss" in t and "avg" in t), next((t for t in scalars if "loss" in t), None))
     mem_tag = next((t for t in scalars if "max_reserved(GiB)" in t), None)
     tflops = [v for k, v in sorted(scalars.get("tflops", {}).items()) if k > 2]  # after warm-up
-    return {"rc": res.returncode, "losses": [scalars[loss_tag][k] for k in sorted(scalars[loss_tag])] if loss_tag else [],
+    return {"rc": rc, "losses": [scalars[loss_tag][k] for k in sorted(scalars[loss_tag])] if loss_tag else [],
             "tflops_median": sorted(tflops)[len(tflops) // 2] if tflops else None,
             "loss_tag": loss_tag, "max_reserved_gib": max(scalars[mem_tag].values()) if mem_tag else None,
-            "summary_tail": res.stdout[-1500:], "stderr_tail": res.stderr[-3000:] if res.returncode else ""}
+            "summary_tail": out[-1500:], "stderr_tail": err[-3000:] if rc else ""}
 
 
 def main():

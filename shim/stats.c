@@ -79,11 +79,11 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_st.um_dtoh_bytes);
     fprintf(f, "  \"prefetch_calls\": %llu,\n  \"prefetch_bytes\": %llu,\n  \"evict_calls\": %llu,\n"
                "  \"evict_bytes\": %llu,\n  \"advise_calls\": %llu,\n  \"hint_errors\": %llu,\n"
-               "  \"replay_positions\": %llu,\n",
+               "  \"replay_positions\": %llu,\n  \"room_demotions\": %llu,\n",
             (unsigned long long)tr_st.prefetch_calls, (unsigned long long)tr_st.prefetch_bytes,
             (unsigned long long)tr_st.evict_calls, (unsigned long long)tr_st.evict_bytes,
             (unsigned long long)tr_st.advise_calls, (unsigned long long)tr_st.hint_errors,
-            (unsigned long long)tr_replay_positions());
+            (unsigned long long)tr_replay_positions(), (unsigned long long)tr_st.room_demotions);
     fprintf(f, "  \"staging\": {\"enabled\": %d, \"in_bytes\": %llu, \"out_bytes\": %llu, \"steps\": %llu, "
                "\"syncs\": %llu, \"learned_need_bytes\": %llu},\n",
             tr_stage_enabled(), (unsigned long long)tr_st.stage_in_bytes, (unsigned long long)tr_st.stage_out_bytes,

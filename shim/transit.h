@@ -150,6 +150,7 @@ struct tr_stats {
     uint64_t zero_copy_bytes, zero_copy_peak;
     uint64_t prefetch_calls, prefetch_bytes, evict_calls, evict_bytes;
     uint64_t advise_calls;
+    uint64_t room_demotions; /* optimizer regions demoted for a new allocation (place.c) */
     uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
     uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need;
     uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI, during recording */

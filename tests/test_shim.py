@@ -159,6 +159,28 @@ def test_optimizer_range_stays_on_the_gpu_while_the_budget_has_room(built, tmp_p
     assert s["device_placed_bytes"] == 4 * GB
 
 
+def test_a_new_allocation_takes_the_room_of_optimizer_state_kept_on_the_gpu(built, tmp_path):
+    """Under a 6 GB budget a 4 GB allocation keeps its 1 GB optimizer range on the GPU at
+    the first boundary; the next step's new 2.5 GB segment does not fit beside it and
+    takes its room (zero-copy optimizer state) instead of being served zero-copy itself,
+    which made that step 20x slower on the H200. The second boundary moves nothing."""
+    res, out, calls = run(built, "place", 4 * GB, 0, tmp_path / "s.json", f"1000000:{GB}:2",
+                          f"late:{2500 * 10**6}", env={"TRANSIT_GPU_BUDGET": "6GB"})
+    assert out["hint0"] == "0" and out["stats"] == "0", res.stderr
+    start, end = aligned(int(out["ptr"], 16), 1_000_000, GB)
+    opt, late = f"0x{start:x} {end - start}", out["late"]
+    moves = [c for c in calls if c.startswith(("cudaMemAdvise", "cudaMemPrefetchAsync"))]
+    assert moves == [f"cudaMemAdvise {opt} {ADV_PREFERRED} {LOC_HOST} 0",
+                     f"cudaMemAdvise {opt} {ADV_ACCESSED_BY} {LOC_DEVICE} 0",
+                     f"cudaMemPrefetchAsync {opt} {LOC_HOST} 0 (nil)"], moves
+    # the late segment was never advised to the host: it went to the GPU once the room was free
+    assert not [c for c in calls if c.startswith(("cudaMemAdvise " + late, "cudaMemPrefetchAsync " + late))]
+    s = stats_of(tmp_path / "s.json")
+    assert s["room_demotions"] >= 1 and s["zero_copy_mapped_bytes"] == end - start
+    assert s["device_placed_bytes"] == 4 * GB - (end - start) + 2500 * 10**6 <= s["budget_bytes"]
+    assert s["device_placed_peak_bytes"] <= s["budget_bytes"]
+
+
 def test_master_weights_keep_the_gpu_before_optimizer_states(built, tmp_path):
     """Room for the hot 1 GB of a 5 GB allocation plus 2 GB: the fp32 master range (read
     in every forward and backward) stays on the GPU, the optimizer range leaves."""

@@ -8,8 +8,9 @@
  *   app hint SIZE OFF LEN KIND    allocate, hint a sub-range, apply, print
  *   app fork SIZE                 allocate, fork a child that allocates too, wait
  *   app stage STEPS STATS         steps of a training loop with staging calls (TRANSIT_STAGE=1)
- *   app place SIZE EXTRA STATS OFF:LEN:KIND...   allocate SIZE then EXTRA (0: none), hint
- *                                 ranges of the first, apply twice, write stats
+ *   app place SIZE EXTRA STATS OFF:LEN:KIND... [late:SIZE]   allocate SIZE then EXTRA (0:
+ *                                 none), hint ranges of the first, apply, allocate the late
+ *                                 SIZE (the next step's new segment), apply, write stats
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -165,7 +166,8 @@ int main(int argc, char **argv)
         int (*hint)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
         void (*apply)(void) = (void (*)(void))api("transit_apply");
         int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
-        void *p, *q = NULL;
+        void *p, *q = NULL, *late = NULL;
+        unsigned long long late_size = 0;
         cudaMalloc(&p, size);
         if (extra)
             cudaMalloc(&q, extra);
@@ -175,14 +177,22 @@ int main(int argc, char **argv)
         for (int i = 5; i < argc; i++) {
             unsigned long long off, len;
             int kind;
+            if (sscanf(argv[i], "late:%llu", &late_size) == 1)
+                continue;
             if (sscanf(argv[i], "%llu:%llu:%d", &off, &len, &kind) == 3)
                 printf("hint%d=%d\n", i - 5, hint((uintptr_t)p + off, len, kind));
         }
         apply();
+        if (late_size) {
+            cudaMalloc(&late, late_size);
+            printf("late=0x%llx\n", (unsigned long long)(uintptr_t)late);
+        }
         apply(); /* a steady state: the second boundary must move nothing */
         printf("stats=%d\n", write_stats(argv[4]));
         if (q)
             cudaFree(q);
+        if (late)
+            cudaFree(late);
         cudaFree(p);
         return 0;
     }
