@@ -57,6 +57,43 @@ def test_stager_lends_at_the_last_backward_of_each_step(monkeypatch):
     assert st.micro == 2 and not st.off
 
 
+def test_stager_finds_the_backward_through_activation_checkpointing(monkeypatch):
+    """Non-reentrant checkpointing recomputes blocks in backward: their forward pre-hooks
+    run but the recompute stops before the post-hooks. Counting those left the depth
+    above zero after the first step and staging never started (seen on the H200)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+    site = load_site()
+    monkeypatch.setattr(site._Stager, "stream", staticmethod(lambda: 0))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+                                              for _ in range(2))
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            for blk in self.blocks:
+                x = checkpoint(blk, x, use_reentrant=False)
+            return self.head(x)
+
+    api, model = Api(), Net()
+    st = site._Stager(api)
+    st.install()
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            for _ in range(2):
+                model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            st.step_end()
+    finally:
+        st.uninstall()
+    assert api.calls == ["wait", "out", "in", "wait", "out", "in", "wait", "out"]
+    assert st.depth == 0 and st.micro == 2 and not st.off
+
+
 def test_a_failing_staging_hook_switches_staging_off_not_the_job(monkeypatch, capsys):
     import torch
     site = load_site()

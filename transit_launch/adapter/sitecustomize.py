@@ -67,16 +67,27 @@ class _Stager:
 
         return torch.cuda.current_stream().cuda_stream
 
+    @staticmethod
+    def in_backward():
+        import torch
+
+        return torch._C._current_graph_task_id() != -1
+
+    # Only the forward pass counts depth: activation checkpointing's recompute in backward
+    # calls the pre-hooks but stops early, before the post-hooks (non-reentrant early stop).
     @_guarded
     def pre(self, mod, args):
-        self.depth += 1
+        if not self.in_backward():
+            self.depth += 1
 
     @_guarded
     def post(self, mod, args, out):
         import torch
 
+        if self.in_backward():
+            return
         self.depth -= 1
-        if self.depth == 0 and torch.is_tensor(out) and out.requires_grad and torch._C._current_graph_task_id() == -1:
+        if self.depth == 0 and torch.is_tensor(out) and out.requires_grad:
             out.register_hook(self.backward_start)
 
     @_guarded
