@@ -134,6 +134,14 @@ next-stage)       # one GPU, about 9 minutes: the experimental staging (advise +
     python3 bench/offload.py --set reference,advise,advise-stage --gpu 0 --accum 12,1,3 --out "$OUT/offload_stage.json" \
         --deadline 450 --steps 13 --warmup 3 --timeout 150 2>&1 | tee "$OUT/stage.log" | cut -c1-300
     ;;
+stage-fixed)      # one GPU, about 8 minutes: staging after the adapter fix (8a: depth counted in forward only),
+                  # ZeRO-Infinity at 3 microbatches with its reference, then the staging GPU test
+    python3 bench/offload.py --set reference,advise-stage --gpu 0 --accum 1,12 --out "$OUT/offload_stage_fixed.json" \
+        --deadline 230 --steps 13 --warmup 3 --timeout 130 2>&1 | tee "$OUT/stage.log" | cut -c1-300
+    python3 bench/offload.py --set reference,zero-infinity --gpu 0 --accum 3 --out "$OUT/offload_zinf_accum3.json" \
+        --deadline 60 --timeout 170 2>&1 | tee "$OUT/zinf.log" | cut -c1-300
+    timeout 100 python3 -m pytest -q -rs tests/test_gpu.py -k staging 2>&1 | tee "$OUT/gpu_tests_stage.log" | tail -n 4
+    ;;
 gpu-tests)        # one GPU, about 3 minutes: the advise and staging GPU tests
     timeout 280 python3 -m pytest -q -rs tests/test_gpu.py -k "advise or staging" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 4
     ;;
@@ -153,6 +161,6 @@ multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho 
         --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
     ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|gpu-tests|peers-rerun|multigpu" >&2
+    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu" >&2
     exit 2 ;;
 esac

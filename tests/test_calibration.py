@@ -78,6 +78,27 @@ def test_offload_gate_full_curve_verdicts():
     assert "2. at 0.97x the paper's ratio: best transit advise 95.0% of reference: met" in res.stdout
 
 
+def test_offload_gate_compares_each_run_with_the_reference_of_its_own_lease():
+    """Two leases of the same H200 kind gave references of 213 and 247 TFLOPS at 12
+    microbatches: a run is judged against the reference in its own file, a file without
+    one against the first reference given, and target 3 compares % of reference."""
+    import subprocess
+    names = ("transit", "peers", "peers_accum1", "peers_accum3", "fsdp_accum12", "zinf_accum3", "transit_ranked",
+             "stage")
+    files = [str(ROOT / "bench/results" / f"offload_{n}_2026-11-29.json") for n in names]
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "offload.py"), "--report", *files, "--markdown"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = {tuple(c.strip() for c in line.split("|")[1:5]): [c.strip() for c in line.split("|")[5:8]]
+            for line in res.stdout.splitlines() if line.startswith("| ")}
+    assert rows[("3", "49152", "3.87", "zero-infinity")] == ["147.9", "246.5", "60.0"]  # its own file's reference
+    assert rows[("3", "49152", "3.87", "zero-offload")] == ["158.6", "212.8", "74.5"]   # the first reference
+    assert rows[("12", "196608", "0.97", "advise")] == ["237.6", "248.0", "95.8"]
+    verdicts = {line.split(" ")[1]: line for line in res.stdout.splitlines() if line.startswith("accum ")}
+    assert "1.43x zero-infinity, 1.15x zero-offload; target 3 met" in verdicts["3"]
+    assert "advise-stage | timed out after 3 steps" in res.stdout  # the staging attempt at 12, not hidden
+
+
 def test_offload_report_judges_losses_of_the_deterministic_run():
     """Target 4 from the recorded deterministic run: every transit run bit-identical."""
     import subprocess
