@@ -153,10 +153,12 @@ peers-rerun)      # one GPU, about 5 minutes: the peer runs that timeouts cut be
     python3 bench/offload.py --set fsdp-cpu-offload --gpu 0 --accum 3 --steps 12 --warmup 2 --budget 19003850752 \
         --timeout 130 --out "$OUT/offload_fsdp_accum3.json" 2>&1 | tee "$OUT/fsdp3.log" | cut -c1-300
     ;;
-multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets
+multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho over NCCL sockets; the
+                  # emulated GPU comes from the planner (fits N GPUs' layout, not N/2's)
     n=$(nvidia-smi -L | wc -l)
-    timeout 300 python3 bench/scale_in.py --gpus "$n" --emulated-gpu 20GB --out "$OUT/scale_in.json" 2>&1 | tail -n 8
-    timeout 260 python3 bench/rho_layouts.py --device cuda --layouts "$n,$((n / 2)):advise:20GB" \
+    timeout 300 python3 bench/scale_in.py --gpus "$n" --out "$OUT/scale_in.json" 2>&1 | tail -n 8
+    b=$(python3 bench/scale_in.py --gpus "$n" --seq-len 4096 --print-budget) || exit 1
+    timeout 260 python3 bench/rho_layouts.py --device cuda --layouts "$n,$((n / 2)):advise:$b" \
         --bandwidths 10gbit,2gbit --model "--seq-len 4096" --global-batch "$n" --steps 6 --repeat 1 \
         --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
     ;;

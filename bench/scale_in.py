@@ -9,7 +9,13 @@ offloaded (shim stats, every rank), and the collective bytes each GPU sent in on
 measured (torch.profiler's record_param_comms events: ring traffic (d-1)/d x buffer) and
 predicted by the planner (transit_launch.traffic).
 
-    python3 bench/scale_in.py --gpus 2 --emulated-gpu 20GB --out bench/results/scale_in.json
+    python3 bench/scale_in.py --gpus 2 --out bench/results/scale_in.json
+
+--emulated-gpu auto (the default) sizes the smaller GPU from the planner so that the N-GPU
+layout fits it without offloading and the N/2 layout does not: the N layout's estimate
+plus the larger of 10% (the planner's calibrated error) and a quarter of the gap to the
+N/2 layout. `--device cpu` runs the same plumbing on CPU ranks (gloo; the shim passes
+through without a GPU): a smoke test of the harness, not a measurement.
 """
 
 import argparse
@@ -20,6 +26,24 @@ from pathlib import Path
 
 from common import ROOT, env, run, trainer_card, trainer_flags, trainer_records, transit
 from transit_launch import units
+
+
+def planner_peak(a, dp) -> float:
+    """The planner's per-GPU estimate (bytes) of the trainer under FSDP over dp GPUs."""
+    from transit_launch import memory
+    f = trainer_flags(f"{a.model} --seq-len {a.seq_len} --batch {a.batch}")
+    lay = memory.Layout(dp=dp, local_batch=a.batch, seq_len=a.seq_len, recompute=f["recompute"])
+    return memory.estimate(trainer_card(f), lay).total
+
+
+def auto_emulated_gpu(a) -> int:
+    """A GPU size the N layout fits and the N/2 layout does not (see the module doc)."""
+    full, half = planner_peak(a, a.gpus), planner_peak(a, a.gpus // 2)
+    size = full + max(0.10 * full, 0.25 * (half - full))
+    if size >= half:
+        raise ValueError(f"the planner puts {a.gpus} and {a.gpus // 2} GPUs too close ({full / 1e9:.1f} and "
+                         f"{half / 1e9:.1f} GB a GPU) for an emulated GPU between them: pass --emulated-gpu")
+    return int(size // 2**28 + 1) * 2**28  # up to 256 MiB
 
 
 def predicted_sent_bytes(a, dp, accum):
@@ -45,7 +69,7 @@ def run_layout(a, ngpus, accum, policy, budget):
     stats = tempfile.mkdtemp(prefix="scale-in-")
     trainer = ["torchrun", "--standalone", "--nproc-per-node", str(ngpus), str(ROOT / "examples" / "train_llama.py"),
                *a.model.split(), "--seq-len", str(a.seq_len), "--batch", str(a.batch), "--accum", str(accum),
-               "--steps", str(a.steps), "--comm-profile", str(a.warmup + 1)]
+               "--steps", str(a.steps), "--comm-profile", str(a.warmup + 1), "--device", a.device]
     cmd = transit(policy, trainer, stats, budget if policy != "off" else None)
     out, err, rc = run(cmd, env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus))), a.timeout)
     _, summ = trainer_records(out)
@@ -69,7 +93,8 @@ def run_layout(a, ngpus, accum, policy, budget):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=2, help="N: the full layout's GPUs (N/2 for the scaled-in one)")
-    ap.add_argument("--emulated-gpu", default="20GB", help="the smaller GPU each H200 plays (TRANSIT_GPU_BUDGET)")
+    ap.add_argument("--emulated-gpu", default="auto",
+                    help="the smaller GPU each H200 plays (TRANSIT_GPU_BUDGET), or auto (from the planner)")
     ap.add_argument("--model", default="", help="trainer model flags (default: its 1.0 B-parameter model)")
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=2)
@@ -77,18 +102,29 @@ def main():
     ap.add_argument("--steps", type=int, default=13)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke test of the plumbing")
+    ap.add_argument("--print-budget", action="store_true", help="print the emulated GPU's bytes and stop")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale_in.json"))
     a = ap.parse_args()
     if a.gpus < 2 or a.gpus % 2:
         print("scale_in: --gpus must be even and at least 2", file=sys.stderr)
         return 2
-    budget = units.parse_size(a.emulated_gpu)
+    try:
+        budget = auto_emulated_gpu(a) if a.emulated_gpu == "auto" else units.parse_size(a.emulated_gpu)
+    except ValueError as e:
+        print(f"scale_in: {e}", file=sys.stderr)
+        return 2
+    if a.print_budget:
+        print(budget)
+        return 0
     full = run_layout(a, a.gpus, a.accum, "off", budget)
     full["fits_emulated_gpu"] = bool(full["max_reserved_gb"]) and full["max_reserved_gb"] * 1e9 <= budget
     half = run_layout(a, a.gpus // 2, 2 * a.accum, "advise", budget)
     if full.get("tflops_per_gpu") and half.get("tflops_per_gpu"):
         half["pct_of_full_per_gpu"] = 100 * half["tflops_per_gpu"] / full["tflops_per_gpu"]
-    result = {"command": " ".join(sys.argv), "emulated_gpu_bytes": budget, "full": full, "scaled_in": half}
+    result = {"command": " ".join(sys.argv), "device": a.device, "emulated_gpu_bytes": budget,
+              "planner_peak_bytes": {"full": planner_peak(a, a.gpus), "scaled_in": planner_peak(a, a.gpus // 2)},
+              "full": full, "scaled_in": half}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(f"{'layout':<22} {'rc':>3} {'TFLOPS/GPU':>10} {'reserved GB':>11} {'offloaded GB/GPU':>17} "
