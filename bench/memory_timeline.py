@@ -168,21 +168,22 @@ def staged(marks: list[dict], opt_bytes: float, budget: float, rate: float, t_op
     return {"staged_bytes": x, "staged_wait_s": wait_in + wait_out, "staged_pct": 100 * step_s / (step_s + extra)}
 
 
-def analyze(path: str, budget: float | None, rate: float) -> list[dict]:
+def analyze(paths: list, budget: float | None, rate: float) -> list[dict]:
+    """The bound and the models for every run of every timeline file, as one table."""
     from transit_launch.table import table
-    d = json.loads(Path(path).read_text())
     rows, out = [], []
-    for run in d["runs"]:
-        b = budget or run["budget"]
-        r = bound(run["marks"], run["opt_bytes"], b, rate)
-        out.append({"trainer": run["trainer"], **r})
-        rows.append([" ".join(run["trainer"]), f"{r['step_s']:.3f}", f"{r['peak_allocated'] / 1e9:.2f}",
-                     f"{b / 1e9:.2f}", f"{r['opt_bytes'] / 1e9:.2f}", f"{r['wait_out_s']:.3f}",
-                     f"{r['wait_in_s']:.3f}", f"{r['lifetime_pct']:.1f}", f"{r['zero_copy_pct']:.1f}",
-                     f"{r['staged_bytes'] / 1e9:.2f}" if "staged_bytes" in r else "-",
-                     f"{r['staged_pct']:.1f}" if "staged_pct" in r else "-"])
+    for path in paths:
+        for run in json.loads(Path(path).read_text())["runs"]:
+            b = budget or run["budget"]
+            r = bound(run["marks"], run["opt_bytes"], b, rate)
+            out.append({"trainer": run["trainer"], **r})
+            rows.append([" ".join(run["trainer"]), f"{r['step_s']:.3f}", f"{r['peak_allocated'] / 1e9:.2f}",
+                         f"{b / 1e9:.2f}", f"{r['opt_bytes'] / 1e9:.2f}", f"{r['wait_out_s']:.3f}",
+                         f"{r['wait_in_s']:.3f}", f"{r['lifetime_pct']:.1f}", f"{r['zero_copy_pct']:.1f}",
+                         f"{r['staged_bytes'] / 1e9:.2f}" if "staged_bytes" in r else "-",
+                         f"{r['staged_pct']:.1f}" if "staged_pct" in r else "-"])
     print(table(["trainer flags", "step s", "peak alloc GB", "budget GB", "optimizer GB", "wait out s",
-                 "wait in s", "lifetime-aware % (bound)", "zero-copy % (model)", "staged GB",
+                 "wait in s", "move-out/in % (model)", "zero-copy % (model)", "staged GB",
                  "staging % (model)"], rows))
     return out
 
@@ -197,8 +198,7 @@ def main():
     ap.add_argument("--rate", type=float, default=50e9, help="PCIe bytes/s each way (H200 measured ~50e9)")
     a = ap.parse_args(argv)
     if a.analyze:
-        for f in a.analyze:
-            analyze(f, a.budget or None, a.rate)
+        analyze(a.analyze, a.budget or None, a.rate)
         return 0
     rec = Recorder(a.step)
     install(rec)

@@ -97,3 +97,17 @@ def test_probe_counts_discarded_bytes_handed_out_again():
     later = [{"address": 0, "blocks": [{"size": 5 * MB, "state": "active_allocated"},
                                        {"size": 7 * MB, "state": "inactive"}]}]
     assert lp.reused([(4 * MB, 10 * MB)], later) == MB  # the new 5 MiB block covers [4, 5) MiB
+
+
+def test_analyze_the_recorded_h200_timelines_in_one_table():
+    """The three recorded timelines (1, 3, 12 microbatches, 2026-11-29) give one table whose
+    zero-copy model matches what advise measured within 2 points (70.1 / 85.8 / 95.8%)."""
+    files = [str(ROOT / f"bench/results/memory_timeline_accum{n}_2026-11-29.json") for n in (1, 3, 12)]
+    res = subprocess.run([sys.executable, str(ROOT / "bench/memory_timeline.py"), "--analyze", *files],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 5 and lines[0].startswith("trainer flags")  # header, rule, three runs
+    zero_copy = {line.split()[5]: float(line.split()[-3]) for line in lines[2:]}
+    for accum, measured in (("1", 70.1), ("3", 85.8), ("12", 95.8)):
+        assert abs(zero_copy[accum] - measured) <= 2.0
