@@ -157,6 +157,7 @@ void tr_place_new(struct tr_alloc *a)
         if (tr_stage_enabled() && !tr_s.defer_advice && tr_st.iterations > 0)
             tr_prefetch((void *)a->ptr, a->size, TR_LOC_DEVICE, tr_s.device, 0);
     } else {
+        tr_stage_overflowed(); /* lent state pushed the application's memory to the host */
         r->place = TR_HOST;
         tr_st.host_placed_bytes += a->size;
         advise_host(r);

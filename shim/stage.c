@@ -22,7 +22,7 @@ static int64_t since, since_peak;     /* the application's placement change sinc
 static int have_need;
 static uint64_t need;                 /* learned: the most it grew from stage_in to the boundary */
 
-static int broken; /* a runtime call of staging's failed: no new staging */
+static int broken; /* a runtime call of staging's failed, or it overflowed: no new staging */
 
 static cudaError_t peek(void) { return tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess; }
 
@@ -168,6 +168,19 @@ void tr_stage_settle(int block)
         }
     }
     out_pending = 0;
+}
+
+/* An allocation did not fit while optimizer state was lent: the step grew beyond what
+ * was learned (on the H200: the caching allocator growing again after empty_cache), and
+ * hot data would be served zero-copy, far slower than the optimizer's own PCIe reads
+ * (a 76.9 s step against 4.7 s). Staging stops for good; what is lent goes home. */
+void tr_stage_overflowed(void)
+{
+    if (broken || !tr_stage_enabled() || !tr_stage_lent_bytes())
+        return;
+    tr_log(TR_WARN, "staging: an allocation overflowed the budget while optimizer state was lent: no more staging");
+    broken = 1;
+    tr_st.stage_overflows++;
 }
 
 void tr_stage_placed(int64_t delta)

@@ -85,10 +85,10 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_st.advise_calls, (unsigned long long)tr_st.hint_errors,
             (unsigned long long)tr_replay_positions(), (unsigned long long)tr_st.room_demotions);
     fprintf(f, "  \"staging\": {\"enabled\": %d, \"in_bytes\": %llu, \"out_bytes\": %llu, \"steps\": %llu, "
-               "\"syncs\": %llu, \"learned_need_bytes\": %llu},\n",
+               "\"syncs\": %llu, \"learned_need_bytes\": %llu, \"overflows\": %llu},\n",
             tr_stage_enabled(), (unsigned long long)tr_st.stage_in_bytes, (unsigned long long)tr_st.stage_out_bytes,
             (unsigned long long)tr_st.stage_steps, (unsigned long long)tr_st.stage_syncs,
-            (unsigned long long)tr_st.stage_need);
+            (unsigned long long)tr_st.stage_need, (unsigned long long)tr_st.stage_overflows);
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
             tr_st.iterations, sources[tr_st.boundary_source], (unsigned long long)tr_st.period);
     fprintf(f, "  \"iteration_ms\": [");

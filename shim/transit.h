@@ -139,6 +139,7 @@ HIDDEN uint64_t tr_stage_out(cudaStream_t app);  /* bytes leaving; under tr_lock
 HIDDEN int tr_stage_wait(cudaStream_t app);      /* under tr_lock */
 HIDDEN void tr_stage_settle(int block);          /* finish leaving moves: block, or if done */
 HIDDEN void tr_stage_placed(int64_t delta);      /* the application's placement changed */
+HIDDEN void tr_stage_overflowed(void);           /* an allocation went to the host: stop if lent */
 HIDDEN uint64_t tr_stage_lent_bytes(void);       /* staged + leaving bytes on the device */
 HIDDEN void tr_stage_boundary(void);
 
@@ -152,7 +153,7 @@ struct tr_stats {
     uint64_t advise_calls;
     uint64_t room_demotions; /* optimizer regions demoted for a new allocation (place.c) */
     uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
-    uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need;
+    uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need, stage_overflows;
     uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI, during recording */
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];

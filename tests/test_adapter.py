@@ -21,6 +21,10 @@ def load_site():
 class Api:
     def __init__(self):
         self.calls = []
+        self.enabled = True
+
+    def stage_enabled(self):
+        return self.enabled
 
     def stage_in(self, stream):
         self.calls.append("in")
@@ -92,6 +96,28 @@ def test_stager_finds_the_backward_through_activation_checkpointing(monkeypatch)
         st.uninstall()
     assert api.calls == ["wait", "out", "in", "wait", "out", "in", "wait", "out"]
     assert st.depth == 0 and st.micro == 2 and not st.off
+
+
+def test_stager_stands_down_when_the_shim_stops_staging(monkeypatch):
+    """After the shim stopped staging (a failed call or an overflow) the adapter calls
+    nothing more, empty_cache included, and removes its hooks."""
+    import torch
+    site = load_site()
+    monkeypatch.setattr(site._Stager, "stream", staticmethod(lambda: 0))
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    api, model = Api(), torch.nn.Linear(8, 1)
+    st = site._Stager(api)
+    st.install()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        if step == 1:
+            api.enabled = False  # the shim stopped during step 2
+        st.step_end()
+    assert api.calls == ["wait", "out", "in", "wait", "out"] and len(emptied) == 1
+    assert st.off and all(h.id not in h.hooks_dict_ref() for h in st.handles)  # hooks removed
 
 
 def test_a_failing_staging_hook_switches_staging_off_not_the_job(monkeypatch, capsys):

@@ -358,6 +358,10 @@ def test_summary_separates_placement_from_memory_in_use():
     staged = dict(s, staging={"enabled": 1, "in_bytes": 12 * GB, "out_bytes": 12 * GB, "steps": 3, "syncs": 0,
                               "learned_need_bytes": GB})
     assert "pid 1: staging lent 4.0 GB a step to the GPU (experimental)" in runmod.summary_text(runmod.summary([staged]))
+    assert "stopped" not in runmod.summary_text(runmod.summary([staged]))
+    stopped = dict(s, staging=dict(staged["staging"], enabled=0, overflows=1))
+    assert runmod.summary_text(runmod.summary([stopped])).endswith(
+        "(experimental); stopped after a step outgrew the room it had learned")
 
 
 def test_run_command_summarizes_stats(built, tmp_path):
@@ -424,9 +428,25 @@ def test_staging_lends_optimizer_state_for_the_end_of_each_step(built, tmp_path)
     s = stats_of(tmp_path / "s.json")
     st = s["staging"]
     assert st == {"enabled": 1, "in_bytes": 2 * GiB, "out_bytes": 2 * GiB, "steps": 2, "syncs": 1,
-                  "learned_need_bytes": GiB // 2}
+                  "learned_need_bytes": GiB // 2, "overflows": 0}
     assert s["device_placed_peak_bytes"] <= s["budget_bytes"] == 11 * GiB // 2
     assert s["host_placed_peak_bytes"] == 2 * GiB  # nothing but the optimizer state ever on the host
+
+
+def test_staging_stops_when_a_step_outgrows_what_it_learned(built, tmp_path):
+    """From step 3 the gradients take 1 GiB, not the 0.5 GiB learned: with 1 GiB lent they
+    do not fit and land on the host. Staging stops for good (on the H200 such hot data
+    served zero-copy made a step 16x slower), what was lent still goes home after the
+    optimizer, and step 4 lends nothing; the job goes on."""
+    res, out, calls = run(built, "stage", 4, tmp_path / "s.json", "grow",
+                          env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1"})
+    assert out.get("stats") == "0" and out["last_error"] == "0", res.stderr
+    assert "staging: an allocation overflowed the budget while optimizer state was lent" in res.stderr
+    assert [int(out[f"staged{i}"]) for i in (1, 2, 3, 4)] == [0, GiB, GiB, 0]
+    assert [int(out[f"out{i}"]) for i in (1, 2, 3, 4)] == [0, GiB, GiB, 0]
+    s = stats_of(tmp_path / "s.json")
+    assert s["staging"]["overflows"] == 1 and s["staging"]["enabled"] == 0
+    assert s["device_placed_peak_bytes"] <= s["budget_bytes"]
 
 
 def test_staging_is_off_unless_asked(built, tmp_path):

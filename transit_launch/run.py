@@ -113,6 +113,7 @@ def summary(stats: list[dict]) -> dict:
             # experimental staging (TRANSIT_STAGE=1): bytes lent to the GPU per staged step
             "staged_gb_per_step": gb(st["in_bytes"] / st["steps"]) if (st := s.get("staging") or {}).get("steps")
             else None,
+            "staging_stopped_by_overflow": bool(st.get("overflows")),
         })
     return {"processes": procs}
 
@@ -133,4 +134,6 @@ def summary_text(summ: dict) -> str:
     for p in summ["processes"]:
         if p.get("staged_gb_per_step") is not None:
             text += f"\npid {p['pid']}: staging lent {p['staged_gb_per_step']} GB a step to the GPU (experimental)"
+            if p.get("staging_stopped_by_overflow"):
+                text += "; stopped after a step outgrew the room it had learned"
     return text

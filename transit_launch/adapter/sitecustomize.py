@@ -107,6 +107,9 @@ class _Stager:
     def step_end(self):
         self.micro, self.count = self.count, 0
         self.api.stage_out(self.stream())
+        if not self.api.stage_enabled():  # the shim stopped staging (a failed call, an overflow)
+            self.off = True               # so no more empty_cache: it costs a re-grown cache a step
+            self.uninstall()
 
 
 class _Hooks:
