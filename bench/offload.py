@@ -50,7 +50,8 @@ def parse():
     ap.add_argument("--steps", type=int, default=13)
     ap.add_argument("--warmup", type=int, default=3, help="steps not measured")
     ap.add_argument("--budget", type=int, default=0,
-                    help="GPU budget in bytes (default: the first reference run's peak reserved minus the AdamW state bytes, so it depends on the order of --accum; pass it for equal budgets across calls)")
+                    help="GPU budget in bytes (default: the first reference run's peak reserved minus the "
+                         "AdamW state bytes, so it follows the order of --accum; pass it for equal budgets)")
     ap.add_argument("--slow-points", default="1", help="accum points at which base and prefetch also run")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: start no run after this")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
