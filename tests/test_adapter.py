@@ -36,24 +36,40 @@ class Api:
         self.calls.append("out")
 
 
-def test_stager_lends_at_the_last_backward_of_each_step(monkeypatch):
-    import torch
+def stager(monkeypatch, stream=lambda: 0):
+    """A _Stager on a recording Api, its CUDA stream replaced (CPU here)."""
     site = load_site()
-    monkeypatch.setattr(site._Stager, "stream", staticmethod(lambda: 0))
+    monkeypatch.setattr(site._Stager, "stream", staticmethod(stream))
     api = Api()
-    st = site._Stager(api)
+    return site._Stager(api), api
+
+
+def train(st, model, steps, micro=1, after_backward=None, after_step=None):
+    """`steps` optimizer steps of `micro` backward passes with the stager installed, calling
+    step_end after each step as _Hooks.post_step does after the iteration boundary."""
+    import torch
+    width = next(model.parameters()).shape[-1]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     st.install()
     try:
-        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(3):
-            for _ in range(2):  # two microbatches a step
-                model(torch.randn(4, 8)).sum().backward()
-                api.calls.append("bwd")
+        for i in range(steps):
+            for _ in range(micro):
+                model(torch.randn(4, width)).sum().backward()
+                if after_backward:
+                    after_backward()
             opt.step()
-            st.step_end()  # what _Hooks.post_step calls after the iteration boundary
+            if after_step:
+                after_step(i)
+            st.step_end()
     finally:
         st.uninstall()
+
+
+def test_stager_lends_at_the_last_backward_of_each_step(monkeypatch):
+    import torch
+    st, api = stager(monkeypatch)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    train(st, model, 3, micro=2, after_backward=lambda: api.calls.append("bwd"))
     # step 1 counts the microbatches; from step 2 the state comes in at the last backward
     assert api.calls == ["bwd", "bwd", "wait", "out",
                          "bwd", "in", "bwd", "wait", "out",
@@ -67,8 +83,6 @@ def test_stager_finds_the_backward_through_activation_checkpointing(monkeypatch)
     above zero after the first step and staging never started (seen on the H200)."""
     import torch
     from torch.utils.checkpoint import checkpoint
-    site = load_site()
-    monkeypatch.setattr(site._Stager, "stream", staticmethod(lambda: 0))
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -82,18 +96,8 @@ def test_stager_finds_the_backward_through_activation_checkpointing(monkeypatch)
                 x = checkpoint(blk, x, use_reentrant=False)
             return self.head(x)
 
-    api, model = Api(), Net()
-    st = site._Stager(api)
-    st.install()
-    try:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(3):
-            for _ in range(2):
-                model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-            st.step_end()
-    finally:
-        st.uninstall()
+    st, api = stager(monkeypatch)
+    train(st, Net(), 3, micro=2)
     assert api.calls == ["wait", "out", "in", "wait", "out", "in", "wait", "out"]
     assert st.depth == 0 and st.micro == 2 and not st.off
 
@@ -102,41 +106,27 @@ def test_stager_stands_down_when_the_shim_stops_staging(monkeypatch):
     """After the shim stopped staging (a failed call or an overflow) the adapter calls
     nothing more, empty_cache included, and removes its hooks."""
     import torch
-    site = load_site()
-    monkeypatch.setattr(site._Stager, "stream", staticmethod(lambda: 0))
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
-    api, model = Api(), torch.nn.Linear(8, 1)
-    st = site._Stager(api)
-    st.install()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(4):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
+    st, api = stager(monkeypatch)
+    removed = []
+
+    def shim_stops(step):
         if step == 1:
             api.enabled = False  # the shim stopped during step 2
-        st.step_end()
+        if step == 2:  # step 2's step_end has run: its hooks must be gone (not train's cleanup)
+            removed.append(all(h.id not in h.hooks_dict_ref() for h in st.handles))
+    train(st, torch.nn.Linear(8, 1), 4, after_step=shim_stops)
     assert api.calls == ["wait", "out", "in", "wait", "out"] and len(emptied) == 1
-    assert st.off and all(h.id not in h.hooks_dict_ref() for h in st.handles)  # hooks removed
+    assert st.off and removed == [True]
 
 
 def test_a_failing_staging_hook_switches_staging_off_not_the_job(monkeypatch, capsys):
     import torch
-    site = load_site()
 
     def broken():
         raise RuntimeError("no stream")
-    monkeypatch.setattr(site._Stager, "stream", staticmethod(broken))
-    st = site._Stager(Api())
-    st.install()
-    try:
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(2):
-            model(torch.randn(2, 4)).sum().backward()
-            opt.step()
-            st.step_end()
-    finally:
-        st.uninstall()
+    st, _ = stager(monkeypatch, broken)
+    train(st, torch.nn.Linear(4, 1), 2)
     assert st.off
     assert "staging disabled after an error: RuntimeError('no stream')" in capsys.readouterr().err
