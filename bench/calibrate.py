@@ -15,7 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from common import ROOT, TRAINER, env, trainer_card, trainer_flags, trainer_records
+from common import ROOT, TRAINER, env, trainer_layout, trainer_records
 
 # name: trainer flags (model, sequence, microbatch, recompute)
 CONFIGS = {
@@ -30,9 +30,7 @@ CONFIGS = {
 }
 def predict(spec):
     from transit_launch import memory
-    f = trainer_flags(spec)
-    lay = memory.Layout(dp=1, local_batch=f["batch"], seq_len=f["seq-len"], recompute=f["recompute"])
-    est = memory.estimate(trainer_card(f), lay)
+    est = memory.estimate(*trainer_layout(spec))
     return est, est.total - memory.CUDA_CONTEXT_BYTES - est.comm
 
 

@@ -71,6 +71,14 @@ def trainer_card(f: dict):
         "trainer flags")
 
 
+def trainer_layout(spec: str, dp: int = 1):
+    """(model card, planner layout) of a trainer flag string on dp GPUs (FSDP over dp)."""
+    from transit_launch import memory
+    f = trainer_flags(spec)
+    return trainer_card(f), memory.Layout(dp=dp, local_batch=f["batch"], seq_len=f["seq-len"],
+                                          recompute=f["recompute"])
+
+
 def split_trainer_args(argv: list) -> tuple[list, list]:
     """(the script's own arguments, the trainer's after `--`)."""
     if "--" in argv:

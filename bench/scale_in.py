@@ -24,16 +24,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, env, run, trainer_card, trainer_flags, trainer_records, transit
+from common import ROOT, env, run, trainer_layout, trainer_records, transit
 from transit_launch import units
+
+
+def spec(a) -> str:
+    return f"{a.model} --seq-len {a.seq_len} --batch {a.batch}"
 
 
 def planner_peak(a, dp) -> float:
     """The planner's per-GPU estimate (bytes) of the trainer under FSDP over dp GPUs."""
     from transit_launch import memory
-    f = trainer_flags(f"{a.model} --seq-len {a.seq_len} --batch {a.batch}")
-    lay = memory.Layout(dp=dp, local_batch=a.batch, seq_len=a.seq_len, recompute=f["recompute"])
-    return memory.estimate(trainer_card(f), lay).total
+    return memory.estimate(*trainer_layout(spec(a), dp)).total
 
 
 def auto_emulated_gpu(a) -> int:
@@ -48,10 +50,8 @@ def auto_emulated_gpu(a) -> int:
 
 def predicted_sent_bytes(a, dp, accum):
     """Planner: bytes one GPU sends per step (its per-node tx+rx over 2 x GPUs, x microsteps)."""
-    from transit_launch import memory, traffic
-    f = trainer_flags(a.model)
-    lay = memory.Layout(dp=dp, local_batch=a.batch, seq_len=a.seq_len, recompute=f["recompute"])
-    t = traffic.per_node(trainer_card(f), lay, gpus_per_node=dp)
+    from transit_launch import traffic
+    t = traffic.per_node(*trainer_layout(spec(a), dp), gpus_per_node=dp)
     return (t.intra + t.inter) / 2 / dp * accum
 
 

@@ -24,9 +24,7 @@ def planner(gpus, seq):
     sys.path.insert(0, str(ROOT / "bench"))
     import common
     from transit_launch import memory
-    f = common.trainer_flags(f"--seq-len {seq} --batch 2")
-    lay = memory.Layout(dp=gpus, local_batch=2, seq_len=seq, recompute=f["recompute"])
-    return memory.estimate(common.trainer_card(f), lay).total
+    return memory.estimate(*common.trainer_layout(f"--seq-len {seq} --batch 2", gpus)).total
 
 
 @pytest.mark.parametrize("gpus,seq", [(2, 8192), (4, 8192), (8, 8192), (2, 4096)])
