@@ -81,7 +81,7 @@ def run_layout(a, ngpus, accum, policy, budget):
          "tflops_per_gpu": summ.get("tflops_per_gpu"), "median_step_s": summ.get("median_step_time"),
          "max_reserved_gb": summ.get("max_reserved_gb"), "losses": summ.get("losses"),
          "offloaded_gb_per_gpu": [p["host_placed_peak_gb"] for p in procs],
-         "placement_held": all(p["placement_held"] for p in procs) if procs else None,
+         "budget_held": all(p["budget_held"] for p in procs) if procs else None,
          "comm_profile_rank0": summ.get("comm_profile"),
          "sent_gb_per_gpu_measured": measured_sent_bytes(summ.get("comm_profile"), ngpus) / 1e9,
          "sent_gb_per_gpu_planner": predicted_sent_bytes(a, ngpus, accum) / 1e9}
