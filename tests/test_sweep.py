@@ -293,3 +293,22 @@ def test_ranks_behind_a_bridge_carry_the_allreduce(tmp_path):
     assert summ["comm_profile"]["c10d::allreduce_"]["buffer_bytes"] == 4 * summ["params"]
     floor = 2 * (3 - 1) / 3 * 4 * summ["params"] * 3  # three steps
     assert all(b - a >= floor for a, b in zip(before, after)), (before, after, floor)
+
+
+def test_caps_left_by_an_earlier_sweep_are_refused_before_anything_changes(cli, tmp_path):
+    """A journal with entries means an earlier sweep's caps may still be set: a new sweep
+    would record the capped state as 'before'. It refuses, locally and in the per-node helper."""
+    env, log = standins(tmp_path)
+    journal = tmp_path / "j.json"
+    left = [{"backend": "mlnx_qos", "iface": "lo", "state": {"ratelimit": [0, 25, 0, 0, 0, 0, 100, 0]}}]
+    journal.write_text(json.dumps(left))
+    rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "400", "--journal",
+                       str(journal), "--", "true", env=env)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert f"a previous sweep left caps in {journal}: run `transit-launch sweep --restore` first" in err
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert not [c for c in calls if " -r " in c]  # nothing was set
+    assert json.loads(journal.read_text()) == left
+    rc, out, err = cli("netcap", "check", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidth", "400gbit",
+                       "--journal", str(journal), env=env)
+    assert rc == 2 and "a previous sweep left caps in" in err and "--restore` there first" in err

@@ -294,15 +294,12 @@ def cmd_sweep(a, command):
         if not os.environ.get("SLURM_JOB_ID"):
             raise UsageError("--slurm runs inside a Slurm allocation (sbatch/salloc)")
         capper = netcap.SlurmCapper(be, a.iface, a.journal, sys.executable)
-        capper._srun("check", "--bandwidth", ",".join(f"{int(b)}bit" for b in bws))  # refuse before changing
+        capper.check(bws)
     else:
         ifaces = netcap.ifaces_for_node(a.iface, netcap.node_name())
         if not ifaces:
             raise UsageError(f"--iface {a.iface}: no interface for this node ({netcap.node_name()})")
-        for i in ifaces:  # refuse before anything is changed
-            be.check(i, bws)
-        if journal.entries():
-            raise UsageError(f"a previous sweep left caps in {journal.path}: run `transit-launch sweep --restore` first")
+        netcap.check_ready(be, ifaces, bws, journal)
         capper = netcap.Capper(be, ifaces, journal)
     report = sweep.sweep(capper, bws, command, a.repeat, a.timeout, a.metric_regex, a.fail_fast)
     if a.plot:

@@ -309,6 +309,17 @@ def restore_journal(journal: Journal) -> list[str]:
     return done if not errors else done + ["ERROR " + x for x in errors]
 
 
+def check_ready(be: Backend, ifaces: list, bws: list[float], journal: Journal, node: str | None = None) -> None:
+    """Before anything is changed: every interface takes the caps, and no earlier sweep left
+    caps here (node: the name said in a per-node helper's message)."""
+    for i in ifaces:
+        be.check(i, bws)
+    if journal.entries():
+        where, there = (f"{node}: ", " there") if node else ("", "")
+        raise UsageError(f"{where}a previous sweep left caps in {journal.path}: run `transit-launch sweep "
+                         f"--restore`{there} first")
+
+
 class SlurmCapper:
     """The same on every node of a Slurm allocation: one task per node runs
     `transit-launch netcap ...` there (srun --overlap, inside the job's allocation); each
@@ -333,6 +344,10 @@ class SlurmCapper:
             msg = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
             raise CapError(f"netcap {args[0]} on the allocation's nodes failed: {msg}")
         return rows
+
+    def check(self, bws: list[float]) -> None:
+        """check_ready on every node, before anything is changed."""
+        self._srun("check", "--bandwidth", ",".join(f"{int(b)}bit" for b in bws))
 
     def apply(self, bps: float) -> None:
         self._srun("apply", "--bandwidth", f"{int(bps)}bit")
@@ -361,12 +376,7 @@ def node_action(action: str, cap: str, iface_spec: str, bandwidth: str | None, j
     journal = Journal(journal_path(journal_spec))
     row = {"node": node, "ifaces": [str(i) for i in ifaces]}
     if action == "check":
-        bws = [parse_bandwidth(b) for b in (bandwidth or "1gbit").split(",")]
-        for i in ifaces:
-            be.check(i, bws)
-        if journal.entries():
-            raise UsageError(f"{node}: a previous sweep left caps in {journal.path}: run `transit-launch sweep "
-                             "--restore` there first")
+        check_ready(be, ifaces, [parse_bandwidth(b) for b in (bandwidth or "1gbit").split(",")], journal, node)
     elif action == "apply":
         try:
             Capper(be, ifaces, journal).apply(parse_bandwidth(bandwidth or ""))
