@@ -4,7 +4,6 @@ JSON lines, and the model card of the trainer's flags for the planner."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from transit_launch.inject import MULTICAST_OFF  # noqa: E402
+from transit_launch.sweep import stop_group  # noqa: E402
 
 TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py")]
 # examples/train_llama.py's defaults: its 1.0 B-parameter model
@@ -40,7 +40,7 @@ def run(cmd: list, run_env: dict, timeout: float, preexec_fn=None) -> tuple[str,
         out, err = proc.communicate(timeout=timeout)
         return out, err, proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         out, err = proc.communicate()
         return out or "", err or "", "timeout"
 

@@ -9,6 +9,7 @@ into the report, and the other bandwidths still run unless --fail-fast."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import statistics
@@ -60,15 +61,16 @@ def run_one(command: list[str], timeout: float | None) -> tuple[int | None, str,
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        _stop(proc)
+        stop_group(proc)
         return None, "", f"timed out after {timeout} s"
     except BaseException:
-        _stop(proc)
+        stop_group(proc)
         raise
 
 
-def _stop(proc):
-    import os
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a command started with start_new_session and everything it started: SIGTERM
+    to its process group (Slurm's and torchrun's way), SIGKILL after 10 s."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
