@@ -61,6 +61,8 @@ BAD = [
     (["render", "--model", "llama3-70b"], "render needs the training command"),
     (["render", "--", "python", "x.py"], "render needs --model"),
     (["frobnicate"], "invalid choice"),
+    (["status", "12;rm -rf"], "'12;rm -rf' is not a Slurm job id"),
+    (["cancel", "all"], "'all' is not a Slurm job id"),
 ]
 
 

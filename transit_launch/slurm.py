@@ -91,10 +91,15 @@ def submit(script: str, extra: list[str] | None = None) -> str:
     return out.strip().split(";")[0]
 
 
-def job_info(job_id: str) -> dict:
-    """scontrol's view of the job (key=value), or sacct's once it has left the controller."""
+def _check_job_id(job_id: str) -> None:
+    """A job id (or array task 123_4) before it reaches a command line."""
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
         raise UsageError(f"{job_id!r} is not a Slurm job id")
+
+
+def job_info(job_id: str) -> dict:
+    """scontrol's view of the job (key=value), or sacct's once it has left the controller."""
+    _check_job_id(job_id)
     try:
         out = _run(["scontrol", "show", "job", "-o", job_id])
         fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
@@ -116,8 +121,7 @@ def job_info(job_id: str) -> dict:
 
 
 def cancel(job_id: str) -> None:
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise UsageError(f"{job_id!r} is not a Slurm job id")
+    _check_job_id(job_id)
     _run(["scancel", job_id])
 
 
