@@ -115,30 +115,37 @@ typedef cudaError_t (*advise_dev_t)(const void *, size_t, enum cudaMemoryAdvise,
 typedef cudaError_t (*prefetch_loc_t)(const void *, size_t, struct tr_loc, unsigned int, cudaStream_t);
 typedef cudaError_t (*prefetch_dev_t)(const void *, size_t, int, cudaStream_t);
 
-/* A failed cudaMemAdvise/cudaMemPrefetchAsync of the shim's own also sets the runtime's
- * last error, which the application would then read after its next kernel launch
- * (PyTorch checks cudaGetLastError there) as its own failure. Clear what the shim caused,
- * unless an error of the application's was already pending. */
-static cudaError_t own_call(cudaError_t pending, cudaError_t err, const char *what, const void *p, size_t n)
+/* A failed runtime call of the shim's own (advice, prefetch, staging's streams and
+ * events) also sets the runtime's last error, which the application would then read
+ * after its next kernel launch (PyTorch checks cudaGetLastError there) as its own
+ * failure. Clear what the shim caused, unless an error of the application's was already
+ * pending (`pending`: tr_pending_error() before the call), and count it. */
+cudaError_t tr_own_error(cudaError_t pending, cudaError_t err)
 {
     if (err == cudaSuccess)
         return err;
     tr_st.hint_errors++;
     if (pending == cudaSuccess && tr_real.get_last_error)
         tr_real.get_last_error();
-    tr_log(TR_DEBUG, "%s(%p, %zu) failed (%d); the job goes on without it", what, p, n, (int)err);
     return err;
 }
 
-static cudaError_t pending_error(void)
+cudaError_t tr_pending_error(void)
 {
     return tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess;
+}
+
+static cudaError_t own_call(cudaError_t pending, cudaError_t err, const char *what, const void *p, size_t n)
+{
+    if (tr_own_error(pending, err) != cudaSuccess)
+        tr_log(TR_DEBUG, "%s(%p, %zu) failed (%d); the job goes on without it", what, p, n, (int)err);
+    return err;
 }
 
 cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev)
 {
     tr_st.advise_calls++;
-    cudaError_t pending = pending_error(), err;
+    cudaError_t pending = tr_pending_error(), err;
     if (tr_real.loc_api) {
         struct tr_loc loc = {loc_type, loc_type == TR_LOC_HOST ? 0 : dev};
         err = ((advise_loc_t)tr_real.advise_fn)(p, n, a, loc);
@@ -150,7 +157,7 @@ cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_
 
 cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s)
 {
-    cudaError_t pending = pending_error(), err;
+    cudaError_t pending = tr_pending_error(), err;
     if (tr_real.loc_api) {
         struct tr_loc loc = {loc_type, loc_type == TR_LOC_HOST ? 0 : dev};
         err = ((prefetch_loc_t)tr_real.prefetch_fn)(p, n, loc, 0, s);

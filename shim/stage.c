@@ -24,17 +24,12 @@ static uint64_t need;                 /* learned: the most it grew from stage_in
 
 static int broken; /* a runtime call of staging's failed, or it overflowed: no new staging */
 
-static cudaError_t peek(void) { return tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess; }
-
-/* A runtime call of staging's own: a failure is cleared (unless the application had an
- * error pending, which stays for it to read) and stops new staging; the job goes on. */
+/* A runtime call of staging's own: a failure is cleared (tr_own_error) and stops new
+ * staging; the job goes on. */
 static int own(cudaError_t pending, cudaError_t err, const char *what)
 {
-    if (err == cudaSuccess)
+    if (tr_own_error(pending, err) == cudaSuccess)
         return 1;
-    tr_st.hint_errors++;
-    if (pending == cudaSuccess && tr_real.get_last_error)
-        tr_real.get_last_error();
     if (!broken)
         tr_log(TR_WARN, "staging: %s failed (%d): no more staging", what, (int)err);
     broken = 1;
@@ -52,7 +47,7 @@ static int setup(void)
 {
     if (ready >= 0)
         return ready;
-    cudaError_t p = peek();
+    cudaError_t p = tr_pending_error();
     ready = own(p, tr_real.stream_create(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
             own(p, tr_real.event_create(&ev_app, cudaEventDisableTiming), "cudaEventCreateWithFlags") &&
             own(p, tr_real.event_create(&ev_in, cudaEventDisableTiming), "cudaEventCreateWithFlags") &&
@@ -92,7 +87,7 @@ uint64_t tr_stage_in(cudaStream_t app)
         moved += n;
     }
     if (moved) {
-        cudaError_t p = peek(); /* before the call: C leaves argument order open */
+        cudaError_t p = tr_pending_error(); /* before the call: C leaves argument order open */
         in_pending = own(p, tr_real.event_record(ev_in, side), "cudaEventRecord");
         tr_st.stage_in_bytes += moved;
     }
@@ -106,7 +101,7 @@ int tr_stage_wait(cudaStream_t app)
     if (!in_pending)
         return 0;
     in_pending = 0;
-    cudaError_t p = peek();
+    cudaError_t p = tr_pending_error();
     return own(p, tr_real.stream_wait_event(app, ev_in, 0), "cudaStreamWaitEvent");
 }
 
@@ -119,7 +114,7 @@ uint64_t tr_stage_out(cudaStream_t app)
         return 0;
     /* after the kernels the application enqueued so far (the optimizer step); if that
      * cannot be ordered, synchronizing is the safe way home */
-    cudaError_t p = peek();
+    cudaError_t p = tr_pending_error();
     if (!own(p, tr_real.event_record(ev_app, app), "cudaEventRecord") ||
         !own(p, tr_real.stream_wait_event(side, ev_app, 0), "cudaStreamWaitEvent"))
         tr_real.device_synchronize();
@@ -132,7 +127,7 @@ uint64_t tr_stage_out(cudaStream_t app)
         }
     }
     if (moved) {
-        p = peek();
+        p = tr_pending_error();
         if (!own(p, tr_real.event_record(ev_out, side), "cudaEventRecord"))
             tr_real.device_synchronize(); /* then the copies are done when settled below */
         out_pending = 1;
@@ -147,12 +142,12 @@ void tr_stage_settle(int block)
     if (!out_pending)
         return;
     if (block || broken) {
-        cudaError_t p = peek();
+        cudaError_t p = tr_pending_error();
         if (!own(p, tr_real.event_synchronize(ev_out), "cudaEventSynchronize"))
             tr_real.device_synchronize();
         tr_st.stage_syncs++;
     } else {
-        cudaError_t pending = tr_real.peek_last_error ? tr_real.peek_last_error() : cudaSuccess;
+        cudaError_t pending = tr_pending_error();
         cudaError_t q = tr_real.event_query(ev_out);
         if (q != cudaSuccess) {
             if (pending == cudaSuccess && tr_real.get_last_error)

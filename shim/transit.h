@@ -74,6 +74,8 @@ struct tr_real {
 HIDDEN extern struct tr_real tr_real;
 HIDDEN int tr_real_resolve(void); /* 0 ok; -1: pass through (logged) */
 HIDDEN const char *tr_cudart_path(void); /* the loaded libcudart, or NULL */
+HIDDEN cudaError_t tr_pending_error(void); /* the application's error, if one is pending */
+HIDDEN cudaError_t tr_own_error(cudaError_t pending, cudaError_t err); /* clears and counts a failure of ours */
 HIDDEN cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev);
 HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s);
 
