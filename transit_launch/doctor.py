@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 from importlib import metadata, util
-from pathlib import Path
 
 from transit_launch import inject
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transit_launch.errors import UsageError
 from transit_launch.sim import metrics
-from transit_launch.sim.scheduler import Factors, Scenario, simulate
+from transit_launch.sim.scheduler import Scenario, simulate
 from transit_launch.sim.trace import Trace
 from transit_launch.table import table
 
