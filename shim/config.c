@@ -5,37 +5,18 @@
 #include <strings.h>
 
 #include "transit.h"
+#include "transit_size.h"
 
 struct tr_config tr_cfg;
 
 const char *tr_policy_name(enum tr_policy p)
 {
-    static const char *names[] = {"off", "base", "prefetch", "advise"};
+    static const char *names[] = TR_POLICY_NAMES;
     return names[p];
 }
 
-/* "40GB", "512MiB", "1e9", plain bytes; decimal and binary units as the CLI accepts. */
-int tr_parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0)
-        return -1;
-    while (isspace((unsigned char)*end))
-        end++;
-    static const struct { const char *u; double m; } units[] = {
-        {"", 1}, {"b", 1}, {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0}, {"m", 1e6}, {"mb", 1e6},
-        {"mib", 1048576.0}, {"g", 1e9}, {"gb", 1e9}, {"gib", 1073741824.0}, {"t", 1e12},
-        {"tb", 1e12}, {"tib", 1099511627776.0},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(end, units[i].u) == 0) {
-            *out = (uint64_t)(v * units[i].m);
-            return 0;
-        }
-    }
-    return -1;
-}
+/* The size grammar shared with Python and the SPANK plugin (transit_size.h). */
+int tr_parse_size(const char *s, uint64_t *out) { return tr_size_parse(s, out) == TR_SIZE_OK ? 0 : -1; }
 
 static uint64_t env_size(const char *name, uint64_t dflt)
 {
@@ -54,8 +35,8 @@ void tr_config_load(void)
     const char *v = getenv("TRANSIT_LOG");
     tr_cfg.log_level = TR_WARN;
     if (v) {
-        static const char *lv[] = {"error", "warn", "info", "debug"};
-        for (int i = 0; i < 4; i++)
+        static const char *lv[] = TR_LOG_LEVEL_NAMES;
+        for (int i = 0; i < TR_N_LOG_LEVELS; i++)
             if (strcasecmp(v, lv[i]) == 0)
                 tr_cfg.log_level = i;
     }

@@ -4,6 +4,7 @@
 #include <strings.h>
 
 #include "transit_spank.h"
+#include "../shim/transit_size.h"
 
 struct tr_site tr_site;
 struct tr_job tr_job;
@@ -28,18 +29,11 @@ static int in_list(const char *item, const char *list) { return tr_list_has(list
 int tr_policy_known(const char *p) { return *p && in_list(p, TR_POLICIES); }
 int tr_policy_allowed(const char *p) { return in_list(p, tr_site.allowed); }
 
-/* "40GB", "512MiB", "1e9": what libtransit.so's TRANSIT_GPU_BUDGET accepts. */
+/* --transit-budget: the grammar libtransit.so's TRANSIT_GPU_BUDGET reads (transit_size.h). */
 int tr_size_valid(const char *s)
 {
-    static const char *units[] = {"", "b", "k", "kb", "kib", "m", "mb", "mib", "g", "gb", "gib", "t", "tb", "tib"};
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v <= 0)
-        return 0;
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcasecmp(end, units[i]) == 0)
-            return 1;
-    return 0;
+    uint64_t v;
+    return tr_size_parse(s, &v) == TR_SIZE_OK;
 }
 
 static int copy(char *dst, size_t size, const char *key, const char *val)

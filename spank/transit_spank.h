@@ -8,8 +8,10 @@
 
 #include <slurm/spank.h>
 
+#include "../shim/transit_rules.h"
+
 #define TR_PATH_MAX 4096
-#define TR_POLICIES "off,base,prefetch,advise"
+#define TR_POLICIES TR_POLICY_LIST
 
 struct tr_site {               /* plugstack.conf arguments */
     char shim[TR_PATH_MAX];    /* shim=PATH */

@@ -64,6 +64,16 @@ def write_json(tmp_path):
 
 FAKECUDA = Path(__file__).resolve().parent / "fakecuda"
 CUDA_INC = shimbuild.find_header("cuda_runtime_api.h")
+C_SOURCES = ROOT  # shim/ and spank/
+
+
+def have_cc() -> bool:
+    return shutil.which("cc") is not None
+
+
+def spank_include():
+    from transit_launch import spank
+    return spank.locate_spank_h()
 
 
 @pytest.fixture(scope="session")

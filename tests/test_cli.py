@@ -44,7 +44,7 @@ BAD = [
     (["plan", "--model", "/nonexistent/config.json"], "cannot read"),
     (["plan", "--model", "llama3-70b", "--gpu-mem", "eighty"], "--gpu-mem: cannot parse 'eighty'"),
     (["plan", "--model", "llama3-70b", "--host-mem", "12XB"], "--host-mem: cannot parse"),
-    (["plan", "--model", "llama3-70b", "--host-mem", "0GB"], "must be larger than zero"),
+    (["plan", "--model", "llama3-70b", "--host-mem", "0GB"], "must be at least one byte"),
     (["plan", "--model", "llama3-70b", "--gpu", "tpu-v5"], "unknown GPU 'tpu-v5'"),
     (["plan", "--model", "llama3-70b", "--tp", "3"], "does not divide"),
     (["plan", "--model", "llama3-70b", "--parallel", "tp+pp", "--pp", "3", "--local-batch", "4"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-POLICIES = ("off", "base", "prefetch", "advise")
+from transit_launch.rules import POLICIES  # noqa: F401  (re-exported for callers)
 # PyTorch's expandable segments and its cudaMallocAsync backend allocate through
 # cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
 # would see nothing: force the native caching allocator without expandable segments.

@@ -1,0 +1,98 @@
+"""One definition of the shared rules: the generated C header matches rules.py, and the
+Python parser, the shim's parser and the SPANK plugin's parser give the same verdict and
+value for every input of one table."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import C_SOURCES, CUDA_INC, have_cc, spank_include
+from transit_launch import rules
+
+CASES = [
+    # (text, bytes or None for a refusal)
+    ("80GB", 80 * 10**9), ("141GiB", 141 * 2**30), ("512MiB", 512 * 2**20), ("4096", 4096),
+    ("1.5TB", 1_500_000_000_000), ("1.5 TB", 1_500_000_000_000), ("40 GB", 40 * 10**9), ("40gb", 40 * 10**9),
+    ("1b", 1), ("1", 1), ("0.5KiB", 512), ("1.000001k", 1000), ("1024PiB", None), ("1k", 1000),
+    ("1125899906842624", 2**50), ("1125899906842625", None), ("1024TiB", 2**50), ("1025TiB", None),
+    ("1e9", None), ("1E9GB", None), ("inf", None), ("nan", None), ("-5GB", None), ("+5GB", None),
+    ("0", None), ("0GB", None), ("0.5", None), ("0.0000001TB", None), ("0x10GB", None), ("1e99", None),
+    ("1e-300", None), ("", None), (" ", None), (" 40GB", None), ("40GB ", None), ("40  GB", None),
+    ("40 ", None), ("1.", None), (".5GB", None), ("1.1234567GB", None), ("12345678901234567", None),
+    ("9999999999999999", None), ("9999999999999999TiB", None), ("40GBB", None), ("40 G B", None),
+    ("4\u0660GB", None), ("40\tGB", None), ("40GB\n", None), ("abc", None), ("1,5GB", None),
+]
+
+DRIVER = r"""
+#include <stdio.h>
+#include <stdint.h>
+%(decl)s
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *line = argv[i];
+        %(body)s
+    }
+    return 0;
+}
+"""
+SHIM = dict(decl="int tr_parse_size(const char *s, uint64_t *out);\n"
+                 "void tr_log(int level, const char *fmt, ...) { (void)level; (void)fmt; }",
+            body='uint64_t v = 0; if (tr_parse_size(line, &v) == 0) printf("%llu\\n", (unsigned long long)v); '
+                 'else puts("-");')
+SPANK = dict(decl="int tr_size_valid(const char *s);\n#include <stdarg.h>\n"
+                  "void slurm_error(const char *fmt, ...) { (void)fmt; }",
+             body='puts(tr_size_valid(line) ? "ok" : "-");')
+
+
+def python_verdict(text):
+    try:
+        return rules.parse_size(text)
+    except rules.SizeError:
+        return None
+
+
+def test_header_is_generated_from_rules():
+    header = (C_SOURCES / "shim" / "transit_rules.h").read_text()
+    assert header == rules.c_header(), "run: python3 -m transit_launch.rules > shim/transit_rules.h"
+
+
+@pytest.mark.parametrize("text,want", CASES)
+def test_python_parser(text, want):
+    assert python_verdict(text) == want
+
+
+def _compile(tmp_path, name, driver, sources, flags=()):
+    src = tmp_path / f"{name}.c"
+    src.write_text(DRIVER % driver)
+    exe = tmp_path / name
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", *flags, "-o", str(exe), str(src), *map(str, sources)],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
+def _feed(exe):
+    out = subprocess.run([str(exe), *(t for t, _ in CASES)], capture_output=True, text=True, check=True,
+                         timeout=30)
+    assert out.stderr == ""
+    return out.stdout.splitlines()
+
+
+@pytest.mark.skipif(not have_cc() or CUDA_INC is None, reason="needs a C compiler and cuda_runtime_api.h")
+def test_shim_parser_agrees(tmp_path):
+    exe = _compile(tmp_path, "shim_size", SHIM, [C_SOURCES / "shim" / "config.c"], [f"-I{CUDA_INC}"])
+    got = _feed(exe)
+    assert got == [str(w) if w is not None else "-" for _, w in CASES]
+
+
+@pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
+def test_spank_parser_agrees(tmp_path):
+    inc = spank_include()
+    if inc is None:
+        pytest.skip("needs Slurm's spank.h (apt install libslurm-dev)")
+    exe = _compile(tmp_path, "spank_size", SPANK, [C_SOURCES / "spank" / "args.c"], [f"-I{inc.parent}"])
+    got = _feed(exe)
+    assert got == ["ok" if w is not None else "-" for _, w in CASES]
+
