@@ -1,26 +1,47 @@
-"""The package build also builds the shim (transit_launch/shimbuild.py); a machine
-without CUDA headers still installs, and `transit-launch doctor` says why the shim is
-missing."""
+"""The package build copies the C sources (shim/, spank/) into the package and builds the
+shim (transit_launch/shim/build.py). A machine without CUDA headers still installs; then
+the wheel stays pure and `transit-launch doctor` says why the shim is missing. A wheel
+that carries libtransit.so is tagged for this platform (py3-none-linux_x86_64): the
+library does not depend on the Python ABI, only on the machine."""
 
+import shutil
 import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
 
 class BuildPyWithShim(build_py):
     def run(self):
         super().run()
-        from transit_launch import shimbuild
+        from transit_launch.shim import build as shimbuild
 
-        here = Path(__file__).resolve().parent
-        target = (here / "transit_launch" / "lib" if getattr(self, "editable_mode", False)
-                  else Path(self.build_lib) / "transit_launch" / "lib")
-        path, reason = shimbuild.build(target)
+        editable = getattr(self, "editable_mode", False)
+        pkg = HERE / "transit_launch" if editable else Path(self.build_lib) / "transit_launch"
+        if not editable:  # a checkout finds its sources beside the package (transit_launch/csrc.py)
+            for part in ("shim", "spank"):
+                shutil.copytree(HERE / part, pkg / "_csrc" / part, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.o", "*.so"))
+        path, reason = shimbuild.build(pkg / "shim" / "lib", src=HERE / "shim")
+        self.distribution.shim_built = path is not None
         print(f"transit-launch: shim {'built: ' + str(path) if path else 'not built: ' + reason}")
 
 
-setup(cmdclass={"build_py": BuildPyWithShim})
+class PlatformWheel(bdist_wheel):
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False  # decided again in get_tag, once the build has run
+
+    def get_tag(self):
+        if not getattr(self.distribution, "shim_built", False):
+            return "py3", "none", "any"
+        return "py3", "none", sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+setup(cmdclass={"build_py": BuildPyWithShim, "bdist_wheel": PlatformWheel})

@@ -29,7 +29,7 @@ CONFIGS = {
                                          "--seq-len 4096 --batch 4",
 }
 def predict(spec):
-    from transit_launch import memory
+    from transit_launch.planning import memory
     est = memory.estimate(*trainer_layout(spec))
     return est, est.total - memory.CUDA_CONTEXT_BYTES - est.comm
 

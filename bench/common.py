@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # an installed transit_launch wins over the checkout
 
-from transit_launch.inject import MULTICAST_OFF  # noqa: E402
-from transit_launch.sweep import stop_group  # noqa: E402
+from transit_launch.shim.inject import MULTICAST_OFF  # noqa: E402
+from transit_launch.netcap.sweep import stop_group  # noqa: E402
 
 TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py")]
 # examples/train_llama.py's defaults: its 1.0 B-parameter model
@@ -64,7 +64,7 @@ def trainer_flags(spec: str) -> dict:
 
 def trainer_card(f: dict):
     """The planner's model card of the trainer's model (untied embeddings)."""
-    from transit_launch.models import _card_from_dict
+    from transit_launch.planning.models import _card_from_dict
     return _card_from_dict({"name": "trainer", "arch": {
         "hidden": f["dim"], "layers": f["layers"], "heads": f["heads"], "kv_heads": f["kv-heads"],
         "head_dim": f["dim"] // f["heads"], "ffn": f["ffn"], "vocab": f["vocab"], "tied_embeddings": False}},
@@ -73,7 +73,7 @@ def trainer_card(f: dict):
 
 def trainer_layout(spec: str, dp: int = 1):
     """(model card, planner layout) of a trainer flag string on dp GPUs (FSDP over dp)."""
-    from transit_launch import memory
+    from transit_launch.planning import memory
     f = trainer_flags(spec)
     return trainer_card(f), memory.Layout(dp=dp, local_batch=f["batch"], seq_len=f["seq-len"],
                                           recompute=f["recompute"])

@@ -29,7 +29,7 @@ fi
 [ -f .ext/torch_ext.tar ] && mkdir -p $TORCH_EXTENSIONS_DIR && tar xf .ext/torch_ext.tar -C $TORCH_EXTENSIONS_DIR
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 nproc; free -g | head -2
-python3 -c "from transit_launch import shimbuild as s; p, w = s.build('transit_launch/lib'); print('shim:', p, w or '')"
+python3 -c "from transit_launch.shim import build as s; p, w = s.build('transit_launch/shim/lib'); print('shim:', p, w or '')"
 half=$(( $(nproc) / 2 ))
 g0() { CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) "$@"; }
 g1() { CUDA_VISIBLE_DEVICES=1 taskset -c $half-$(( $(nproc) - 1 )) "$@"; }

@@ -34,7 +34,7 @@ def spec(a) -> str:
 
 def planner_peak(a, dp) -> float:
     """The planner's per-GPU estimate (bytes) of the trainer under FSDP over dp GPUs."""
-    from transit_launch import memory
+    from transit_launch.planning import memory
     return memory.estimate(*trainer_layout(spec(a), dp)).total
 
 
@@ -50,7 +50,7 @@ def auto_emulated_gpu(a) -> int:
 
 def predicted_sent_bytes(a, dp, accum):
     """Planner: bytes one GPU sends per step (its per-node tx+rx over 2 x GPUs, x microsteps)."""
-    from transit_launch import traffic
+    from transit_launch.planning import traffic
     t = traffic.per_node(*trainer_layout(spec(a), dp), gpus_per_node=dp)
     return (t.intra + t.inter) / 2 / dp * accum
 
@@ -74,7 +74,7 @@ def run_layout(a, ngpus, accum, policy, budget):
     out, err, rc = run(cmd, env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus))), a.timeout)
     _, summ = trainer_records(out)
     summ = summ or {}
-    from transit_launch import run as runmod
+    from transit_launch.shim import run as runmod
     st = runmod.read_stats(stats)
     procs = runmod.summary(st)["processes"] if st else []
     r = {"gpus": ngpus, "policy": policy, "budget_bytes": budget, "accum": accum, "rc": rc,

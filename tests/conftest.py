@@ -10,9 +10,18 @@ import tempfile
 
 import pytest
 
-from transit_launch import shimbuild
+import transit_launch
+from transit_launch import csrc
+from transit_launch.shim import build as shimbuild
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the unpacked sdist under .ci/test
+# .ci/test runs the suite against the wheel installed in a fresh venv: a transit_launch
+# imported from the source tree would test what users do not get.
+if os.environ.get("TRANSIT_TEST_INSTALLED") == "1" and ROOT in Path(transit_launch.__file__).resolve().parents:
+    raise pytest.UsageError(f"transit_launch was imported from the source tree ({transit_launch.__file__}), "
+                            "not from the installed wheel")
+if ROOT in Path(transit_launch.__file__).resolve().parents:  # a run on the checkout: subprocesses import it too
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 GOLDEN = Path(__file__).resolve().parent / "golden"
 NEEDS_TORCH = "needs PyTorch (CPU build) for the example trainer: .ci/run installs it"
 
@@ -33,7 +42,7 @@ def run_cli(*args, env=None, timeout=60):
         else:
             full_env[k] = v
     res = subprocess.run([sys.executable, "-m", "transit_launch", *args], capture_output=True, text=True,
-                         env=full_env, timeout=timeout, cwd=ROOT)
+                         env=full_env, timeout=timeout, cwd=tempfile.gettempdir())
     return res.returncode, res.stdout, res.stderr
 
 
@@ -64,7 +73,7 @@ def write_json(tmp_path):
 
 FAKECUDA = Path(__file__).resolve().parent / "fakecuda"
 CUDA_INC = shimbuild.find_header("cuda_runtime_api.h")
-C_SOURCES = ROOT  # shim/ and spank/
+C_SOURCES = csrc.root()  # shim/ and spank/: the installed package's copy under .ci/test
 
 
 def have_cc() -> bool:
@@ -72,7 +81,7 @@ def have_cc() -> bool:
 
 
 def spank_include():
-    from transit_launch import spank
+    from transit_launch.slurm import spank
     return spank.locate_spank_h()
 
 
@@ -100,7 +109,8 @@ def lab(built):
     """A real Slurm cluster (tests/slurm_lab.py) whose plugstack loads the SPANK plugin
     built from spank/, pointing at the test build of libtransit.so and the adapter."""
     from tests.slurm_lab import SlurmLab, missing
-    from transit_launch import inject, spank
+    from transit_launch.shim import inject
+    from transit_launch.slurm import spank
     why = missing()
     if why:
         pytest.skip(why)

@@ -1,4 +1,4 @@
-"""The framework adapter's staging driver (transit_launch/adapter/sitecustomize.py,
+"""The framework adapter's staging driver (transit_launch/shim/adapter/sitecustomize.py,
 TRANSIT_STAGE=1) on a CPU model: it finds the start of every backward without the
 application's help and calls the shim's staging API at the right points of a step."""
 
@@ -6,13 +6,14 @@ import importlib.util
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from tests.conftest import NEEDS_TORCH, torch_importable
+from transit_launch.shim import inject
 
 pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 
 
 def load_site():
-    spec = importlib.util.spec_from_file_location("transit_site", ROOT / "transit_launch/adapter/sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("transit_site", inject.adapter_dir() / "sitecustomize.py")
     site = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(site)  # installs nothing here: no shim is loaded
     return site

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from transit_launch import inject
-from transit_launch import run as runmod
+from transit_launch.shim import inject
+from transit_launch.shim import run as runmod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from common import ROOT, env, trainer_records, transit  # noqa: E402

@@ -2,10 +2,10 @@
 
 import pytest
 
-from transit_launch import memory as M
+from transit_launch.planning import memory as M
 from transit_launch.errors import UsageError
-from transit_launch.memory import Layout, estimate
-from transit_launch.models import load_model
+from transit_launch.planning.memory import Layout, estimate
+from transit_launch.planning.models import load_model
 
 L8 = load_model("llama3-8b")  # h 4096, 32 layers, q 4096, kv 1024, ffn 14336, vocab 128256
 

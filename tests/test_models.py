@@ -2,8 +2,9 @@
 
 import pytest
 
+from tests.conftest import ROOT
 from transit_launch.errors import UsageError
-from transit_launch.models import catalog, load_model
+from transit_launch.planning.models import catalog, load_model
 
 # (name, published total in billions, published active in billions)
 PUBLISHED = [
@@ -121,7 +122,7 @@ def test_unknown_model_lists_known():
 
 
 def test_custom_card_file():
-    card = load_model("examples/model-card.toml")
+    card = load_model(str(ROOT / "examples" / "model-card.toml"))
     assert card.name == "llama3-1b-example"
     assert round(card.params / 1e9, 2) == 1.24  # Llama-3.2-1B: 1.24B with tied embeddings
 

@@ -3,9 +3,9 @@
 import pytest
 
 from transit_launch.errors import UsageError
-from transit_launch.hardware import gpu_profile
-from transit_launch.models import load_model
-from transit_launch.plan import HOST_BYTES_PER_RANK, Request, plan
+from transit_launch.planning.hardware import gpu_profile
+from transit_launch.planning.models import load_model
+from transit_launch.planning.plan import HOST_BYTES_PER_RANK, Request, plan
 
 L70 = load_model("llama3-70b")
 H100 = gpu_profile("h100-80gb")

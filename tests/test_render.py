@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from tests.conftest import check_golden
-from transit_launch.inject import ALLOC_CONF, PASS_THROUGH, shim_env
-from transit_launch.render import torchrun_tail
+from transit_launch.shim.inject import ALLOC_CONF, PASS_THROUGH, shim_env
+from transit_launch.slurm.render import torchrun_tail
 
 SHIM = "/opt/transit/lib/libtransit.so"
 ADAPTER = "/opt/transit/adapter"

@@ -23,7 +23,7 @@ def budget(*args):
 def planner(gpus, seq):
     sys.path.insert(0, str(ROOT / "bench"))
     import common
-    from transit_launch import memory
+    from transit_launch.planning import memory
     return memory.estimate(*common.trainer_layout(f"--seq-len {seq} --batch 2", gpus)).total
 
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from transit_launch import run as runmod
+from transit_launch.shim import run as runmod
 
-from transit_launch import doctor, inject, shimbuild
+from transit_launch import doctor
+from transit_launch.shim import inject
+from transit_launch.shim import build as shimbuild
 
 
 GB = 10**9
@@ -381,7 +383,7 @@ def test_python_bindings_declare_what_the_header_declares():
     does not ship with the package, and cffi's cdef takes no preprocessor): they must agree."""
     import re
 
-    from transit_launch.adapter import transit_api
+    from transit_launch.shim.adapter import transit_api
     header = (Path(__file__).resolve().parent.parent / "shim" / "transit_api.h").read_text()
     header = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
     protos = {" ".join(line.split()) for line in header.splitlines() if re.match(r"^\s*[a-z].*\);\s*$", line)}

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import NEEDS_TORCH, ROOT, check_golden, torch_importable
 from tests.slurm_lab import missing
-from transit_launch import inject
+from transit_launch.shim import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 ADAPTER = str(inject._PKG / "adapter")  # the lab's plugstack points here (conftest.lab)
@@ -166,7 +166,7 @@ def test_cancel(lab, cli):
 
 
 def test_partition_discovery(lab):
-    from transit_launch import slurm
+    from transit_launch.slurm import commands as slurm
     env_before = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(lab.conf)
     try:
@@ -182,7 +182,7 @@ def test_partition_discovery(lab):
 @pytest.mark.parametrize("gres,gpus", [("gpu:4", 4), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,shard:8", 4),
                                        ("(null)", 0), ("gpu:a:2,gpu:b:2", 4)])
 def test_gres_parsing(gres, gpus):
-    from transit_launch.slurm import gpus_from_gres
+    from transit_launch.slurm.commands import gpus_from_gres
     assert gpus_from_gres(gres) == gpus
 
 

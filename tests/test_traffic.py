@@ -2,9 +2,9 @@
 
 import pytest
 
-from transit_launch.memory import Layout
-from transit_launch.models import load_model
-from transit_launch.traffic import _ring, per_node
+from transit_launch.planning.memory import Layout
+from transit_launch.planning.models import load_model
+from transit_launch.planning.traffic import _ring, per_node
 
 L70 = load_model("llama3-70b")
 

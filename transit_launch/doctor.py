@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from importlib import metadata, util
 
-from transit_launch import inject
+from transit_launch.shim import inject
 
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "sacct", "scancel")
 
@@ -138,7 +138,7 @@ def check_slurm() -> list[dict]:
 
 
 def check_spank() -> dict:
-    from transit_launch.spank import locate_spank_h
+    from transit_launch.slurm.spank import locate_spank_h
     found = locate_spank_h()
     if found:
         return _item("spank.h", True, str(found / "spank.h"))
@@ -153,3 +153,18 @@ def check_compiler() -> dict:
 def run_checks() -> list[dict]:
     return [*check_gpu(), check_host(), check_torch(), check_shim(), *check_slurm(), check_spank(),
             check_compiler()]
+
+
+def cmd_doctor(a, command):
+    import json
+
+    from transit_launch.planning import report
+    checks = run_checks()
+    print(json.dumps(checks, indent=2, default=str) if a.json else report.doctor_text(checks))
+    return 0
+
+
+def register(sub):
+    sp = sub.add_parser("doctor", help="what this machine has: GPU, managed memory, host memory, shim, Slurm")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_doctor)

@@ -12,7 +12,7 @@ from transit_launch import __version__
 
 
 def _env() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("transit_launch", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("transit_launch.slurm", "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
     env.filters["shq"] = lambda v: shlex.quote(str(v))

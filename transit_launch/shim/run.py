@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from transit_launch import inject
+from transit_launch.shim import inject
 from transit_launch.errors import UsageError
 from transit_launch.table import table
 from transit_launch.units import gb

@@ -9,10 +9,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from transit_launch import inject
+from transit_launch import csrc
+from transit_launch.shim import inject
 from transit_launch.errors import UsageError
 
-SRC = Path(__file__).resolve().parent.parent / "spank"
+SRC = csrc.spank()
 # Hardened like pyxis: stack protector, fortify, full RELRO; exports limited by the map.
 CFLAGS = ["-std=c11", "-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2"]
 LDFLAGS = ["-shared", "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack"]

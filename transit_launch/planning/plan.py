@@ -12,13 +12,16 @@ import math
 from dataclasses import dataclass, field
 
 from transit_launch.errors import UsageError
-from transit_launch.hardware import GPU
-from transit_launch.memory import Estimate, Layout, check_degrees, estimate
-from transit_launch.models import ModelCard
-from transit_launch.traffic import Traffic, per_node
+from transit_launch.planning.hardware import GPU
+from transit_launch.planning.memory import Estimate, Layout, check_degrees, estimate
+from transit_launch.planning.models import ModelCard
+from transit_launch.planning.traffic import Traffic, per_node
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
+PRECISIONS = ("mixed", "bf16")
+RECOMPUTE = ("full", "none")
+DEFAULT_GPUS_PER_NODE = 4
 MAX_NODES = 1024
 # CPU memory of one training rank besides offloaded data: Python, PyTorch's host
 # allocations, pinned staging buffers and the data loader (assumption: a TorchTitan rank
@@ -38,7 +41,7 @@ DEFAULT_HOST_MEM = 2000e9
 class Request:
     card: ModelCard
     gpu: GPU
-    gpus_per_node: int = 4
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     host_mem: float = DEFAULT_HOST_MEM
     parallel: str = "fsdp"
     tp: int | None = None
@@ -51,6 +54,24 @@ class Request:
     recompute: str = "full"
     scale_in: tuple[float, ...] | None = None
     min_efficiency: float = 0.9
+
+    def __post_init__(self):  # the same checks for Python callers as for the CLI
+        if self.parallel not in PRESETS:
+            raise UsageError(f"parallel {self.parallel!r} is not one of {', '.join(PRESETS)}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.recompute not in RECOMPUTE:
+            raise UsageError(f"recompute {self.recompute!r} is not one of {', '.join(RECOMPUTE)}")
+        for name in ("gpus_per_node", "seq_len", "local_batch", "global_batch", "tp", "pp", "ep"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if not (self.host_mem > 0 and math.isfinite(self.host_mem)):
+            raise UsageError(f"--host-mem must be a positive size, got {self.host_mem!r}")
+        if not 0 < self.min_efficiency <= 1:  # also refuses nan
+            raise UsageError(f"--min-efficiency must lie in (0, 1], got {self.min_efficiency}")
+        if self.scale_in is not None and not all(0 < f < 1 for f in self.scale_in):
+            raise UsageError(f"--scale-in fractions must lie strictly between 0 and 1, got {self.scale_in}")
 
 
 @dataclass

@@ -18,8 +18,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from transit_launch import counters
-from transit_launch.netcap import Capper, CapError, fmt_rate
+from transit_launch.netcap import counters
+from transit_launch.netcap.backends import CapError, fmt_rate
+from transit_launch.netcap.capper import Capper
 from transit_launch.table import table
 
 

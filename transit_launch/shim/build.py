@@ -12,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "shim"
+from transit_launch import csrc
+
+SRC = csrc.shim()
 CFLAGS = ["-std=c11", "-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-fvisibility=hidden",
           "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2"]
 LDFLAGS = ["-shared", "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack"]

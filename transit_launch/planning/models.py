@@ -1,6 +1,6 @@
 """Model cards: architecture numbers for decoder-only transformers (dense and MoE).
 
-Cards live as TOML files in transit_launch/cards/; `load_model` also imports a Hugging
+Cards live as TOML files in transit_launch/planning/cards/; `load_model` also imports a Hugging
 Face config.json (Llama, Qwen3, Qwen3-MoE, Llama4). Parameter counts are derived from
 the architecture, never typed in, and tests compare them with the published totals.
 """
@@ -161,7 +161,7 @@ def _card_from_dict(d: dict, origin: str) -> ModelCard:
 
 def catalog() -> dict[str, ModelCard]:
     cards = {}
-    for entry in resources.files("transit_launch.cards").iterdir():
+    for entry in resources.files("transit_launch.planning.cards").iterdir():
         if entry.name.endswith(".toml"):
             card = _card_from_dict(tomllib.loads(entry.read_text()), entry.name)
             cards[card.name] = card

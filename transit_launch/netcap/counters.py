@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from transit_launch.netcap import Iface
+from transit_launch.netcap.backends import Iface
 
 IB = Path("/sys/class/infiniband")
 

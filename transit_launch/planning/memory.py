@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from transit_launch.errors import UsageError
-from transit_launch.models import ModelCard
+from transit_launch.planning.models import ModelCard
 
 # Saved-for-backward tensors of a layer coexist with their gradients while the layer's
 # backward runs; about half of them are alive at the worst moment (assumption, to be

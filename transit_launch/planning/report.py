@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from transit_launch import memory, plan as planmod
-from transit_launch.plan import Candidate, Plan
+from transit_launch.planning import memory
+from transit_launch.planning import plan as planmod
+from transit_launch.planning.plan import Candidate, Plan
 from transit_launch.table import table
 from transit_launch.units import gb
 

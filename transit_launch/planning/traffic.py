@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from transit_launch.memory import Layout, stage_layers
-from transit_launch.models import ModelCard
+from transit_launch.planning.memory import Layout, stage_layers
+from transit_launch.planning.models import ModelCard
 
 
 @dataclass

@@ -1,0 +1,88 @@
+"""What a user installs: the wheel carries every part (run under .ci/test, which installs
+the wheel built from the sdist into a fresh venv), and its CLI runs the commands the
+README promises from outside any source tree."""
+
+import os
+import shutil
+import stat
+from importlib import metadata, resources
+from pathlib import Path
+
+import pytest
+
+import transit_launch
+from tests.conftest import CUDA_INC, ROOT, run_cli, spank_include
+
+INSTALLED = os.environ.get("TRANSIT_TEST_INSTALLED") == "1"
+needs_wheel = pytest.mark.skipif(not INSTALLED, reason="checks the installed wheel: run through .ci/test")
+PKG = Path(transit_launch.__file__).resolve().parent
+
+
+@needs_wheel
+def test_imported_from_the_wheel_not_the_tree():
+    assert ROOT not in PKG.parents
+    assert "site-packages" in PKG.parts
+
+
+@needs_wheel
+@pytest.mark.parametrize("part", [
+    "sim/run.py", "sim/trace.py", "planning/cards/llama3-70b.toml", "slurm/templates/sbatch.j2",
+    "slurm/templates/local.j2", "shim/adapter/sitecustomize.py", "shim/adapter/transit_api.py",
+    "_csrc/spank/plugin.c", "_csrc/spank/transit_spank.map", "_csrc/shim/transit.h", "_csrc/shim/transit_size.h",
+    "_csrc/shim/transit_rules.h", "_csrc/shim/exports.map",
+])
+def test_wheel_carries(part):
+    assert (PKG / part).is_file()
+
+
+@needs_wheel
+def test_wheel_tag_matches_what_it_carries():
+    tags = [l.split(": ", 1)[1] for l in metadata.distribution("transit-launch").read_text("WHEEL").splitlines()
+            if l.startswith("Tag: ")]
+    shim = PKG / "shim" / "lib" / "libtransit.so"
+    if CUDA_INC is None:
+        pytest.skip("no CUDA headers here: the wheel carries no shim")
+    assert shim.is_file()
+    assert tags and all(not t.endswith("-any") for t in tags), tags
+
+
+def test_version():
+    rc, out, _ = run_cli("--version")
+    assert rc == 0 and out.strip() == f"transit-launch {metadata.version('transit-launch') if INSTALLED else transit_launch.__version__}"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--model", "llama3-70b"], "Recommended: 3 nodes"),
+    (["simulate", "--synthetic", "300", "--racks", "4", "--quiet"], "baseline"),
+    (["render", "--model", "llama3-8b", "--", "python", "train.py"], "#SBATCH --nodes="),
+    (["doctor"], "shim"),
+])
+def test_commands_run(args, needle):
+    rc, out, err = run_cli(*args, timeout=120)
+    assert rc == 0, err
+    assert needle in out
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="needs a C compiler")
+def test_spank_build_and_install(tmp_path):
+    if spank_include() is None:
+        pytest.skip("needs Slurm's spank.h (apt install libslurm-dev)")
+    rc, out, err = run_cli("spank", "build", "--out", str(tmp_path / "b"))
+    assert rc == 0, err
+    assert (tmp_path / "b" / "transit_spank.so").is_file()
+    from transit_launch.shim import inject
+    if inject.shim_path() is None:
+        pytest.skip("spank install needs libtransit.so: the package build makes it where CUDA headers exist")
+    rc, out, err = run_cli("spank", "install", "--prefix", str(tmp_path / "p"), "--plugstack-dir",
+                           str(tmp_path / "conf"))
+    assert rc == 0, err
+    conf = (tmp_path / "conf" / "transit.conf").read_text()
+    assert "required " in conf and "transit_spank.so" in conf
+    plugin = tmp_path / "p" / "lib" / "slurm" / "transit_spank.so"
+    assert plugin.is_file() and not plugin.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def test_sources_found():
+    from transit_launch import csrc
+    assert (csrc.shim() / "transit.h").is_file() and (csrc.spank() / "plugin.c").is_file()
+    assert resources.files("transit_launch.planning.cards").joinpath("llama3-70b.toml").is_file()

@@ -1,0 +1,91 @@
+"""`sweep` (NIC caps, rho) and `netcap` (the per-node helper sweeps run under Slurm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from transit_launch.argtypes import nonneg_float, positive_int
+from transit_launch.errors import UsageError
+from transit_launch.netcap.backends import BACKENDS
+
+
+def cmd_sweep(a, command):
+    from transit_launch.netcap import backends, capper, journal as jn, sweep
+    journal = jn.Journal(jn.journal_path(a.journal))
+    if a.restore:
+        done = jn.restore_journal(journal)
+        for line in done or ["nothing to restore"]:
+            print(line)
+        return 1 if any(line.startswith("ERROR") for line in done) else 0
+    if not command:
+        raise UsageError("sweep needs the job after --, e.g. -- python examples/train_llama.py --device cpu")
+    if not a.bandwidths or not a.iface:
+        raise UsageError("sweep needs --bandwidths and --iface")
+    bws = [backends.parse_bandwidth(b) for b in a.bandwidths.split(",") if b.strip()]
+    if len(set(bws)) < len(bws):
+        raise UsageError("--bandwidths lists a bandwidth twice")
+    be = backends.backend(a.cap)
+    if a.metric_regex:
+        import re
+        try:
+            groups = re.compile(a.metric_regex).groups
+        except re.error as e:
+            raise UsageError(f"--metric-regex: {e}") from None
+        if groups < 1:
+            raise UsageError("--metric-regex needs one group that captures the number")
+    slurm_mode = a.slurm or int(os.environ.get("SLURM_JOB_NUM_NODES") or 0) > 1
+    if slurm_mode:
+        if not os.environ.get("SLURM_JOB_ID"):
+            raise UsageError("--slurm runs inside a Slurm allocation (sbatch/salloc)")
+        cap = capper.SlurmCapper(be, a.iface, a.journal, sys.executable)
+        cap.check(bws)
+    else:
+        ifaces = capper.ifaces_for_node(a.iface, jn.node_name())
+        if not ifaces:
+            raise UsageError(f"--iface {a.iface}: no interface for this node ({jn.node_name()})")
+        capper.check_ready(be, ifaces, bws, journal)
+        cap = capper.Capper(be, ifaces, journal)
+    report = sweep.sweep(cap, bws, command, a.repeat, a.timeout, a.metric_regex, a.fail_fast)
+    if a.plot:
+        sweep.plot(report, a.plot)
+    print(json.dumps(report, indent=2) if a.json else sweep.text(report))
+    if report["interrupted"]:
+        return 130
+    return 1 if report["restore_errors"] or not report["rho"] and len(bws) > 1 else 0
+
+
+def cmd_netcap(a, command):
+    """The per-node helper of sweeps under Slurm: one JSON line per call."""
+    from transit_launch.netcap.capper import node_action
+    print(json.dumps(node_action(a.action, a.cap, a.iface, a.bandwidth, a.journal)))
+    return 0
+
+
+def register(sub):
+    sp = sub.add_parser("sweep", help="run a job under NIC bandwidth caps and compute rho",
+                        usage="transit-launch sweep --bandwidths 400,100 --cap tc --iface IFACE -- COMMAND...")
+    sp.add_argument("--bandwidths", help="comma-separated, Gbit/s unless a unit is given (400,100 or 1000mbit,100mbit)")
+    sp.add_argument("--cap", choices=tuple(BACKENDS), default="tc")
+    sp.add_argument("--iface", help="IFACE[,IFACE...]; NETNS/IFACE for an interface inside a network namespace")
+    sp.add_argument("--repeat", type=positive_int("--repeat"), default=1)
+    sp.add_argument("--timeout", type=nonneg_float, help="seconds one run may take")
+    sp.add_argument("--metric-regex", help="throughput from the job's stdout: a regex whose first group is the number")
+    sp.add_argument("--fail-fast", action="store_true", help="stop at the first failed run")
+    sp.add_argument("--journal", help="restore journal, %%n = node name "
+                                      "(default ~/.local/state/transit-launch/netcap-NODE.json)")
+    sp.add_argument("--restore", action="store_true", help="undo the caps a crashed sweep left, then exit")
+    sp.add_argument("--slurm", action="store_true",
+                    help="cap every node of the Slurm allocation (default when the allocation has several nodes)")
+    sp.add_argument("--plot", help="write a PNG (needs matplotlib)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_sweep, takes_command=True)
+
+    sp = sub.add_parser("netcap", help="per-node cap helper that sweeps run under Slurm")
+    sp.add_argument("action", choices=("check", "apply", "restore", "counters"))
+    sp.add_argument("--cap", choices=tuple(BACKENDS), required=True)
+    sp.add_argument("--iface", required=True, help="IFACE[,IFACE...]; NODE=IFACE for one node only")
+    sp.add_argument("--bandwidth")
+    sp.add_argument("--journal")
+    sp.set_defaults(func=cmd_netcap)

@@ -1,0 +1,80 @@
+"""`plan` and `models`, and the model/layout/hardware options that render and submit share."""
+
+from __future__ import annotations
+
+import json
+
+from transit_launch.argtypes import fractions, positive_int, size
+from transit_launch.planning.hardware import GPUS, gpu_profile
+from transit_launch.planning.plan import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
+
+
+def add_plan_args(p, model_required=True):
+    g = p.add_argument_group("model and layout")
+    g.add_argument("--model", required=model_required,
+                   help="catalog name (see `transit-launch models`), a model card .toml or a HF config.json")
+    g.add_argument("--parallel", choices=PRESETS, default=None,
+                   help="parallelism preset (default fsdp; explicit --tp/--pp/--ep refine it)")
+    g.add_argument("--tp", type=positive_int("--tp"))
+    g.add_argument("--pp", type=positive_int("--pp"))
+    g.add_argument("--ep", type=positive_int("--ep"))
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=8192)
+    g.add_argument("--local-batch", type=positive_int("--local-batch"), default=1,
+                   help="sequences per data-parallel rank per microstep (microbatches under PP)")
+    g.add_argument("--global-batch", type=positive_int("--global-batch"),
+                   help="sequences per optimizer step; only node counts whose data-parallel degree divides it are valid")
+    g.add_argument("--precision", choices=PRECISIONS, default="mixed",
+                   help="mixed: fp32 params/grads/Adam with bf16 compute (TorchTitan default); bf16: everything bf16")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="full")
+    h = p.add_argument_group("hardware")
+    h.add_argument("--gpu", default=None, help=f"GPU profile: {', '.join(GPUS)} (default h100-80gb)")
+    h.add_argument("--gpu-mem", type=size, help="GPU memory size, overriding the profile's (e.g. 40GB)")
+    h.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None,
+                   help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE})")
+    h.add_argument("--host-mem", type=size, help=f"host DRAM per node (default {DEFAULT_HOST_MEM / 1e9:.0f}GB)")
+    p.add_argument("--scale-in", type=fractions("--scale-in"), metavar="FRACTIONS",
+                   help="node reductions to show, e.g. 0.25,0.5 (default: every valid node count below the minimum)")
+    p.add_argument("--min-efficiency", type=float, default=0.9,
+                   help="predicted per-GPU efficiency the recommendation must keep (default 0.9)")
+
+
+def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
+    """The plan.Request of parsed options; gpus_per_node and host_mem are the defaults a
+    caller knows better (a Slurm partition's), explicit options still win."""
+    from transit_launch.planning.models import load_model
+    from transit_launch.planning.plan import Request
+    parallel = a.parallel or ("fsdp+ep" if a.ep else "tp+pp" if a.pp else "fsdp+tp" if a.tp else "fsdp")
+    return Request(card=load_model(a.model), gpu=gpu_profile(a.gpu, a.gpu_mem),
+                   gpus_per_node=a.gpus_per_node or gpus_per_node or DEFAULT_GPUS_PER_NODE,
+                   host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM,
+                   parallel=parallel, tp=a.tp, pp=a.pp, ep=a.ep, seq_len=a.seq_len,
+                   local_batch=a.local_batch, global_batch=a.global_batch, precision=a.precision,
+                   recompute=a.recompute, scale_in=tuple(a.scale_in) if a.scale_in else None,
+                   min_efficiency=a.min_efficiency)
+
+
+def cmd_plan(a, command):
+    from transit_launch.planning import report
+    from transit_launch.planning.plan import plan
+    p = plan(request(a))
+    print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p))
+    return 0
+
+
+def cmd_models(a, command):
+    from transit_launch.planning import report
+    from transit_launch.planning.models import catalog
+    cards = catalog()
+    print(json.dumps([c.summary() for c in cards.values()], indent=2) if a.json else report.models_text(cards))
+    return 0
+
+
+def register(sub):
+    sp = sub.add_parser("plan", help="per-GPU memory, minimum nodes without offloading, scale-in options")
+    add_plan_args(sp)
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(func=cmd_plan)
+
+    sp = sub.add_parser("models", help="the model catalog")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_models)

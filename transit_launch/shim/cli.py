@@ -1,0 +1,39 @@
+"""`run`, and the shim options (policy, budget, stats, log) that render and submit share."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from transit_launch.argtypes import size
+from transit_launch.rules import LOG_LEVELS, POLICIES
+
+
+def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
+    g = sp.add_argument_group("shim")
+    g.add_argument("--policy", choices=POLICIES, default=default_policy,
+                   help=policy_help or "shim policy (default: advise below the no-offload minimum, off otherwise)")
+    g.add_argument("--gpu-budget", type=size,
+                   help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU (e.g. 40GB)")
+    g.add_argument("--stats", help=stats_help or "TRANSIT_STATS: directory (or file) for the shim's per-rank stats JSON")
+    g.add_argument("--log", choices=LOG_LEVELS, help="TRANSIT_LOG level")
+
+
+def cmd_run(a, command):
+    from transit_launch.shim import run as runmod
+    rc, stats = runmod.run(command, a.policy, a.gpu_budget, a.stats, a.log)
+    summ = runmod.summary(stats)
+    if a.json:
+        print(json.dumps(summ | {"returncode": rc}, indent=2))
+    else:
+        print(runmod.summary_text(summ), file=sys.stderr)
+    return rc
+
+
+def register(sub):
+    sp = sub.add_parser("run", help="run a command here with the shim injected, then summarize its stats",
+                        usage="transit-launch run [--policy P] [--gpu-budget SIZE] -- COMMAND...")
+    add_shim_args(sp, default_policy="advise", policy_help="shim policy (default advise)",
+                  stats_help="directory (or file) for the shim's stats JSON (default: a temporary directory)")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    sp.set_defaults(func=cmd_run, takes_command=True)

@@ -1,0 +1,149 @@
+"""`render`, `submit`, `status`, `cancel` and `spank`: options in, the Slurm subpackage's
+functions called, results printed."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from transit_launch.argtypes import positive_int
+from transit_launch.errors import UsageError
+from transit_launch.planning.cli import add_plan_args, request
+from transit_launch.rules import POLICIES
+from transit_launch.shim.cli import add_shim_args
+from transit_launch.slurm.script import JobOptions, ShimOptions, job_script
+
+
+def add_job_args(sp):
+    g = sp.add_argument_group("job")
+    g.add_argument("--job-name")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--time", help="Slurm time limit, e.g. 04:00:00")
+    g.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
+    g.add_argument("--port", type=positive_int("--port"), default=29500, help="rendezvous port on the head node")
+
+
+def _shim_opts(a) -> ShimOptions:
+    return ShimOptions(a.policy, a.gpu_budget, a.stats, a.log)
+
+
+def _job_opts(a) -> JobOptions:
+    return JobOptions(a.job_name, a.partition, a.account, a.time, a.output, a.port)
+
+
+def _nodes(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--nodes takes a number or auto, got {text!r}") from None
+
+
+def cmd_render(a, command):
+    from transit_launch.planning.plan import DEFAULT_GPUS_PER_NODE, plan
+    if not command:
+        raise UsageError("render needs the training command after --, e.g. -- python train.py")
+    p = None
+    if a.model:
+        p = plan(request(a))
+    elif not (a.nodes or a.local):
+        raise UsageError("render needs --model (to plan the node count) or --nodes")
+    nodes = a.nodes or (p.recommended.nodes if p else 1)
+    gpn = p.req.gpus_per_node if p else (a.gpus_per_node or DEFAULT_GPUS_PER_NODE)
+    text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+        print(f"wrote {a.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_submit(a, command):
+    from transit_launch.slurm.submit import Submission, submit
+    sub = Submission(command, _nodes(a.nodes), _shim_opts(a), _job_opts(a), a.dry_run)
+    done = submit(sub, lambda gpn, host_mem: request(a, gpn, host_mem))
+    print(f"transit-launch: {done.nodes} node(s): {done.why}", file=sys.stderr)
+    if a.dry_run:
+        sys.stdout.write(done.script)
+    else:
+        print(f"submitted job {done.job_id} ({done.nodes} nodes); output: {done.output}")
+    return 0
+
+
+def cmd_status(a, command):
+    from transit_launch.slurm import commands
+    from transit_launch.table import table
+    info = commands.job_info(a.job)
+    if a.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    keys = ("JobId", "JobName", "JobState", "NumNodes", "NodeList", "ExitCode", "RunTime", "StdOut")
+    print(table(["field", "value"], [[k, info[k]] for k in keys if k in info], "ll"))
+    return 0
+
+
+def cmd_cancel(a, command):
+    from transit_launch.slurm import commands
+    commands.cancel(a.job)
+    print(f"cancelled job {a.job}")
+    return 0
+
+
+def cmd_spank(a, command):
+    from transit_launch.slurm import spank
+    if a.spank_cmd == "build":
+        print(f"built {spank.build(a.out, a.include)}")
+        return 0
+    plugin, conf = spank.install(a.prefix, a.plugstack_dir, a.include, a.default, a.allowed, a.oversubscribe)
+    print(f"installed {plugin}\nwrote {conf}: add `include {conf.parent}/*.conf` to plugstack.conf "
+          "if it is not there")
+    return 0
+
+
+def register(sub):
+    from transit_launch.argtypes import Parser
+    sp = sub.add_parser("render", help="an sbatch script (or with --local a torchrun command) with the shim injected",
+                        usage="transit-launch render [options] -- COMMAND...")
+    add_plan_args(sp, model_required=False)
+    sp.add_argument("--nodes", type=positive_int("--nodes"), help="node count (default: the plan's recommendation)")
+    add_shim_args(sp)
+    add_job_args(sp)
+    sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
+    sp.add_argument("-o", "--out", help="write to this file instead of stdout")
+    sp.set_defaults(func=cmd_render, takes_command=True)
+
+    sp = sub.add_parser("submit", help="plan, render and sbatch a job with the shim injected",
+                        usage="transit-launch submit --model M [options] -- COMMAND...")
+    add_plan_args(sp)
+    sp.add_argument("--nodes", default="auto", help="node count, or auto: the fewest that fit host DRAM (default)")
+    add_shim_args(sp)
+    add_job_args(sp)
+    sp.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    sp.set_defaults(func=cmd_submit, takes_command=True)
+
+    sp = sub.add_parser("status", help="a Slurm job's state")
+    sp.add_argument("job")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_status)
+    sp = sub.add_parser("cancel", help="cancel a Slurm job")
+    sp.add_argument("job")
+    sp.set_defaults(func=cmd_cancel)
+
+    sp = sub.add_parser("spank", help="build or install the SPANK plugin (sbatch --transit=POLICY)")
+    sp.set_defaults(func=cmd_spank)
+    ssub = sp.add_subparsers(dest="spank_cmd", required=True, parser_class=Parser)
+    b = ssub.add_parser("build", help="compile the plugin against the installed spank.h")
+    b.add_argument("--out", default=".", help="directory for transit_spank.so (default .)")
+    b.add_argument("--include", help="directory holding spank.h")
+    i = ssub.add_parser("install", help="build, install and write the plugstack include file")
+    i.add_argument("--prefix", default="/usr/local", help="the plugin goes to PREFIX/lib/slurm (default /usr/local)")
+    i.add_argument("--plugstack-dir", default="/etc/slurm/plugstack.conf.d")
+    i.add_argument("--include", help="directory holding spank.h")
+    i.add_argument("--default", choices=POLICIES, default="off", help="policy when a job asks for none")
+    i.add_argument("--allowed", default=",".join(POLICIES), help="policies users may choose")
+    i.add_argument("--oversubscribe", choices=("allow", "deny"), default="deny",
+                   help="allow: real UVM oversubscription (TRANSIT_ALLOW_OVERSUBSCRIBE=1)")
