@@ -1,0 +1,60 @@
+"""The submit flow as a function (slurm/submit.py), in-process against the real lab
+cluster: the partition's hardware reaches the planner as numbers, the node count and its
+reason come back with the script, and a real submission returns a job id that Slurm runs."""
+
+import shutil
+
+import pytest
+
+from transit_launch.errors import UsageError
+from transit_launch.planning.hardware import gpu_profile
+from transit_launch.planning.models import load_model
+from transit_launch.planning.plan import Request
+from transit_launch.slurm.script import JobOptions, ShimOptions
+from transit_launch.slurm.submit import Submission, submit
+
+
+@pytest.fixture
+def slurm_env(lab, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(lab.conf))
+    return lab
+
+
+def _request(seen):
+    def make(gpus_per_node, host_mem):
+        seen.append((gpus_per_node, host_mem))
+        return Request(card=load_model("llama3-8b"), gpu=gpu_profile(None),
+                       gpus_per_node=gpus_per_node or 4, host_mem=host_mem or 2000e9)
+    return make
+
+
+def test_partition_hardware_reaches_the_planner(slurm_env):
+    seen = []
+    done = submit(Submission(["python", "train.py"], dry_run=True), _request(seen))
+    assert seen == [(4, 2000 * 2**20)]  # gres gpu:4 and RealMemory=2000 MB, as numbers
+    assert done.job_id is None and done.nodes >= 1 and "no fewer nodes fit host DRAM" in done.why
+    assert f"#SBATCH --nodes={done.nodes}" in done.script and "#SBATCH --gpus-per-node=4" in done.script
+
+
+def test_explicit_nodes_beyond_the_partition_refused(slurm_env):
+    with pytest.raises(UsageError, match="the partition has 4 nodes"):
+        submit(Submission(["python", "train.py"], nodes=5, dry_run=True), _request([]))
+
+
+def test_submission_checks_itself():
+    with pytest.raises(UsageError, match="needs the training command"):
+        Submission([])
+    with pytest.raises(UsageError, match="--nodes"):
+        Submission(["python"], nodes=0)
+
+
+def test_real_submission_runs(slurm_env):
+    done = submit(Submission(["--no-python", "true"], nodes=1, shim=ShimOptions(policy="off"),
+                             job=JobOptions(name="flow", output=str(slurm_env.lab / "jobs" / "%x-%j.out"))),
+                  _request([]))
+    assert done.job_id and done.job_id.isdigit()
+    assert done.output == str(slurm_env.lab / "jobs" / f"flow-{done.job_id}.out")
+    info = slurm_env.wait_job(done.job_id, timeout=120)
+    if shutil.which("torchrun") is None:
+        pytest.skip("the job ran, but the lab nodes have no torchrun (PyTorch) to finish it")
+    assert info["JobState"] == "COMPLETED", open(done.output).read()[-2000:]
