@@ -104,3 +104,53 @@ struct tr_region *tr_region_next(struct tr_cursor *c)
     }
     return NULL;
 }
+
+#ifdef TRANSIT_TESTING
+#include <stdio.h>
+
+/* The table agrees with itself and with the counters kept beside it; NULL when it does. */
+static const char *inconsistency(void)
+{
+    uint64_t sizes = 0, dev = 0, host = 0, zc = 0, hinted[3] = {0, 0, 0};
+    for (int i = 0; i < tr_tab.n; i++) {
+        const struct tr_alloc *a = &tr_tab.a[i];
+        if (i + 1 < tr_tab.n && a->ptr + a->size > tr_tab.a[i + 1].ptr)
+            return "allocations overlap or are out of order";
+        if (a->nreg < 1 || a->nreg > a->capreg || a->reg[0].start != a->ptr || a->reg[a->nreg - 1].end != a->ptr + a->size)
+            return "regions do not cover their allocation";
+        for (int j = 0; j < a->nreg; j++) {
+            const struct tr_region *r = &a->reg[j];
+            uint64_t n = r->end - r->start;
+            if (r->start >= r->end || (j + 1 < a->nreg && r->end != a->reg[j + 1].start))
+                return "regions are not contiguous";
+            *(r->place == TR_DEV ? &dev : &host) += n;
+            zc += r->zero_copy ? n : 0;
+            hinted[r->kind] += n;
+        }
+        sizes += a->size;
+    }
+    if (sizes != tr_tab.managed_bytes)
+        return "managed_bytes is not the sum of the table";
+    if (dev != tr_tab.dev_bytes || host != tr_st.host_placed_bytes || zc != tr_st.zero_copy_bytes)
+        return "placement counters are not the sum of the regions";
+    if (hinted[TR_COLD_MASTER] != tr_st.hint_bytes[TR_COLD_MASTER] || hinted[TR_COLD_OPT] != tr_st.hint_bytes[TR_COLD_OPT])
+        return "hint counters are not the sum of the regions";
+    if (tr_tab.dev_bytes > tr_budget())
+        return "placed above the budget";
+    if (!tr_cfg.allow_oversubscribe && tr_tab.managed_bytes > tr_guard_limit())
+        return "managed memory above the guard";
+    return NULL;
+}
+
+/* Test hook (built only with -DTRANSIT_TESTING): 0 when the table is consistent, else -1
+ * and the reason in why. */
+EXPORT int transit_test_check(char *why, size_t len)
+{
+    pthread_mutex_lock(&tr_lock);
+    const char *bad = inconsistency();
+    pthread_mutex_unlock(&tr_lock);
+    if (bad && why && len)
+        snprintf(why, len, "%s", bad);
+    return bad ? -1 : 0;
+}
+#endif
