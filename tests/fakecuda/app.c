@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,16 +64,19 @@ static void print_tally(void)
 #define MAX_HOLD 64
 static int threads_iters, threads_hold;
 static size_t threads_size;
+static pthread_barrier_t threads_start; /* all at once, so that they overlap */
 static void *worker(void *arg)
 {
     (void)arg;
     void *held[MAX_HOLD] = {0};
+    pthread_barrier_wait(&threads_start);
     for (int i = 0; i < threads_iters; i++) {
         void **slot = &held[i % threads_hold];
         if (*slot)
             cudaFree(*slot);
         if (cudaMalloc(slot, threads_size + (size_t)i % 7 * 4096) != cudaSuccess)
             *slot = NULL;
+        sched_yield(); /* the others run while this one holds its allocations */
     }
     for (int i = 0; i < threads_hold; i++)
         if (held[i])
@@ -316,6 +320,7 @@ int main(int argc, char **argv)
         if (n < 1 || n > 64 || threads_hold < 1 || threads_hold > MAX_HOLD)
             return 2;
         pthread_t th[64];
+        pthread_barrier_init(&threads_start, NULL, (unsigned)n);
         for (int i = 0; i < n; i++)
             pthread_create(&th[i], NULL, worker, NULL);
         for (int i = 0; i < n; i++)

@@ -174,6 +174,18 @@ void fake_cudart_tally(unsigned long long out[5])
     pthread_mutex_unlock(&mu);
 }
 
+/* For the fake CUPTI: a live managed allocation (the k-th, cyclically), or 0 if none. */
+unsigned long long fake_cudart_pick(unsigned long long k)
+{
+    uint64_t a = 0;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < nblk && !a; i++)
+        if (blks[(k + i) % nblk].managed)
+            a = blks[(k + i) % nblk].p;
+    pthread_mutex_unlock(&mu);
+    return a;
+}
+
 /* [p, p + n) lies in one live managed allocation; under mu. Counts the ranges that do not. */
 static int managed_range(const void *p, size_t n)
 {
