@@ -59,9 +59,10 @@ int tr_write_stats(const char *path)
     fprintf(f, "  \"cuda_malloc_calls\": %llu,\n  \"cuda_free_calls\": %llu,\n  \"managed_allocs\": %llu,\n",
             (unsigned long long)tr_st.mallocs, (unsigned long long)tr_st.frees,
             (unsigned long long)tr_st.managed_allocs);
-    fprintf(f, "  \"failed_allocs\": %llu,\n  \"guard_refusals\": %llu,\n  \"kernel_launches\": %llu,\n",
+    fprintf(f, "  \"failed_allocs\": %llu,\n  \"guard_refusals\": %llu,\n  \"managed_fallbacks\": %llu,\n"
+               "  \"kernel_launches\": %llu,\n",
             (unsigned long long)tr_st.failed_allocs, (unsigned long long)tr_st.guard_refusals,
-            (unsigned long long)tr_st.launches);
+            (unsigned long long)tr_st.managed_fallbacks, (unsigned long long)tr_st.launches);
     fprintf(f, "  \"managed_bytes\": %llu,\n  \"managed_peak_bytes\": %llu,\n",
             (unsigned long long)tr_tab.managed_bytes, (unsigned long long)tr_st.managed_peak);
     fprintf(f, "  \"device_placed_bytes\": %llu,\n  \"device_placed_peak_bytes\": %llu,\n",

@@ -23,6 +23,26 @@ static int lower_bound(uintptr_t ptr)
     return lo;
 }
 
+/* The guard's reservation: managed bytes count from before the runtime is asked for them
+ * until after it has freed them, so that what the runtime holds never exceeds the limit,
+ * at any instant, whatever the threads do. No wrap-around: size may be near SIZE_MAX. */
+int tr_table_reserve(size_t size, uint64_t limit)
+{
+    if (size > limit || tr_tab.managed_bytes > limit - size)
+        return -1;
+    tr_tab.managed_bytes += size;
+    tr_tab.inflight += size;
+    if (tr_tab.managed_bytes > tr_st.managed_peak)
+        tr_st.managed_peak = tr_tab.managed_bytes;
+    return 0;
+}
+
+void tr_table_release(size_t size)
+{
+    tr_tab.managed_bytes -= size;
+    tr_tab.inflight -= size;
+}
+
 struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size)
 {
     if (tr_tab.n == tr_tab.cap) {
@@ -42,7 +62,7 @@ struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size)
     struct tr_alloc *a = &tr_tab.a[i];
     *a = (struct tr_alloc){.ptr = ptr, .size = size, .seq = tr_tab.next_seq++, .nreg = 1, .capreg = 4, .reg = r};
     r[0] = (struct tr_region){.start = ptr, .end = ptr + size, .kind = TR_HOT, .place = TR_DEV};
-    tr_tab.managed_bytes += size;
+    tr_tab.inflight -= size;
     return a;
 }
 
@@ -57,7 +77,7 @@ struct tr_alloc *tr_table_find(uintptr_t addr)
 void tr_table_remove(struct tr_alloc *a)
 {
     int i = (int)(a - tr_tab.a);
-    tr_tab.managed_bytes -= a->size;
+    tr_tab.inflight += a->size;
     free(a->reg);
     memmove(&tr_tab.a[i], &tr_tab.a[i + 1], (size_t)(tr_tab.n - i - 1) * sizeof tr_tab.a[0]);
     tr_tab.n--;
@@ -129,8 +149,8 @@ static const char *inconsistency(void)
         }
         sizes += a->size;
     }
-    if (sizes != tr_tab.managed_bytes)
-        return "managed_bytes is not the sum of the table";
+    if (sizes + tr_tab.inflight != tr_tab.managed_bytes)
+        return "managed_bytes is not the table's bytes and those in flight";
     if (dev != tr_tab.dev_bytes || host != tr_st.host_placed_bytes || zc != tr_st.zero_copy_bytes)
         return "placement counters are not the sum of the regions";
     if (hinted[TR_COLD_MASTER] != tr_st.hint_bytes[TR_COLD_MASTER] || hinted[TR_COLD_OPT] != tr_st.hint_bytes[TR_COLD_OPT])

@@ -76,6 +76,8 @@ HIDDEN int tr_real_resolve(void); /* 0 ok; -1: pass through (logged) */
 HIDDEN const char *tr_cudart_path(void); /* the loaded libcudart, or NULL */
 HIDDEN cudaError_t tr_pending_error(void); /* the application's error, if one is pending */
 HIDDEN cudaError_t tr_own_error(cudaError_t pending, cudaError_t err); /* clears and counts a failure of ours */
+HIDDEN void tr_clear_error(cudaError_t pending); /* clears the last error unless one was pending */
+HIDDEN cudaError_t tr_runtime_oom(void);        /* the runtime's own out-of-memory, last error included */
 HIDDEN cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev);
 HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s);
 
@@ -105,15 +107,18 @@ struct tr_table {
     struct tr_alloc *a;     /* sorted by ptr */
     int n, cap;
     uint64_t next_seq;
-    uint64_t managed_bytes; /* live managed allocations */
-    uint64_t dev_bytes;     /* of those, placed on the device */
+    uint64_t managed_bytes; /* the table's allocations and those in flight: what the guard limits */
+    uint64_t inflight;      /* reserved before the runtime allocates, held until it has freed */
+    uint64_t dev_bytes;     /* of the table's, placed on the device */
 };
 
 HIDDEN extern pthread_mutex_t tr_lock;
 HIDDEN extern struct tr_table tr_tab;
-HIDDEN struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size);
+HIDDEN int tr_table_reserve(size_t size, uint64_t limit); /* 0: counted in managed_bytes, in flight */
+HIDDEN void tr_table_release(size_t size);                /* in-flight bytes the runtime does not hold */
+HIDDEN struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size); /* reserved bytes enter the table */
 HIDDEN struct tr_alloc *tr_table_find(uintptr_t addr); /* containing allocation or NULL */
-HIDDEN void tr_table_remove(struct tr_alloc *a);
+HIDDEN void tr_table_remove(struct tr_alloc *a); /* its bytes stay in flight until released */
 HIDDEN int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end); /* 0 ok */
 /* Every region of the table in address order, for loops that do not change the table:
  *   for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) */
@@ -129,6 +134,7 @@ HIDDEN void tr_place_unadvise(void);
 HIDDEN void tr_place_evict_observed(int all);
 HIDDEN uint64_t tr_budget(void);
 HIDDEN uint64_t tr_guard_limit(void);
+HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
 HIDDEN void tr_move_to_device(struct tr_region *r, cudaStream_t s);
 HIDDEN void tr_move_to_host(struct tr_region *r, cudaStream_t s); /* still counted on the device */
 HIDDEN void tr_move_settled(struct tr_region *r);                  /* ... until this */
@@ -148,6 +154,7 @@ HIDDEN void tr_stage_boundary(void);
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {
     _Atomic uint64_t mallocs, frees, managed_allocs, failed_allocs, guard_refusals;
+    _Atomic uint64_t managed_fallbacks; /* allocations given plain memory (managed refused) */
     _Atomic uint64_t launches;
     uint64_t managed_peak, dev_placed_peak, host_placed_bytes, host_placed_peak;
     uint64_t zero_copy_bytes, zero_copy_peak;

@@ -1,0 +1,140 @@
+"""The shim under threads, faults and bad settings (issue 17; the shim's settings of issue
+15), against the fake runtime, which keeps its own tally of managed memory and answers
+like CUDA 13's runtime (tests/fakecuda/fake_cudart.c): the guard holds at every instant,
+a refused or malformed cudaMalloc looks like the runtime's own failure, no value a user
+can set crashes the process or passes silently."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CUDA_INC, FAKECUDA, shimbuild
+from tests.test_shim import run, stats_of
+
+GB, MiB, GiB = 10**9, 1 << 20, 1 << 30
+RESERVE = GiB  # TRANSIT_RESERVE's default
+SIZE_MAX = (1 << 64) - 1
+ERR_INVALID_VALUE, ERR_MEMORY_ALLOCATION = 1, 2
+
+pytestmark = pytest.mark.skipif(CUDA_INC is None or not shutil.which("cc"),
+                                reason="needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
+
+
+def build_fake_cupti(out_dir: Path, cflags=()) -> Path | None:
+    """tests/fakecuda/fake_cupti.c as out_dir/libcupti.so (found first through
+    LD_LIBRARY_PATH); None without CUPTI headers, where the shim is built without CUPTI."""
+    inc = shimbuild.find_header("cupti.h", ("extras/CUPTI/include",))
+    if inc is None:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", *cflags, f"-I{CUDA_INC}", f"-I{inc}",
+                    "-fPIC", "-shared", "-o", str(out_dir / "libcupti.so"), str(FAKECUDA / "fake_cupti.c"),
+                    "-ldl", "-lpthread"], check=True)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def cupti(tmp_path_factory):
+    d = build_fake_cupti(tmp_path_factory.mktemp("fakecupti"))
+    if d is None:
+        pytest.skip("needs CUPTI headers (cupti.h): the shim is built without the recorder")
+    return d
+
+
+def tally(out):
+    """The fake runtime's own account, printed by the test program."""
+    return {k[5:]: int(v) for k, v in out.items() if k.startswith("fake_")}
+
+
+def warnings(stderr):
+    return [line for line in stderr.splitlines() if " warn: " in line or " error: " in line]
+
+
+# ---- the guard -------------------------------------------------------------------
+
+def test_guard_holds_at_every_instant_under_threads(built, tmp_path):
+    """8 threads, each holding up to 4 allocations of ~24 MiB, against a 512 MiB guard
+    (free memory 1.5 GiB less the 1 GiB reserve): the fake runtime never holds more
+    managed memory than the guard, at any instant (its own peak), and the shim's peak
+    covers it. Before the fix the shim checked, unlocked, then allocated."""
+    guard = 512 * MiB
+    res, out, _ = run(built, "threads", 8, 5000, 24 * MiB, 4,
+                      env={"FAKE_GPU_MEM": str(guard + RESERVE), "TRANSIT_LOG": "error",
+                           "TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0 and out["done"] == "1", res.stderr
+    fake, s = tally(out), stats_of(tmp_path / "s.json")
+    assert s["guard_limit_bytes"] == guard and s["guard_refusals"] > 0
+    assert fake["managed_peak"] <= s["managed_peak_bytes"] <= guard, (fake, s["managed_peak_bytes"])
+    assert fake["managed_live"] == fake["live_ptrs"] == fake["bad_frees"] == fake["bad_ranges"] == 0
+    assert s["managed_bytes"] == 0 and out["table_check"].startswith("0")
+
+
+def test_guard_is_not_bypassed_by_wraparound(built, tmp_path):
+    """managed + size wrapped around for a size near SIZE_MAX and passed the guard."""
+    huge = SIZE_MAX - GB // 2
+    res, out, calls = run(built, "alloc", GB, huge, env={"FAKE_GPU_MEM": str(10 * GB),
+                                                         "TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert (out["alloc0"], out["alloc1"]) == ("0", str(ERR_MEMORY_ALLOCATION))
+    assert f"refusing cudaMalloc({huge})" in res.stderr
+    assert stats_of(tmp_path / "s.json")["guard_refusals"] == 1
+    assert not [c for c in calls if c.startswith(f"cudaMallocManaged {huge}")]  # never asked the runtime
+
+
+def test_guard_refusal_looks_like_the_runtimes_own(built, tmp_path):
+    """The runtime's own out-of-memory leaves cudaErrorMemoryAllocation for cudaGetLastError
+    (PyTorch reads it back); after the guard's refusal it said success."""
+    env = {"FAKE_GPU_MEM": str(10 * GB)}
+    _, plain, _ = run(built, "alloc", 11 * GB, policy="off", env=env)
+    assert (plain["alloc0"], plain["last0"]) == (str(ERR_MEMORY_ALLOCATION),) * 2  # the fake, like CUDA 13
+    res, out, _ = run(built, "alloc", 6 * GB, 6 * GB, GB, env=env)
+    assert (out["alloc1"], out["last1"]) == (plain["alloc0"], plain["last0"]), res.stderr
+    assert (out["alloc2"], out["last2"]) == ("0", "0")  # read once, like the runtime's
+
+
+@pytest.mark.parametrize("free,reserve_said", [
+    (10 * GB, f"less the {RESERVE}-byte reserve (TRANSIT_RESERVE)"),
+    (512 * MiB, f"none kept for TRANSIT_RESERVE ({RESERVE} bytes): less than that was free"),
+])
+def test_guard_message_says_what_was_reserved(built, free, reserve_said):
+    """"less the reserve" was printed even when nothing was subtracted (free < reserve)."""
+    res, out, _ = run(built, "alloc", free + 1, env={"FAKE_GPU_MEM": str(free), "TRANSIT_LOG": "warn"})
+    assert out["alloc0"] == str(ERR_MEMORY_ALLOCATION)
+    [line] = warnings(res.stderr)
+    assert reserve_said in line and "refusing cudaMalloc" in line
+
+
+# ---- cudaMalloc's contract ---------------------------------------------------------
+
+@pytest.mark.parametrize("size", [4096, 100 * GB, SIZE_MAX])
+def test_null_devptr_gets_the_runtimes_answer(built, size):
+    """cudaMalloc(NULL, n) crashed (SIGSEGV) when the guard refused n, and took the
+    not-supported fallback with a warning otherwise; the runtime says cudaErrorInvalidValue."""
+    env = {"FAKE_GPU_MEM": str(10 * GB), "TRANSIT_LOG": "warn"}
+    _, plain, _ = run(built, "alloc", f"null:{size}", policy="off", env=env)
+    assert (plain["alloc0"], plain["last0"]) == (str(ERR_INVALID_VALUE),) * 2
+    res, out, _ = run(built, "alloc", f"null:{size}", env=env)
+    assert res.returncode == 0, res.stderr
+    assert (out["alloc0"], out["last0"]) == (plain["alloc0"], plain["last0"])
+    assert warnings(res.stderr) == []
+
+
+def test_not_supported_fallback_warns_once_then_counts(built, tmp_path):
+    res, out, calls = run(built, "alloc", GB, GB, GB, env={"FAKE_MANAGED_FAIL": "1", "TRANSIT_LOG": "warn",
+                                                           "TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert [out[f"alloc{i}"] for i in range(3)] == ["0"] * 3
+    assert [out[f"last{i}"] for i in range(3)] == ["0"] * 3  # the shim's own failure is not the application's
+    [line] = warnings(res.stderr)
+    assert "using cudaMalloc" in line
+    assert stats_of(tmp_path / "s.json")["managed_fallbacks"] == 3
+
+
+def test_managed_out_of_memory_is_passed_on(built, tmp_path):
+    """The runtime's own refusal of managed memory: its code, its last error, counted, and
+    the guard's reservation given back (managed bytes return to zero)."""
+    res, out, _ = run(built, "alloc", GB, GB, GB, env={"FAKE_MANAGED_OOM_EVERY": "2", "TRANSIT_STATS":
+                                                       str(tmp_path / "s.json")})
+    assert [(out[f"alloc{i}"], out[f"last{i}"]) for i in range(3)] == [("0", "0"), ("2", "2"), ("0", "0")]
+    s = stats_of(tmp_path / "s.json")
+    assert s["failed_allocs"] == 1 and s["managed_bytes"] == 0 and s["managed_peak_bytes"] == 2 * GB
