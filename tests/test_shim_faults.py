@@ -138,3 +138,18 @@ def test_managed_out_of_memory_is_passed_on(built, tmp_path):
     assert [(out[f"alloc{i}"], out[f"last{i}"]) for i in range(3)] == [("0", "0"), ("2", "2"), ("0", "0")]
     s = stats_of(tmp_path / "s.json")
     assert s["failed_allocs"] == 1 and s["managed_bytes"] == 0 and s["managed_peak_bytes"] == 2 * GB
+
+
+# ---- stats path ------------------------------------------------------------------
+
+def test_stats_path_with_a_long_rank(built, tmp_path):
+    """%r with a 5000-character RANK wrote past the path buffer on the stack (ASan:
+    stack-buffer-overflow in expand; tests/test_shim_sanitizers.py runs this under ASan)."""
+    res, out, _ = run(built, "alloc", GB, env={"TRANSIT_STATS": str(tmp_path / "s-%r-%p.json"), "RANK": "7" * 5000,
+                                               "TRANSIT_LOG": "warn"})
+    assert res.returncode == 0 and out["alloc0"] == "0"
+    [line] = warnings(res.stderr)
+    assert "TRANSIT_STATS" in line and "too long" in line
+    assert list(tmp_path.iterdir()) == []
+    res, _, _ = run(built, "alloc", GB, env={"TRANSIT_STATS": str(tmp_path / "s-%r.json"), "RANK": "3"})
+    assert stats_of(tmp_path / "s-3.json")["managed_allocs"] == 1
