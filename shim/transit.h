@@ -28,6 +28,7 @@ struct tr_config {
     char stats_path[4096];    /* TRANSIT_STATS ("" = none) */
     int log_level;            /* 0 error, 1 warn, 2 info, 3 debug */
     int stage;                /* TRANSIT_STAGE=1 (advise): the adapter stages cold data per step */
+    uint32_t cold_tail_ppm;   /* TRANSIT_COLD_TAIL in millionths (observe.c) */
 };
 HIDDEN extern struct tr_config tr_cfg;
 HIDDEN void tr_config_load(void);

@@ -153,3 +153,53 @@ def test_stats_path_with_a_long_rank(built, tmp_path):
     assert list(tmp_path.iterdir()) == []
     res, _, _ = run(built, "alloc", GB, env={"TRANSIT_STATS": str(tmp_path / "s-%r.json"), "RANK": "3"})
     assert stats_of(tmp_path / "s-3.json")["managed_allocs"] == 1
+
+
+# ---- the shim's own settings (issue 15) ------------------------------------------
+
+BAD_SETTINGS = [
+    ("TRANSIT_LOG", "bogus", "using warn"),
+    ("TRANSIT_WARMUP_ITERS", "abc", "using 2"),
+    ("TRANSIT_WARMUP_ITERS", "-3", "using 2"),
+    ("TRANSIT_WARMUP_ITERS", "0", "using 2"),
+    ("TRANSIT_WARMUP_ITERS", "99999999999", "using 2"),
+    ("TRANSIT_WARMUP_ITERS", "2x", "using 2"),
+    ("TRANSIT_ALLOW_OVERSUBSCRIBE", "yes", "using 0"),
+    ("TRANSIT_STAGE", "true", "using 0"),
+    ("TRANSIT_GPU_BUDGET", "0", "using no budget"),
+    ("TRANSIT_GPU_BUDGET", "0.5", "using no budget"),
+    ("TRANSIT_GPU_BUDGET", "1e30", "using no budget"),
+    ("TRANSIT_GPU_BUDGET", "inf", "using no budget"),
+    ("TRANSIT_GPU_BUDGET", "nan", "using no budget"),
+    ("TRANSIT_GPU_BUDGET", "-5GB", "using no budget"),
+    ("TRANSIT_RESERVE", "lots", f"using {RESERVE}"),
+    ("TRANSIT_RESERVE", "0", f"using {RESERVE}"),
+    ("TRANSIT_MERGE_GAP", "1e3", "using 131072"),
+    ("TRANSIT_COLD_TAIL", "nan", "using 0.02"),
+    ("TRANSIT_COLD_TAIL", "1.5", "using 0.02"),
+    ("TRANSIT_COLD_TAIL", "0", "using 0.02"),
+    ("TRANSIT_COLD_TAIL", "1e-2", "using 0.02"),
+    ("TRANSIT_STATS", "/tmp/" + "x" * 5000, "using no stats"),
+]
+
+
+@pytest.mark.parametrize("var,value,used", BAD_SETTINGS, ids=[f"{v}={x[:12]}" for v, x, _ in BAD_SETTINGS])
+def test_a_setting_the_shim_cannot_honour_gets_one_line(built, var, value, used):
+    res, out, _ = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", var: value})
+    assert res.returncode == 0 and out["alloc0"] == "0", res.stderr
+    [line] = res.stderr.splitlines()
+    shown = value if len(value) < 100 else value[:40]
+    assert f"{var}={shown}" in line and line.endswith(f": {used}"), line
+    if var == "TRANSIT_GPU_BUDGET":  # not a budget of 2^63 shown to the application
+        assert int(out["total"]) == 80 * GB
+
+
+@pytest.mark.parametrize("var,value", [
+    ("TRANSIT_LOG", "ERROR"), ("TRANSIT_WARMUP_ITERS", "3"), ("TRANSIT_ALLOW_OVERSUBSCRIBE", "0"),
+    ("TRANSIT_ALLOW_OVERSUBSCRIBE", "1"), ("TRANSIT_STAGE", "1"), ("TRANSIT_STAGE", "0"), ("TRANSIT_GPU_BUDGET", "40GB"),
+    ("TRANSIT_GPU_BUDGET", "40 GB"), ("TRANSIT_RESERVE", "512MiB"), ("TRANSIT_COLD_TAIL", "0.05"),
+    ("TRANSIT_COLD_TAIL", ".1"), ("TRANSIT_GPU_BUDGET", ""), ("TRANSIT_WARMUP_ITERS", ""),
+])
+def test_a_good_setting_is_silent(built, var, value):
+    res, out, _ = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", var: value})
+    assert res.returncode == 0 and out["alloc0"] == "0" and res.stderr == ""
