@@ -46,7 +46,8 @@ void tr_observe_classify(void)
 {
     uint64_t launches = tr_st.period ? tr_st.period : max_pos + 1; /* < 2^32: no wrap below */
     uint64_t late = launches * (1000000 - tr_cfg.cold_tail_ppm) / 1000000;
-    qsort(t, n, sizeof *t, by_block);
+    if (n) /* qsort of NULL is undefined, even for no elements */
+        qsort(t, n, sizeof *t, by_block);
     uint64_t cold = 0;
     uintptr_t run_start = 0, run_end = 0;
     for (size_t i = 0; i < n; i++) {

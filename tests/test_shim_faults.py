@@ -155,6 +155,34 @@ def test_stats_path_with_a_long_rank(built, tmp_path):
     assert stats_of(tmp_path / "s-3.json")["managed_allocs"] == 1
 
 
+# ---- CUPTI -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("code,said,not_said", [
+    (999, "CUPTI_ERROR_UNKNOWN", "another profiler"),
+    (39, "another profiler", None),
+])
+def test_cupti_error_is_named_not_guessed(built, cupti, code, said, not_said):
+    """Error 999 (unknown, e.g. no GPU behind the driver) was blamed on "another profiler"."""
+    res, out, _ = run(built, "loop", 3, 20, GB, "adapter", policy="prefetch",
+                      env={"LD_LIBRARY_PATH": str(cupti), "FAKE_CUPTI_ERROR": str(code), "TRANSIT_LOG": "warn"})
+    assert res.returncode == 0 and out["last_error"] == "0"
+    [line] = warnings(res.stderr)
+    assert f"error {code}" in line and said in line
+    assert not_said is None or not_said not in line
+
+
+def test_recording_with_cupti_builds_a_replay(built, cupti, tmp_path):
+    """The fake CUPTI's records tie migrations to launch positions: prefetch's warm-up
+    builds a replay table from them (the recorder's path, also run under the sanitizers)."""
+    res, out, calls = run(built, "loop", 5, 40, 2 * GiB, "adapter", policy="prefetch",
+                          env={"LD_LIBRARY_PATH": str(cupti), "TRANSIT_GPU_BUDGET": "3GB",
+                               "TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0 and out["last_error"] == "0", res.stderr
+    s = stats_of(tmp_path / "s.json")
+    assert s["replay_positions"] > 0 and s["htod_bytes"] > 0 and s["hint_errors"] == 0
+    assert "cuptiFinalize" in calls and "cuptiActivityPopExternalCorrelationId -> unbalanced" not in calls
+
+
 # ---- the shim's own settings (issue 15) ------------------------------------------
 
 BAD_SETTINGS = [
