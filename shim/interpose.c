@@ -56,6 +56,7 @@ static size_t untrack(void *p)
     struct tr_alloc *a = tr_table_find((uintptr_t)p);
     if (a && a->ptr == (uintptr_t)p) {
         held = a->size;
+        tr_replay_forget(a->ptr, a->ptr + a->size);
         tr_place_drop(a);
         tr_table_remove(a);
     }

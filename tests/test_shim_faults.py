@@ -140,6 +140,26 @@ def test_managed_out_of_memory_is_passed_on(built, tmp_path):
     assert s["failed_allocs"] == 1 and s["managed_bytes"] == 0 and s["managed_peak_bytes"] == 2 * GB
 
 
+# ---- replay ---------------------------------------------------------------------
+
+def test_replay_window_forgets_freed_memory(built, tmp_path):
+    """prefetch's window sent its oldest range back to the host before a new prefetch even
+    when that range had been freed since (a segment given back): on a GPU the runtime
+    refuses the range, or it moves whatever was allocated there next. p (1 GiB) fills the
+    1.5 GiB budget's device side, q and r are on the host; half of q is replayed before
+    launch 5, half of r before launch 10 (q's half leaves first); r is freed after the
+    first iteration, while its half is in the window."""
+    res, out, calls = run(built, "loop", 3, 20, GiB, "adapter", "replay", "refree", policy="prefetch",
+                          env={"TRANSIT_GPU_BUDGET": str(3 * GiB // 2), "TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0 and out["last_error"] == "0", res.stderr
+    r = out["r"]
+    freed = calls.index(f"cudaFree {r}")
+    assert calls[:freed].count(f"cudaMemPrefetchAsync {r} {GiB // 2} 1 0 0x7") == 1  # it was replayed
+    assert not [c for c in calls[freed:] if c.startswith(f"cudaMemPrefetchAsync {r} ")]
+    s = stats_of(tmp_path / "s.json")
+    assert s["hint_errors"] == 0 and s["prefetch_calls"] == 4  # q's half: in every iteration; r's: once
+
+
 # ---- stats path ------------------------------------------------------------------
 
 def test_stats_path_with_a_long_rank(built, tmp_path):

@@ -332,23 +332,32 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "loop")) {
         int iters = atoi(argv[2]), launches = atoi(argv[3]);
         size_t size = strtoull(argv[4], NULL, 10);
-        int adapter = 0, replay = 0, straddle = 0;
+        int adapter = 0, replay = 0, straddle = 0, refree = 0;
         for (int i = 5; i < argc; i++) {
             adapter |= !strcmp(argv[i], "adapter");
             replay |= !strcmp(argv[i], "replay");
             straddle |= !strcmp(argv[i], "straddle");
+            refree |= !strcmp(argv[i], "refree");
         }
         int (*iteration)(void) = (int (*)(void))api("transit_iteration");
-        void *p, *q;
+        void *p, *q, *r = NULL;
         cudaMalloc(&p, size);
         cudaMalloc(&q, size);
-        printf("p=0x%llx\nq=0x%llx\n", (unsigned long long)(uintptr_t)p, (unsigned long long)(uintptr_t)q);
-        if (replay) { /* q is on the host: replay 768 MB of it before launch 5, 512 MB before 10 */
+        if (refree) /* a third allocation, freed after the first iteration (a segment given back) */
+            cudaMalloc(&r, size);
+        printf("p=0x%llx\nq=0x%llx\nr=0x%llx\n", (unsigned long long)(uintptr_t)p, (unsigned long long)(uintptr_t)q,
+               (unsigned long long)(uintptr_t)r);
+        if (replay) {
             void (*add)(uint64_t, uintptr_t, uint64_t) = (void (*)(uint64_t, uintptr_t, uint64_t))api("transit_test_replay_add");
             void (*finish)(void) = (void (*)(void))api("transit_test_replay_finish");
-            add(5, (uintptr_t)q, 768u << 20);
-            add(10, (uintptr_t)q + (1u << 30), 256u << 20);
-            add(10, (uintptr_t)q + (1u << 30) + (256u << 20) + 4096, 256u << 20); /* merged: gap < 128 KB */
+            if (refree) { /* half of q before launch 5, half of r before launch 10 */
+                add(5, (uintptr_t)q, size / 2);
+                add(10, (uintptr_t)r, size / 2);
+            } else { /* q is on the host: replay 768 MB of it before launch 5, 512 MB before 10 */
+                add(5, (uintptr_t)q, 768u << 20);
+                add(10, (uintptr_t)q + (1u << 30), 256u << 20);
+                add(10, (uintptr_t)q + (1u << 30) + (256u << 20) + 4096, 256u << 20); /* merged: gap < 128 KB */
+            }
             if (straddle) { /* the last MB of p and the first of q, which follows it: not one range */
                 add(7, (uintptr_t)p + size - (1u << 20), 1u << 20);
                 add(7, (uintptr_t)q, 1u << 20);
@@ -368,6 +377,10 @@ int main(int argc, char **argv)
             }
             if (adapter && iteration)
                 iteration();
+            if (r && it == 0) {
+                cudaFree(r);
+                r = NULL;
+            }
         }
         printf("last_error=%d\n", (int)cudaGetLastError()); /* what PyTorch checks after launches */
         cudaFree(p);
