@@ -21,7 +21,7 @@ int tr_cupti_start(void)
     return -1;
 }
 void tr_cupti_stop(int build) { (void)build; }
-void tr_cupti_push(uint64_t id) { (void)id; }
+int tr_cupti_push(uint64_t id) { (void)id; return 0; }
 void tr_cupti_pop(void) {}
 #else
 #include <cupti.h>
@@ -195,12 +195,25 @@ int tr_cupti_start(void)
     return 0;
 }
 
-void tr_cupti_push(uint64_t id) { cu.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id); }
+/* Launches hold it shared from their push to their pop; the end of recording takes it
+ * alone, so that no thread pushes or pops once CUPTI is finalized (a call then would
+ * start CUPTI again and keep the subscriber slot from other profilers). */
+static pthread_rwlock_t launch_rw = PTHREAD_RWLOCK_INITIALIZER;
+
+int tr_cupti_push(uint64_t id)
+{
+    pthread_rwlock_rdlock(&launch_rw);
+    if (tr_s.cupti && cu.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id) == CUPTI_SUCCESS)
+        return 1;
+    pthread_rwlock_unlock(&launch_rw);
+    return 0;
+}
 
 void tr_cupti_pop(void)
 {
     uint64_t id;
     cu.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &id);
+    pthread_rwlock_unlock(&launch_rw);
 }
 
 static int krec_by_start(const void *a, const void *b)
@@ -243,7 +256,9 @@ void tr_cupti_stop(int build)
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         cu.disable(kinds[i]);
     cu.flush_all(1);
+    pthread_rwlock_wrlock(&launch_rw); /* launches between push and pop finish first */
     tr_s.cupti = 0;
+    pthread_rwlock_unlock(&launch_rw);
     pthread_mutex_lock(&rec_lock);
     if (nk) /* qsort of NULL is undefined, even for no elements */
         qsort(ks, nk, sizeof *ks, krec_by_start);

@@ -135,17 +135,27 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
     return cudaSuccess;
 }
 
-/* Position of this launch within the iteration, and what the warm-up/replay needs. */
-static void before_launch(const void *func, cudaStream_t stream)
+/* Whether launch n opens an iteration of the detected kernel-sequence period: read
+ * without the lock, decided under it. */
+static int period_boundary(uint64_t n)
+{
+    uint64_t p = tr_st.period, b = tr_s.boundary_launch;
+    return p && !tr_s.adapter && n > b && (n - b) % p == 0;
+}
+
+/* Position of this launch within the iteration, and what the warm-up/replay needs;
+ * 1 when a CUPTI correlation id was pushed (tr_cupti_pop after the launch). */
+static int before_launch(const void *func, cudaStream_t stream)
 {
     uint64_t n = atomic_fetch_add(&tr_st.launches, 1);
     if (!tr_s.adapter && !tr_st.period)
         tr_period_observe(func);
-    if (tr_st.period && !tr_s.adapter && n > tr_s.boundary_launch &&
-        (n - tr_s.boundary_launch) % tr_st.period == 0) {
+    if (period_boundary(n)) {
         pthread_mutex_lock(&tr_lock);
-        tr_iteration_boundary(2);
-        tr_s.boundary_launch = n; /* this launch opens the new iteration */
+        if (period_boundary(n)) {
+            tr_iteration_boundary(2);
+            tr_s.boundary_launch = n; /* this launch opens the new iteration */
+        }
         pthread_mutex_unlock(&tr_lock);
     }
     if (tr_s.defer_advice && !tr_st.iterations && n == (1u << 18)) {
@@ -156,11 +166,12 @@ static void before_launch(const void *func, cudaStream_t stream)
         tr_place_settle();
         pthread_mutex_unlock(&tr_lock);
     }
-    uint64_t pos = n - tr_s.boundary_launch;
+    uint64_t b = tr_s.boundary_launch, pos = n > b ? n - b : 0; /* b > n: another thread's boundary */
     if (tr_s.cupti)
-        tr_cupti_push(((uint64_t)tr_st.iterations << 32) | (pos & 0xffffffffu));
-    else if (tr_s.replay_ready)
+        return tr_cupti_push(((uint64_t)tr_st.iterations << 32) | (pos & 0xffffffffu));
+    if (tr_s.replay_ready)
         tr_replay_before_launch(pos, stream);
+    return 0;
 }
 
 /* The three ways a runtime kernel launch arrives: cudaLaunchKernel (CUDA <= 12 stubs and
@@ -169,15 +180,14 @@ static void before_launch(const void *func, cudaStream_t stream)
     EXPORT cudaError_t name(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,  \
                             cudaStream_t stream)                                                 \
     {                                                                                            \
-        if (!tr_s.runtime_ready)                                                                 \
-            tr_runtime_once();                                                                   \
+        tr_runtime_once();                                                                       \
         if (!tr_real.field)                                                                      \
             return cudaErrorInitializationError;                                                 \
         if (tr_cfg.policy == TR_OFF || tr_s.passthrough)                                         \
             return tr_real.field(func, grid, block, args, shmem, stream);                        \
-        before_launch(func, stream);                                                             \
+        int pushed = before_launch(func, stream);                                                \
         cudaError_t err = tr_real.field(func, grid, block, args, shmem, stream);                 \
-        if (tr_s.cupti)                                                                          \
+        if (pushed)                                                                              \
             tr_cupti_pop();                                                                      \
         return err;                                                                              \
     }
@@ -188,15 +198,14 @@ LAUNCH_WRAPPER(__cudaLaunchKernel_ptsz, launch_kernel_internal_ptsz)
 
 EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
 {
-    if (!tr_s.runtime_ready)
-        tr_runtime_once();
+    tr_runtime_once();
     if (!tr_real.launch_kernel_ex)
         return cudaErrorInitializationError;
     if (tr_cfg.policy == TR_OFF || tr_s.passthrough)
         return tr_real.launch_kernel_ex(config, func, args);
-    before_launch(func, config ? config->stream : 0);
+    int pushed = before_launch(func, config ? config->stream : 0);
     cudaError_t err = tr_real.launch_kernel_ex(config, func, args);
-    if (tr_s.cupti)
+    if (pushed)
         tr_cupti_pop();
     return err;
 }

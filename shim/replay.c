@@ -111,9 +111,11 @@ void tr_replay_forget(uintptr_t start, uintptr_t end)
 
 void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
 {
-    if (pos >= nslots || !slots[pos].n)
-        return;
     pthread_mutex_lock(&tr_lock);
+    if (pos >= nslots || !slots[pos].n) {
+        pthread_mutex_unlock(&tr_lock);
+        return;
+    }
     uint64_t budget = tr_budget();
     uint64_t room = budget > tr_tab.dev_bytes ? budget - tr_tab.dev_bytes : 0;
     struct slot *s = &slots[pos];

@@ -157,6 +157,9 @@ struct tr_stats {
     _Atomic uint64_t mallocs, frees, managed_allocs, failed_allocs, guard_refusals;
     _Atomic uint64_t managed_fallbacks; /* allocations given plain memory (managed refused) */
     _Atomic uint64_t launches;
+    _Atomic int iterations;          /* read by launches without the lock */
+    _Atomic uint64_t period;         /* detected launches per iteration; likewise */
+    _Atomic uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI's thread, during recording */
     uint64_t managed_peak, dev_placed_peak, host_placed_bytes, host_placed_peak;
     uint64_t zero_copy_bytes, zero_copy_peak;
     uint64_t prefetch_calls, prefetch_bytes, evict_calls, evict_bytes;
@@ -164,28 +167,27 @@ struct tr_stats {
     uint64_t room_demotions; /* optimizer regions demoted for a new allocation (place.c) */
     uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
     uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need, stage_overflows;
-    uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI, during recording */
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];
-    int iterations;
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
-    uint64_t period;        /* detected launches per iteration */
     double iter_ms[4096];
     int n_iter_ms;
 };
 HIDDEN extern struct tr_stats tr_st;
 
+/* Written under tr_lock (or once, at start-up); the _Atomic fields are also read without
+ * it: by kernel launches, and by API calls that may come before the runtime is loaded. */
 struct tr_state {
     int initialized;
-    int runtime_ready;
-    int passthrough;        /* something needed is missing: behave like TRANSIT_POLICY=off */
+    _Atomic int runtime_ready;
+    _Atomic int passthrough;  /* something needed is missing: behave like TRANSIT_POLICY=off */
     int device;
     uint64_t free_at_start, total_mem;
-    int adapter;            /* the framework adapter reported a boundary */
-    int cupti;              /* recorder active */
-    int replay_ready;       /* prefetch table built */
-    int defer_advice;       /* warm-up: host regions stay unadvised (observable) */
-    uint64_t boundary_launch; /* launch count at the last iteration boundary */
+    _Atomic int adapter;      /* the framework adapter reported a boundary */
+    _Atomic int cupti;        /* recorder active */
+    _Atomic int replay_ready; /* prefetch table built */
+    _Atomic int defer_advice; /* warm-up: host regions stay unadvised (observable) */
+    _Atomic uint64_t boundary_launch; /* launch count at the last iteration boundary */
     double t_last_boundary;
 };
 HIDDEN extern struct tr_state tr_s;
@@ -200,7 +202,7 @@ HIDDEN int tr_write_stats(const char *path);
 /* ---- recorder and replay (cupti.c, replay.c) --------------------------------- */
 HIDDEN int tr_cupti_start(void);     /* 0 ok */
 HIDDEN void tr_cupti_stop(int build); /* flush, build the replay table (build=1), release CUPTI */
-HIDDEN void tr_cupti_push(uint64_t id);
+HIDDEN int tr_cupti_push(uint64_t id); /* 1: pushed; then tr_cupti_pop after the launch */
 HIDDEN void tr_cupti_pop(void);
 HIDDEN void tr_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes);
 HIDDEN void tr_replay_finish(void);  /* merge ranges per position */
