@@ -174,6 +174,15 @@ void fake_cudart_tally(unsigned long long out[5])
     pthread_mutex_unlock(&mu);
 }
 
+/* For the fake CUPTI: a line in the same log. */
+void fake_cudart_log(const char *line)
+{
+    pthread_mutex_lock(&mu);
+    init();
+    logcall("%s", line);
+    pthread_mutex_unlock(&mu);
+}
+
 /* For the fake CUPTI: a live managed allocation (the k-th, cyclically), or 0 if none. */
 unsigned long long fake_cudart_pick(unsigned long long k)
 {

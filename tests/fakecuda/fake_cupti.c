@@ -3,8 +3,8 @@
  * correlation record, and every FAKE_CUPTI_TOUCH_EVERY-th (4) a 2 MiB host-to-device
  * migration of a live managed allocation of the fake runtime (fake_cudart_pick); the
  * records arrive through the shim's buffer callbacks at cuptiActivityFlushAll.
- * FAKE_CUPTI_ERROR=N: cuptiActivityRegisterCallbacks fails with N. Calls go to
- * $FAKE_CUDART_LOG like the runtime's; a pop without a push is logged as unbalanced. */
+ * FAKE_CUPTI_ERROR=N: cuptiActivityRegisterCallbacks fails with N. Calls go to the fake
+ * runtime's log ($FAKE_CUDART_LOG); a pop without a push is logged as unbalanced. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -32,19 +32,18 @@ union rec { /* one slot per record: the shim reads each by its kind */
 static union rec *pending;
 static size_t npending, cpending;
 
+/* A line in the fake runtime's log (fake_cudart_log). */
 static void logcall(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logcall(const char *fmt, ...)
 {
-    const char *path = getenv("FAKE_CUDART_LOG");
-    FILE *f = path ? fopen(path, "a") : NULL;
-    if (!f)
-        return;
+    void (*log)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "fake_cudart_log");
+    char line[256];
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(f, fmt, ap);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fputc('\n', f);
-    fclose(f);
+    if (log)
+        log(line);
 }
 
 static void add(union rec r) /* under mu */
