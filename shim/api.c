@@ -61,7 +61,10 @@ EXPORT int transit_write_stats(const char *path)
 EXPORT int transit_stage_enabled(void)
 {
     tr_init_once();
-    return tr_stage_enabled();
+    pthread_mutex_lock(&tr_lock);
+    int on = tr_stage_enabled();
+    pthread_mutex_unlock(&tr_lock);
+    return on;
 }
 
 /* A staging call on the application's stream, under the table lock. */

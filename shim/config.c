@@ -1,11 +1,17 @@
-/* TRANSIT_* environment variables, read once at start-up. */
+/* TRANSIT_* environment variables, read once at start-up. A value the shim cannot honour
+ * gets one warning line: the variable, the value, why, and what is used instead. */
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "transit.h"
 #include "transit_size.h"
+
+#ifndef TR_ENV_COLD_TAIL /* not in transit_launch/rules.py yet */
+#define TR_ENV_COLD_TAIL "TRANSIT_COLD_TAIL"
+#endif
 
 struct tr_config tr_cfg;
 
@@ -18,59 +24,122 @@ const char *tr_policy_name(enum tr_policy p)
 /* The size grammar shared with Python and the SPANK plugin (transit_size.h). */
 int tr_parse_size(const char *s, uint64_t *out) { return tr_size_parse(s, out) == TR_SIZE_OK ? 0 : -1; }
 
-static uint64_t env_size(const char *name, uint64_t dflt)
+static void not_honoured(const char *name, const char *v, const char *why, const char *used)
+{
+    tr_log(TR_WARN, "%s=%.100s%s %s: using %s", name, v, strlen(v) > 100 ? "..." : "", why, used);
+}
+
+/* The variable's value, NULL when unset or empty (the default, silently). */
+static const char *env(const char *name)
 {
     const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+static uint64_t env_size(const char *name, uint64_t dflt, const char *dflt_text)
+{
+    const char *v = env(name);
     uint64_t out;
-    if (!v || !*v)
-        return dflt;
-    if (tr_parse_size(v, &out) == 0)
+    int rc = v ? tr_size_parse(v, &out) : TR_SIZE_BAD;
+    if (rc == TR_SIZE_OK)
         return out;
-    tr_log(TR_WARN, "%s=%s is not a size; using the default", name, v);
+    if (v)
+        not_honoured(name, v, tr_size_reason(rc), dflt_text);
     return dflt;
+}
+
+static int env_flag(const char *name)
+{
+    const char *v = env(name);
+    if (v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+        not_honoured(name, v, "is not 0 or 1", "0");
+    return v && strcmp(v, "1") == 0;
+}
+
+/* Up to `digits` decimal digits and nothing else; -1 otherwise. */
+static long digits_value(const char *s, int digits)
+{
+    long n = 0;
+    int i = 0;
+    for (; isdigit((unsigned char)s[i]); i++) {
+        if (i == digits)
+            return -1;
+        n = n * 10 + (s[i] - '0');
+    }
+    return i > 0 && !s[i] ? n : -1;
+}
+
+static int env_warmup(void)
+{
+    const char *v = env(TR_ENV_WARMUP_ITERS);
+    long n = v ? digits_value(v, 7) : 2;
+    if (n < 1 || n > 1000000) {
+        not_honoured(TR_ENV_WARMUP_ITERS, v, "is not a whole number from 1 to 1000000", "2");
+        n = 2;
+    }
+    return (int)n;
+}
+
+/* A fraction of the iteration's launches, 0.000001 to 0.999999, in millionths: no float
+ * parse, no float-to-integer cast. */
+static uint32_t env_cold_tail(void)
+{
+    const char *v = env(TR_ENV_COLD_TAIL);
+    const char *frac = v && v[0] == '0' && v[1] == '.' ? v + 2 : v && v[0] == '.' ? v + 1 : NULL;
+    long ppm = frac ? digits_value(frac, 6) : -1;
+    for (size_t n = frac ? strlen(frac) : 0; ppm > 0 && n < 6; n++)
+        ppm *= 10;
+    if (v && ppm <= 0)
+        not_honoured(TR_ENV_COLD_TAIL, v, "is not a fraction between 0 and 1 (such as 0.02)", "0.02");
+    return v && ppm > 0 ? (uint32_t)ppm : 20000;
+}
+
+static int env_log_level(void)
+{
+    static const char *lv[] = TR_LOG_LEVEL_NAMES;
+    const char *v = env(TR_ENV_LOG);
+    char why[80] = "is not one of";
+    for (int i = 0; v && i < TR_N_LOG_LEVELS; i++) {
+        if (strcasecmp(v, lv[i]) == 0)
+            return i;
+        size_t n = strlen(why);
+        snprintf(why + n, sizeof why - n, "%s %s", i ? "," : "", lv[i]);
+    }
+    if (v)
+        not_honoured(TR_ENV_LOG, v, why, lv[TR_WARN]);
+    return TR_WARN;
+}
+
+static enum tr_policy env_policy(void)
+{
+    const char *v = env(TR_ENV_POLICY);
+    for (int p = TR_OFF; v && p <= TR_ADVISE; p++)
+        if (strcasecmp(v, tr_policy_name(p)) == 0)
+            return p;
+    if (!v)
+        return TR_BASE;
+    tr_log(TR_ERROR, "%s=%.100s is not one of off, base, prefetch, advise: passing through", TR_ENV_POLICY, v);
+    return TR_OFF;
 }
 
 void tr_config_load(void)
 {
-    const char *v = getenv("TRANSIT_LOG");
-    tr_cfg.log_level = TR_WARN;
-    if (v) {
-        static const char *lv[] = TR_LOG_LEVEL_NAMES;
-        for (int i = 0; i < TR_N_LOG_LEVELS; i++)
-            if (strcasecmp(v, lv[i]) == 0)
-                tr_cfg.log_level = i;
-    }
-    v = getenv("TRANSIT_POLICY");
-    tr_cfg.policy = TR_BASE;
-    if (v && *v) {
-        int found = 0;
-        for (int p = TR_OFF; p <= TR_ADVISE; p++)
-            if (strcasecmp(v, tr_policy_name(p)) == 0) {
-                tr_cfg.policy = p;
-                found = 1;
-            }
-        if (!found) {
-            tr_log(TR_ERROR, "TRANSIT_POLICY=%s is not one of off, base, prefetch, advise: passing through", v);
-            tr_cfg.policy = TR_OFF;
-        }
-    }
-    tr_cfg.budget = env_size("TRANSIT_GPU_BUDGET", 0);
-    v = getenv("TRANSIT_ALLOW_OVERSUBSCRIBE");
-    tr_cfg.allow_oversubscribe = v && strcmp(v, "1") == 0;
+    tr_cfg.log_level = TR_WARN; /* until TRANSIT_LOG is read: its own warning shows */
+    tr_cfg.log_level = env_log_level();
+    tr_cfg.policy = env_policy();
+    tr_cfg.budget = env_size(TR_ENV_GPU_BUDGET, 0, "no budget");
+    tr_cfg.allow_oversubscribe = env_flag(TR_ENV_ALLOW_OVERSUBSCRIBE);
     /* The guard keeps 1 GiB of the start-up free memory for what does not go through
      * cudaMalloc: context growth, cuBLAS/cuDNN handles, NCCL's cuMem buffers. */
-    tr_cfg.reserve = env_size("TRANSIT_RESERVE", 1ull << 30);
-    v = getenv("TRANSIT_WARMUP_ITERS");
-    tr_cfg.warmup_iters = v ? atoi(v) : 2;
-    if (tr_cfg.warmup_iters < 1)
-        tr_cfg.warmup_iters = 1;
-    tr_cfg.merge_gap = env_size("TRANSIT_MERGE_GAP", 128 * 1024);
-    v = getenv("TRANSIT_STAGE");
-    tr_cfg.stage = v && strcmp(v, "1") == 0;
-    v = getenv("TRANSIT_STATS");
+    tr_cfg.reserve = env_size(TR_ENV_RESERVE, 1ull << 30, "1073741824");
+    tr_cfg.warmup_iters = env_warmup();
+    tr_cfg.merge_gap = env_size(TR_ENV_MERGE_GAP, 128 * 1024, "131072");
+    tr_cfg.stage = env_flag(TR_ENV_STAGE);
+    tr_cfg.cold_tail_ppm = env_cold_tail();
+    const char *v = env(TR_ENV_STATS);
     tr_cfg.stats_path[0] = 0;
-    if (v && *v) {
-        strncpy(tr_cfg.stats_path, v, sizeof tr_cfg.stats_path - 1);
-        tr_cfg.stats_path[sizeof tr_cfg.stats_path - 1] = 0;
-    }
+    if (v && strlen(v) >= sizeof tr_cfg.stats_path)
+        not_honoured(TR_ENV_STATS, v, "is longer than 4095 bytes", "no stats");
+    else if (v)
+        strcpy(tr_cfg.stats_path, v);
 }

@@ -21,7 +21,7 @@ int tr_cupti_start(void)
     return -1;
 }
 void tr_cupti_stop(int build) { (void)build; }
-void tr_cupti_push(uint64_t id) { (void)id; }
+int tr_cupti_push(uint64_t id) { (void)id; return 0; }
 void tr_cupti_pop(void) {}
 #else
 #include <cupti.h>
@@ -36,6 +36,7 @@ static struct {
     CUptiResult (*push)(CUpti_ExternalCorrelationKind, uint64_t);
     CUptiResult (*pop)(CUpti_ExternalCorrelationKind, uint64_t *);
     CUptiResult (*finalize)(void);
+    CUptiResult (*result_string)(CUptiResult, const char **);
 } cu;
 
 struct krec { uint64_t start, end; uint32_t corr; };
@@ -128,6 +129,21 @@ static void *open_cupti(void)
     return NULL;
 }
 
+/* A CUPTI error for the user: its number and name, and a cause only where the code names
+ * one (999, CUPTI_ERROR_UNKNOWN, does not: it is what a driver without a GPU says). */
+static void refused(const char *what, CUptiResult r)
+{
+    const char *name = NULL, *cause = "";
+    if (!cu.result_string || cu.result_string(r, &name) != CUPTI_SUCCESS || !name)
+        name = "no name";
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+        cause = "; another profiler or debugger holds CUPTI (Nsight Systems/Compute, cuda-gdb, torch.profiler)";
+    else if (r == CUPTI_ERROR_INSUFFICIENT_PRIVILEGES)
+        cause = "; the driver restricts profiling to administrators";
+    tr_log(TR_WARN, "CUPTI refused %s (error %d, %s%s): %s runs without warm-up recording", what, (int)r, name, cause,
+           tr_policy_name(tr_cfg.policy));
+}
+
 int tr_cupti_start(void)
 {
     static void *h;
@@ -145,6 +161,7 @@ int tr_cupti_start(void)
     L(push, "cuptiActivityPushExternalCorrelationId");
     L(pop, "cuptiActivityPopExternalCorrelationId");
     L(finalize, "cuptiFinalize");
+    L(result_string, "cuptiGetResultString");
 #undef L
     if (!cu.register_callbacks || !cu.enable || !cu.disable || !cu.configure_um || !cu.flush_all ||
         !cu.next_record || !cu.push || !cu.pop || !cu.finalize) {
@@ -162,12 +179,12 @@ int tr_cupti_start(void)
     CUptiResult r;
     if ((r = cu.register_callbacks(buf_requested, buf_completed)) != CUPTI_SUCCESS ||
         (r = cu.configure_um(cfg, 3)) != CUPTI_SUCCESS) {
-        tr_log(TR_WARN, "CUPTI refused to record (error %d; another profiler attached?): no warm-up recording", (int)r);
+        refused("to record", r);
         return -1;
     }
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         if ((r = cu.enable(kinds[i])) != CUPTI_SUCCESS) {
-            tr_log(TR_WARN, "CUPTI activity kind %d: error %d: no warm-up recording", (int)kinds[i], (int)r);
+            refused("an activity kind", r);
             for (size_t j = 0; j < i; j++)
                 cu.disable(kinds[j]);
             return -1;
@@ -178,12 +195,25 @@ int tr_cupti_start(void)
     return 0;
 }
 
-void tr_cupti_push(uint64_t id) { cu.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id); }
+/* Launches hold it shared from their push to their pop; the end of recording takes it
+ * alone, so that no thread pushes or pops once CUPTI is finalized (a call then would
+ * start CUPTI again and keep the subscriber slot from other profilers). */
+static pthread_rwlock_t launch_rw = PTHREAD_RWLOCK_INITIALIZER;
+
+int tr_cupti_push(uint64_t id)
+{
+    pthread_rwlock_rdlock(&launch_rw);
+    if (tr_s.cupti && cu.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id) == CUPTI_SUCCESS)
+        return 1;
+    pthread_rwlock_unlock(&launch_rw);
+    return 0;
+}
 
 void tr_cupti_pop(void)
 {
     uint64_t id;
     cu.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &id);
+    pthread_rwlock_unlock(&launch_rw);
 }
 
 static int krec_by_start(const void *a, const void *b)
@@ -226,10 +256,14 @@ void tr_cupti_stop(int build)
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         cu.disable(kinds[i]);
     cu.flush_all(1);
+    pthread_rwlock_wrlock(&launch_rw); /* launches between push and pop finish first */
     tr_s.cupti = 0;
+    pthread_rwlock_unlock(&launch_rw);
     pthread_mutex_lock(&rec_lock);
-    qsort(ks, nk, sizeof *ks, krec_by_start);
-    qsort(xs, nx, sizeof *xs, xrec_by_corr);
+    if (nk) /* qsort of NULL is undefined, even for no elements */
+        qsort(ks, nk, sizeof *ks, krec_by_start);
+    if (nx)
+        qsort(xs, nx, sizeof *xs, xrec_by_corr);
     size_t tied = 0;
     /* first-touch position per 2 MiB block, for advise's access classification */
     for (size_t i = 0; i < nu; i++) {

@@ -11,48 +11,97 @@ static int active(void)
     return tr_cfg.policy != TR_OFF && !tr_s.passthrough;
 }
 
+/* The guard refused: fail as the runtime's own out-of-memory would. */
+static cudaError_t refuse(void **devPtr, size_t size, uint64_t have)
+{
+    char limit[200];
+    atomic_fetch_add(&tr_st.guard_refusals, 1);
+    tr_guard_describe(limit, sizeof limit);
+    tr_log(TR_WARN, "refusing cudaMalloc(%zu): %llu bytes are managed already and the guard allows %llu, %s "
+                    "(TRANSIT_ALLOW_OVERSUBSCRIBE=1 lifts it)",
+           size, (unsigned long long)have, (unsigned long long)tr_guard_limit(), limit);
+    *devPtr = NULL;
+    return tr_runtime_oom();
+}
+
+/* Managed memory the shim cannot have (not supported here, or no memory for its table):
+ * the job goes on with plain device memory. Said once, then counted. */
+static cudaError_t plain(void **devPtr, size_t size, const char *why, int err)
+{
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    atomic_fetch_add(&tr_st.managed_fallbacks, 1);
+    if (!atomic_flag_test_and_set(&said))
+        tr_log(TR_WARN, "%s (%zu bytes, error %d): using cudaMalloc for it and for any other such allocation "
+                        "(counted as managed_fallbacks in the stats)", why, size, err);
+    return tr_real.malloc(devPtr, size);
+}
+
+/* Into the table and placed; -1 when the table has no memory to grow. */
+static int track(void *p, size_t size)
+{
+    pthread_mutex_lock(&tr_lock);
+    struct tr_alloc *a = tr_table_insert((uintptr_t)p, size);
+    if (a)
+        tr_place_new(a);
+    pthread_mutex_unlock(&tr_lock);
+    return a ? 0 : -1;
+}
+
+/* Out of the table; the bytes the allocation held, still counted (in flight), or 0 if
+ * it is not the shim's. */
+static size_t untrack(void *p)
+{
+    size_t held = 0;
+    pthread_mutex_lock(&tr_lock);
+    struct tr_alloc *a = tr_table_find((uintptr_t)p);
+    if (a && a->ptr == (uintptr_t)p) {
+        held = a->size;
+        tr_replay_forget(a->ptr, a->ptr + a->size);
+        tr_place_drop(a);
+        tr_table_remove(a);
+    }
+    pthread_mutex_unlock(&tr_lock);
+    return held;
+}
+
+static void release(size_t size)
+{
+    pthread_mutex_lock(&tr_lock);
+    tr_table_release(size);
+    pthread_mutex_unlock(&tr_lock);
+}
+
 EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     int on = active();
     atomic_fetch_add(&tr_st.mallocs, 1);
     if (!tr_real.malloc)
         return cudaErrorInitializationError;
-    if (!on || size == 0)
+    if (!on || size == 0 || !devPtr) /* the runtime's own answers (a NULL devPtr: cudaErrorInvalidValue) */
         return tr_real.malloc(devPtr, size);
 
+    /* reserved under the lock before the runtime is asked: the guard holds at every instant */
     pthread_mutex_lock(&tr_lock);
-    int refuse = !tr_cfg.allow_oversubscribe && tr_tab.managed_bytes + size > tr_guard_limit();
     uint64_t have = tr_tab.managed_bytes;
+    int refused = tr_table_reserve(size, tr_cfg.allow_oversubscribe ? UINT64_MAX : tr_guard_limit());
     pthread_mutex_unlock(&tr_lock);
-    if (refuse) {
-        atomic_fetch_add(&tr_st.guard_refusals, 1);
-        tr_log(TR_WARN, "refusing cudaMalloc(%zu): managed memory would reach %llu bytes, above the %llu "
-                        "free at start-up less the reserve (TRANSIT_ALLOW_OVERSUBSCRIBE=1 allows it)",
-               size, (unsigned long long)(have + size), (unsigned long long)tr_guard_limit());
-        *devPtr = NULL;
-        return cudaErrorMemoryAllocation;
-    }
+    if (refused)
+        return refuse(devPtr, size, have);
+    cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.malloc_managed(devPtr, size, cudaMemAttachGlobal);
-    if (err == cudaErrorMemoryAllocation) {
+    if (err == cudaSuccess && track(*devPtr, size) == 0) {
+        atomic_fetch_add(&tr_st.managed_allocs, 1);
+        return cudaSuccess;
+    }
+    if (err == cudaSuccess) /* no memory for the table: the allocation cannot be placed */
+        tr_real.free(*devPtr);
+    release(size);
+    if (err == cudaErrorMemoryAllocation) { /* the runtime's own refusal, its last error set */
         atomic_fetch_add(&tr_st.failed_allocs, 1);
         return err;
     }
-    if (err != cudaSuccess) {
-        /* Managed memory refused for another reason: keep the job alive on plain memory. */
-        if (tr_real.get_last_error)
-            tr_real.get_last_error();
-        tr_log(TR_WARN, "cudaMallocManaged(%zu) failed (%d): using cudaMalloc for it", size, (int)err);
-        return tr_real.malloc(devPtr, size);
-    }
-    atomic_fetch_add(&tr_st.managed_allocs, 1);
-    pthread_mutex_lock(&tr_lock);
-    struct tr_alloc *a = tr_table_insert((uintptr_t)*devPtr, size);
-    if (a)
-        tr_place_new(a);
-    else
-        tr_log(TR_WARN, "allocation table full: %p is managed but not placed", *devPtr);
-    pthread_mutex_unlock(&tr_lock);
-    return cudaSuccess;
+    tr_clear_error(pending);
+    return plain(devPtr, size, err ? "cudaMallocManaged failed" : "no memory for the allocation table", (int)err);
 }
 
 EXPORT cudaError_t cudaFree(void *devPtr)
@@ -61,16 +110,11 @@ EXPORT cudaError_t cudaFree(void *devPtr)
     atomic_fetch_add(&tr_st.frees, 1);
     if (!tr_real.free)
         return cudaErrorInitializationError;
-    if (on && devPtr) {
-        pthread_mutex_lock(&tr_lock);
-        struct tr_alloc *a = tr_table_find((uintptr_t)devPtr);
-        if (a && a->ptr == (uintptr_t)devPtr) {
-            tr_place_drop(a);
-            tr_table_remove(a);
-        }
-        pthread_mutex_unlock(&tr_lock);
-    }
-    return tr_real.free(devPtr);
+    size_t held = on && devPtr ? untrack(devPtr) : 0;
+    cudaError_t err = tr_real.free(devPtr);
+    if (held) /* counted by the guard until the runtime has the memory back */
+        release(held);
+    return err;
 }
 
 /* With a budget the program sees a GPU of that size; what is placed on the device is
@@ -91,17 +135,27 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
     return cudaSuccess;
 }
 
-/* Position of this launch within the iteration, and what the warm-up/replay needs. */
-static void before_launch(const void *func, cudaStream_t stream)
+/* Whether launch n opens an iteration of the detected kernel-sequence period: read
+ * without the lock, decided under it. */
+static int period_boundary(uint64_t n)
+{
+    uint64_t p = tr_st.period, b = tr_s.boundary_launch;
+    return p && !tr_s.adapter && n > b && (n - b) % p == 0;
+}
+
+/* Position of this launch within the iteration, and what the warm-up/replay needs;
+ * 1 when a CUPTI correlation id was pushed (tr_cupti_pop after the launch). */
+static int before_launch(const void *func, cudaStream_t stream)
 {
     uint64_t n = atomic_fetch_add(&tr_st.launches, 1);
     if (!tr_s.adapter && !tr_st.period)
         tr_period_observe(func);
-    if (tr_st.period && !tr_s.adapter && n > tr_s.boundary_launch &&
-        (n - tr_s.boundary_launch) % tr_st.period == 0) {
+    if (period_boundary(n)) {
         pthread_mutex_lock(&tr_lock);
-        tr_iteration_boundary(2);
-        tr_s.boundary_launch = n; /* this launch opens the new iteration */
+        if (period_boundary(n)) {
+            tr_iteration_boundary(2);
+            tr_s.boundary_launch = n; /* this launch opens the new iteration */
+        }
         pthread_mutex_unlock(&tr_lock);
     }
     if (tr_s.defer_advice && !tr_st.iterations && n == (1u << 18)) {
@@ -112,11 +166,12 @@ static void before_launch(const void *func, cudaStream_t stream)
         tr_place_settle();
         pthread_mutex_unlock(&tr_lock);
     }
-    uint64_t pos = n - tr_s.boundary_launch;
+    uint64_t b = tr_s.boundary_launch, pos = n > b ? n - b : 0; /* b > n: another thread's boundary */
     if (tr_s.cupti)
-        tr_cupti_push(((uint64_t)tr_st.iterations << 32) | (pos & 0xffffffffu));
-    else if (tr_s.replay_ready)
+        return tr_cupti_push(((uint64_t)tr_st.iterations << 32) | (pos & 0xffffffffu));
+    if (tr_s.replay_ready)
         tr_replay_before_launch(pos, stream);
+    return 0;
 }
 
 /* The three ways a runtime kernel launch arrives: cudaLaunchKernel (CUDA <= 12 stubs and
@@ -125,15 +180,14 @@ static void before_launch(const void *func, cudaStream_t stream)
     EXPORT cudaError_t name(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,  \
                             cudaStream_t stream)                                                 \
     {                                                                                            \
-        if (!tr_s.runtime_ready)                                                                 \
-            tr_runtime_once();                                                                   \
+        tr_runtime_once();                                                                       \
         if (!tr_real.field)                                                                      \
             return cudaErrorInitializationError;                                                 \
         if (tr_cfg.policy == TR_OFF || tr_s.passthrough)                                         \
             return tr_real.field(func, grid, block, args, shmem, stream);                        \
-        before_launch(func, stream);                                                             \
+        int pushed = before_launch(func, stream);                                                \
         cudaError_t err = tr_real.field(func, grid, block, args, shmem, stream);                 \
-        if (tr_s.cupti)                                                                          \
+        if (pushed)                                                                              \
             tr_cupti_pop();                                                                      \
         return err;                                                                              \
     }
@@ -144,15 +198,14 @@ LAUNCH_WRAPPER(__cudaLaunchKernel_ptsz, launch_kernel_internal_ptsz)
 
 EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
 {
-    if (!tr_s.runtime_ready)
-        tr_runtime_once();
+    tr_runtime_once();
     if (!tr_real.launch_kernel_ex)
         return cudaErrorInitializationError;
     if (tr_cfg.policy == TR_OFF || tr_s.passthrough)
         return tr_real.launch_kernel_ex(config, func, args);
-    before_launch(func, config ? config->stream : 0);
+    int pushed = before_launch(func, config ? config->stream : 0);
     cudaError_t err = tr_real.launch_kernel_ex(config, func, args);
-    if (tr_s.cupti)
+    if (pushed)
         tr_cupti_pop();
     return err;
 }

@@ -44,13 +44,10 @@ static int by_block(const void *a, const void *b)
 
 void tr_observe_classify(void)
 {
-    const char *v = getenv("TRANSIT_COLD_TAIL");
-    double tail = v ? atof(v) : 0.02;
-    if (tail <= 0 || tail >= 1)
-        tail = 0.02;
-    uint64_t launches = tr_st.period ? tr_st.period : max_pos + 1;
-    uint64_t late = (uint64_t)((1.0 - tail) * (double)launches);
-    qsort(t, n, sizeof *t, by_block);
+    uint64_t launches = tr_st.period ? tr_st.period : max_pos + 1; /* < 2^32: no wrap below */
+    uint64_t late = launches * (1000000 - tr_cfg.cold_tail_ppm) / 1000000;
+    if (n) /* qsort of NULL is undefined, even for no elements */
+        qsort(t, n, sizeof *t, by_block);
     uint64_t cold = 0;
     uintptr_t run_start = 0, run_end = 0;
     for (size_t i = 0; i < n; i++) {
@@ -70,8 +67,8 @@ void tr_observe_classify(void)
     if (run_end > run_start)
         cold += tr_hint(run_start, run_end - run_start, TR_COLD_OPT) == 0 ? run_end - run_start : 0;
     tr_log(TR_INFO, "observed access: %zu block touches over %llu launches, %llu bytes first touched in the "
-                    "last %.0f%% classified cold", n, (unsigned long long)launches, (unsigned long long)cold,
-           tail * 100);
+                    "last %.1f%% classified cold", n, (unsigned long long)launches, (unsigned long long)cold,
+           tr_cfg.cold_tail_ppm / 1e4);
     free(t);
     t = NULL;
     n = cap = 0;

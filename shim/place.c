@@ -13,6 +13,8 @@
  * on the device what fits the budget in that order; the rest is served zero-copy. So
  * cold data leaves only when the budget needs its room, as transit_launch/plan.py
  * assumes (only what does not fit crosses PCIe). */
+#include <stdio.h>
+
 #include "transit.h"
 
 #define HINT_ALIGN (64u * 1024u) /* hints are aligned inwards to 64 KiB */
@@ -29,6 +31,16 @@ uint64_t tr_guard_limit(void)
     return tr_s.free_at_start > tr_cfg.reserve ? tr_s.free_at_start - tr_cfg.reserve : tr_s.free_at_start;
 }
 
+void tr_guard_describe(char *buf, size_t len)
+{
+    unsigned long long fr = tr_s.free_at_start, res = tr_cfg.reserve;
+    if (fr > res)
+        snprintf(buf, len, "the %llu bytes free at start-up less the %llu-byte reserve (TRANSIT_RESERVE)", fr, res);
+    else
+        snprintf(buf, len, "the %llu bytes free at start-up, none kept for TRANSIT_RESERVE (%llu bytes): less than "
+                           "that was free", fr, res);
+}
+
 static uint64_t rsize(const struct tr_region *r) { return r->end - r->start; }
 
 static void peaks(void)
@@ -39,8 +51,6 @@ static void peaks(void)
         tr_st.host_placed_peak = tr_st.host_placed_bytes;
     if (tr_st.zero_copy_bytes > tr_st.zero_copy_peak)
         tr_st.zero_copy_peak = tr_st.zero_copy_bytes;
-    if (tr_tab.managed_bytes > tr_st.managed_peak)
-        tr_st.managed_peak = tr_tab.managed_bytes;
 }
 
 /* Until warm-up ends (tr_s.defer_advice) host regions carry no advice, so that GPU

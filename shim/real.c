@@ -125,9 +125,26 @@ cudaError_t tr_own_error(cudaError_t pending, cudaError_t err)
     if (err == cudaSuccess)
         return err;
     tr_st.hint_errors++;
+    tr_clear_error(pending);
+    return err;
+}
+
+void tr_clear_error(cudaError_t pending)
+{
     if (pending == cudaSuccess && tr_real.get_last_error)
         tr_real.get_last_error();
-    return err;
+}
+
+/* A refusal of the shim's must look like the runtime's own out-of-memory: the same code,
+ * and the same last error for cudaGetLastError (PyTorch reads it back), which only the
+ * runtime's own failures set. No device has 2^62 bytes: the runtime refuses that at once
+ * (measured on the H200 with CUDA 13.0: cudaErrorMemoryAllocation in 0.02 ms). */
+cudaError_t tr_runtime_oom(void)
+{
+    void *p = NULL;
+    if (tr_real.malloc(&p, (size_t)1 << 62) == cudaSuccess)
+        tr_real.free(p);
+    return cudaErrorMemoryAllocation;
 }
 
 cudaError_t tr_pending_error(void)

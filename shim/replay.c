@@ -93,11 +93,29 @@ static void win_evict_one(cudaStream_t stream)
     tr_st.evict_bytes += r.end - r.start;
 }
 
+/* [start, end) is freed: its ranges leave the window, so that no eviction later sends a
+ * range home that the runtime no longer manages (it refuses it) or that a new allocation
+ * at the same address now holds. Order kept. */
+void tr_replay_forget(uintptr_t start, uintptr_t end)
+{
+    int kept = 0;
+    for (int i = 0; i < win_len; i++) {
+        struct range r = win[(win_head + i) % win_cap];
+        if (r.start < end && r.end > start)
+            win_bytes -= r.end - r.start;
+        else
+            win[(win_head + kept++) % win_cap] = r;
+    }
+    win_len = kept;
+}
+
 void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
 {
-    if (pos >= nslots || !slots[pos].n)
-        return;
     pthread_mutex_lock(&tr_lock);
+    if (pos >= nslots || !slots[pos].n) {
+        pthread_mutex_unlock(&tr_lock);
+        return;
+    }
     uint64_t budget = tr_budget();
     uint64_t room = budget > tr_tab.dev_bytes ? budget - tr_tab.dev_bytes : 0;
     struct slot *s = &slots[pos];

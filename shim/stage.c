@@ -150,8 +150,7 @@ void tr_stage_settle(int block)
         cudaError_t pending = tr_pending_error();
         cudaError_t q = tr_real.event_query(ev_out);
         if (q != cudaSuccess) {
-            if (pending == cudaSuccess && tr_real.get_last_error)
-                tr_real.get_last_error(); /* not the application's error */
+            tr_clear_error(pending); /* not the application's error */
             return;
         }
     }

@@ -62,6 +62,7 @@ static void init(void)
 static void init_runtime(void)
 {
     tr_init_once();
+    pthread_mutex_lock(&tr_lock); /* the API may read this state before the runtime is loaded */
     if (tr_real_resolve() != 0) {
         tr_s.passthrough = 1;
     } else if (tr_cfg.policy != TR_OFF) {
@@ -86,6 +87,7 @@ static void init_runtime(void)
                             "memory at %llu bytes", (unsigned long long)tr_guard_limit());
     }
     tr_s.runtime_ready = 1;
+    pthread_mutex_unlock(&tr_lock);
     tr_log(TR_INFO, "policy %s%s, budget %llu bytes, free at start %llu bytes, runtime %d",
            tr_policy_name(tr_cfg.policy), tr_s.passthrough ? " (passing through)" : "",
            (unsigned long long)(tr_s.passthrough ? 0 : tr_budget()), (unsigned long long)tr_s.free_at_start,

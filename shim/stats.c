@@ -9,37 +9,57 @@
 
 #include "transit.h"
 
-static void expand(const char *in, char *out, size_t len)
+enum { PATH_LEN = 4096 }; /* Linux's PATH_MAX */
+
+/* Appends n bytes of s to out (of len bytes) at *o; -1 when they do not fit. */
+static int put(char *out, size_t len, size_t *o, const char *s, size_t n)
+{
+    if (n >= len - *o)
+        return -1;
+    memcpy(out + *o, s, n);
+    *o += n;
+    out[*o] = 0;
+    return 0;
+}
+
+/* path with %p and %r replaced, or the file for this process in a directory; -1 when
+ * that does not fit in len (RANK is the user's: any length). */
+static int expand(const char *in, char *out, size_t len)
 {
     struct stat st;
+    char pid[24];
     const char *rank = getenv("RANK");
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
     if (stat(in, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (rank)
-            snprintf(out, len, "%s/transit-rank%s.json", in, rank);
-        else
-            snprintf(out, len, "%s/transit-%d.json", in, (int)getpid());
-        return;
+        int n = snprintf(out, len, "%s/transit-%s%s.json", in, rank ? "rank" : "", rank ? rank : pid);
+        return n >= 0 && (size_t)n < len ? 0 : -1;
     }
     size_t o = 0;
-    for (const char *c = in; *c && o + 32 < len; c++) {
-        if (c[0] == '%' && c[1] == 'p') {
-            o += (size_t)snprintf(out + o, len - o, "%d", (int)getpid());
+    out[0] = 0;
+    for (const char *c = in; *c; c++) {
+        const char *s = c;
+        size_t n = 1;
+        if (c[0] == '%' && (c[1] == 'p' || c[1] == 'r')) {
+            s = c[1] == 'p' ? pid : rank ? rank : "0";
+            n = strlen(s);
             c++;
-        } else if (c[0] == '%' && c[1] == 'r') {
-            o += (size_t)snprintf(out + o, len - o, "%s", rank ? rank : "0");
-            c++;
-        } else {
-            out[o++] = *c;
         }
+        if (put(out, len, &o, s, n) != 0)
+            return -1;
     }
-    out[o] = 0;
+    return 0;
 }
 
 int tr_write_stats(const char *path)
 {
-    char full[4200], tmp[4300];
-    expand(path, full, sizeof full);
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", full, (int)getpid());
+    static _Atomic unsigned writes; /* threads writing at once each have their own temporary file */
+    char full[PATH_LEN], tmp[PATH_LEN + 48];
+    if (expand(path, full, sizeof full) != 0) {
+        tr_log(TR_WARN, "cannot write stats: the path (TRANSIT_STATS or transit_write_stats) is too long once %%p, "
+                        "%%r (RANK) or the directory's file name are filled in: %.60s...", path);
+        return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp%d.%u", full, (int)getpid(), atomic_fetch_add(&writes, 1));
     FILE *f = fopen(tmp, "w");
     if (!f) {
         tr_log(TR_WARN, "cannot write stats to %s", full);
@@ -59,9 +79,10 @@ int tr_write_stats(const char *path)
     fprintf(f, "  \"cuda_malloc_calls\": %llu,\n  \"cuda_free_calls\": %llu,\n  \"managed_allocs\": %llu,\n",
             (unsigned long long)tr_st.mallocs, (unsigned long long)tr_st.frees,
             (unsigned long long)tr_st.managed_allocs);
-    fprintf(f, "  \"failed_allocs\": %llu,\n  \"guard_refusals\": %llu,\n  \"kernel_launches\": %llu,\n",
+    fprintf(f, "  \"failed_allocs\": %llu,\n  \"guard_refusals\": %llu,\n  \"managed_fallbacks\": %llu,\n"
+               "  \"kernel_launches\": %llu,\n",
             (unsigned long long)tr_st.failed_allocs, (unsigned long long)tr_st.guard_refusals,
-            (unsigned long long)tr_st.launches);
+            (unsigned long long)tr_st.managed_fallbacks, (unsigned long long)tr_st.launches);
     fprintf(f, "  \"managed_bytes\": %llu,\n  \"managed_peak_bytes\": %llu,\n",
             (unsigned long long)tr_tab.managed_bytes, (unsigned long long)tr_st.managed_peak);
     fprintf(f, "  \"device_placed_bytes\": %llu,\n  \"device_placed_peak_bytes\": %llu,\n",

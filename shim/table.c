@@ -23,6 +23,26 @@ static int lower_bound(uintptr_t ptr)
     return lo;
 }
 
+/* The guard's reservation: managed bytes count from before the runtime is asked for them
+ * until after it has freed them, so that what the runtime holds never exceeds the limit,
+ * at any instant, whatever the threads do. No wrap-around: size may be near SIZE_MAX. */
+int tr_table_reserve(size_t size, uint64_t limit)
+{
+    if (size > limit || tr_tab.managed_bytes > limit - size)
+        return -1;
+    tr_tab.managed_bytes += size;
+    tr_tab.inflight += size;
+    if (tr_tab.managed_bytes > tr_st.managed_peak)
+        tr_st.managed_peak = tr_tab.managed_bytes;
+    return 0;
+}
+
+void tr_table_release(size_t size)
+{
+    tr_tab.managed_bytes -= size;
+    tr_tab.inflight -= size;
+}
+
 struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size)
 {
     if (tr_tab.n == tr_tab.cap) {
@@ -42,7 +62,7 @@ struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size)
     struct tr_alloc *a = &tr_tab.a[i];
     *a = (struct tr_alloc){.ptr = ptr, .size = size, .seq = tr_tab.next_seq++, .nreg = 1, .capreg = 4, .reg = r};
     r[0] = (struct tr_region){.start = ptr, .end = ptr + size, .kind = TR_HOT, .place = TR_DEV};
-    tr_tab.managed_bytes += size;
+    tr_tab.inflight -= size;
     return a;
 }
 
@@ -57,7 +77,7 @@ struct tr_alloc *tr_table_find(uintptr_t addr)
 void tr_table_remove(struct tr_alloc *a)
 {
     int i = (int)(a - tr_tab.a);
-    tr_tab.managed_bytes -= a->size;
+    tr_tab.inflight += a->size;
     free(a->reg);
     memmove(&tr_tab.a[i], &tr_tab.a[i + 1], (size_t)(tr_tab.n - i - 1) * sizeof tr_tab.a[0]);
     tr_tab.n--;
@@ -104,3 +124,53 @@ struct tr_region *tr_region_next(struct tr_cursor *c)
     }
     return NULL;
 }
+
+#ifdef TRANSIT_TESTING
+#include <stdio.h>
+
+/* The table agrees with itself and with the counters kept beside it; NULL when it does. */
+static const char *inconsistency(void)
+{
+    uint64_t sizes = 0, dev = 0, host = 0, zc = 0, hinted[3] = {0, 0, 0};
+    for (int i = 0; i < tr_tab.n; i++) {
+        const struct tr_alloc *a = &tr_tab.a[i];
+        if (i + 1 < tr_tab.n && a->ptr + a->size > tr_tab.a[i + 1].ptr)
+            return "allocations overlap or are out of order";
+        if (a->nreg < 1 || a->nreg > a->capreg || a->reg[0].start != a->ptr || a->reg[a->nreg - 1].end != a->ptr + a->size)
+            return "regions do not cover their allocation";
+        for (int j = 0; j < a->nreg; j++) {
+            const struct tr_region *r = &a->reg[j];
+            uint64_t n = r->end - r->start;
+            if (r->start >= r->end || (j + 1 < a->nreg && r->end != a->reg[j + 1].start))
+                return "regions are not contiguous";
+            *(r->place == TR_DEV ? &dev : &host) += n;
+            zc += r->zero_copy ? n : 0;
+            hinted[r->kind] += n;
+        }
+        sizes += a->size;
+    }
+    if (sizes + tr_tab.inflight != tr_tab.managed_bytes)
+        return "managed_bytes is not the table's bytes and those in flight";
+    if (dev != tr_tab.dev_bytes || host != tr_st.host_placed_bytes || zc != tr_st.zero_copy_bytes)
+        return "placement counters are not the sum of the regions";
+    if (hinted[TR_COLD_MASTER] != tr_st.hint_bytes[TR_COLD_MASTER] || hinted[TR_COLD_OPT] != tr_st.hint_bytes[TR_COLD_OPT])
+        return "hint counters are not the sum of the regions";
+    if (tr_tab.dev_bytes > tr_budget())
+        return "placed above the budget";
+    if (!tr_cfg.allow_oversubscribe && tr_tab.managed_bytes > tr_guard_limit())
+        return "managed memory above the guard";
+    return NULL;
+}
+
+/* Test hook (built only with -DTRANSIT_TESTING): 0 when the table is consistent, else -1
+ * and the reason in why. */
+EXPORT int transit_test_check(char *why, size_t len)
+{
+    pthread_mutex_lock(&tr_lock);
+    const char *bad = inconsistency();
+    pthread_mutex_unlock(&tr_lock);
+    if (bad && why && len)
+        snprintf(why, len, "%s", bad);
+    return bad ? -1 : 0;
+}
+#endif

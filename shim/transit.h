@@ -28,6 +28,7 @@ struct tr_config {
     char stats_path[4096];    /* TRANSIT_STATS ("" = none) */
     int log_level;            /* 0 error, 1 warn, 2 info, 3 debug */
     int stage;                /* TRANSIT_STAGE=1 (advise): the adapter stages cold data per step */
+    uint32_t cold_tail_ppm;   /* TRANSIT_COLD_TAIL in millionths (observe.c) */
 };
 HIDDEN extern struct tr_config tr_cfg;
 HIDDEN void tr_config_load(void);
@@ -76,6 +77,8 @@ HIDDEN int tr_real_resolve(void); /* 0 ok; -1: pass through (logged) */
 HIDDEN const char *tr_cudart_path(void); /* the loaded libcudart, or NULL */
 HIDDEN cudaError_t tr_pending_error(void); /* the application's error, if one is pending */
 HIDDEN cudaError_t tr_own_error(cudaError_t pending, cudaError_t err); /* clears and counts a failure of ours */
+HIDDEN void tr_clear_error(cudaError_t pending); /* clears the last error unless one was pending */
+HIDDEN cudaError_t tr_runtime_oom(void);        /* the runtime's own out-of-memory, last error included */
 HIDDEN cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev);
 HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s);
 
@@ -105,15 +108,18 @@ struct tr_table {
     struct tr_alloc *a;     /* sorted by ptr */
     int n, cap;
     uint64_t next_seq;
-    uint64_t managed_bytes; /* live managed allocations */
-    uint64_t dev_bytes;     /* of those, placed on the device */
+    uint64_t managed_bytes; /* the table's allocations and those in flight: what the guard limits */
+    uint64_t inflight;      /* reserved before the runtime allocates, held until it has freed */
+    uint64_t dev_bytes;     /* of the table's, placed on the device */
 };
 
 HIDDEN extern pthread_mutex_t tr_lock;
 HIDDEN extern struct tr_table tr_tab;
-HIDDEN struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size);
+HIDDEN int tr_table_reserve(size_t size, uint64_t limit); /* 0: counted in managed_bytes, in flight */
+HIDDEN void tr_table_release(size_t size);                /* in-flight bytes the runtime does not hold */
+HIDDEN struct tr_alloc *tr_table_insert(uintptr_t ptr, size_t size); /* reserved bytes enter the table */
 HIDDEN struct tr_alloc *tr_table_find(uintptr_t addr); /* containing allocation or NULL */
-HIDDEN void tr_table_remove(struct tr_alloc *a);
+HIDDEN void tr_table_remove(struct tr_alloc *a); /* its bytes stay in flight until released */
 HIDDEN int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end); /* 0 ok */
 /* Every region of the table in address order, for loops that do not change the table:
  *   for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) */
@@ -129,6 +135,7 @@ HIDDEN void tr_place_unadvise(void);
 HIDDEN void tr_place_evict_observed(int all);
 HIDDEN uint64_t tr_budget(void);
 HIDDEN uint64_t tr_guard_limit(void);
+HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
 HIDDEN void tr_move_to_device(struct tr_region *r, cudaStream_t s);
 HIDDEN void tr_move_to_host(struct tr_region *r, cudaStream_t s); /* still counted on the device */
 HIDDEN void tr_move_settled(struct tr_region *r);                  /* ... until this */
@@ -148,7 +155,11 @@ HIDDEN void tr_stage_boundary(void);
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {
     _Atomic uint64_t mallocs, frees, managed_allocs, failed_allocs, guard_refusals;
+    _Atomic uint64_t managed_fallbacks; /* allocations given plain memory (managed refused) */
     _Atomic uint64_t launches;
+    _Atomic int iterations;          /* read by launches without the lock */
+    _Atomic uint64_t period;         /* detected launches per iteration; likewise */
+    _Atomic uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI's thread, during recording */
     uint64_t managed_peak, dev_placed_peak, host_placed_bytes, host_placed_peak;
     uint64_t zero_copy_bytes, zero_copy_peak;
     uint64_t prefetch_calls, prefetch_bytes, evict_calls, evict_bytes;
@@ -156,28 +167,27 @@ struct tr_stats {
     uint64_t room_demotions; /* optimizer regions demoted for a new allocation (place.c) */
     uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
     uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need, stage_overflows;
-    uint64_t um_htod_bytes, um_dtoh_bytes, um_faults; /* CUPTI, during recording */
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];
-    int iterations;
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
-    uint64_t period;        /* detected launches per iteration */
     double iter_ms[4096];
     int n_iter_ms;
 };
 HIDDEN extern struct tr_stats tr_st;
 
+/* Written under tr_lock (or once, at start-up); the _Atomic fields are also read without
+ * it: by kernel launches, and by API calls that may come before the runtime is loaded. */
 struct tr_state {
     int initialized;
-    int runtime_ready;
-    int passthrough;        /* something needed is missing: behave like TRANSIT_POLICY=off */
+    _Atomic int runtime_ready;
+    _Atomic int passthrough;  /* something needed is missing: behave like TRANSIT_POLICY=off */
     int device;
     uint64_t free_at_start, total_mem;
-    int adapter;            /* the framework adapter reported a boundary */
-    int cupti;              /* recorder active */
-    int replay_ready;       /* prefetch table built */
-    int defer_advice;       /* warm-up: host regions stay unadvised (observable) */
-    uint64_t boundary_launch; /* launch count at the last iteration boundary */
+    _Atomic int adapter;      /* the framework adapter reported a boundary */
+    _Atomic int cupti;        /* recorder active */
+    _Atomic int replay_ready; /* prefetch table built */
+    _Atomic int defer_advice; /* warm-up: host regions stay unadvised (observable) */
+    _Atomic uint64_t boundary_launch; /* launch count at the last iteration boundary */
     double t_last_boundary;
 };
 HIDDEN extern struct tr_state tr_s;
@@ -192,11 +202,12 @@ HIDDEN int tr_write_stats(const char *path);
 /* ---- recorder and replay (cupti.c, replay.c) --------------------------------- */
 HIDDEN int tr_cupti_start(void);     /* 0 ok */
 HIDDEN void tr_cupti_stop(int build); /* flush, build the replay table (build=1), release CUPTI */
-HIDDEN void tr_cupti_push(uint64_t id);
+HIDDEN int tr_cupti_push(uint64_t id); /* 1: pushed; then tr_cupti_pop after the launch */
 HIDDEN void tr_cupti_pop(void);
 HIDDEN void tr_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes);
 HIDDEN void tr_replay_finish(void);  /* merge ranges per position */
 HIDDEN void tr_replay_before_launch(uint64_t pos, cudaStream_t stream);
+HIDDEN void tr_replay_forget(uintptr_t start, uintptr_t end); /* freed: out of the window */
 HIDDEN uint64_t tr_replay_positions(void);
 HIDDEN void tr_period_observe(const void *func);
 HIDDEN void tr_observe_touch(uintptr_t addr, uint64_t bytes, uint64_t pos);

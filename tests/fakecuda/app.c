@@ -2,8 +2,10 @@
  * are: its cudaMalloc/cudaFree/cudaLaunchKernel references resolve through the global
  * scope, so an LD_PRELOADed shim intercepts them. Prints results as key=value lines.
  *
- *   app alloc SIZE [SIZE...]      allocate each, print error codes and cudaMemGetInfo, free
- *   app threads N ITERS SIZE      N threads allocate and free concurrently
+ *   app alloc SIZE [SIZE...]      allocate each (null:SIZE: with a NULL devPtr), print error
+ *                                 codes, cudaGetLastError after each and cudaMemGetInfo, free
+ *   app threads N ITERS SIZE [HOLD]   N threads allocate and free concurrently, each holding
+ *                                 up to HOLD allocations; prints the fake runtime's tally
  *   app loop ITERS LAUNCHES SIZE [adapter]   training-like loop over fake kernels
  *   app hint SIZE OFF LEN KIND    allocate, hint a sub-range, apply, print
  *   app fork SIZE                 allocate, fork a child that allocates too, wait
@@ -11,15 +13,20 @@
  *   app place SIZE EXTRA STATS OFF:LEN:KIND... [late:SIZE]   allocate SIZE then EXTRA (0:
  *                                 none), hint ranges of the first, apply, allocate the late
  *                                 SIZE (the next step's new segment), apply, write stats
+ *   app stress SEED THREADS OPS SECONDS STATS [replay]   THREADS threads of seeded random calls
+ *                                 (below), then the tallies; replay: a random replay table first
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -36,17 +43,252 @@ cudaError_t __cudaLaunchKernel(const void *kernel, dim3 grid, dim3 block, void *
 
 static void *api(const char *name) { return dlsym(RTLD_DEFAULT, name); }
 
-static int threads_iters;
+/* The fake runtime's own account (fake_cudart.c), then the shim's table check when the
+ * shim is a test build. */
+static void print_tally(void)
+{
+    void (*tally)(unsigned long long *) = (void (*)(unsigned long long *))api("fake_cudart_tally");
+    int (*check)(char *, size_t) = (int (*)(char *, size_t))api("transit_test_check");
+    unsigned long long t[5];
+    if (tally) {
+        tally(t);
+        printf("fake_managed_live=%llu\nfake_managed_peak=%llu\nfake_live_ptrs=%llu\nfake_bad_frees=%llu\n"
+               "fake_bad_ranges=%llu\n", t[0], t[1], t[2], t[3], t[4]);
+    }
+    if (check) {
+        char why[256] = "";
+        printf("table_check=%d %s\n", check(why, sizeof why), why);
+    }
+}
+
+#define MAX_HOLD 64
+static int threads_iters, threads_hold;
 static size_t threads_size;
+static pthread_barrier_t threads_start; /* all at once, so that they overlap */
 static void *worker(void *arg)
 {
     (void)arg;
+    void *held[MAX_HOLD] = {0};
+    pthread_barrier_wait(&threads_start);
     for (int i = 0; i < threads_iters; i++) {
-        void *p;
-        if (cudaMalloc(&p, threads_size + (size_t)i % 7 * 4096) == cudaSuccess)
-            cudaFree(p);
+        void **slot = &held[i % threads_hold];
+        if (*slot)
+            cudaFree(*slot);
+        if (cudaMalloc(slot, threads_size + (size_t)i % 7 * 4096) != cudaSuccess)
+            *slot = NULL;
+        sched_yield(); /* the others run while this one holds its allocations */
     }
+    for (int i = 0; i < threads_hold; i++)
+        if (held[i])
+            cudaFree(held[i]);
     return NULL;
+}
+
+/* ---- stress: THREADS threads, each OPS seeded random calls (or until SECONDS pass):
+ * allocations (some of 0 bytes, some near SIZE_MAX, some with a NULL devPtr), frees of
+ * any thread's allocation, hints over live or freed memory, launches on two streams,
+ * iteration boundaries, apply, cudaMemGetInfo, staging calls, frees of pointers never
+ * allocated, stats and table checks. Counts what the runtime's contract says must not
+ * happen (`wrong`: an unexpected return code, or cudaGetLastError not the failed call's
+ * error). */
+#define SLOTS 64
+static _Atomic uintptr_t slot[SLOTS];
+static struct {
+    int (*hint)(uintptr_t, size_t, int);
+    int (*iteration)(void);
+    void (*apply)(void);
+    int (*write_stats)(const char *);
+    size_t (*stage_in)(uintptr_t), (*stage_out)(uintptr_t);
+    int (*stage_wait)(uintptr_t);
+    int (*check)(char *, size_t);
+} T;
+static uint64_t stress_seed, stress_ops;
+static double stress_deadline;
+static const char *stress_stats;
+static _Atomic unsigned long long n_ops, n_alloc, n_refused, n_free, n_bad_free, n_launch, n_iter, n_wrong;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t rnd(uint64_t *s) /* xorshift64* */
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+static void wrong(const char *what, int got)
+{
+    if (atomic_fetch_add(&n_wrong, 1) < 20) /* the first few say what */
+        fprintf(stderr, "stress: %s: %d\n", what, got);
+}
+
+/* A failed call's error is the thread's last error, once. */
+static void expect_last(cudaError_t e)
+{
+    cudaError_t last = cudaGetLastError();
+    if (last != e)
+        wrong("cudaGetLastError after a failure", (int)last);
+}
+
+static void stress_alloc(uint64_t *r)
+{
+    uint64_t k = rnd(r) % 100;
+    size_t size = k == 0 ? SIZE_MAX - rnd(r) % (1u << 30) : k == 1 ? 0 : ((size_t)4096 << rnd(r) % 15) + rnd(r) % 4096;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(k == 2 ? NULL : &p, size);
+    atomic_fetch_add(&n_alloc, 1);
+    if (k == 2) {
+        if (e != cudaErrorInvalidValue)
+            wrong("cudaMalloc(NULL, n)", (int)e);
+        return expect_last(e);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+        atomic_fetch_add(&n_refused, 1);
+        if (p)
+            wrong("a refused cudaMalloc left a pointer", 1);
+        return expect_last(e);
+    }
+    if (e != cudaSuccess)
+        return wrong("cudaMalloc", (int)e);
+    if (!p)
+        return; /* 0 bytes */
+    for (int i = 0, at = (int)(rnd(r) % SLOTS); i < SLOTS; i++) {
+        uintptr_t none = 0;
+        if (atomic_compare_exchange_strong(&slot[(at + i) % SLOTS], &none, (uintptr_t)p))
+            return;
+    }
+    if ((e = cudaFree(p)) != cudaSuccess)
+        wrong("cudaFree", (int)e);
+}
+
+static void stress_free(uint64_t *r)
+{
+    uintptr_t p = atomic_exchange(&slot[rnd(r) % SLOTS], 0);
+    cudaError_t e = p ? cudaFree((void *)p) : cudaSuccess;
+    atomic_fetch_add(&n_free, p != 0);
+    if (e != cudaSuccess)
+        wrong("cudaFree", (int)e);
+}
+
+static void stress_launch(uint64_t *r)
+{
+    dim3 g = {1, 1, 1}, b = {1, 1, 1};
+    const void *k = (const void *)kerns[rnd(r) % 4];
+    cudaStream_t st = (cudaStream_t)(uintptr_t)(rnd(r) % 2 ? 7 : 0);
+    cudaError_t e = rnd(r) % 2 ? cudaLaunchKernel(k, g, b, NULL, 0, st) : __cudaLaunchKernel(k, g, b, NULL, 0, st);
+    atomic_fetch_add(&n_launch, 1);
+    if (e != cudaSuccess)
+        wrong("launch", (int)e);
+    if ((e = cudaGetLastError()) != cudaSuccess) /* what PyTorch checks after a launch */
+        wrong("cudaGetLastError after a launch", (int)e);
+}
+
+static void stress_one(uint64_t *r)
+{
+    uint64_t op = rnd(r) % 1000, k = rnd(r);
+    uintptr_t p = atomic_load(&slot[k % SLOTS]), stream = k % 3 ? 0 : 0x77;
+    if (op < 300) {
+        stress_alloc(r);
+    } else if (op < 550) {
+        stress_free(r);
+    } else if (op < 650) { /* a sub-range of a live (or by now freed) allocation */
+        if (p)
+            T.hint(p + rnd(r) % (1u << 20), (size_t)(rnd(r) % (64u << 20)), (int)(rnd(r) % 3));
+    } else if (op < 850) {
+        stress_launch(r);
+    } else if (op < 870) {
+        T.iteration();
+        atomic_fetch_add(&n_iter, 1);
+    } else if (op < 890) {
+        T.apply();
+    } else if (op < 920) {
+        size_t f = 0, t = 0;
+        cudaError_t e = cudaMemGetInfo(&f, &t);
+        if (e != cudaSuccess || f > t)
+            wrong("cudaMemGetInfo", (int)e);
+    } else if (op < 930) { /* never allocated: the runtime's refusal, passed on */
+        cudaError_t e = cudaFree((void *)(uintptr_t)(0x10000 + (k % 4096) * 4096));
+        atomic_fetch_add(&n_bad_free, 1);
+        if (e != cudaErrorInvalidValue)
+            wrong("cudaFree of a foreign pointer", (int)e);
+        expect_last(e);
+    } else if (op < 960) {
+        int which = (int)(k % 3);
+        if (which == 0)
+            T.stage_in(stream);
+        else if (which == 1)
+            T.stage_wait(stream);
+        else
+            T.stage_out(stream);
+    } else if (op < 995) {
+        char why[256] = "";
+        if (T.check && T.check(why, sizeof why) != 0)
+            wrong(why, 0);
+    } else if (op < 996 && stress_stats) {
+        if (T.write_stats(stress_stats) != 0)
+            wrong("transit_write_stats", -1);
+    } else {
+        T.hint(0x1000 + (k % 64) * 4096, 4096, (int)(k % 3)); /* not managed memory: -1 */
+    }
+}
+
+static void *stress_worker(void *arg)
+{
+    uint64_t r = (stress_seed + 1) * 0x9e3779b97f4a7c15ull + (uintptr_t)arg * 0xbf58476d1ce4e5b9ull + 1;
+    uint64_t i = 0;
+    for (; i < stress_ops && (i % 64 || now_s() < stress_deadline); i++)
+        stress_one(&r);
+    atomic_fetch_add(&n_ops, i);
+    return NULL;
+}
+
+static int stress(int argc, char **argv)
+{
+    if (argc < 7)
+        return 2;
+    stress_seed = strtoull(argv[2], NULL, 10);
+    int n = atoi(argv[3]);
+    stress_ops = strtoull(argv[4], NULL, 10);
+    double t0 = now_s();
+    stress_deadline = t0 + atof(argv[5]);
+    stress_stats = argv[6];
+#define L(f, name) T.f = (__typeof__(T.f))api(name)
+    L(hint, "transit_hint"); L(iteration, "transit_iteration"); L(apply, "transit_apply");
+    L(write_stats, "transit_write_stats"); L(stage_in, "transit_stage_in"); L(stage_out, "transit_stage_out");
+    L(stage_wait, "transit_stage_wait"); L(check, "transit_test_check");
+#undef L
+    if (!T.hint || !T.iteration || !T.apply || !T.write_stats || !T.stage_in || !T.stage_out || !T.stage_wait ||
+        n < 1 || n > 64)
+        return 2;
+    if (argc > 7 && !strcmp(argv[7], "replay")) { /* ranges over the first 64 GiB of the fake's addresses */
+        void (*add)(uint64_t, uintptr_t, uint64_t) = (void (*)(uint64_t, uintptr_t, uint64_t))api("transit_test_replay_add");
+        void (*finish)(void) = (void (*)(void))api("transit_test_replay_finish");
+        uint64_t r = stress_seed + 7;
+        for (int i = 0; add && i < 4096; i++)
+            add(rnd(&r) % 64, 0x7f0000000000ull + rnd(&r) % (64ull << 30), rnd(&r) % (256u << 20) + 1);
+        if (finish)
+            finish();
+    }
+    pthread_t th[64];
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, stress_worker, (void *)(uintptr_t)i);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < SLOTS; i++)
+        if (slot[i] && cudaFree((void *)slot[i]) != cudaSuccess)
+            wrong("cudaFree", -1);
+    printf("ops=%llu\nallocs=%llu\nrefused=%llu\nfrees=%llu\nbad_frees=%llu\nlaunches=%llu\niterations=%llu\n"
+           "wrong=%llu\nseconds=%.3f\n", n_ops, n_alloc, n_refused, n_free, n_bad_free, n_launch, n_iter,
+           n_wrong, now_s() - t0);
+    printf("stats=%d\n", T.write_stats(stress_stats));
+    print_tally();
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -57,9 +299,10 @@ int main(int argc, char **argv)
         void *ptrs[64];
         int n = 0;
         for (int i = 2; i < argc && n < 64; i++) {
-            cudaError_t e = cudaMalloc(&ptrs[n], strtoull(argv[i], NULL, 10));
-            printf("alloc%d=%d\n", i - 2, (int)e);
-            if (e == cudaSuccess)
+            int null = !strncmp(argv[i], "null:", 5);
+            cudaError_t e = cudaMalloc(null ? NULL : &ptrs[n], strtoull(argv[i] + (null ? 5 : 0), NULL, 10));
+            printf("alloc%d=%d\nlast%d=%d\n", i - 2, (int)e, i - 2, (int)cudaGetLastError());
+            if (e == cudaSuccess && !null)
                 n++;
         }
         size_t f, t;
@@ -73,34 +316,48 @@ int main(int argc, char **argv)
         int n = atoi(argv[2]);
         threads_iters = atoi(argv[3]);
         threads_size = strtoull(argv[4], NULL, 10);
+        threads_hold = argc > 5 ? atoi(argv[5]) : 1;
+        if (n < 1 || n > 64 || threads_hold < 1 || threads_hold > MAX_HOLD)
+            return 2;
         pthread_t th[64];
+        pthread_barrier_init(&threads_start, NULL, (unsigned)n);
         for (int i = 0; i < n; i++)
             pthread_create(&th[i], NULL, worker, NULL);
         for (int i = 0; i < n; i++)
             pthread_join(th[i], NULL);
         printf("done=1\n");
+        print_tally();
         return 0;
     }
     if (!strcmp(argv[1], "loop")) {
         int iters = atoi(argv[2]), launches = atoi(argv[3]);
         size_t size = strtoull(argv[4], NULL, 10);
-        int adapter = 0, replay = 0, straddle = 0;
+        int adapter = 0, replay = 0, straddle = 0, refree = 0;
         for (int i = 5; i < argc; i++) {
             adapter |= !strcmp(argv[i], "adapter");
             replay |= !strcmp(argv[i], "replay");
             straddle |= !strcmp(argv[i], "straddle");
+            refree |= !strcmp(argv[i], "refree");
         }
         int (*iteration)(void) = (int (*)(void))api("transit_iteration");
-        void *p, *q;
+        void *p, *q, *r = NULL;
         cudaMalloc(&p, size);
         cudaMalloc(&q, size);
-        printf("p=0x%llx\nq=0x%llx\n", (unsigned long long)(uintptr_t)p, (unsigned long long)(uintptr_t)q);
-        if (replay) { /* q is on the host: replay 768 MB of it before launch 5, 512 MB before 10 */
+        if (refree) /* a third allocation, freed after the first iteration (a segment given back) */
+            cudaMalloc(&r, size);
+        printf("p=0x%llx\nq=0x%llx\nr=0x%llx\n", (unsigned long long)(uintptr_t)p, (unsigned long long)(uintptr_t)q,
+               (unsigned long long)(uintptr_t)r);
+        if (replay) {
             void (*add)(uint64_t, uintptr_t, uint64_t) = (void (*)(uint64_t, uintptr_t, uint64_t))api("transit_test_replay_add");
             void (*finish)(void) = (void (*)(void))api("transit_test_replay_finish");
-            add(5, (uintptr_t)q, 768u << 20);
-            add(10, (uintptr_t)q + (1u << 30), 256u << 20);
-            add(10, (uintptr_t)q + (1u << 30) + (256u << 20) + 4096, 256u << 20); /* merged: gap < 128 KB */
+            if (refree) { /* half of q before launch 5, half of r before launch 10 */
+                add(5, (uintptr_t)q, size / 2);
+                add(10, (uintptr_t)r, size / 2);
+            } else { /* q is on the host: replay 768 MB of it before launch 5, 512 MB before 10 */
+                add(5, (uintptr_t)q, 768u << 20);
+                add(10, (uintptr_t)q + (1u << 30), 256u << 20);
+                add(10, (uintptr_t)q + (1u << 30) + (256u << 20) + 4096, 256u << 20); /* merged: gap < 128 KB */
+            }
             if (straddle) { /* the last MB of p and the first of q, which follows it: not one range */
                 add(7, (uintptr_t)p + size - (1u << 20), 1u << 20);
                 add(7, (uintptr_t)q, 1u << 20);
@@ -120,6 +377,10 @@ int main(int argc, char **argv)
             }
             if (adapter && iteration)
                 iteration();
+            if (r && it == 0) {
+                cudaFree(r);
+                r = NULL;
+            }
         }
         printf("last_error=%d\n", (int)cudaGetLastError()); /* what PyTorch checks after launches */
         cudaFree(p);
@@ -237,6 +498,8 @@ int main(int argc, char **argv)
         cudaFree(a);
         return 0;
     }
+    if (!strcmp(argv[1], "stress"))
+        return stress(argc, argv);
     if (!strcmp(argv[1], "fork")) {
         size_t size = strtoull(argv[2], NULL, 10);
         void *p;

@@ -1,0 +1,156 @@
+"""The shim, the fake runtime, the fake CUPTI and the test program built with
+AddressSanitizer + UndefinedBehaviorSanitizer (GCC's `undefined` leaves out
+float-cast-overflow: added) and, separately, with ThreadSanitizer, all with -Werror, then
+the fake-runtime scenarios (threads, fork, faults, hints, launches, staging, recording,
+bad settings, the stress) under each. Any sanitizer report fails: the exit code is
+checked, and the output searched for the reports' headers.
+
+A sanitizer runtime must come first in the process, and LD_PRELOAD puts libtransit.so
+ahead of the program's own libraries: the runtime's absolute path
+(`cc -print-file-name=libasan.so`) goes first in LD_PRELOAD, and the program and the
+fakes are instrumented too, so every piece is checked and the order is right whichever
+way the loader looks at it. Skipped, with the reason, only where the compiler has no
+such runtime."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CUDA_INC, FAKECUDA, shimbuild
+from tests.test_shim import run
+from tests.test_shim_faults import SIZE_MAX, build_fake_cupti
+from tests.test_shim_stress import stress
+
+GB, MiB, GiB = 10**9, 1 << 20, 1 << 30
+WERROR = ["-Wall", "-Wextra", "-Werror"]
+SANITIZERS = {
+    "asan+ubsan": (["-fsanitize=address,undefined", "-fsanitize=float-cast-overflow", "-fno-sanitize-recover=all",
+                    "-fno-omit-frame-pointer"], "libasan.so",
+                   {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:exitcode=86:strict_string_checks=1",
+                    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}),
+    "tsan": (["-fsanitize=thread"], "libtsan.so", {"TSAN_OPTIONS": "halt_on_error=1:exitcode=86:second_deadlock_stack=1"}),
+}
+REPORTS = ("runtime error", "ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",
+           "ThreadSanitizer:", "AddressSanitizer:", "UndefinedBehaviorSanitizer")
+
+pytestmark = pytest.mark.skipif(CUDA_INC is None or not shutil.which("cc"),
+                                reason="needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
+
+
+def cc(*args, **kw):
+    return subprocess.run(["cc", "-std=c11", *args], capture_output=True, text=True, **kw)
+
+
+def build_fakes(d: Path, flags) -> dict:
+    """The fake libcudart and the test program, as tests/conftest.py's `built` makes them,
+    with extra flags; -Werror: every C file of the tests builds clean."""
+    common = ["-O1", *WERROR, *flags, f"-I{CUDA_INC}"]
+    for args in (["-fPIC", "-shared", "-Wl,-soname,libcudart.so.13", "-o", str(d / "libcudart.so.13"),
+                  str(FAKECUDA / "fake_cudart.c"), "-lpthread"],
+                 ["-o", str(d / "app"), str(FAKECUDA / "app.c"), f"-L{d}", "-lcudart", f"-Wl,-rpath,{d}", "-lpthread",
+                  "-ldl"]):
+        if args[0] == "-o" and not (d / "libcudart.so").exists():
+            (d / "libcudart.so").symlink_to("libcudart.so.13")
+        res = cc(*common, *args)
+        assert res.returncode == 0, res.stderr
+    return {"dir": d, "app": d / "app"}
+
+
+@pytest.fixture(scope="module", params=list(SANITIZERS))
+def sanitized(request, tmp_path_factory):
+    name = request.param
+    flags, runtime_name, options = SANITIZERS[name]
+    runtime = cc(f"-print-file-name={runtime_name}").stdout.strip()
+    d = tmp_path_factory.mktemp(name.replace("+", "-"))
+    probe = d / "probe.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    if not Path(runtime).is_absolute() or cc(*flags, "-o", str(d / "probe"), str(probe)).returncode != 0:
+        pytest.skip(f"the C compiler has no {name} runtime ({runtime_name}); install it (e.g. apt install "
+                    f"{'libasan8 libubsan1' if 'asan' in name else 'libtsan2'}) to run these")
+    b = build_fakes(d, flags)
+    shim, warnings = shimbuild.build(d / "lib", extra_cflags=[*flags, "-DTRANSIT_TESTING", "-Werror"])
+    assert shim, warnings
+    b["shim"] = shim
+    b["cupti"] = build_fake_cupti(d / "cupti", flags)
+    b["env"] = {"LD_PRELOAD": f"{runtime} {shim}", **options}
+    b["name"] = name
+    return b
+
+
+def clean(res):
+    """No sanitizer report: exit code and output."""
+    reports = [line for line in res.stderr.splitlines() if any(r in line for r in REPORTS)]
+    assert not reports, res.stderr[-6000:]
+    assert res.returncode == 0, res.stderr[-6000:]
+
+
+STATS = "@stats"  # replaced by a path in the test's directory
+SCENARIOS = {
+    # name: (program arguments, policy, environment, needs the fake CUPTI)
+    "guard-threads": (("threads", 8, 1500, 24 * MiB, 4), "advise", {"FAKE_GPU_MEM": str(512 * MiB + GiB)}, False),
+    "refusals": (("alloc", 6 * GB, 6 * GB, GB, "null:4096", "null:100000000000", SIZE_MAX - 5), "advise",
+                 {"FAKE_GPU_MEM": str(10 * GB)}, False),
+    "small-free": (("alloc", 600 * MiB), "base", {"FAKE_GPU_MEM": str(512 * MiB)}, False),
+    "fork": (("fork", GB), "advise", {}, False),
+    "hint": (("hint", GB, 1_000_000, GB // 2, 2, STATS), "advise", {}, False),
+    "place": (("place", 4 * GB, 3 * GB, STATS, f"1000000:{2 * GB}:2", f"late:{GB}"), "advise",
+              {"TRANSIT_GPU_BUDGET": "5100MB"}, False),
+    "launches-adapter": (("loop", 5, 50, 2 * GB, "adapter"), "advise", {"TRANSIT_GPU_BUDGET": "3GB"}, False),
+    "launches-replay": (("loop", 3, 20, 2 * GiB, "adapter", "replay", "straddle"), "prefetch",
+                        {"TRANSIT_GPU_BUDGET": "3GB"}, False),
+    "launches-period": (("layers", 60, 40), "advise", {}, False),
+    "stage": (("stage", 3, STATS), "advise", {"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1"}, False),
+    "stage-grow": (("stage", 4, STATS, "grow"), "advise",
+                   {"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1"}, False),
+    "fault-event": (("stage", 3, STATS), "advise", {"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1",
+                                                    "FAKE_EVENT_FAIL": "1"}, False),
+    "fault-not-supported": (("alloc", GB, GB), "advise", {"FAKE_MANAGED_FAIL": "1"}, False),
+    "fault-oom": (("threads", 4, 500, MiB, 2), "advise", {"FAKE_MANAGED_OOM_EVERY": "3"}, False),
+    "fault-prefetch": (("loop", 3, 20, 2 * GiB, "adapter", "replay"), "prefetch",
+                       {"TRANSIT_GPU_BUDGET": "3GB", "FAKE_PREFETCH_FAIL": "1"}, False),
+    "fault-no-managed": (("alloc", GB), "advise", {"FAKE_NO_MANAGED": "1"}, False),
+    "stats-long-rank": (("alloc", GB), "advise", {"TRANSIT_STATS": "@dir/s-%r-%p.json", "RANK": "7" * 5000}, False),
+    "bad-settings": (("alloc", GB), "advise", {"TRANSIT_GPU_BUDGET": "1e30", "TRANSIT_WARMUP_ITERS": "99999999999",
+                                               "TRANSIT_RESERVE": "inf", "TRANSIT_LOG": "bogus",
+                                               "TRANSIT_COLD_TAIL": "nan", "TRANSIT_STATS": "/" + "x" * 5000}, False),
+    "recording-prefetch": (("loop", 5, 40, 2 * GiB, "adapter"), "prefetch", {"TRANSIT_GPU_BUDGET": "3GB"}, True),
+    "recording-advise-nan-tail": (("loop", 5, 40, 2 * GiB, "adapter"), "advise",
+                                  {"TRANSIT_GPU_BUDGET": "3GB", "TRANSIT_COLD_TAIL": "nan"}, True),
+    "recording-period": (("loop", 70, 300, GiB), "prefetch", {}, True),
+    "recording-refused": (("loop", 3, 20, GiB, "adapter"), "prefetch", {"FAKE_CUPTI_ERROR": "999"}, True),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario_is_sanitizer_clean(sanitized, tmp_path, scenario):
+    args, policy, env, needs_cupti = SCENARIOS[scenario]
+    if needs_cupti and sanitized["cupti"] is None:
+        pytest.skip("needs CUPTI headers (cupti.h) for the fake CUPTI")
+    args = [str(tmp_path / "s.json") if a == STATS else a for a in args]
+    env = {k: v.replace("@dir", str(tmp_path)) for k, v in env.items()}
+    if needs_cupti:
+        env["LD_LIBRARY_PATH"] = str(sanitized["cupti"])
+    res, _, _ = run(sanitized, *args, policy=policy, env={**sanitized["env"], **env})
+    clean(res)
+
+
+@pytest.mark.parametrize("name", ["advise-stage", "prefetch-replay", "prefetch-recording"])
+def test_stress_is_sanitizer_clean(sanitized, tmp_path, name):
+    env = dict(sanitized["env"])
+    if name == "prefetch-recording":
+        if sanitized["cupti"] is None:
+            pytest.skip("needs CUPTI headers (cupti.h) for the fake CUPTI")
+        env["LD_LIBRARY_PATH"] = str(sanitized["cupti"])
+    stress(sanitized, tmp_path, name, seed=3, ops=10000, seconds=4.0, env=env)
+
+
+@pytest.mark.parametrize("extra", [[], ["-DTRANSIT_TESTING", "-DTRANSIT_NO_CUPTI", "-O0"]])
+def test_every_c_file_builds_clean_with_werror(tmp_path, extra):
+    """The shim (as the package builds it, and the test build without CUPTI at -O0), the
+    fake runtime, the fake CUPTI and the test program: no warning under -Wall -Wextra."""
+    shim, warnings = shimbuild.build(tmp_path / "lib", extra_cflags=["-Werror", *extra])
+    assert shim, warnings
+    build_fakes(tmp_path, extra)
+    build_fake_cupti(tmp_path / "cupti", extra)

@@ -1,0 +1,68 @@
+"""Concurrency stress of the shim against the fake runtime: 8 threads x 50000 seeded random
+allocations, frees (of any thread's memory), hints, launches, iteration boundaries,
+staging calls and table checks, with a budget and a tight guard. After every run:
+managed bytes are back to zero in the shim and in the fake runtime, the guard and the
+budget were never exceeded (the shim's peaks, and the fake's own independent peak), the
+table agreed with its counters at every check, and no call broke the runtime's contract.
+Also run under ThreadSanitizer and ASan/UBSan (tests/test_shim_sanitizers.py)."""
+
+import shutil
+
+import pytest
+
+from tests.conftest import CUDA_INC
+from tests.test_shim import run, stats_of
+from tests.test_shim_faults import cupti, tally  # noqa: F401 (cupti: a fixture)
+
+MiB = 1 << 20
+GUARD, BUDGET = 384 * MiB, 128 * MiB
+RESERVE = 1 << 30
+
+pytestmark = pytest.mark.skipif(CUDA_INC is None or not shutil.which("cc"),
+                                reason="needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
+
+# (policy, extra arguments, environment): every placement path the threads can reach
+SCENARIOS = {
+    "advise-stage": ("advise", (), {"TRANSIT_STAGE": "1"}),
+    "prefetch-replay": ("prefetch", ("replay",), {}),
+    "base": ("base", (), {}),
+    "prefetch-recording": ("prefetch", (), {}),  # with the fake CUPTI: warm-up recorded under threads
+}
+
+
+def stress(built, tmp_path, name, seed, threads=8, ops=50000, seconds=3.0, env=None):
+    """Runs one stress scenario and checks everything that must hold after it; returns the
+    numbers (ops, peaks) for the report."""
+    policy, extra, scenario_env = SCENARIOS[name]
+    stats = tmp_path / f"stress-{name}-{seed}.json"
+    e = {"FAKE_GPU_MEM": str(GUARD + RESERVE), "TRANSIT_GPU_BUDGET": str(BUDGET), "TRANSIT_LOG": "error",
+         "FAKE_CUDART_LOG": "",  # no call log: millions of lines
+         **scenario_env, **(env or {})}
+    res, out, _ = run(built, "stress", seed, threads, ops, seconds, stats, *extra, policy=policy, env=e)
+    assert res.returncode == 0 and out.get("stats") == "0", res.stderr[-3000:]
+    assert out["wrong"] == "0", res.stderr[-3000:]
+    assert out["table_check"].startswith("0"), out["table_check"]
+    fake, s = tally(out), stats_of(stats)
+    # everything freed, in the shim and in the runtime
+    assert s["managed_bytes"] == s["device_placed_bytes"] == s["host_placed_bytes"] == 0
+    assert s["zero_copy_mapped_bytes"] == 0 and s["cold_hint_bytes"] == {"optimizer": 0, "master": 0}
+    assert fake["managed_live"] == fake["live_ptrs"] == 0
+    # the guard and the budget held, by the shim's account and by the runtime's own
+    assert s["guard_limit_bytes"] == GUARD and s["budget_bytes"] == BUDGET
+    assert fake["managed_peak"] <= s["managed_peak_bytes"] <= GUARD
+    assert s["device_placed_peak_bytes"] <= BUDGET
+    # the shim freed nothing it did not own and advised only live managed memory
+    assert fake["bad_frees"] == int(out["bad_frees"]) and fake["bad_ranges"] == 0
+    # the run exercised what it is for
+    assert s["guard_refusals"] > 0 and int(out["refused"]) >= s["guard_refusals"] and s["host_placed_peak_bytes"] > 0
+    assert int(out["ops"]) >= min(ops * threads, 2000) and int(out["launches"]) > 0
+    return {"ops": int(out["ops"]), "seconds": float(out["seconds"]), "fake_peak": fake["managed_peak"],
+            "shim_peak": s["managed_peak_bytes"], "placed_peak": s["device_placed_peak_bytes"],
+            "refusals": s["guard_refusals"], "host_placed_peak": s["host_placed_peak_bytes"]}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_stress(built, tmp_path, request, name, seed):
+    env = {"LD_LIBRARY_PATH": str(request.getfixturevalue("cupti"))} if name == "prefetch-recording" else {}
+    stress(built, tmp_path, name, seed, env=env)
