@@ -10,6 +10,11 @@
 #   bash bench/device_runs.sh next | next-peers | next-stage | peers-rerun   # the next GPU session: ranked advise, memory
 #                                        # timeline, lifetime probe, ZeRO-Infinity at 3, peers cut below 10 steps
 #   bash bench/device_runs.sh multigpu   # issue 8, on nvidia-h200-x2 or larger
+#   bash bench/device_runs.sh netcheck titan-memory scale-in-matrix rho-sockets   # issues 19 and 18 on x2;
+#                                        # several phases run in one call, after one setup
+# The wheels they need: bash bench/fetch_wheels.sh (then carry .whl). iproute2 (ip, tc), which the
+# device image lacks, comes as Debian's binaries in .net/bin (wrappers that set LD_LIBRARY_PATH to
+# .net/lib): see bench/fetch_iproute2.sh.
 # The wheels they need: bash bench/fetch_wheels.sh (then carry .whl).
 #
 # Single-GPU runs pin their host threads to separate halves of the cores so that the
@@ -26,6 +31,7 @@ if [ -d .whl ]; then
     ls .whl/torchtitan-$titan-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
         --no-cache-dir --upgrade --target /tmp/site .whl/torchtitan-$titan-*.whl && echo "torchtitan $titan"
 fi
+[ -d .net/bin ] && export PATH="$PWD/.net/bin:$PATH"
 [ -f .ext/torch_ext.tar ] && mkdir -p $TORCH_EXTENSIONS_DIR && tar xf .ext/torch_ext.tar -C $TORCH_EXTENSIONS_DIR
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 nproc; free -g | head -2
@@ -42,7 +48,9 @@ peer_smoke() {  # the peers on a small model: DeepSpeed's CPU Adam JIT build, Ze
     tar cf "$OUT/torch_ext.tar" -C $TORCH_EXTENSIONS_DIR . 2>/dev/null
 }
 
-case "${1:-}" in
+[ $# -gt 0 ] || set -- usage
+for phase in "$@"; do
+case "$phase" in
 shim)
     ( export TRANSIT_SKIP_BUILD=1
       g0 timeout 300 bash bench/gpu_checks.sh > "$OUT/checks.log" 2>&1
@@ -162,7 +170,42 @@ multigpu)         # issue 8 on an x2/x4/x8 machine: scale-in N -> N/2, then rho 
         --bandwidths 10gbit,2gbit --model "--seq-len 4096" --global-batch "$n" --steps 6 --repeat 1 \
         --timeout 120 --out "$OUT/rho_gpu.json" 2>&1 | tail -n 6
     ;;
+netcheck)         # issue 19: iproute2 runs here, and the kernel has network namespaces, veth, bridges and tbf
+    ip -V && tc -V || echo "netcheck: FAILED: ip or tc does not run"
+    bash examples/netns_ranks.sh teardown 2
+    if bash examples/netns_ranks.sh setup 2; then
+        ip netns exec trn0 tc qdisc replace dev veth0 root handle 7a5: tbf rate 10Gbit burst 1250000 latency 100ms \
+            && ip netns exec trn0 tc -j qdisc show dev veth0 && echo "netcheck: namespaces, veth, bridge, tbf work"
+    else
+        echo "netcheck: FAILED to set up namespaces"
+    fi
+    bash examples/netns_ranks.sh teardown 2
+    ;;
+scale-in-matrix)  # issue 19: N -> N/2 with and without recomputation at two global batches, repeated
+                  # (SCALE_ARGS adds or overrides flags, e.g. --repeats 1 --layouts full,half-advise)
+    n=$(nvidia-smi -L | wc -l)
+    timeout ${SCALE_TIMEOUT:-560} python3 bench/scale_in_matrix.py --gpus "$n" --configs ac:1,ac:2,noac:1,noac:2 \
+        --repeats 2 --steps 10 --timeout 150 --out "$OUT/scale_in_matrix${SCALE_TAG:-}.json" ${SCALE_ARGS:-} 2>&1 \
+        | cut -c1-600
+    ;;
+rho-sockets)      # issue 19: rho over NCCL sockets between network namespaces, N-GPU no-offload layout and
+                  # N/2-GPU advise layout under the scale-in's emulated GPU, same global batch and microbatch
+    n=$(nvidia-smi -L | wc -l)
+    b=$(python3 bench/scale_in.py --gpus "$n" --print-budget) || continue
+    # several sockets and threads per NCCL connection, so that NCCL itself is not the bottleneck of a veth
+    NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 timeout ${RHO_TIMEOUT:-400} python3 bench/rho_layouts.py \
+        --device cuda --layouts "$n,$((n / 2)):advise:$b" --bandwidths ${RHO_BW:-40gbit,10gbit} \
+        --global-batch $((2 * n)) --micro-batch 2 --model "--seq-len 8192" --steps 5 --repeat 2 \
+        --single-rank-repeat 1 --timeout 120 --out "$OUT/rho_sockets.json" 2>&1 | tail -n 8
+    ;;
+titan-memory)     # issue 18: TorchTitan's memory on the catalog models at truncated depth (TITAN_MATRIX,
+                  # TITAN_DEADLINE seconds; 1-GPU runs two at a time, one per GPU)
+    timeout ${TITAN_TIMEOUT:-560} python3 bench/titan_memory.py --matrix "$TITAN_MATRIX" --lanes 2 --timeout ${TITAN_RUN_TIMEOUT:-200} \
+        --deadline ${TITAN_DEADLINE:-0} --out "$OUT/titan_memory${TITAN_TAG:-}.json" 2>&1 | grep -v '^\[titan\]\|^\[rank' \
+        | cut -c1-600
+    ;;
 *)
-    echo "usage: $0 shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory" >&2
     exit 2 ;;
 esac
+done

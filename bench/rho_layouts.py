@@ -32,6 +32,12 @@ def main():
     ap.add_argument("--bandwidths", default="1000mbit,100mbit")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--global-batch", type=int, default=8, help="sequences per step over all ranks")
+    ap.add_argument("--micro-batch", type=int, default=0,
+                    help="sequences per rank per microbatch (the rest as microbatches: --accum), so that every "
+                         "layout has the memory profile of one microbatch; 0: the whole share in one microbatch")
+    ap.add_argument("--single-rank-repeat", type=int, default=0,
+                    help="repeats of a one-rank layout (no inter-rank traffic, so no spread to learn from the "
+                         "network); 0: --repeat")
     ap.add_argument("--model", default="--dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 768 --vocab 4096 "
                                        "--seq-len 64", help="trainer flags (default: a CPU-sized model)")
     ap.add_argument("--steps", type=int, default=6)
@@ -46,9 +52,13 @@ def main():
     for spec in a.layouts.split(","):
         ranks, policy, budget = (spec.split(":") + ["", ""])[:3]
         n = int(ranks)
-        if a.global_batch % n:
-            print(f"rho_layouts: global batch {a.global_batch} does not divide over {n} ranks", file=sys.stderr)
+        if a.global_batch % n or (a.micro_batch and (a.global_batch // n) % a.micro_batch):
+            print(f"rho_layouts: global batch {a.global_batch} does not divide over {n} ranks"
+                  + (f" x {a.micro_batch} sequences" if a.micro_batch else ""), file=sys.stderr)
             return 2
+        share = a.global_batch // n
+        batch, accum = (a.micro_batch, share // a.micro_batch) if a.micro_batch else (share, 1)
+        repeat = a.single_rank_repeat if n == 1 and a.single_rank_repeat else a.repeat
         env = dict(os.environ, DEVICE=a.device, POLICY=policy, BUDGET=budget)
         subprocess.run(["bash", str(NETNS), "teardown", str(n)], env=env, capture_output=True)
         subprocess.run(["bash", str(NETNS), "setup", str(n)], env=env, check=True)
@@ -56,8 +66,8 @@ def main():
             ifaces = subprocess.run(["bash", str(NETNS), "ifaces", str(n)], env=env, capture_output=True,
                                     text=True, check=True).stdout.strip()
             cmd = [sys.executable, "-m", "transit_launch", "sweep", "--json", "--cap", "tc", "--iface", ifaces,
-                   "--bandwidths", a.bandwidths, "--repeat", str(a.repeat), "--timeout", str(a.timeout), "--",
-                   "bash", str(NETNS), "run", str(n), *a.model.split(), "--batch", str(a.global_batch // n),
+                   "--bandwidths", a.bandwidths, "--repeat", str(repeat), "--timeout", str(a.timeout), "--",
+                   "bash", str(NETNS), "run", str(n), *a.model.split(), "--batch", str(batch), "--accum", str(accum),
                    "--steps", str(a.steps)]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
         finally:
@@ -68,7 +78,8 @@ def main():
             print(f"rho_layouts: the sweep of layout {spec} failed: {res.stderr.strip()[-500:]}", file=sys.stderr)
             return 1
         entry = {"layout": spec, "ranks": n, "policy": policy or "none", "budget": budget or None,
-                 "sequences_per_rank": a.global_batch // n, "sweep": rep,
+                 "sequences_per_rank": share, "micro_batch": batch, "accum": accum, "repeat": repeat,
+                 "sweep": rep,
                  "rho": rep["rho"][0]["rho"] if rep.get("rho") else None}
         results["layouts"].append(entry)
         per_bw = {b["bandwidth"]: b for b in rep["bandwidths"]}
