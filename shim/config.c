@@ -9,10 +9,6 @@
 #include "transit.h"
 #include "transit_size.h"
 
-#ifndef TR_ENV_COLD_TAIL /* not in transit_launch/rules.py yet */
-#define TR_ENV_COLD_TAIL "TRANSIT_COLD_TAIL"
-#endif
-
 struct tr_config tr_cfg;
 
 const char *tr_policy_name(enum tr_policy p)
