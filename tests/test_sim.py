@@ -19,13 +19,13 @@ def trace(*jobs):
 
 def test_fifo_by_hand():
     # one rack of 4 eight-GPU nodes
-    res = simulate(trace((0, 100, 32), (10, 50, 8), (20, 10, 16)), Scenario("t", racks=1))
+    res = simulate(trace((0, 100, 32), (10, 50, 8), (20, 10, 16)), Scenario("t", racks=1, gpus_per_node=8))
     assert res.start == [0, 100, 100]
     assert res.end == [100, 150, 110]
 
 
 def test_easy_backfill_by_hand():
-    res = simulate(trace((0, 100, 24), (1, 10, 32), (2, 50, 8), (3, 200, 8)), Scenario("t", racks=1))
+    res = simulate(trace((0, 100, 24), (1, 10, 32), (2, 50, 8), (3, 200, 8)), Scenario("t", racks=1, gpus_per_node=8))
     # j1 (the whole rack) waits for j0: reservation at 100 with nothing extra; j2 ends
     # before it and backfills at 2; j3 would run past 100 and must wait behind j1.
     assert res.start == [0, 100, 2, 110]
@@ -53,17 +53,18 @@ def test_pack_and_spread_single_node_jobs():
 
 def test_scale_in_durations_and_transitions():
     f = Factors(speedup=0.5, slowdown=0.25, unchanged=0.0)
+    e8 = dict(gpus_per_node=8, factors=f)  # eight-GPU nodes, four a rack
     # a 2-node job on one rack shrinks to 1 node: twice as long, placement unchanged (intra)
     t = trace((0, 100, 16))
-    base = simulate(t, Scenario("b", racks=2, factors=f))
-    half = simulate(t, Scenario("h", racks=2, reduction=0.5, factors=f), baseline=base)
+    base = simulate(t, Scenario("b", racks=2, **e8))
+    half = simulate(t, Scenario("h", racks=2, reduction=0.5, **e8), baseline=base)
     assert (half.nodes[0], half.gpus[0]) == (1, 8)
     assert half.end[0] == pytest.approx(200)
     # a 5-node job spans two racks; at 50% it needs 3 nodes and fits in one: 100 * 5/3 / 1.5
     t = trace((0, 100, 40))
-    base = simulate(t, Scenario("b", racks=2, factors=f))
+    base = simulate(t, Scenario("b", racks=2, **e8))
     assert base.racks[0] == 2
-    half = simulate(t, Scenario("h", racks=2, reduction=0.5, factors=f), baseline=base)
+    half = simulate(t, Scenario("h", racks=2, reduction=0.5, **e8), baseline=base)
     assert half.racks[0] == 1 and half.end[0] == pytest.approx(100 * 5 / 3 / 1.5)
 
 
