@@ -26,7 +26,7 @@ def recommend(req, baseline, options) -> tuple[object, str]:
     without offloading) the servable option predicted fastest."""
     ok = [c for c in options if servable(c)]
     good = [c for c in ok if c.efficiency >= req.min_efficiency]
-    floor = f"{req.min_efficiency:.0%}"
+    floor = _pct(req.min_efficiency)
     if good:
         c = min(good, key=lambda c: c.nodes)
         return c, (f"fewest nodes with predicted per-GPU efficiency >= {floor} ({c.efficiency:.0%}) and host "
@@ -41,6 +41,10 @@ def recommend(req, baseline, options) -> tuple[object, str]:
     best = max(ok, key=lambda c: (c.efficiency, -c.nodes))
     return best, (f"nothing fits without offloading and no option reaches predicted efficiency >= {floor}; "
                   f"this one is predicted fastest ({best.efficiency:.0%})")
+
+
+def _pct(fraction: float) -> str:
+    return f"{round(fraction * 100, 2):g}%"  # 0.999 is 99.9%, not a rounded 100%
 
 
 def explain(p, nodes: int) -> tuple[str, list[str]]:
@@ -64,7 +68,7 @@ def explain(p, nodes: int) -> tuple[str, list[str]]:
                         f"the node's {gb(p.req.host_mem):.0f} GB allow; {rec}")
     if not warnings and c.efficiency < p.req.min_efficiency:
         warnings.append(f"{nodes} node(s): predicted efficiency {c.efficiency:.0%} is below --min-efficiency "
-                        f"{p.req.min_efficiency:.0%}; {rec}")
+                        f"{_pct(p.req.min_efficiency)}; {rec}")
     return why, warnings
 
 

@@ -29,12 +29,12 @@ class Progress:
     ETA assumes work per weight is the same in every phase)."""
 
     def __init__(self, phases: list[tuple[str, float]], stream=None, enabled: bool = True,
-                 patience: float = PATIENCE_S, clock=time.monotonic):
+                 patience: float | None = None, clock=time.monotonic):
         self.phases = phases
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.patience, self.clock = patience, clock
+        self.patience, self.clock = PATIENCE_S if patience is None else patience, clock
         self.total = sum(w for _, w in phases) or 1.0
         self.start_t = clock()
         self.k, self.done_weight, self.last_draw, self.drawn = -1, 0.0, 0.0, False

@@ -95,23 +95,32 @@ def plot(results: list[dict], path: str) -> None:
     from transit_launch.argtypes import require_matplotlib, write_atomically
     plt = require_matplotlib("--plot")
     names = [r["scenario"] for r in results]
-    x = list(range(len(names)))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
     for ax, key, label, log in zip(axes, ("rack_traversals", "queue_mean_min", "throughput_jobs_per_h"),
                                    ("rack traversals (inter-rack traffic)", "mean queue time (min)", "jobs per hour"),
                                    (True, True, False)):
-        series = [("all jobs", [r["all"][key] or 0 for r in results], "tab:blue", 0.8)]
+        series = [("all jobs", [r["all"][key] or 0 for r in results], "tab:blue")]
         if key != "rack_traversals":
-            series.append(("eligible", [r["eligible"].get(key) or 0 for r in results], "tab:orange", 0.4))
-        for lab, vals, color, width in series:
+            series.append(("eligible (multi-node)", [r["eligible"].get(key) or 0 for r in results], "tab:orange"))
+        width = 0.8 / len(series)
+        for i, (lab, vals, color) in enumerate(series):  # side by side: neither hides the other's label
+            x = [j + (i - (len(series) - 1) / 2) * width for j in range(len(names))]
             bars = ax.bar(x, vals, color=color, width=width, label=lab)
-            ax.bar_label(bars, [f"{v:.3g}" for v in vals], fontsize=6, padding=1)
+            ax.bar_label(bars, [_short(v) for v in vals], fontsize=6, padding=1)
+        top = max([v for _, vals, _ in series for v in vals] + [1])
         if log:
-            positive = [v for _, vals, _, _ in series for v in vals if v > 0]
+            positive = [v for _, vals, _ in series for v in vals if v > 0]
             ax.set_yscale("symlog", linthresh=min(positive) if positive else 1.0)
-        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
-        ax.set_title(label + (" (log scale)" if log else ""))
-    axes[1].legend()
+            ax.set_ylim(0, top * 4)  # room for the labels above the tallest bar
+        else:
+            ax.set_ylim(0, top * 1.12)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(label + (" (log scale)" if log else ""), fontsize=10)
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
+
+
+def _short(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
