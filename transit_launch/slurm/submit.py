@@ -57,8 +57,10 @@ def submit(sub: Submission, make_request) -> Submitted:
         raise UsageError(f"partition {part.name} has no GPUs (no gpu GRES on its nodes)")
     if part and sub.nodes is not None and sub.nodes > part.nodes:
         raise UsageError(f"--nodes {sub.nodes}: partition {part.name} has {part.nodes} nodes")
+    # auto searches the partition's nodes only; a count the user chose is planned like
+    # `plan` would and explained (with warnings), not refused for the partition's sake
     p = plan(make_request(part.gpus_per_node if part else None, part.real_memory_mb * 2**20 if part else None,
-                          part.nodes if part else None))
+                          part.nodes if part and sub.nodes is None else None))
     if sub.nodes is None:
         nodes, why, warnings = p.recommended.nodes, p.reason, []
     else:
