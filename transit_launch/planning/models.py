@@ -25,8 +25,9 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 # Upper bounds far beyond any published model (Llama3-405B: hidden 16384, 126 layers, 128
 # heads; DeepSeek-V3: 256 experts; Gemma: vocabulary 256000). A value past them is a typo,
-# and the per-layer sums below would run for minutes on it.
-LIMITS = {"hidden": 2**20, "layers": 2**14, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**16,
+# and the planner's per-layer sums would run for minutes on it (1024 layers: about 2 s for
+# a plan that tries every node count).
+LIMITS = {"hidden": 2**20, "layers": 2**10, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**16,
           "ffn": 2**22, "vocab": 2**24, "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22,
           "shared_experts": 2**10, "shared_ffn": 2**22, "step": 2**14}
 
@@ -149,8 +150,15 @@ class ModelCard:
                 + m.shared_experts * 3 * self.hidden * m.shared_ffn)
 
     def layer_params(self, i: int) -> int:
-        mlp = self.moe_mlp_params if self.is_moe_layer(i) else self.dense_mlp_params
-        return self.attn_params + mlp + 2 * self.hidden  # + attention and MLP norms
+        return self._layer_params[i]
+
+    @cached_property
+    def _layer_params(self) -> tuple[int, ...]:
+        """Per layer, computed once: the planner sums them for every node count it tries."""
+        attn, dense = self.attn_params, self.dense_mlp_params
+        moe = self.moe_mlp_params if self.moe else 0
+        return tuple(attn + (moe if self.is_moe_layer(i) else dense) + 2 * self.hidden  # + attention and MLP norms
+                     for i in range(self.layers))
 
     @property
     def embedding_params(self) -> int:

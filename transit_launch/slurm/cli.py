@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from transit_launch.argtypes import output_dir, output_file, positive_int
+from transit_launch.argtypes import number, output_dir, output_file, positive_int
 from transit_launch.errors import UsageError
 from transit_launch.planning.cli import add_plan_args, request
 from transit_launch.rules import POLICIES
@@ -32,9 +32,16 @@ def _job_opts(a) -> JobOptions:
     return JobOptions(a.job_name, a.partition, a.account, a.time, a.output, a.port)
 
 
+# No GPU cluster has this many nodes (the largest have about 10-25 thousand): more is a typo
+# that would render a script no scheduler accepts.
+MAX_JOB_NODES = 100_000
+
+
 def _nodes_or_auto(text: str) -> int | None:
     """argparse type of submit --nodes: auto (None) or a positive integer."""
-    return None if text == "auto" else positive_int("--nodes (a number or auto)")(text)
+    if text == "auto":
+        return None
+    return number(int, "--nodes", 1, f"auto or a positive integer of at most {MAX_JOB_NODES}", MAX_JOB_NODES)(text)
 
 
 def _warn(warnings: list[str]) -> None:
@@ -116,7 +123,8 @@ def register(sub):
     sp = sub.add_parser("render", help="an sbatch script (or with --local a torchrun command) with the shim injected",
                         usage="transit-launch render [options] -- COMMAND...")
     add_plan_args(sp, model_required=False)
-    sp.add_argument("--nodes", type=positive_int("--nodes"), help="node count (default: the plan's recommendation)")
+    sp.add_argument("--nodes", type=positive_int("--nodes", MAX_JOB_NODES),
+                    help="node count (default: the plan's recommendation)")
     add_shim_args(sp)
     add_job_args(sp)
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
