@@ -10,9 +10,9 @@ Gen4 parts get half of it. fault_link: fault-driven migration bandwidth, same so
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.rules import SIZE_MAX
 
@@ -39,12 +39,11 @@ class GPU:
     capacity: int | None = None  # the part's own memory when --gpu-mem replaced it
 
     def __post_init__(self):
-        if isinstance(self.memory, bool) or not isinstance(self.memory, int) \
-                or not MIN_GPU_MEMORY <= self.memory <= SIZE_MAX:
+        if not integer(self.memory) or not MIN_GPU_MEMORY <= self.memory <= SIZE_MAX:
             raise UsageError(f"GPU memory (--gpu-mem) must be from 1GiB to 1PiB, got {self.memory!r} bytes")
         for name in ("peak_bf16", "host_link", "fault_link"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            if not (real(v) and v > 0):
                 raise UsageError(f"GPU {name} must be a positive number, got {v!r}")
 
     @property

@@ -8,13 +8,13 @@ the architecture, never typed in, and tests compare them with the published tota
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -36,7 +36,7 @@ def check_count(value, what: str, limit_of: str | None = None, minimum: int = 1)
     """An architecture number: an integer (not a bool, float or string) in
     [minimum, LIMITS[limit_of or what]]. `what` names it as the user wrote it."""
     top = LIMITS[limit_of or what]
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= top:
+    if not integer(value) or not minimum <= value <= top:
         raise UsageError(f"{what} must be an integer from {minimum} to {top}, got {value!r}")
     return value
 
@@ -60,7 +60,7 @@ class MoE:
         if self.top_k > self.experts:
             raise UsageError(f"top_k={self.top_k} exceeds the {self.experts} experts")
         if not isinstance(self.dense_layers, tuple) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.dense_layers):
+                integer(i) and i >= 0 for i in self.dense_layers):
             raise UsageError(f"dense_layers must be a list of layer indices, got {self.dense_layers!r}")
 
 
@@ -104,8 +104,7 @@ class ModelCard:
                 raise UsageError(f"the moe table makes no layer an MoE layer (step={self.moe.step}, "
                                  f"{self.layers} layers)")
         p = self.published_params
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p)
-                              or p <= 0):
+        if p is not None and (not real(p) or p <= 0):
             raise UsageError(f"published_params must be a positive number, got {p!r}")
 
     # --- structure -----------------------------------------------------------
@@ -318,7 +317,7 @@ def _hf_layers(d: dict, key: str) -> tuple[int, ...] | None:
     v = d.get(key)
     if v is None:
         return None
-    if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+    if not isinstance(v, list) or not all(integer(i) for i in v):
         raise UsageError(f"{key} must be a list of layer indices, got {v!r}")
     return tuple(v)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning import choice
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPU, MAX_GPUS_PER_NODE
@@ -68,13 +69,13 @@ class Request:
             raise UsageError(f"recompute {self.recompute!r} is not one of {', '.join(RECOMPUTE)}")
         for name in ("gpus_per_node", "seq_len", "local_batch", "global_batch", "tp", "pp", "ep", "max_nodes"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and (not integer(v) or v < 1):
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if self.gpus_per_node > MAX_GPUS_PER_NODE:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node}: no node has more than {MAX_GPUS_PER_NODE} GPUs")
-        if not isinstance(self.host_mem, (int, float)) or not MIN_HOST_MEM <= self.host_mem < math.inf:
+        if not real(self.host_mem) or self.host_mem < MIN_HOST_MEM:
             raise UsageError(f"--host-mem must be at least 1GiB, got {self.host_mem!r} bytes")
-        if not isinstance(self.min_efficiency, (int, float)) or not 0 < self.min_efficiency <= 1:  # refuses nan
+        if not real(self.min_efficiency) or not 0 < self.min_efficiency <= 1:
             raise UsageError(f"--min-efficiency must lie in (0, 1], got {self.min_efficiency}")
         if self.scale_in is not None and not all(0 < f < 1 for f in self.scale_in):
             raise UsageError(f"--scale-in fractions must lie strictly between 0 and 1, got {self.scale_in}")

@@ -25,6 +25,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.cluster import Cluster
@@ -42,14 +43,6 @@ MAX_RACK_GPUS = 1024
 STRATEGIES = ("pack", "spread")
 
 
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
 @dataclass(frozen=True)
 class Factors:
     """Defaults from the ranges of the paper's section 4.3 (derived from its 4.2):
@@ -65,7 +58,7 @@ class Factors:
     def __post_init__(self):
         for name, low in (("speedup", 0.0), ("slowdown", 0.0), ("unchanged", -0.99)):
             v = getattr(self, name)
-            if not _num(v) or not low <= v <= 10:
+            if not real(v) or not low <= v <= 10:
                 raise UsageError(f"--{name} must lie in [{low:g}, 10], got {v!r}")
 
 
@@ -80,13 +73,13 @@ class Scenario:
     factors: Factors = Factors()
 
     def __post_init__(self):
-        if not _count(self.racks) or self.racks > MAX_RACKS:
+        if not (integer(self.racks) and self.racks > 0) or self.racks > MAX_RACKS:
             raise UsageError(f"--racks takes 1 to {MAX_RACKS:,} racks (more than any cluster has), got {self.racks!r}")
-        if not _count(self.rack_gpus) or self.rack_gpus > MAX_RACK_GPUS:
+        if not (integer(self.rack_gpus) and self.rack_gpus > 0) or self.rack_gpus > MAX_RACK_GPUS:
             raise UsageError(f"--rack-gpus takes 1 to {MAX_RACK_GPUS} GPUs a rack, got {self.rack_gpus!r}")
-        if not _count(self.gpus_per_node) or self.rack_gpus % self.gpus_per_node:
+        if not (integer(self.gpus_per_node) and self.gpus_per_node > 0) or self.rack_gpus % self.gpus_per_node:
             raise UsageError(f"--rack-gpus {self.rack_gpus} is not a multiple of --gpus-per-node {self.gpus_per_node}")
-        if not _num(self.reduction) or not 0 <= self.reduction < 1:
+        if not real(self.reduction) or not 0 <= self.reduction < 1:
             raise UsageError(f"a reduction must lie in [0, 1), got {self.reduction!r}")
         if self.strategy not in STRATEGIES:
             raise UsageError(f"placement {self.strategy!r} is not one of {', '.join(STRATEGIES)}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 
 SEREN_COLUMNS = ("job_id", "user", "node_num", "gpu_num", "cpu_num", "type", "state", "submit_time",
@@ -55,7 +56,7 @@ class Trace:
             raise UsageError("trace submit times must be finite and ascending")
         if not all(0 < d <= MAX_DURATION for d in self.duration):  # also refuses nan
             raise UsageError(f"trace durations must lie in (0, {MAX_DURATION:.0f}] seconds")
-        if not all(isinstance(g, int) and not isinstance(g, bool) and g > 0 for g in self.gpus):
+        if not all(integer(g) and g > 0 for g in self.gpus):
             raise UsageError("trace GPU counts must be positive integers")
 
     def __len__(self):
@@ -216,31 +217,27 @@ class SynthSpec:
     cluster_gpus: int = 72 * 32
 
     def __post_init__(self):  # the CLI's flags name the fields users set
-        if not _finite(self.load) or not 0 < self.load <= 10:
+        if not real(self.load) or not 0 < self.load <= 10:
             # offered load: 0 asks for no work (no arrival rate); above 1 the queue grows without
             # bound, and far above it a simulation only measures that queue
             raise UsageError(f"--load must lie in (0, 10], got {self.load!r}")
-        if not _finite(self.max_duration) or not 1 <= self.max_duration <= MAX_DURATION:
+        if not real(self.max_duration) or not 1 <= self.max_duration <= MAX_DURATION:
             raise UsageError(f"max_duration must lie in [1, {MAX_DURATION:.0f}] seconds, got {self.max_duration!r}")
-        if not _finite(self.median_duration) or not 1 <= self.median_duration <= self.max_duration:
+        if not real(self.median_duration) or not 1 <= self.median_duration <= self.max_duration:
             raise UsageError(f"--median-duration must lie in [1, {self.max_duration:.0f}] seconds, "
                              f"got {self.median_duration!r}")
-        if not _finite(self.sigma) or not 0 <= self.sigma <= 10:
+        if not real(self.sigma) or not 0 <= self.sigma <= 10:
             raise UsageError(f"sigma must lie in [0, 10], got {self.sigma!r}")
-        if isinstance(self.cluster_gpus, bool) or not isinstance(self.cluster_gpus, int) or self.cluster_gpus < 1:
+        if not integer(self.cluster_gpus) or self.cluster_gpus < 1:
             raise UsageError(f"cluster_gpus must be a positive integer, got {self.cluster_gpus!r}")
-        if not self.sizes or not all(isinstance(g, int) and g > 0 and _finite(w) and w >= 0 for g, w in self.sizes) \
+        if not self.sizes or not all(integer(g) and g > 0 and real(w) and w >= 0 for g, w in self.sizes) \
                 or not sum(w for _, w in self.sizes) > 0:
             raise UsageError("sizes must be (GPUs, weight) pairs with positive GPU counts and weights")
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def check_jobs(n) -> None:
     """The synthetic job count's limit (MAX_SYNTHETIC_JOBS), checked before any work."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SYNTHETIC_JOBS:
+    if not integer(n) or not 1 <= n <= MAX_SYNTHETIC_JOBS:
         raise UsageError(f"--synthetic takes 1 to {MAX_SYNTHETIC_JOBS:,} jobs (the ACME traces hold about a "
                          f"million; more would replay for hours), got {n!r}")
 

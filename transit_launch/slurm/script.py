@@ -7,6 +7,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.shim import inject
 from transit_launch.slurm.render import render
@@ -28,7 +29,7 @@ class JobOptions:
     port: int = 29500
 
     def __post_init__(self):  # sbatch would refuse these only once the job is submitted
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+        if not integer(self.port) or not 1 <= self.port <= 65535:
             raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
         if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
             raise UsageError(f"--time {self.time!r} is not a Slurm time limit (e.g. 30, 04:00:00, 2-00:00:00)")

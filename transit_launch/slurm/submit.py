@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.slurm import commands
 from transit_launch.slurm.script import JobOptions, ShimOptions, job_name, job_script
@@ -23,8 +24,7 @@ class Submission:
     def __post_init__(self):
         if not self.command:
             raise UsageError("submit needs the training command after --, e.g. -- python train.py")
-        if self.nodes is not None and (isinstance(self.nodes, bool) or not isinstance(self.nodes, int)
-                                       or self.nodes < 1):
+        if self.nodes is not None and (not integer(self.nodes) or self.nodes < 1):
             raise UsageError(f"--nodes must be a positive integer or auto, got {self.nodes}")
 
 
