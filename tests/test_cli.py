@@ -179,4 +179,4 @@ def test_explicit_nodes_that_spill_warn_loudly(cli, tmp_path):
     rc, _, err = cli("render", "--model", "llama3-70b", "--nodes", "1", *TRAIN)
     assert rc == 0 and "transit-launch: WARNING: 1 node(s) push " in err
     rc, _, err = cli(*SUBMIT, "--nodes", "9", *TRAIN, env=env)
-    assert rc == 2 and "--nodes 9: partition gpu has 8 nodes" in err
+    assert rc == 2 and "--nodes 9: the partition has 8 nodes (gpu)" in err

@@ -39,11 +39,9 @@ def add_plan_args(p, model_required=True):
                    help="predicted per-GPU efficiency the recommendation must keep (default 0.9)")
 
 
-def request(a, gpus_per_node: int | None = None, host_mem: float | None = None, max_nodes: int | None = None):
+def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
     """The plan.Request of parsed options; gpus_per_node and host_mem are the defaults a
-    caller knows better (a Slurm partition's), explicit options still win; max_nodes: the
-    partition's node count."""
-    from transit_launch.planning.plan import MAX_NODES
+    caller knows better (a Slurm partition's), explicit options still win."""
     from transit_launch.planning.models import load_model
     from transit_launch.planning.plan import Request
     parallel = a.parallel or ("fsdp+ep" if a.ep else "tp+pp" if a.pp else "fsdp+tp" if a.tp else "fsdp")
@@ -53,7 +51,7 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None, 
                    parallel=parallel, tp=a.tp, pp=a.pp, ep=a.ep, seq_len=a.seq_len,
                    local_batch=a.local_batch, global_batch=a.global_batch, precision=a.precision,
                    recompute=a.recompute, scale_in=tuple(a.scale_in) if a.scale_in else None,
-                   min_efficiency=a.min_efficiency, max_nodes=min(max_nodes or MAX_NODES, MAX_NODES))
+                   min_efficiency=a.min_efficiency)
 
 
 def cmd_plan(a, command):

@@ -77,7 +77,7 @@ def cmd_render(a, command):
 def cmd_submit(a, command):
     from transit_launch.slurm.submit import Submission, submit
     sub = Submission(command, a.nodes, _shim_opts(a), _job_opts(a), a.dry_run)
-    done = submit(sub, lambda gpn, host_mem, max_nodes: request(a, gpn, host_mem, max_nodes))
+    done = submit(sub, lambda gpn, host_mem: request(a, gpn, host_mem))
     print(f"transit-launch: {done.hardware}", file=sys.stderr)
     print(f"transit-launch: {done.nodes} node(s): {done.why}", file=sys.stderr)
     _warn(done.warnings)

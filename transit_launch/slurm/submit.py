@@ -4,7 +4,7 @@ the script, sbatch. The CLI only turns options into a Submission."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from transit_launch.checks import integer
 from transit_launch.errors import UsageError
@@ -40,12 +40,12 @@ class Submitted:
 
 
 def submit(sub: Submission, make_request) -> Submitted:
-    """make_request(gpus_per_node, host_mem, max_nodes) -> plan.Request: the planner's request
-    once the partition's hardware is known (explicit options win over it). The node count
-    is plan's recommendation within the partition (planning.choice decides for plan,
-    render and submit alike), or the one asked for, explained."""
+    """make_request(gpus_per_node, host_mem) -> plan.Request: the planner's request once the
+    partition's hardware is known (explicit options win over it). The node count is plan's
+    recommendation within the partition's nodes (planning.choice decides for plan, render
+    and submit alike), or the one asked for, explained."""
     from transit_launch.planning.choice import explain
-    from transit_launch.planning.plan import plan
+    from transit_launch.planning.plan import MAX_NODES, plan
     part, no_part = None, ""
     try:
         part = commands.partition(sub.job.partition)
@@ -56,11 +56,13 @@ def submit(sub: Submission, make_request) -> Submitted:
     if part and not part.gpus_per_node:
         raise UsageError(f"partition {part.name} has no GPUs (no gpu GRES on its nodes)")
     if part and sub.nodes is not None and sub.nodes > part.nodes:
-        raise UsageError(f"--nodes {sub.nodes}: partition {part.name} has {part.nodes} nodes")
-    # auto searches the partition's nodes only; a count the user chose is planned like
-    # `plan` would and explained (with warnings), not refused for the partition's sake
-    p = plan(make_request(part.gpus_per_node if part else None, part.real_memory_mb * 2**20 if part else None,
-                          part.nodes if part and sub.nodes is None else None))
+        raise UsageError(f"--nodes {sub.nodes}: the partition has {part.nodes} nodes ({part.name})")
+    req = make_request(part.gpus_per_node if part else None, part.real_memory_mb * 2**20 if part else None)
+    if part and sub.nodes is None:
+        # auto searches the partition's nodes only; a count the user chose is planned as
+        # `plan` would and explained (with warnings), not refused for the partition's sake
+        req = replace(req, max_nodes=min(part.nodes, MAX_NODES))
+    p = plan(req)
     if sub.nodes is None:
         nodes, why, warnings = p.recommended.nodes, p.reason, []
     else:
