@@ -33,7 +33,7 @@ def recommend(req, baseline, options) -> tuple[object, str]:
                    f"DRAM to spare ({gb(c.host_per_node):.0f} of {gb(req.host_mem):.0f} GB per node)")
     if baseline is not None:
         if not options:
-            return baseline, "no fewer nodes can run this layout, and these need no offloading"
+            return baseline, "no fewer nodes can run this layout, and it fits without offloading"
         if not ok:
             return baseline, (f"no fewer nodes fit host DRAM ({gb(req.host_mem):.0f} GB per node) without pushing "
                               "hot data off the GPU: run without offloading")

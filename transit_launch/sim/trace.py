@@ -52,9 +52,9 @@ class Trace:
         n = len(self.submit)
         if not (len(self.duration) == len(self.gpus) == len(self.ids) == n):
             raise UsageError("a trace needs as many durations, GPU counts and ids as submit times")
-        if not all(math.isfinite(t) for t in self.submit) or any(a > b for a, b in zip(self.submit, self.submit[1:])):
+        if not all(real(t) for t in self.submit) or any(a > b for a, b in zip(self.submit, self.submit[1:])):
             raise UsageError("trace submit times must be finite and ascending")
-        if not all(0 < d <= MAX_DURATION for d in self.duration):  # also refuses nan
+        if not all(real(d) and 0 < d <= MAX_DURATION for d in self.duration):
             raise UsageError(f"trace durations must lie in (0, {MAX_DURATION:.0f}] seconds")
         if not all(integer(g) and g > 0 for g in self.gpus):
             raise UsageError("trace GPU counts must be positive integers")
@@ -66,9 +66,12 @@ class Trace:
 def _finish(rows: list, dropped: dict, source: str, tz) -> Trace:
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0] if rows else 0.0
+    try:
+        epoch = datetime.fromtimestamp(t0, tz) if rows else None
+    except (ValueError, OverflowError, OSError):  # the calendar's edge, shifted by the zone
+        epoch = None
     return Trace(submit=[r[0] - t0 for r in rows], duration=[r[1] for r in rows], gpus=[r[2] for r in rows],
-                 ids=[r[3] for r in rows], dropped=dropped, source=source,
-                 epoch=datetime.fromtimestamp(t0, tz) if rows else None)
+                 ids=[r[3] for r in rows], dropped=dropped, source=source, epoch=epoch)
 
 
 def detect_format(header: list[str]) -> str:
