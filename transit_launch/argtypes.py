@@ -78,16 +78,21 @@ def fractions(flag, allow_zero=False):
 
 # --- output paths ------------------------------------------------------------------
 
-def output_file(suffixes: tuple[str, ...] = ()):
-    """argparse type: a file we can create or replace, checked when the options are parsed,
-    before the work. suffixes: the ones allowed (matplotlib would otherwise pick the format
-    from the name, or append .png to a name without one: `--plot /tmp` wrote /tmp.png)."""
+def _checked(problem):
+    """An argparse type from problem(text) -> why it is refused, or None."""
     def conv(text):
-        why = output_problem(text, suffixes)
+        why = problem(text)
         if why:
             raise argparse.ArgumentTypeError(why)
         return text
     return conv
+
+
+def output_file(suffixes: tuple[str, ...] = ()):
+    """argparse type: a file we can create or replace, checked when the options are parsed,
+    before the work. suffixes: the ones allowed (matplotlib would otherwise pick the format
+    from the name, or append .png to a name without one: `--plot /tmp` wrote /tmp.png)."""
+    return _checked(lambda text: output_problem(text, suffixes))
 
 
 def output_problem(text: str, suffixes: tuple[str, ...] = ()) -> str | None:
@@ -106,20 +111,21 @@ def output_problem(text: str, suffixes: tuple[str, ...] = ()) -> str | None:
     return _probe(path.parent, text)
 
 
-def output_dir(text: str) -> str:
-    """argparse type: a directory that exists or can be created (mkdir -p), checked before the work."""
+def output_dir_problem(text: str) -> str | None:
+    """Why `text` cannot be used as a directory that exists or can be created (mkdir -p)."""
     if not text:
-        raise argparse.ArgumentTypeError("the directory name is empty")
+        return "the directory name is empty"
     path = Path(text)
     if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+        return f"{text} exists and is not a directory"
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: {existing} is not a directory")
-    why = _probe(existing, text)
-    if why:
-        raise argparse.ArgumentTypeError(why)
-    return text
+        return f"{text}: {existing} is not a directory"
+    return _probe(existing, text)
+
+
+# argparse type: a directory checked before the work
+output_dir = _checked(output_dir_problem)
 
 
 def _probe(directory: Path, text: str) -> str | None:
@@ -153,6 +159,14 @@ def write_atomically(path: str, write) -> None:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def save_figure(fig, path: str, dpi: int) -> None:
+    """A matplotlib figure to `path`, laid out, written atomically, then released."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi))
+    plt.close(fig)
 
 
 def require_matplotlib(flag: str):

@@ -187,7 +187,7 @@ def plot(d: dict, path: str) -> None:
     order of keeping data on the GPU (overheads and hot data first, then fp32 master
     weights, then optimizer states), so what stands above the line is what it serves from
     host DRAM."""
-    from transit_launch.argtypes import write_atomically
+    from transit_launch.argtypes import save_figure
     plt = require_plot_backend()
     opts, gpu = d["options"], d["gpu"]
     x = list(range(len(opts)))
@@ -216,9 +216,7 @@ def plot(d: dict, path: str) -> None:
                  "above the line: served from host DRAM; label: predicted efficiency, * recommended", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100))
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def layout_str_json(lay: dict) -> str:

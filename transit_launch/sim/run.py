@@ -92,7 +92,7 @@ def plot(results: list[dict], path: str) -> None:
     times of 0.4 and 23000 minutes in one run), so rack traversals and queue times use a
     log scale (symmetric around zero, which a scenario without traversals or waiting
     reaches) and every bar carries its value."""
-    from transit_launch.argtypes import require_matplotlib, write_atomically
+    from transit_launch.argtypes import require_matplotlib, save_figure
     plt = require_matplotlib("--plot")
     names = [r["scenario"] for r in results]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
@@ -117,9 +117,7 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(label + (" (log scale)" if log else ""), fontsize=10)
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120))
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def _short(v: float) -> str:
