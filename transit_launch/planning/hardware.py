@@ -65,7 +65,7 @@ GPUS = {g.name: g for g in (
 
 def gpu_profile(name: str | None, memory: int | None = None) -> GPU:
     """A named profile, optionally with its memory replaced (--gpu-mem)."""
-    base = GPUS.get(name or "h100-80gb")
+    base = GPUS.get("h100-80gb" if name is None else name)  # '' is a typo, not the default
     if base is None:
         raise UsageError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (or use --gpu-mem SIZE)")
     if memory is None:

@@ -29,6 +29,9 @@ class JobOptions:
     port: int = 29500
 
     def __post_init__(self):  # sbatch would refuse these only once the job is submitted
+        for flag, v in (("--partition", self.partition), ("--account", self.account), ("--output", self.output)):
+            if v is not None and not v.strip():
+                raise UsageError(f"{flag} is empty")
         if not integer(self.port) or not 1 <= self.port <= 65535:
             raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
         if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
