@@ -101,7 +101,8 @@ def test_hf_import_directory(write_json):
     ('{"architectures": ["MistralForCausalLM"], "model_type": "mistral"}', "unsupported architecture"),
     ('{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}', "lacks"),
     ('{"architectures": ["LlamaForCausalLM"], "hidden_size": "big", "num_attention_heads": 32,'
-     ' "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 5}', "not a number"),
+     ' "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 5}',
+     "hidden_size must be an integer from 1"),
     ("[1, 2]", "expected a JSON object"),
 ])
 def test_bad_hf_configs(content, needle, write_json):

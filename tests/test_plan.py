@@ -1,5 +1,7 @@
 """Node counts, batch divisibility, scale-in options and the recommendation."""
 
+import re
+
 import pytest
 
 from transit_launch.errors import UsageError
@@ -99,3 +101,83 @@ def test_fsdp_ep_picks_intra_node_expert_degree():
     q = load_model("qwen3-30b-a3b")
     p = plan(req(card=q, parallel="fsdp+ep", gpus_per_node=8, local_batch=4, global_batch=None))
     assert p.baseline.layout.ep == 8
+
+
+# --- no valid node count fits without offloading: plan still answers ----------------------
+
+def test_no_fit_answers_with_offload_options():
+    # dp = 4n must divide 16: 1, 2 or 4 nodes, and 4 nodes need 104 GB a GPU; the no-offload
+    # minimum (6 nodes) does not divide the batch
+    p = plan(req(global_batch=16))
+    assert p.baseline is None and p.reference.nodes == 4
+    assert [c.nodes for c in p.options] == [4, 2, 1]
+    assert all(c.offload > 0 for c in p.options)
+    assert "6 nodes would fit, but their dp 24 x local batch 1 does not divide global batch 16" in p.no_fit
+    good = [c for c in p.options if c.fits_host and not c.spill and c.efficiency >= 0.9]
+    assert p.recommended is min(good, key=lambda c: c.nodes)
+    assert p.needs_offload(4) and p.needs_offload(p.recommended.nodes)
+
+
+def test_partition_smaller_than_the_minimum_is_a_no_fit_case():
+    p = plan(req(max_nodes=4))  # submit on a partition of 4 nodes: the minimum is 6
+    assert p.baseline is None and max(c.nodes for c in p.options) <= 4
+    assert "Without offloading it needs 6 nodes." in p.no_fit
+
+
+def test_no_fit_refused_only_when_offloading_cannot_serve():
+    with pytest.raises(UsageError, match="host DRAM is too small"):
+        plan(req(global_batch=16, host_mem=100e9))
+    # tp+pp with the default local batch of 1: only one node can run (pp = 1), and the right
+    # advice is the local batch the pipeline needs, found by trying it
+    with pytest.raises(UsageError, match="with --local-batch 4, 4 nodes fit without offloading"):
+        plan(req(parallel="tp+pp", global_batch=None))
+    p = plan(req(parallel="tp+pp", global_batch=None, local_batch=4))
+    assert p.baseline.nodes == 4
+
+
+# --- one rule picks the node count: plan, render and submit --nodes auto ----------------
+
+def test_recommend_honours_min_efficiency():
+    from transit_launch.planning.choice import recommend
+    p = plan(req(global_batch=None))  # one microstep a step: offloading costs the most
+    for floor, pct in ((0.5, "50%"), (0.9, "90%"), (0.95, "95%"), (0.999, "99.9%")):
+        c, why = recommend(req(global_batch=None, min_efficiency=floor), p.baseline, p.options)
+        ok = [o for o in p.options if o.fits_host and not o.spill and o.efficiency >= floor]
+        assert c is (min(ok, key=lambda o: o.nodes) if ok else p.baseline)
+        assert f">= {pct}" in why
+    # the 2-node option the old submit --nodes auto took sits under a 90% floor
+    two = next(o for o in p.options if o.nodes == 2)
+    assert two.efficiency < 0.9 and p.recommended.nodes == 3
+
+
+def test_explicit_nodes_explained_and_warned():
+    from transit_launch.planning.choice import explain
+    p = plan(req(global_batch=None))
+    why, warnings = explain(p, 3)
+    assert why.startswith("as asked;") and "predicted efficiency" in why and warnings == []
+    why, warnings = explain(p, 1)
+    assert any("of hot data per GPU (gradients, activations) off the GPU" in w for w in warnings)
+    assert all("the plan recommends 3" in w for w in warnings)
+    _, warnings = explain(p, 2)  # 86% < 90%
+    assert len(warnings) == 1 and "below --min-efficiency 90%" in warnings[0]
+    _, warnings = explain(plan(req(host_mem=300e9)), 2)
+    assert any("GB of host DRAM per node" in w for w in warnings)
+    _, warnings = explain(plan(req()), 7)  # dp 28 does not divide 240
+    assert "give no valid fsdp layout" in warnings[0] and "does not divide the global batch" in warnings[0]
+    _, warnings = explain(p, 8)  # more than needed: no offload, nothing to warn about
+    assert warnings == [] and not p.needs_offload(8)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(gpus_per_node=1000), "no node has more than 64 GPUs"),
+    (dict(gpus_per_node=True), "--gpus-per-node must be a positive integer"),
+    (dict(host_mem=1000), "--host-mem must be at least 1GiB"),
+    (dict(host_mem=float("inf")), "--host-mem must be at least 1GiB"),
+    (dict(min_efficiency=float("nan")), "--min-efficiency must lie in"),
+    (dict(min_efficiency="high"), "--min-efficiency must lie in"),
+    (dict(card="llama3-70b"), "needs a ModelCard and a GPU"),
+    (dict(max_nodes=0), "--max-nodes must be a positive integer"),
+])
+def test_request_checks_for_python_callers(change, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        req(**change)

@@ -19,13 +19,13 @@ def trace(*jobs):
 
 def test_fifo_by_hand():
     # one rack of 4 eight-GPU nodes
-    res = simulate(trace((0, 100, 32), (10, 50, 8), (20, 10, 16)), Scenario("t", racks=1))
+    res = simulate(trace((0, 100, 32), (10, 50, 8), (20, 10, 16)), Scenario("t", racks=1, gpus_per_node=8))
     assert res.start == [0, 100, 100]
     assert res.end == [100, 150, 110]
 
 
 def test_easy_backfill_by_hand():
-    res = simulate(trace((0, 100, 24), (1, 10, 32), (2, 50, 8), (3, 200, 8)), Scenario("t", racks=1))
+    res = simulate(trace((0, 100, 24), (1, 10, 32), (2, 50, 8), (3, 200, 8)), Scenario("t", racks=1, gpus_per_node=8))
     # j1 (the whole rack) waits for j0: reservation at 100 with nothing extra; j2 ends
     # before it and backfills at 2; j3 would run past 100 and must wait behind j1.
     assert res.start == [0, 100, 2, 110]
@@ -53,17 +53,18 @@ def test_pack_and_spread_single_node_jobs():
 
 def test_scale_in_durations_and_transitions():
     f = Factors(speedup=0.5, slowdown=0.25, unchanged=0.0)
+    e8 = dict(gpus_per_node=8, factors=f)  # eight-GPU nodes, four a rack
     # a 2-node job on one rack shrinks to 1 node: twice as long, placement unchanged (intra)
     t = trace((0, 100, 16))
-    base = simulate(t, Scenario("b", racks=2, factors=f))
-    half = simulate(t, Scenario("h", racks=2, reduction=0.5, factors=f), baseline=base)
+    base = simulate(t, Scenario("b", racks=2, **e8))
+    half = simulate(t, Scenario("h", racks=2, reduction=0.5, **e8), baseline=base)
     assert (half.nodes[0], half.gpus[0]) == (1, 8)
     assert half.end[0] == pytest.approx(200)
     # a 5-node job spans two racks; at 50% it needs 3 nodes and fits in one: 100 * 5/3 / 1.5
     t = trace((0, 100, 40))
-    base = simulate(t, Scenario("b", racks=2, factors=f))
+    base = simulate(t, Scenario("b", racks=2, **e8))
     assert base.racks[0] == 2
-    half = simulate(t, Scenario("h", racks=2, reduction=0.5, factors=f), baseline=base)
+    half = simulate(t, Scenario("h", racks=2, reduction=0.5, **e8), baseline=base)
     assert half.racks[0] == 1 and half.end[0] == pytest.approx(100 * 5 / 3 / 1.5)
 
 
@@ -202,3 +203,90 @@ def test_plot_written(cli, tmp_path):
     rc, _, err = cli("simulate", "--synthetic", "2000", "--racks", "8", "--plot", str(png))
     assert rc == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# --- checks in the dataclasses, for Python callers too --------------------------------
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: SynthSpec(load=float("nan")), "--load must lie in (0, 10]"),
+    (lambda: SynthSpec(median_duration=0), "--median-duration must lie in [1,"),
+    (lambda: SynthSpec(sizes=((0, 1.0),)), "positive GPU counts"),
+    (lambda: Factors(unchanged=-1), "--unchanged must lie in [-0.99, 10]"),
+    (lambda: Factors(speedup=float("inf")), "--speedup must lie in [0, 10]"),
+    (lambda: Scenario("x", racks=0), "--racks takes 1 to 10,000 racks"),
+    (lambda: Scenario("x", racks=1, rack_gpus=30), "not a multiple of --gpus-per-node 4"),
+    (lambda: Scenario("x", racks=1, reduction=1.0), "a reduction must lie in [0, 1)"),
+    (lambda: Scenario("x", racks=1, strategy="random"), "placement 'random' is not one of pack, spread"),
+    (lambda: trace((float("nan"), 10, 8)), "submit times must be finite and ascending"),
+    (lambda: trace((5, 10, 8), (1, 10, 8)), "submit times must be finite and ascending"),
+    (lambda: trace((0, float("inf"), 8)), "durations must lie in"),
+    (lambda: trace((0, 10, 2.5)), "GPU counts must be positive integers"),
+    (lambda: synthetic(10**8, 0), "--synthetic takes 1 to 10,000,000 jobs"),
+])
+def test_dataclasses_refuse_bad_values(make, needle):
+    with pytest.raises(UsageError) as e:
+        make()
+    assert needle in str(e.value)
+
+
+# --- progress ----------------------------------------------------------------------------
+
+class Stream:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def run_progress(tty, enabled=True, patience=0.0):
+    from transit_launch.sim.progress import Progress
+    now = [0.0]
+    s = Stream(tty)
+    p = Progress([("generating 10 jobs", 0.5), ("8 racks, baseline", 1.0), ("8 racks, scale-in 50%", 1.0)],
+                 stream=s, enabled=enabled, patience=patience, clock=lambda: now[0])
+    for k in range(3):
+        p.phase(k)
+        for f in (0.25, 0.5, 0.75):
+            now[0] += 1.0
+            p.update(f)
+        now[0] += 1.0
+    p.close()
+    return s.text
+
+
+def test_progress_coarse_lines_when_not_a_terminal():
+    lines = run_progress(tty=False).splitlines()
+    assert lines == ["simulate: [1/3] generating 10 jobs: done, 0:04 elapsed, ETA 0:16",
+                     "simulate: [2/3] 8 racks, baseline: done, 0:08 elapsed, ETA 0:05",
+                     "simulate: [3/3] 8 racks, scale-in 50%: done, 0:12 elapsed"]
+
+
+def test_progress_redrawn_on_a_terminal_and_cleared():
+    text = run_progress(tty=True)
+    draws = text.split("\r")
+    assert "simulate: [2/3] 8 racks, baseline:  50%, 0:06 elapsed, ETA 0:09\x1b[K" in draws
+    assert text.endswith("\r\x1b[K") and "\n" not in text  # the table that follows starts on a clean line
+
+
+def test_progress_quiet_and_patient():
+    assert run_progress(tty=True, enabled=False) == "" and run_progress(tty=False, enabled=False) == ""
+    assert run_progress(tty=False, patience=100.0) == ""  # a run shorter than the patience says nothing
+
+
+def test_cli_progress_lines_and_quiet(monkeypatch, capsys):
+    from transit_launch import cli
+    from transit_launch.sim import progress
+    monkeypatch.setattr(progress, "PATIENCE_S", 0.0)
+    assert cli.main(["simulate", "--synthetic", "500", "--racks", "8"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1] for line in err] == [" [1/4] generating 500 jobs", " [2/4] 8 racks, baseline",
+                                                    " [3/4] 8 racks, scale-in 25%", " [4/4] 8 racks, scale-in 50%"]
+    assert cli.main(["simulate", "--synthetic", "500", "--racks", "8", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

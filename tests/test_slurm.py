@@ -130,10 +130,11 @@ def test_submit_dry_run_golden(lab, cli):
 
 
 def test_submit_auto_says_why(lab, cli):
-    # the lab's nodes have 2000 MB of DRAM: nothing can be offloaded, so auto keeps the minimum
+    # llama3-8b fits one node of the lab's 4 GPUs: auto keeps it, and says which hardware it read
     rc, out, err = cli("submit", "--model", "llama3-8b", "--dry-run", "--", "python", "train.py", env=lab.env)
     assert rc == 0, err
-    assert "no fewer nodes fit host DRAM" in err and "#SBATCH --gpus-per-node=4" in out
+    assert "partition debug (4 nodes): 4 GPUs/node, 2 GB host DRAM/node" in err
+    assert "1 node(s): no fewer nodes can run this layout" in err and "#SBATCH --gpus-per-node=4" in out
 
 
 def test_submit_runs_and_status_reports(lab, cli):

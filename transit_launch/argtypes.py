@@ -1,34 +1,53 @@
 """argparse pieces every subcommand shares: a parser whose errors are one line and exit 2
-(through UsageError), and value types that refuse bad input with a clear message."""
+(through UsageError), value types that refuse bad input with a clear message, and the
+checks of output paths that must run before any work (a run of minutes must not end in
+"cannot write")."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
 
 from transit_launch import rules
 from transit_launch.errors import UsageError
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        # argparse takes '-5GB' or '-inf' for an option and answers "expected one
+        # argument"; no option of ours looks like this, so such words are values and get
+        # the value's own message ("cannot parse '-5GB' as a size").
+        self._negative_number_matcher = re.compile(r"^-(\.?[0-9]|inf|nan)", re.IGNORECASE)
+
     def error(self, message):  # one line, exit 2 (argparse would print usage + message)
         raise UsageError(message)
 
 
-def number(cast, what, minimum, desc):
-    """argparse type: cast(text) >= minimum, else one clear line."""
+def number(cast, what, minimum, desc, maximum=None):
+    """argparse type: a finite cast(text) in [minimum, maximum], else one clear line."""
     def conv(text):
         try:
             v = cast(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             v = None
-        if v is None or v < minimum:
+        if v is None or not math.isfinite(v) or v < minimum or (maximum is not None and v > maximum):
             raise argparse.ArgumentTypeError(f"{what} must be {desc}, got {text!r}")
         return v
     return conv
 
 
-def positive_int(what):
-    return number(int, what, 1, "a positive integer")
+def positive_int(what, maximum=None):
+    return number(int, what, 1, "a positive integer" + (f" of at most {maximum}" if maximum else ""), maximum)
+
+
+def finite_float(what):
+    """Any finite number: the range is the dataclass's to check (it names the rule once)."""
+    return number(float, "the value", -math.inf, "a finite number")
 
 
 nonneg_float = number(float, "the value", 0.0, "a non-negative number")
@@ -55,3 +74,107 @@ def fractions(flag, allow_zero=False):
             raise argparse.ArgumentTypeError(f"{flag} {span}, got {text!r}")
         return vals
     return conv
+
+
+# --- output paths ------------------------------------------------------------------
+
+def _checked(problem):
+    """An argparse type from problem(text) -> why it is refused, or None."""
+    def conv(text):
+        why = problem(text)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return text
+    return conv
+
+
+def output_file(suffixes: tuple[str, ...] = ()):
+    """argparse type: a file we can create or replace, checked when the options are parsed,
+    before the work. suffixes: the ones allowed (matplotlib would otherwise pick the format
+    from the name, or append .png to a name without one: `--plot /tmp` wrote /tmp.png)."""
+    return _checked(lambda text: output_problem(text, suffixes))
+
+
+def output_problem(text: str, suffixes: tuple[str, ...] = ()) -> str | None:
+    """Why `text` cannot be written as a file, or None."""
+    if not text:
+        return "the file name is empty"
+    path = Path(text)
+    if path.is_dir():
+        return f"{text} is a directory; give a file name" + (f" ending in {suffixes[0]}" if suffixes else "")
+    if suffixes and path.suffix.lower() not in suffixes:
+        return f"{text}: the file name must end in {' or '.join(suffixes)}"
+    if not path.parent.is_dir():
+        return f"{text}: directory {path.parent} does not exist"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{text}: not writable"
+    return _probe(path.parent, text)
+
+
+def output_dir_problem(text: str) -> str | None:
+    """Why `text` cannot be used as a directory that exists or can be created (mkdir -p)."""
+    if not text:
+        return "the directory name is empty"
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        return f"{text} exists and is not a directory"
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{text}: {existing} is not a directory"
+    return _probe(existing, text)
+
+
+# argparse type: a directory checked before the work
+output_dir = _checked(output_dir_problem)
+
+
+def _probe(directory: Path, text: str) -> str | None:
+    """Whether a file can be created in `directory`, by creating and removing one: the
+    permission bits do not tell (root passes os.access on /proc, where nothing can be
+    created)."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".transit-probe-")
+    except OSError as e:
+        return f"{text}: cannot create files in {directory} ({e.strerror})"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    """Write through a temporary file in the same directory and rename it into place, so a
+    failure leaves no partial file behind (and an old one untouched)."""
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_atomically(path: str, write) -> None:
+    """write(tmp_path) fills a temporary file next to `path`, which then replaces `path`."""
+    target = Path(path)
+    # keeps the suffix: matplotlib picks the format from it
+    tmp = target.with_name(f".{target.stem}.tmp{os.getpid()}{target.suffix}")
+    try:
+        write(str(tmp))
+        os.replace(tmp, target)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_figure(fig, path: str, dpi: int) -> None:
+    """A matplotlib figure to `path`, laid out, written atomically, then released."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi))
+    plt.close(fig)
+
+
+def require_matplotlib(flag: str):
+    """matplotlib.pyplot on the Agg backend, or one line saying how to get it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError(f"{flag} needs matplotlib (pip install 'transit-launch[plot]')") from None
+    return plt

@@ -27,6 +27,12 @@ def build_parser() -> Parser:
     return p
 
 
+def one_line(message: str) -> str:
+    """Messages quote what users typed (file names, values): a newline or a terminal
+    control character in it must not break the one line an error is."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(message.splitlines()))
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     command = []
@@ -39,7 +45,7 @@ def main(argv=None):
             raise UsageError(f"{a.cmd} takes no command after --")
         return a.func(a, command)
     except UsageError as e:
-        print(f"transit-launch: error: {e}", file=sys.stderr)
+        print(f"transit-launch: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("transit-launch: interrupted", file=sys.stderr)

@@ -121,20 +121,42 @@ def shim_missing_reason() -> str:
 
 
 def check_slurm() -> list[dict]:
+    """Slurm is usable when its commands are here and a controller answers: `sinfo`
+    printing the partitions is what submit itself needs (commands on PATH with no
+    controller, or a broken slurm.conf, are not "ok")."""
     found = {c: shutil.which(c) for c in SLURM_COMMANDS}
     present = [c for c, p in found.items() if p]
     if not present:
         return [_item("slurm", False, "no Slurm commands on PATH")]
-    version = ""
-    if found.get("sinfo"):
-        try:
-            version = subprocess.run([found["sinfo"], "--version"], capture_output=True, text=True,
-                                     timeout=10).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            pass
     missing = [c for c in SLURM_COMMANDS if not found[c]]
-    detail = f"{version or 'Slurm'}: {', '.join(present)}" + (f" (missing: {', '.join(missing)})" if missing else "")
-    return [_item("slurm", "sbatch" in present, detail, commands=found)]
+    have = ", ".join(present) + (f" (missing: {', '.join(missing)})" if missing else "")
+    if not found["sinfo"]:
+        return [_item("slurm", False, f"{have}: no sinfo to ask the controller", commands=found)]
+    answered, why = _controller_answers(found["sinfo"])
+    if not answered:
+        return [_item("slurm", False, f"{have}; but the controller does not answer: {why}", commands=found)]
+    ok = "sbatch" in present
+    return [_item("slurm", ok, f"{why}: {have}" if ok else f"{why}, but no sbatch: {have}", commands=found)]
+
+
+def _controller_answers(sinfo: str, timeout: float = 10) -> tuple[bool, str]:
+    """(True, 'Slurm 22.05.8, partitions debug') when sinfo reaches a controller, else
+    (False, why). A misconfigured client can hang for a minute: doctor waits `timeout`."""
+    try:
+        res = subprocess.run([sinfo, "-h", "-o", "%P"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"sinfo did not answer in {timeout:.0f} s"
+    except OSError as e:
+        return False, f"sinfo cannot run ({e.strerror})"
+    if res.returncode != 0:
+        lines = res.stderr.strip().splitlines()
+        return False, lines[-1] if lines else f"sinfo exit code {res.returncode}"
+    parts = ", ".join(sorted({p.strip() for p in res.stdout.split()})) or "none"
+    try:
+        version = subprocess.run([sinfo, "--version"], capture_output=True, text=True, timeout=timeout).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    return True, f"{version or 'Slurm'}, partitions {parts}"
 
 
 def check_spank() -> dict:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
-from transit_launch.argtypes import fractions, positive_int, size
-from transit_launch.planning.hardware import GPUS, gpu_profile
-from transit_launch.planning.plan import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
+from transit_launch.argtypes import finite_float, fractions, output_file, positive_int, size
+from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPUS, gpu_profile
+from transit_launch.planning.plan import DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
 
 
 def add_plan_args(p, model_required=True):
@@ -34,7 +35,7 @@ def add_plan_args(p, model_required=True):
     h.add_argument("--host-mem", type=size, help=f"host DRAM per node (default {DEFAULT_HOST_MEM / 1e9:.0f}GB)")
     p.add_argument("--scale-in", type=fractions("--scale-in"), metavar="FRACTIONS",
                    help="node reductions to show, e.g. 0.25,0.5 (default: every valid node count below the minimum)")
-    p.add_argument("--min-efficiency", type=float, default=0.9,
+    p.add_argument("--min-efficiency", type=finite_float("--min-efficiency"), default=0.9,
                    help="predicted per-GPU efficiency the recommendation must keep (default 0.9)")
 
 
@@ -56,8 +57,13 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
 def cmd_plan(a, command):
     from transit_launch.planning import report
     from transit_launch.planning.plan import plan
+    if a.plot:
+        report.require_plot_backend()  # before the work, like the path check at parsing
     p = plan(request(a))
     print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p))
+    if a.plot:
+        report.plot(report.plan_json(p), a.plot)
+        print(f"transit-launch: wrote {a.plot}", file=sys.stderr)
     return 0
 
 
@@ -73,6 +79,8 @@ def register(sub):
     sp = sub.add_parser("plan", help="per-GPU memory, minimum nodes without offloading, scale-in options")
     add_plan_args(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--plot", type=output_file((".png",)), metavar="FILE.png",
+                    help="also draw each option's per-GPU memory terms against the GPU (needs matplotlib)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("models", help="the model catalog")

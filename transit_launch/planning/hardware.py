@@ -12,18 +12,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
+from transit_launch.rules import SIZE_MAX
 
 MiB = 2**20
+# plan, render, submit and simulate all assume this many GPUs per node unless told: 4 is
+# the paper's H100 nodes and what the examples use (DGX nodes and ACME's Seren and Kalos
+# have 8: say --gpus-per-node 8).
+DEFAULT_GPUS_PER_NODE = 4
+# Nodes of more GPUs than this do not exist (the largest are 8 or 16); a larger number is
+# a typo, and the planner's layouts would be meaningless for it.
+MAX_GPUS_PER_NODE = 64
+# Below 1 GiB a GPU holds little more than its CUDA context (about 0.6 GB): `--gpu-mem 1KB`
+# is a typo, not a GPU the planner can size anything against.
+MIN_GPU_MEMORY = 2**30
 
 
 @dataclass(frozen=True)
 class GPU:
     name: str
-    memory: int
+    memory: int             # what the plan sizes against: the part's, or --gpu-mem (an emulated budget)
     peak_bf16: float
     host_link: float
     fault_link: float
+    capacity: int | None = None  # the part's own memory when --gpu-mem replaced it
+
+    def __post_init__(self):
+        if not integer(self.memory) or not MIN_GPU_MEMORY <= self.memory <= SIZE_MAX:
+            raise UsageError(f"GPU memory (--gpu-mem) must be from 1GiB to 1PiB, got {self.memory!r} bytes")
+        for name in ("peak_bf16", "host_link", "fault_link"):
+            v = getattr(self, name)
+            if not (real(v) and v > 0):
+                raise UsageError(f"GPU {name} must be a positive number, got {v!r}")
+
+    @property
+    def physical(self) -> int:
+        return self.capacity or self.memory
 
 
 _GEN5 = dict(host_link=51.2e9, fault_link=12.2e9)
@@ -40,10 +65,11 @@ GPUS = {g.name: g for g in (
 
 def gpu_profile(name: str | None, memory: int | None = None) -> GPU:
     """A named profile, optionally with its memory replaced (--gpu-mem)."""
-    base = GPUS.get(name or "h100-80gb")
+    base = GPUS.get("h100-80gb" if name is None else name)  # '' is a typo, not the default
     if base is None:
         raise UsageError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (or use --gpu-mem SIZE)")
     if memory is None:
         return base
-    return GPU(f"{base.name}@{memory / 1e9:.0f}GB" if name else f"custom-{memory / 1e9:.0f}GB",
-               memory, base.peak_bf16, base.host_link, base.fault_link)
+    size = f"{memory / 1e9:.2f}".rstrip("0").rstrip(".") + "GB"
+    return GPU(f"{base.name}@{size}" if name else f"custom-{size}", memory, base.peak_bf16, base.host_link,
+               base.fault_link, capacity=base.memory)

@@ -9,17 +9,36 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+
+# Upper bounds far beyond any published model (Llama3-405B: hidden 16384, 126 layers, 128
+# heads; DeepSeek-V3: 256 experts; Gemma: vocabulary 256000). A value past them is a typo,
+# and the planner's per-layer sums would run for minutes on it (1024 layers: about 2 s for
+# a plan that tries every node count).
+LIMITS = {"hidden": 2**20, "layers": 2**10, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**16,
+          "ffn": 2**22, "vocab": 2**24, "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22,
+          "shared_experts": 2**10, "shared_ffn": 2**22, "step": 2**14}
+
+
+def check_count(value, what: str, limit_of: str | None = None, minimum: int = 1) -> int:
+    """An architecture number: an integer (not a bool, float or string) in
+    [minimum, LIMITS[limit_of or what]]. `what` names it as the user wrote it."""
+    top = LIMITS[limit_of or what]
+    if not integer(value) or not minimum <= value <= top:
+        raise UsageError(f"{what} must be an integer from {minimum} to {top}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -32,6 +51,17 @@ class MoE:
     # Layer i is an MoE layer when (i + 1) % step == 0 and i is not in dense_layers.
     step: int = 1
     dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("experts", "top_k", "expert_ffn", "step"):
+            check_count(getattr(self, name), name)
+        check_count(self.shared_experts, "shared_experts", minimum=0)
+        check_count(self.shared_ffn, "shared_ffn", minimum=1 if self.shared_experts else 0)
+        if self.top_k > self.experts:
+            raise UsageError(f"top_k={self.top_k} exceeds the {self.experts} experts")
+        if not isinstance(self.dense_layers, tuple) or not all(
+                integer(i) and i >= 0 for i in self.dense_layers):
+            raise UsageError(f"dense_layers must be a list of layer indices, got {self.dense_layers!r}")
 
 
 @dataclass(frozen=True)
@@ -51,6 +81,31 @@ class ModelCard:
     published_params: float | None = None
     source: str = ""
     notes: str = field(default="", compare=False)
+
+    def __post_init__(self):  # the same checks for cards, config.json imports and Python callers
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise UsageError(f"name must be a non-empty string, got {self.name!r}")
+        for name in ("family", "source", "notes"):
+            if not isinstance(getattr(self, name), str):
+                raise UsageError(f"{name} must be a string, got {getattr(self, name)!r}")
+        for name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab"):
+            check_count(getattr(self, name), name)
+        for name in ("tied_embeddings", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.heads % self.kv_heads:  # grouped-query attention shares each k/v head by a group
+            raise UsageError(f"kv_heads={self.kv_heads} does not divide heads={self.heads}")
+        if self.moe is not None:
+            if not isinstance(self.moe, MoE):
+                raise UsageError(f"moe must be an MoE, got {self.moe!r}")
+            if any(i >= self.layers for i in self.moe.dense_layers):
+                raise UsageError(f"dense_layers {list(self.moe.dense_layers)} name layers beyond the {self.layers}")
+            if not self.moe_layer_count:
+                raise UsageError(f"the moe table makes no layer an MoE layer (step={self.moe.step}, "
+                                 f"{self.layers} layers)")
+        p = self.published_params
+        if p is not None and (not real(p) or p <= 0):
+            raise UsageError(f"published_params must be a positive number, got {p!r}")
 
     # --- structure -----------------------------------------------------------
     def is_moe_layer(self, i: int) -> bool:
@@ -94,8 +149,15 @@ class ModelCard:
                 + m.shared_experts * 3 * self.hidden * m.shared_ffn)
 
     def layer_params(self, i: int) -> int:
-        mlp = self.moe_mlp_params if self.is_moe_layer(i) else self.dense_mlp_params
-        return self.attn_params + mlp + 2 * self.hidden  # + attention and MLP norms
+        return self._layer_params[i]
+
+    @cached_property
+    def _layer_params(self) -> tuple[int, ...]:
+        """Per layer, computed once: the planner sums them for every node count it tries."""
+        attn, dense = self.attn_params, self.dense_mlp_params
+        moe = self.moe_mlp_params if self.moe else 0
+        return tuple(attn + (moe if self.is_moe_layer(i) else dense) + 2 * self.hidden  # + attention and MLP norms
+                     for i in range(self.layers))
 
     @property
     def embedding_params(self) -> int:
@@ -143,20 +205,44 @@ class ModelCard:
 
 # --- catalog ---------------------------------------------------------------------
 
+_CARD_KEYS = ("name", "family", "published_params", "source", "notes", "arch", "moe")
+_ARCH_KEYS = tuple(f.name for f in fields(ModelCard) if f.name not in _CARD_KEYS)
+_MOE_KEYS = tuple(f.name for f in fields(MoE))
+
+
+def _table(d: dict, key: str, known: tuple[str, ...], where: str) -> dict | None:
+    """d[key] as a table whose keys are all known, or None when absent."""
+    t = d.get(key)
+    if t is None:
+        return None
+    if not isinstance(t, dict):
+        raise UsageError(f"{where} must be a table, got {t!r}")
+    unknown = sorted(set(t) - set(known))
+    if unknown:
+        raise UsageError(f"unknown key {unknown[0]!r} in {where} (known: {', '.join(known)})")
+    return dict(t)
+
+
 def _card_from_dict(d: dict, origin: str) -> ModelCard:
     try:
-        arch = dict(d["arch"])
-        moe = d.get("moe")
+        _table({"card": d}, "card", _CARD_KEYS, "the card")
+        arch = _table(d, "arch", _ARCH_KEYS, "[arch]")
+        if "name" not in d:
+            raise UsageError("lacks 'name'")
+        if arch is None:
+            raise UsageError("lacks the [arch] table")
+        missing = [k for k in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab") if k not in arch]
+        if missing:
+            raise UsageError(f"[arch] lacks {', '.join(map(repr, missing))}")
+        moe = _table(d, "moe", _MOE_KEYS, "[moe]")
         if moe is not None:
-            moe = dict(moe)
-            moe["dense_layers"] = tuple(moe.get("dense_layers", ()))
+            if isinstance(moe.get("dense_layers"), list):
+                moe["dense_layers"] = tuple(moe["dense_layers"])
             moe = MoE(**moe)
-        return ModelCard(name=d["name"], family=d.get("family", "llama"),
-                         published_params=d.get("published_params"),
-                         source=d.get("source", ""), notes=d.get("notes", ""),
-                         moe=moe, **arch)
-    except (KeyError, TypeError) as e:
-        raise UsageError(f"{origin}: not a valid model card ({e})") from None
+        return ModelCard(name=d["name"], family=d.get("family", "llama"), published_params=d.get("published_params"),
+                         source=d.get("source", ""), notes=d.get("notes", ""), moe=moe, **arch)
+    except UsageError as e:
+        raise UsageError(f"{origin}: not a valid model card: {e}") from None
 
 
 def catalog() -> dict[str, ModelCard]:
@@ -170,6 +256,8 @@ def catalog() -> dict[str, ModelCard]:
 
 def load_model(spec: str) -> ModelCard:
     """A catalog name, a model-card .toml path or a Hugging Face config.json path."""
+    if not isinstance(spec, str) or not spec.strip():  # Path('') is '.', which would read ./config.json
+        raise UsageError(f"--model needs a catalog name or a file, got {spec!r}")
     path = Path(spec)
     if spec.endswith(".toml") or (path.suffix == "" and path.is_file()):
         return _card_from_dict(_read_toml(path), spec)
@@ -182,11 +270,18 @@ def load_model(spec: str) -> ModelCard:
                      "(or give a model card .toml or a Hugging Face config.json)")
 
 
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot read {what}{path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what}{path} is not UTF-8 text") from None
+
+
 def _read_toml(path: Path) -> dict:
     try:
-        return tomllib.loads(path.read_text())
-    except OSError as e:
-        raise UsageError(f"cannot read model card {path}: {e.strerror}") from None
+        return tomllib.loads(_read_text(path, "model card "))
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"model card {path} is not valid TOML: {e}") from None
 
@@ -201,56 +296,94 @@ _HF_TYPES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
              "llama4": "llama4", "llama4_text": "llama4"}
 
 
+def _hf_count(d: dict, key: str, card_field: str, default=None) -> int:
+    """An architecture number of a config.json, checked by the card's rule under its HF name."""
+    v = d.get(key)
+    if v is None:
+        if default is None:
+            raise UsageError(f"lacks {key!r}")
+        return default
+    return check_count(v, key, card_field)
+
+
+def _hf_bool(d: dict, key: str, default: bool) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise UsageError(f"{key} must be true or false, got {v!r}")
+    return v
+
+
+def _hf_layers(d: dict, key: str) -> tuple[int, ...] | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(integer(i) for i in v):
+        raise UsageError(f"{key} must be a list of layer indices, got {v!r}")
+    return tuple(v)
+
+
+def _hf_kind(cfg: dict) -> str | None:
+    archs = cfg.get("architectures") or []
+    archs = [archs] if isinstance(archs, str) else archs
+    if not isinstance(archs, list):
+        raise UsageError(f"architectures must be a list of names, got {archs!r}")
+    kind = next((_HF_ARCHS[a] for a in archs if isinstance(a, str) and a in _HF_ARCHS), None)
+    mtype = cfg.get("model_type")
+    return kind or (_HF_TYPES.get(mtype) if isinstance(mtype, str) else None)
+
+
 def from_hf_config(path: Path) -> ModelCard:
+    path = Path(path)
     try:
-        cfg = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        cfg = json.loads(_read_text(path, ""))
     except json.JSONDecodeError as e:
         raise UsageError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{path}: expected a JSON object")
-    kind = next((_HF_ARCHS[a] for a in cfg.get("architectures") or [] if a in _HF_ARCHS), None)
-    kind = kind or _HF_TYPES.get(cfg.get("model_type", ""))
+    name = path.parent.name if path.name == "config.json" else path.stem
+    try:
+        return _hf_card(cfg, name, str(path))
+    except UsageError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+def _hf_card(cfg: dict, name: str, source: str) -> ModelCard:
+    kind = _hf_kind(cfg)
     if kind is None:
-        raise UsageError(f"{path}: unsupported architecture {cfg.get('architectures') or cfg.get('model_type')!r}; "
+        raise UsageError(f"unsupported architecture {cfg.get('architectures') or cfg.get('model_type')!r}; "
                          "supported: Llama, Qwen3, Qwen3-MoE, Llama4")
     text = cfg.get("text_config", cfg) if kind == "llama4" else cfg
-    name = Path(path).parent.name if Path(path).name == "config.json" else Path(path).stem
-    try:
-        h, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
-        common = dict(
-            name=name or kind, family=kind, source=str(path),
-            hidden=h, layers=int(text["num_hidden_layers"]), heads=heads,
-            kv_heads=int(text.get("num_key_value_heads") or heads),
-            head_dim=int(text.get("head_dim") or h // heads),
-            vocab=int(text["vocab_size"]),
-            tied_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
-        )
-        if kind == "llama":
-            return ModelCard(ffn=int(text["intermediate_size"]), **common)
-        if kind == "qwen3":
-            return ModelCard(ffn=int(text["intermediate_size"]), qk_norm=True, **common)
-        if kind == "qwen3_moe":
-            moe = MoE(experts=int(text["num_experts"]), top_k=int(text["num_experts_per_tok"]),
-                      expert_ffn=int(text["moe_intermediate_size"]),
-                      step=int(text.get("decoder_sparse_step") or 1),
-                      dense_layers=tuple(text.get("mlp_only_layers") or ()))
-            return ModelCard(ffn=int(text["intermediate_size"]), qk_norm=True, moe=moe, **common)
-        # llama4: routed experts use intermediate_size, dense layers intermediate_size_mlp,
-        # every MoE layer also has one shared expert of intermediate_size.
-        step = int(text.get("interleave_moe_layer_step") or 1)
-        layers = common["layers"]
-        moe_layers = text.get("moe_layers")
-        dense = (tuple(i for i in range(layers) if i not in set(moe_layers)) if moe_layers is not None
-                 else ())
-        moe = MoE(experts=int(text["num_local_experts"]), top_k=int(text.get("num_experts_per_tok", 1)),
-                  expert_ffn=int(text["intermediate_size"]), shared_experts=1,
-                  shared_ffn=int(text["intermediate_size"]), step=1 if moe_layers is not None else step,
-                  dense_layers=dense)
-        return ModelCard(ffn=int(text.get("intermediate_size_mlp") or text["intermediate_size"]),
-                         moe=moe, **common)
-    except KeyError as e:
-        raise UsageError(f"{path}: {kind} config lacks {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"{path}: a {kind} config field is not a number ({e})") from None
+    if not isinstance(text, dict):
+        raise UsageError(f"text_config must be an object, got {text!r}")
+    h, heads = _hf_count(text, "hidden_size", "hidden"), _hf_count(text, "num_attention_heads", "heads")
+    common = dict(
+        name=name or kind, family=kind, source=source,
+        hidden=h, layers=_hf_count(text, "num_hidden_layers", "layers"), heads=heads,
+        kv_heads=_hf_count(text, "num_key_value_heads", "kv_heads", default=heads),
+        head_dim=_hf_count(text, "head_dim", "head_dim", default=max(1, h // heads)),
+        vocab=_hf_count(text, "vocab_size", "vocab"),
+        tied_embeddings=_hf_bool(text, "tie_word_embeddings", _hf_bool(cfg, "tie_word_embeddings", False)),
+    )
+    ffn = _hf_count(text, "intermediate_size", "ffn")
+    if kind == "llama":
+        return ModelCard(ffn=ffn, **common)
+    if kind == "qwen3":
+        return ModelCard(ffn=ffn, qk_norm=True, **common)
+    if kind == "qwen3_moe":
+        moe = MoE(experts=_hf_count(text, "num_experts", "experts"),
+                  top_k=_hf_count(text, "num_experts_per_tok", "top_k"),
+                  expert_ffn=_hf_count(text, "moe_intermediate_size", "expert_ffn"),
+                  step=_hf_count(text, "decoder_sparse_step", "step", default=1),
+                  dense_layers=_hf_layers(text, "mlp_only_layers") or ())
+        return ModelCard(ffn=ffn, qk_norm=True, moe=moe, **common)
+    # llama4: routed experts use intermediate_size, dense layers intermediate_size_mlp,
+    # every MoE layer also has one shared expert of intermediate_size.
+    layers = common["layers"]
+    moe_layers = _hf_layers(text, "moe_layers")
+    dense = tuple(i for i in range(layers) if i not in set(moe_layers)) if moe_layers is not None else ()
+    moe = MoE(experts=_hf_count(text, "num_local_experts", "experts"),
+              top_k=_hf_count(text, "num_experts_per_tok", "top_k", default=1),
+              expert_ffn=ffn, shared_experts=1, shared_ffn=ffn,
+              step=1 if moe_layers is not None else _hf_count(text, "interleave_moe_layer_step", "step", default=1),
+              dense_layers=dense)
+    return ModelCard(ffn=_hf_count(text, "intermediate_size_mlp", "ffn", default=ffn), moe=moe, **common)

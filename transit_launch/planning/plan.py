@@ -9,19 +9,19 @@ model below). Units: bytes inside, GB (1e9) in reports.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
-from transit_launch.planning.hardware import GPU
-from transit_launch.planning.memory import Estimate, Layout, check_degrees, estimate
+from transit_launch.planning import choice
+from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPU, MAX_GPUS_PER_NODE
+from transit_launch.planning.memory import PRECISIONS, RECOMPUTE, Estimate, Layout, check_degrees, estimate
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
-PRECISIONS = ("mixed", "bf16")
-RECOMPUTE = ("full", "none")
-DEFAULT_GPUS_PER_NODE = 4
+# The most nodes the planner searches (a job of 1024 nodes is beyond what it is for).
 MAX_NODES = 1024
 # CPU memory of one training rank besides offloaded data: Python, PyTorch's host
 # allocations, pinned staging buffers and the data loader (assumption: a TorchTitan rank
@@ -35,6 +35,8 @@ HOST_USABLE_FRACTION = 0.9
 ASSUMED_MFU = 0.42
 # 2 TB per node: DGX H100/H200 and the paper's clusters. Override with --host-mem.
 DEFAULT_HOST_MEM = 2000e9
+# A node of less DRAM cannot run a training rank: `--host-mem 1KB` is a typo.
+MIN_HOST_MEM = 2**30
 
 
 @dataclass(frozen=True)
@@ -54,24 +56,31 @@ class Request:
     recompute: str = "full"
     scale_in: tuple[float, ...] | None = None
     min_efficiency: float = 0.9
+    max_nodes: int = MAX_NODES  # the partition's node count when submit knows it
 
     def __post_init__(self):  # the same checks for Python callers as for the CLI
+        if not isinstance(self.card, ModelCard) or not isinstance(self.gpu, GPU):
+            raise UsageError("a plan request needs a ModelCard and a GPU")
         if self.parallel not in PRESETS:
             raise UsageError(f"parallel {self.parallel!r} is not one of {', '.join(PRESETS)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.recompute not in RECOMPUTE:
             raise UsageError(f"recompute {self.recompute!r} is not one of {', '.join(RECOMPUTE)}")
-        for name in ("gpus_per_node", "seq_len", "local_batch", "global_batch", "tp", "pp", "ep"):
+        for name in ("gpus_per_node", "seq_len", "local_batch", "global_batch", "tp", "pp", "ep", "max_nodes"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
+            if v is not None and (not integer(v) or v < 1):
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-        if not (self.host_mem > 0 and math.isfinite(self.host_mem)):
-            raise UsageError(f"--host-mem must be a positive size, got {self.host_mem!r}")
-        if not 0 < self.min_efficiency <= 1:  # also refuses nan
+        if self.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise UsageError(f"--gpus-per-node {self.gpus_per_node}: no node has more than {MAX_GPUS_PER_NODE} GPUs")
+        if not real(self.host_mem) or self.host_mem < MIN_HOST_MEM:
+            raise UsageError(f"--host-mem must be at least 1GiB, got {self.host_mem!r} bytes")
+        if not real(self.min_efficiency) or not 0 < self.min_efficiency <= 1:
             raise UsageError(f"--min-efficiency must lie in (0, 1], got {self.min_efficiency}")
         if self.scale_in is not None and not all(0 < f < 1 for f in self.scale_in):
             raise UsageError(f"--scale-in fractions must lie strictly between 0 and 1, got {self.scale_in}")
+        if self.max_nodes > MAX_NODES:
+            raise UsageError(f"max_nodes {self.max_nodes} is above the planner's {MAX_NODES}")
 
 
 @dataclass
@@ -113,16 +122,17 @@ def layout_for(req: Request, nodes: int) -> Layout | None:
                   precision=req.precision, recompute=req.recompute)
 
 
-def _valid(req: Request, lay: Layout | None) -> bool:
+def invalid(req: Request, lay: Layout | None) -> str | None:
+    """Why a node count's layout cannot run, or None."""
     if lay is None:
-        return False
+        return "the degrees do not tile the GPUs"
     if req.global_batch is not None and req.global_batch % (lay.dp * lay.local_batch):
-        return False
+        return "dp x local batch does not divide the global batch"
     try:
         estimate(req.card, lay)
-    except UsageError:
-        return False
-    return True
+    except UsageError as e:
+        return str(e)
+    return None
 
 
 def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
@@ -168,20 +178,49 @@ def predicted_efficiency(req: Request, c: Candidate) -> float:
 @dataclass
 class Plan:
     req: Request
-    baseline: Candidate
-    options: list[Candidate]
+    baseline: Candidate | None  # the fewest nodes without offloading; None: no valid node count fits without it
+    options: list[Candidate]    # with offloading, most nodes first
     recommended: Candidate
+    reason: str                 # why the recommendation (choice.recommend)
+    no_fit: str = ""            # with baseline None: why, in one sentence
+
+    @property
+    def reference(self) -> Candidate:
+        """What traffic ratios and the per-GPU breakdown refer to: the no-offload minimum, or
+        without one the option with the most nodes (the least offload)."""
+        return self.baseline or self.options[0]
+
+    @property
+    def rows(self) -> list[Candidate]:
+        """Every node count the plan shows, most nodes first (the baseline first)."""
+        return ([self.baseline] if self.baseline else []) + self.options
+
+    def at(self, nodes: int) -> Candidate | None:
+        """The candidate of `nodes` nodes (shown or not), or None when that layout cannot run."""
+        shown = next((c for c in self.rows if c.nodes == nodes), None)
+        if shown:
+            return shown
+        lay = layout_for(self.req, nodes)
+        return None if invalid(self.req, lay) else evaluate(self.req, nodes, lay)
+
+    def why_not(self, nodes: int) -> str | None:
+        return invalid(self.req, layout_for(self.req, nodes))
+
+    def needs_offload(self, nodes: int) -> bool:
+        return self.baseline is None or nodes < self.baseline.nodes
 
 
 def plan(req: Request) -> Plan:
     check_degrees(req.card, req.tp or 1, req.pp or 1, req.ep or 1)
     if req.tp and req.gpus_per_node % req.tp and req.tp % req.gpus_per_node:
         raise UsageError(f"tp={req.tp} neither divides nor is a multiple of {req.gpus_per_node} GPUs per node")
-    valid = []  # node counts whose layout tiles the GPUs and divides the global batch
+    valid, rejected = [], {}  # rejected: why -> node counts whose layout cannot run
     baseline = None
-    for n in range(1, MAX_NODES + 1):
+    for n in range(1, req.max_nodes + 1):
         lay = layout_for(req, n)
-        if not _valid(req, lay):
+        why = invalid(req, lay)
+        if why:
+            rejected.setdefault(why, []).append(n)
             continue
         cand = evaluate(req, n, lay)
         valid.append(cand)
@@ -189,17 +228,9 @@ def plan(req: Request) -> Plan:
             baseline = cand
             break
     if not valid:
-        gb_txt = f"global batch {req.global_batch}" if req.global_batch else "this model"
-        raise UsageError(f"no node count up to {MAX_NODES} gives a {req.parallel} layout that serves "
-                         f"{gb_txt} with local batch {req.local_batch} on {req.gpus_per_node} GPUs per node")
+        raise UsageError(choice.no_layout(req, rejected, pp_hint(req)))
     if baseline is None:
-        floor = valid[-1].est
-        term, size = max(((k, v) for k, v in floor.breakdown().items() if k in ("activations", "logits", "fsdp")),
-                         key=lambda kv: kv[1])
-        hint = "lower --seq-len or --local-batch" + (", or use --recompute full" if req.recompute == "none" else "")
-        raise UsageError(f"{req.card.name} does not fit on {req.gpu.name} without offloading at any node count "
-                         f"up to {valid[-1].nodes}: the per-GPU floor is {gb(floor.total)} GB, of which "
-                         f"{term} take {gb(size)} GB; {hint}")
+        return _no_fit(req, valid)
     below = valid[:-1]
     if req.scale_in is not None:
         chosen = []
@@ -211,25 +242,51 @@ def plan(req: Request) -> Plan:
         options = sorted(chosen, key=lambda c: -c.nodes)
     else:
         options = sorted(below, key=lambda c: -c.nodes)
-    good = [c for c in options if c.fits_host and c.efficiency >= req.min_efficiency]
-    recommended = min(good, key=lambda c: c.nodes) if good else baseline
-    return Plan(req, baseline, options, recommended)
+    recommended, reason = choice.recommend(req, baseline, options)
+    return Plan(req, baseline, options, recommended, reason)
 
 
+def _no_fit(req: Request, valid: list[Candidate]) -> Plan:
+    """No valid node count fits without offloading: answer with the offload options, from the
+    fewest nodes up to the first that runs as fast as without offloading (more nodes would
+    only add rows), or refuse when none keeps hot data on the GPU within host DRAM."""
+    hint = pp_hint(req)
+    if not any(choice.servable(c) for c in valid):
+        raise UsageError(choice.unservable(req, valid, hint))
+    shown = []
+    for c in valid:
+        shown.append(c)
+        if c.efficiency >= choice.AS_FAST and choice.servable(c):
+            break
+    options = sorted(shown, key=lambda c: -c.nodes)
+    recommended, reason = choice.recommend(req, None, options)
+    return Plan(req, None, options, recommended, reason, choice.no_fit(req, valid, _free_minimum(req), hint))
 
-def auto_nodes(p: Plan, max_nodes: int) -> tuple[int, str]:
-    """`submit --nodes auto`: the fewest nodes whose layout fits host DRAM without pushing
-    hot data off the GPU, and why."""
-    # the no-offload minimum needs no host DRAM for offloading: it is always a candidate
-    fit = [c for c in p.options if c.fits_host and not c.spill and c.nodes <= max_nodes]
-    fit += [p.baseline] if p.baseline.nodes <= max_nodes else []
-    if not fit:
-        raise UsageError(f"no node count up to the partition's {max_nodes} fits {p.req.card.name} "
-                         f"({p.baseline.nodes} nodes without offloading)")
-    c = min(fit, key=lambda c: c.nodes)
-    if c is p.baseline:
-        return c.nodes, (f"the no-offload minimum: no fewer nodes fit host DRAM ({gb(p.req.host_mem):.0f} GB per "
-                         "node) without spilling hot data")
-    return c.nodes, (f"fewest nodes whose offload ({gb(c.offload):.1f} GB per GPU) fits host DRAM "
-                     f"({gb(c.host_per_node):.0f} of {gb(p.req.host_mem):.0f} GB per node); the no-offload "
-                     f"minimum is {p.baseline.nodes}")
+
+def _free_minimum(req: Request) -> Candidate | None:
+    """The no-offload minimum without the global batch and node limit: what stands in the way."""
+    free = replace(req, global_batch=None, max_nodes=MAX_NODES)
+    for n in range(1, MAX_NODES + 1):
+        lay = layout_for(free, n)
+        if invalid(free, lay) is None:
+            c = evaluate(free, n, lay)
+            if c.est.total <= req.gpu.memory:
+                return c
+    return None
+
+
+def pp_hint(req: Request) -> tuple[int, int] | None:
+    """(nodes, local batch): the fewest nodes that would fit without offloading if the local
+    batch were raised to the pipeline degree that layout needs (tp+pp needs one microbatch
+    per stage at least), or None when a larger local batch would not help."""
+    if req.parallel != "tp+pp" and not req.pp:
+        return None
+    for n in range(1, req.max_nodes + 1):
+        lay = layout_for(req, n)
+        if lay is None or lay.pp <= req.local_batch:
+            continue
+        lay = replace(lay, local_batch=lay.pp)
+        wider = replace(req, local_batch=lay.pp)
+        if invalid(wider, lay) is None and estimate(req.card, lay).total <= req.gpu.memory:
+            return n, lay.pp
+    return None

@@ -33,26 +33,18 @@ def layout_json(lay: memory.Layout) -> dict:
 
 
 def traffic_ratio(p: Plan, c: Candidate) -> float | None:
-    base = p.baseline.traffic.inter
+    base = p.reference.traffic.inter
     if base == 0:
         return 1.0 if c.traffic.inter == 0 else None
     return round(c.traffic.inter / base, 3)
 
 
-def _reason(p: Plan) -> str:
-    r = p.recommended
-    if r is p.baseline:
-        return (f"no scale-in option keeps predicted per-GPU efficiency >= {p.req.min_efficiency:.0%} "
-                "with enough host DRAM: run without offloading")
-    return (f"fewest nodes with predicted per-GPU efficiency >= {p.req.min_efficiency:.0%} "
-            f"({r.efficiency:.0%}) and host DRAM to spare ({gb(r.host_per_node):.0f} of "
-            f"{gb(p.req.host_mem):.0f} GB per node)")
-
-
 def _option_json(p: Plan, c: Candidate) -> dict:
     return {
         "nodes": c.nodes, "gpus": c.layout.gpus, "layout": layout_json(c.layout),
+        "baseline": c is p.baseline, "recommended": c is p.recommended,
         "per_gpu_total_gb": gb(c.est.total),
+        "per_gpu_gb": {k: gb(v) for k, v in c.est.breakdown().items()},
         "oversubscription": round(c.est.total / p.req.gpu.memory, 3),
         "offload_gb_per_gpu": gb(c.offload),
         "cold_gb_per_gpu": gb(c.est.cold),
@@ -69,26 +61,31 @@ def _option_json(p: Plan, c: Candidate) -> dict:
 
 
 def plan_json(p: Plan) -> dict:
-    req, b = p.req, p.baseline
+    """Everything the table shows, for programs (and for the plot, which draws from this)."""
+    req, b, ref = p.req, p.baseline, p.reference
     return {
         "model": req.card.name,
         "params": req.card.params,
         "active_params": req.card.active_params,
-        "gpu": {"name": req.gpu.name, "memory_gb": gb(req.gpu.memory)},
+        "gpu": {"name": req.gpu.name, "memory_gb": gb(req.gpu.memory), "capacity_gb": gb(req.gpu.physical)},
         "gpus_per_node": req.gpus_per_node,
         "host_gb_per_node": gb(req.host_mem),
         "parallel": req.parallel,
         "global_batch": req.global_batch,
-        "layout": layout_json(b.layout),
-        "min_gpus_no_offload": b.layout.gpus,
-        "min_nodes_no_offload": b.nodes,
-        "per_gpu_gb": {k: gb(v) for k, v in b.est.breakdown().items()},
-        "peak_phase": b.est.peak_phase,
-        "traffic_gb_per_node_per_microstep": {"inter": gb(b.traffic.inter), "intra": gb(b.traffic.intra),
-                                              **{k: gb(v) for k, v in b.traffic.by_kind.items()}},
-        "options": [_option_json(p, c) for c in p.options],
+        "min_gpus_no_offload": b.layout.gpus if b else None,
+        "min_nodes_no_offload": b.nodes if b else None,
+        "no_fit": p.no_fit or None,
+        # the baseline, or without one the option with the most nodes: what the next keys
+        # describe and what traffic_ratio compares against
+        "reference_nodes": ref.nodes,
+        "layout": layout_json(ref.layout),
+        "per_gpu_gb": {k: gb(v) for k, v in ref.est.breakdown().items()},
+        "peak_phase": ref.est.peak_phase,
+        "traffic_gb_per_node_per_microstep": {"inter": gb(ref.traffic.inter), "intra": gb(ref.traffic.intra),
+                                              **{k: gb(v) for k, v in ref.traffic.by_kind.items()}},
+        "options": [_option_json(p, c) for c in p.rows],
         "recommended": {"nodes": p.recommended.nodes, "gpus": p.recommended.layout.gpus,
-                        "offload": p.recommended is not b, "reason": _reason(p)},
+                        "offload": p.needs_offload(p.recommended.nodes), "reason": p.reason},
         "assumptions": {"mfu": planmod.ASSUMED_MFU, "host_bytes_per_rank_gb": gb(planmod.HOST_BYTES_PER_RANK),
                         "host_usable_fraction": planmod.HOST_USABLE_FRACTION,
                         "host_link_gb_s": gb(req.gpu.host_link)},
@@ -96,7 +93,7 @@ def plan_json(p: Plan) -> dict:
 
 
 def plan_text(p: Plan) -> str:
-    req, b, card = p.req, p.baseline, p.req.card
+    req, b, card, ref = p.req, p.baseline, p.req.card, p.reference
     head = [
         f"{card.name}: {card.params / 1e9:.2f} B parameters"
         + (f" ({card.active_params / 1e9:.2f} B active)" if card.moe else "")
@@ -105,16 +102,21 @@ def plan_text(p: Plan) -> str:
         f"seq {req.seq_len}, local batch {req.local_batch}, global batch {req.global_batch or 'any'}, "
         f"{req.precision} precision, recompute {req.recompute}",
         "",
-        f"Per-GPU memory without offloading at the minimum ({b.nodes} nodes, {b.layout.gpus} GPUs, "
-        f"{layout_str(b.layout)}), peak in the {b.est.peak_phase} phase:",
     ]
-    bd = b.est.breakdown()
+    if b:
+        head.append(f"Per-GPU memory without offloading at the minimum ({b.nodes} nodes, {b.layout.gpus} GPUs, "
+                    f"{layout_str(b.layout)}), peak in the {b.est.peak_phase} phase:")
+    else:
+        head += [p.no_fit, "",
+                 f"Per-GPU memory at {ref.nodes} nodes ({ref.layout.gpus} GPUs, {layout_str(ref.layout)}), "
+                 f"peak in the {ref.est.peak_phase} phase:"]
+    bd = ref.est.breakdown()
     rows = [[t, f"{gb(bd[t]):.2f}", TERM_NOTES[t]] for t in TERMS] + [["total", f"{gb(bd['total']):.2f}", ""]]
     out = head + [table(["term", "GB", ""], rows, "lrl"), ""]
-    out.append(f"Minimum without offloading: {b.layout.gpus} GPUs on {b.nodes} nodes.")
-    out.append("")
+    if b:
+        out += [f"Minimum without offloading: {b.layout.gpus} GPUs on {b.nodes} nodes.", ""]
     rows = []
-    for c in [b] + p.options:
+    for c in p.rows:
         rows.append([
             c.nodes, c.layout.gpus, layout_str(c.layout), f"{gb(c.est.total):.1f}",
             f"{c.est.total / req.gpu.memory:.2f}", f"{gb(c.offload):.1f}",
@@ -125,20 +127,23 @@ def plan_text(p: Plan) -> str:
                       + c.notes),
         ])
     if p.options:
-        out.append("Scale-in options (host DRAM as GPU memory, advise policy):")
+        out.append("Scale-in options (host DRAM as GPU memory, advise policy):" if b else
+                   "Options with offloading (host DRAM as GPU memory, advise policy):")
     out.append(table(["nodes", "GPUs", "layout", "GB/GPU", "oversub", "offload GB/GPU", "host GB/node",
                       "traffic", "pred. eff", "note"], rows, "rrlrrrrrrl"))
     out += ["",
-            f"Recommended: {p.recommended.nodes} nodes ({p.recommended.layout.gpus} GPUs): {_reason(p)}.",
-            "traffic = per-node inter-node bytes per microstep relative to the baseline; pred. eff = predicted",
+            f"Recommended: {p.recommended.nodes} nodes ({p.recommended.layout.gpus} GPUs): {p.reason}.",
+            f"traffic = per-node inter-node bytes per microstep relative to {'the baseline' if b else f'{ref.nodes} nodes'}"
+            "; pred. eff = predicted",
             "per-GPU TFLOPS relative to no offloading (compute vs. PCIe only). --json for programs."]
     return "\n".join(out)
 
 
 def plan_comment(p: Plan, nodes: int) -> list[str]:
-    c = next((c for c in [p.baseline] + p.options if c.nodes == nodes), None)
-    lines = [f"Plan: {p.req.card.name}, {p.req.parallel}, {p.req.gpu.name}; no-offload minimum "
-             f"{p.baseline.nodes} nodes ({p.baseline.layout.gpus} GPUs)."]
+    c = p.at(nodes)
+    minimum = (f"no-offload minimum {p.baseline.nodes} nodes ({p.baseline.layout.gpus} GPUs)" if p.baseline else
+               f"no node count up to {p.req.max_nodes} fits without offloading")
+    lines = [f"Plan: {p.req.card.name}, {p.req.parallel}, {p.req.gpu.name}; {minimum}."]
     if c:
         lines.append(f"This job: {nodes} nodes, {layout_str(c.layout)}, {gb(c.est.total):.1f} GB per GPU, "
                      f"offload {gb(c.offload):.1f} GB per GPU, predicted efficiency {c.efficiency:.0%}.")
@@ -160,3 +165,59 @@ def models_text(cards: dict) -> str:
 def doctor_text(checks: list[dict]) -> str:
     return table(["check", "status", "detail"],
                  [[c["check"], "ok" if c["ok"] else "missing", c["detail"]] for c in checks], "lll")
+
+
+# --- plot ------------------------------------------------------------------------------
+
+# Cold terms (read once a step, what advise serves from the host first) in blues, hot ones
+# (used every microstep) in warm colours, fixed overheads in greys.
+TERM_COLORS = {"parameters": "#9ecae1", "optimizer": "#3182bd", "gradients": "#fdae6b", "activations": "#e6550d",
+               "logits": "#a63603", "fsdp": "#fd8d3c", "comm": "#bdbdbd", "overhead": "#737373"}
+
+
+def require_plot_backend():
+    from transit_launch.argtypes import require_matplotlib
+    return require_matplotlib("--plot")
+
+
+def plot(d: dict, path: str) -> None:
+    """Stacked bars of each option's per-GPU memory terms (plan_json's options, the same
+    numbers --json prints) against the GPU memory the plan sizes against and, when
+    --gpu-mem emulates a smaller GPU, the part's own capacity. The stack follows advise's
+    order of keeping data on the GPU (overheads and hot data first, then fp32 master
+    weights, then optimizer states), so what stands above the line is what it serves from
+    host DRAM."""
+    from transit_launch.argtypes import save_figure
+    plt = require_plot_backend()
+    opts, gpu = d["options"], d["gpu"]
+    x = list(range(len(opts)))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.0 * len(opts) + 4), 4.8))
+    bottom = [0.0] * len(opts)
+    for term in ("overhead", "comm", "logits", "activations", "fsdp", "gradients", "parameters", "optimizer"):
+        vals = [o["per_gpu_gb"][term] for o in opts]
+        ax.bar(x, vals, bottom=bottom, color=TERM_COLORS[term], label=term, width=0.7)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    emulated = gpu["capacity_gb"] != gpu["memory_gb"]
+    ax.axhline(gpu["memory_gb"], color="black", lw=1.5,
+               label=f"GPU {'budget (--gpu-mem)' if emulated else 'memory'} {gpu['memory_gb']:.1f} GB")
+    if emulated:
+        ax.axhline(gpu["capacity_gb"], color="black", lw=1, ls="--", label=f"GPU capacity {gpu['capacity_gb']:.1f} GB")
+    for i, o in enumerate(opts):
+        tag = "no offload" if o["baseline"] else f"{o['predicted_efficiency']:.0%}"
+        ax.annotate(tag + (" *" if o["recommended"] else ""), (i, o["per_gpu_gb"]["total"]), ha="center",
+                    va="bottom", fontsize=8, fontweight="bold" if o["recommended"] else "normal",
+                    xytext=(0, 3), textcoords="offset points",
+                    bbox=dict(facecolor="white", edgecolor="none", pad=0.5, alpha=0.8))
+    ax.set_xticks(x, [f"{o['nodes']} node{'s' if o['nodes'] > 1 else ''}\n{layout_str_json(o['layout'])}"
+                      for o in opts], fontsize=8)
+    ax.set_ylabel("GB per GPU at the peak")
+    ax.set_ylim(0, max(bottom + [gpu["capacity_gb"]]) * 1.12)
+    ax.set_title(f"{d['model']}, {d['parallel']}, {d['gpus_per_node']} x {gpu['name']} per node\n"
+                 "above the line: served from host DRAM; label: predicted efficiency, * recommended", fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    save_figure(fig, path, dpi=100)
+
+
+def layout_str_json(lay: dict) -> str:
+    return layout_str(memory.Layout(**{k: v for k, v in lay.items() if k != "gpus"}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -33,13 +34,16 @@ def launch_env(policy: str, gpu_budget: int | None, stats_dir: str, log: str | N
 def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | None, log: str | None) -> tuple[int, list[dict]]:
     if not command:
         raise UsageError("run needs the command after --, e.g. -- python train.py")
+    # what would stop the run is refused before the warnings and the start
+    if shutil.which(command[0]) is None:
+        raise UsageError(f"cannot start {command[0]!r}: no such program (or not executable)")
+    stats_dir = stats or tempfile.mkdtemp(prefix="transit-stats-")
+    _stats_dir(stats_dir)
     shim = inject.shim_path()
     if policy != "off" and (shim is None or not shim.is_file()):
         from transit_launch.doctor import shim_missing_reason
         print(f"transit-launch: warning: libtransit.so is not available ({shim_missing_reason()}); "
               "running without it", file=sys.stderr)
-    stats_dir = stats or tempfile.mkdtemp(prefix="transit-stats-")
-    Path(stats_dir).mkdir(parents=True, exist_ok=True)
     env = launch_env(policy, gpu_budget, stats_dir, log)
     try:
         proc = subprocess.Popen(command, env=env)
@@ -54,6 +58,19 @@ def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | No
         for s, h in old.items():
             signal.signal(s, h)
     return rc, read_stats(stats_dir)
+
+
+def _stats_dir(path: str) -> None:
+    """Create the stats directory before the command starts: a job of hours must not end
+    without its stats because the shim could not write them."""
+    if Path(path).exists() and not Path(path).is_dir():
+        raise UsageError(f"--stats {path} is a file; run writes one stats file per process into a directory")
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--stats {path}: cannot create the directory ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--stats {path}: the directory is not writable")
 
 
 def read_stats(stats_dir: str) -> list[dict]:

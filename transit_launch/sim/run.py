@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from transit_launch.errors import UsageError
 from transit_launch.sim import metrics
+from transit_launch.sim.progress import Progress
 from transit_launch.sim.scheduler import Scenario, simulate
 from transit_launch.sim.trace import Trace
 from transit_launch.table import table
@@ -19,18 +20,25 @@ def scenarios(racks: int, reductions: list[float], reduced_racks: int | None, **
     return out
 
 
-def run_all(trace: Trace, scs: list[Scenario], progress: bool = False) -> list[dict]:
+def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None) -> list[dict]:
+    """Every scenario on the trace; progress (its phases after the current one are the
+    scenarios) is told how far each is."""
     if not len(trace):
-        raise UsageError("the trace has no jobs left after filtering")
+        why = ("; dropped: " + ", ".join(f"{n} {w}" for w, n in sorted(trace.dropped.items()))) if trace.dropped else ""
+        raise UsageError(f"the trace has no jobs left after filtering{why}")
     biggest = max(trace.gpus)
-    results, baseline = [], None
-    for sc in scs:
+    for sc in scs:  # all checked before the first scenario runs
         cap = sc.racks * sc.rack_gpus
         if biggest > cap:
             skipped = sum(1 for g in trace.gpus if g > cap)
             raise UsageError(f"{skipped} job(s) ask for more GPUs (up to {biggest}) than {sc.name} has ({cap}); "
                              "use more --racks or drop them from the trace")
-        res = simulate(trace, sc, baseline=baseline, progress=progress)
+    first = progress.k + 1 if progress else 0
+    results, baseline = [], None
+    for i, sc in enumerate(scs):
+        if progress:
+            progress.phase(first + i)
+        res = simulate(trace, sc, baseline=baseline, progress=progress.update if progress else None)
         if sc.reduction == 0 and baseline is None:
             baseline = res  # transitions compare against the first (full-cluster) baseline
         results.append(metrics.scenario_report(res, trace.submit))
@@ -80,22 +88,37 @@ def _pctfmt(v):
 
 
 def plot(results: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib (pip install 'transit-launch[plot]')") from None
+    """Three panels like the paper's Figure 12. Values differ by orders of magnitude (queue
+    times of 0.4 and 23000 minutes in one run), so rack traversals and queue times use a
+    log scale (symmetric around zero, which a scenario without traversals or waiting
+    reaches) and every bar carries its value."""
+    from transit_launch.argtypes import require_matplotlib, save_figure
+    plt = require_matplotlib("--plot")
     names = [r["scenario"] for r in results]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(axes, ("rack_traversals", "queue_mean_min", "throughput_jobs_per_h"),
-                              ("rack traversals (inter-rack traffic)", "mean queue time (min)", "jobs per hour")):
-        ax.bar(range(len(names)), [r["all"][key] for r in results], color="tab:blue", label="all jobs")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    for ax, key, label, log in zip(axes, ("rack_traversals", "queue_mean_min", "throughput_jobs_per_h"),
+                                   ("rack traversals (inter-rack traffic)", "mean queue time (min)", "jobs per hour"),
+                                   (True, True, False)):
+        series = [("all jobs", [r["all"][key] or 0 for r in results], "tab:blue")]
         if key != "rack_traversals":
-            ax.bar(range(len(names)), [r["eligible"].get(key, 0) for r in results], color="tab:orange",
-                   width=0.4, label="eligible")
+            series.append(("eligible (multi-node)", [r["eligible"].get(key) or 0 for r in results], "tab:orange"))
+        width = 0.8 / len(series)
+        for i, (lab, vals, color) in enumerate(series):  # side by side: neither hides the other's label
+            x = [j + (i - (len(series) - 1) / 2) * width for j in range(len(names))]
+            bars = ax.bar(x, vals, color=color, width=width, label=lab)
+            ax.bar_label(bars, [_short(v) for v in vals], fontsize=6, padding=1)
+        top = max([v for _, vals, _ in series for v in vals] + [1])
+        if log:
+            positive = [v for _, vals, _ in series for v in vals if v > 0]
+            ax.set_yscale("symlog", linthresh=min(positive) if positive else 1.0)
+            ax.set_ylim(0, top * 4)  # room for the labels above the tallest bar
+        else:
+            ax.set_ylim(0, top * 1.12)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-        ax.set_title(label)
-    axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        ax.set_title(label + (" (log scale)" if log else ""), fontsize=10)
+    axes[1].legend(fontsize=8)
+    save_figure(fig, path, dpi=120)
+
+
+def _short(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"

@@ -22,14 +22,25 @@ from __future__ import annotations
 
 import heapq
 import math
-import sys
 from collections import deque
 from dataclasses import dataclass
 
+from transit_launch.checks import integer, real
+from transit_launch.errors import UsageError
+from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.trace import Trace
 
 BACKFILL_DEPTH = 50
+
+
+# Beyond the largest clusters built (about 100k-200k GPUs, a few thousand racks), and the
+# replay grows with racks x jobs (placement scans the racks: 20k jobs on 4000 racks take
+# 7 s a scenario here); a larger count is a typo that would run for hours. Racks hold at
+# most 1024 GPUs (an NVL72 rack holds 72).
+MAX_RACKS = 10_000
+MAX_RACK_GPUS = 1024
+STRATEGIES = ("pack", "spread")
 
 
 @dataclass(frozen=True)
@@ -37,10 +48,18 @@ class Factors:
     """Defaults from the ranges of the paper's section 4.3 (derived from its 4.2):
     inter->intra speed-up 0-137%: 0.50, the value its Figure 12(b) assumes;
     intra->inter slow-down 0-55%: 0.275, the middle of the range;
-    unchanged placement -5%..+5%: 0.0, the middle of the range."""
+    unchanged placement -5%..+5%: 0.0, the middle of the range.
+    Durations are divided (or multiplied) by 1 + factor, so a factor must keep that above
+    zero; 10 (1000%) is far past the paper's ranges."""
     speedup: float = 0.50
     slowdown: float = 0.275
     unchanged: float = 0.0
+
+    def __post_init__(self):
+        for name, low in (("speedup", 0.0), ("slowdown", 0.0), ("unchanged", -0.99)):
+            v = getattr(self, name)
+            if not real(v) or not low <= v <= 10:
+                raise UsageError(f"--{name} must lie in [{low:g}, 10], got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -49,9 +68,23 @@ class Scenario:
     racks: int
     reduction: float = 0.0
     rack_gpus: int = 32
-    gpus_per_node: int = 8
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     strategy: str = "pack"
     factors: Factors = Factors()
+
+    def __post_init__(self):
+        if not (integer(self.racks) and self.racks > 0) or self.racks > MAX_RACKS:
+            raise UsageError(f"--racks takes 1 to {MAX_RACKS:,} racks (more than any cluster has), got {self.racks!r}")
+        if not (integer(self.rack_gpus) and self.rack_gpus > 0) or self.rack_gpus > MAX_RACK_GPUS:
+            raise UsageError(f"--rack-gpus takes 1 to {MAX_RACK_GPUS} GPUs a rack, got {self.rack_gpus!r}")
+        if not (integer(self.gpus_per_node) and self.gpus_per_node > 0) or self.rack_gpus % self.gpus_per_node:
+            raise UsageError(f"--rack-gpus {self.rack_gpus} is not a multiple of --gpus-per-node {self.gpus_per_node}")
+        if not real(self.reduction) or not 0 <= self.reduction < 1:
+            raise UsageError(f"a reduction must lie in [0, 1), got {self.reduction!r}")
+        if self.strategy not in STRATEGIES:
+            raise UsageError(f"placement {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if not isinstance(self.factors, Factors):
+            raise UsageError(f"factors must be Factors, got {self.factors!r}")
 
 
 @dataclass
@@ -72,7 +105,8 @@ def demand(g: int, gpn: int) -> tuple[int, int]:
     return (1, g) if n == 1 else (n, n * gpn)
 
 
-def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progress: bool = False) -> Result:
+def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progress=None) -> Result:
+    """progress(fraction of the jobs submitted) is told now and then."""
     cl = Cluster(sc.racks, sc.rack_gpus, sc.gpus_per_node)
     gpn, N = sc.gpus_per_node, len(trace)
     submit, dur0, g0 = trace.submit, trace.duration, trace.gpus
@@ -94,7 +128,7 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     queue = deque()        # waiting jobs, submission order (pops at the head, backfill near it)
     shadow, extra, shadow_for = math.inf, 0, -1
     nxt, t = 0, 0.0
-    step = max(1, N // 20)
+    step = max(1, N // 200)
     f = sc.factors
 
     def begin(i: int, now: float) -> bool:
@@ -134,7 +168,7 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
             queue.append(nxt)
             nxt += 1
             if progress and nxt % step == 0:
-                print(f"simulate: {sc.name}: {100 * nxt // N}% of {N} jobs submitted", file=sys.stderr)
+                progress(nxt / N)
         # FIFO: start the head while it fits
         while queue and begin(queue[0], t):
             queue.popleft()

@@ -3,17 +3,20 @@ synthetic generator. A trace is a list of jobs (submit seconds, duration seconds
 job id) sorted by submit time, plus the count of rows dropped for each reason.
 
 Filtering follows the paper: only GPU jobs with a positive duration are kept; rows that
-cannot be parsed are dropped and counted, never guessed."""
+cannot be parsed (bad numbers, bytes that are not UTF-8, broken CSV quoting, times
+outside the calendar) are dropped and counted, never guessed, and never a crash."""
 
 from __future__ import annotations
 
 import csv
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 
 SEREN_COLUMNS = ("job_id", "user", "node_num", "gpu_num", "cpu_num", "type", "state", "submit_time",
@@ -22,11 +25,22 @@ KALOS_EXTRA = ("mem_per_pod_GB", "shared_mem_per_pod", "fail_time", "stop_time")
 # ACME timestamps are naive local times: Seren in UTC+8, Kalos in UTC.
 TIMEZONES = {"seren": timezone(timedelta(hours=8)), "kalos": timezone.utc}
 GENERIC_REQUIRED = ("submit_time", "duration", "gpus")
+# Submit times must lie in datetime's calendar (years 1-9999) to become an epoch; 1e300 or
+# inf would print a makespan of 300 digits. Durations beyond a year are not one job's run
+# (Slurm sites cap time limits at days or weeks): dropped as unreadable rather than
+# replayed for centuries.
+MIN_TIME, MAX_TIME = -62135596800.0, 253402300799.0
+MAX_DURATION = 365 * 86400.0
+# synthetic(): the ACME traces hold about a million GPU jobs a cluster, and one million
+# replay in about 25 s a scenario here (300 MB); ten million take over 20 minutes for
+# simulate's six default scenarios and several GB. A larger count is a typo, not a study:
+# refused at once rather than left to run for hours or exhaust memory.
+MAX_SYNTHETIC_JOBS = 10_000_000
 
 
 @dataclass
 class Trace:
-    submit: list = field(default_factory=list)   # seconds since the first submission
+    submit: list = field(default_factory=list)   # seconds since the first submission, ascending
     duration: list = field(default_factory=list)  # seconds
     gpus: list = field(default_factory=list)
     ids: list = field(default_factory=list)
@@ -34,21 +48,30 @@ class Trace:
     source: str = ""
     epoch: datetime | None = None                 # wall time of submit == 0
 
+    def __post_init__(self):  # the scheduler trusts these; a NaN submit time would loop forever
+        n = len(self.submit)
+        if not (len(self.duration) == len(self.gpus) == len(self.ids) == n):
+            raise UsageError("a trace needs as many durations, GPU counts and ids as submit times")
+        if not all(real(t) for t in self.submit) or any(a > b for a, b in zip(self.submit, self.submit[1:])):
+            raise UsageError("trace submit times must be finite and ascending")
+        if not all(real(d) and 0 < d <= MAX_DURATION for d in self.duration):
+            raise UsageError(f"trace durations must lie in (0, {MAX_DURATION:.0f}] seconds")
+        if not all(integer(g) and g > 0 for g in self.gpus):
+            raise UsageError("trace GPU counts must be positive integers")
+
     def __len__(self):
         return len(self.submit)
 
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
 
-
-def _finish(trace: Trace, rows: list) -> Trace:
+def _finish(rows: list, dropped: dict, source: str, tz) -> Trace:
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0] if rows else 0.0
-    trace.submit = [r[0] - t0 for r in rows]
-    trace.duration = [r[1] for r in rows]
-    trace.gpus = [r[2] for r in rows]
-    trace.ids = [r[3] for r in rows]
-    return trace
+    try:
+        epoch = datetime.fromtimestamp(t0, tz) if rows else None
+    except (ValueError, OverflowError, OSError):  # the calendar's edge, shifted by the zone
+        epoch = None
+    return Trace(submit=[r[0] - t0 for r in rows], duration=[r[1] for r in rows], gpus=[r[2] for r in rows],
+                 ids=[r[3] for r in rows], dropped=dropped, source=source, epoch=epoch)
 
 
 def detect_format(header: list[str]) -> str:
@@ -64,73 +87,117 @@ def detect_format(header: list[str]) -> str:
 
 def _time(text: str, tz) -> float:
     """ACME's '2023-03-01 00:00:10' (naive, in the cluster's zone) or ISO-8601 with an
-    offset, as seconds since the epoch; generic traces may also give plain seconds."""
+    offset, as seconds since the epoch; generic traces may also give plain seconds.
+    ValueError when it is neither, or outside the calendar."""
     try:
-        return float(text)
+        t = float(text)
     except ValueError:
-        pass
-    dt = datetime.fromisoformat(text.strip())
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=tz)
-    return dt.timestamp()
+        dt = datetime.fromisoformat(text.strip())
+        t = (dt if dt.tzinfo else dt.replace(tzinfo=tz)).timestamp()
+    if not MIN_TIME <= t <= MAX_TIME:  # also refuses nan
+        raise ValueError(f"submit time {text!r} outside the calendar")
+    return t
 
 
-def load_csv(path: str | Path, fmt: str = "auto") -> Trace:
+def _count(text: str) -> int:
+    """A GPU count: '8' or '8.0'; ValueError for '2.5', 'inf', 'nan' or words."""
+    v = float(text)
+    if not v.is_integer():  # inf and nan are not integers either
+        raise ValueError(text)
+    return int(v)
+
+
+def _rows(f, progress=None):
+    """The CSV rows of an open file; a row the csv module cannot split (an unclosed quote,
+    a field over its size limit) comes as None, to be counted."""
+    reader = csv.reader(_lines(f, progress))
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error:
+            yield None
+
+
+def _lines(f, progress):
+    """f's lines, telling progress(fraction of the file read) now and then."""
+    size = max(1, os.fstat(f.fileno()).st_size)
+    done = 0
+    for i, line in enumerate(f):
+        done += len(line)
+        if progress and i % 65536 == 0:
+            progress(min(1.0, done / size))
+        yield line
+
+
+def load_csv(path: str | Path, fmt: str = "auto", progress=None) -> Trace:
     path = Path(path)
     try:
-        f = path.open(newline="")
+        # bytes that are not UTF-8 become U+FFFD: the field fails to parse and the row is
+        # dropped and counted, like any other unreadable row
+        f = path.open(newline="", encoding="utf-8", errors="replace")
     except OSError as e:
         raise UsageError(f"cannot read trace {path}: {e.strerror}") from None
-    with f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header:
-            raise UsageError(f"trace {path} is empty")
-        header = [h.strip() for h in header]
-        found = detect_format(header)
-        if fmt != "auto" and fmt != found:
-            raise UsageError(f"trace {path} has the {found} column set, not {fmt}")
-        col = {name: i for i, name in enumerate(header)}
-        trace = Trace(source=f"{path} ({found})")
-        rows = []
-        if found == "generic":
-            i_sub, i_dur, i_g = col["submit_time"], col["duration"], col["gpus"]
-            i_id = col.get("job_id")
-            tz = timezone.utc
-        else:
-            i_sub, i_dur, i_g, i_id = col["submit_time"], col["duration"], col["gpu_num"], col["job_id"]
-            tz = TIMEZONES[found]
-        width = len(header)
-        for n, row in enumerate(reader, start=2):
-            if len(row) < width:
-                trace.drop("short row")
-                continue
-            try:
-                gpus = int(float(row[i_g]))
-            except ValueError:
-                trace.drop("unparsable GPU count")
-                continue
-            if gpus <= 0:
-                trace.drop("not a GPU job")
-                continue
-            try:
-                submit = _time(row[i_sub], tz)
-            except ValueError:
-                trace.drop("unparsable submit time")
-                continue
-            try:
-                dur = float(row[i_dur])
-            except ValueError:
-                trace.drop("unparsable duration")
-                continue
-            if not math.isfinite(dur) or dur <= 0:
-                trace.drop("zero or negative duration")
-                continue
-            rows.append((submit, dur, gpus, row[i_id] if i_id is not None else str(n - 1)))
-    if rows:
-        t0 = min(r[0] for r in rows)
-        trace.epoch = datetime.fromtimestamp(t0, tz)
-    return _finish(trace, rows)
+    try:
+        with f:
+            return _parse(path, fmt, _rows(f, progress))
+    except OSError as e:  # a directory, or a read error half-way
+        raise UsageError(f"cannot read trace {path}: {e.strerror}") from None
+
+
+def _parse(path: Path, fmt: str, rows_in) -> Trace:
+    header = next(rows_in, None)
+    if not header:
+        raise UsageError(f"trace {path} is empty or its first line is not a CSV header")
+    header = [h.strip() for h in header]
+    found = detect_format(header)
+    if fmt != "auto" and fmt != found:
+        raise UsageError(f"trace {path} has the {found} column set, not {fmt}")
+    col = {name: i for i, name in enumerate(header)}
+    if found == "generic":
+        i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpus"], col.get("job_id"), timezone.utc
+    else:
+        i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpu_num"], col["job_id"], TIMEZONES[found]
+    rows, dropped = [], {}
+
+    def drop(reason):
+        dropped[reason] = dropped.get(reason, 0) + 1
+
+    width = len(header)
+    for n, row in enumerate(rows_in, start=2):
+        if row is None:
+            drop("unreadable CSV row")
+            continue
+        if len(row) < width:
+            drop("short row")
+            continue
+        try:
+            gpus = _count(row[i_g])
+        except (ValueError, OverflowError):
+            drop("unparsable GPU count")
+            continue
+        if gpus <= 0:
+            drop("not a GPU job")
+            continue
+        try:
+            submit = _time(row[i_sub], tz)
+        except (ValueError, OverflowError, OSError):
+            drop("unparsable submit time")
+            continue
+        try:
+            dur = float(row[i_dur])
+        except ValueError:
+            drop("unparsable duration")
+            continue
+        if not math.isfinite(dur) or dur <= 0:
+            drop("zero or negative duration")
+            continue
+        if dur > MAX_DURATION:
+            drop("duration over a year")
+            continue
+        rows.append((submit, dur, gpus, row[i_id] if i_id is not None else str(n - 1)))
+    return _finish(rows, dropped, f"{path} ({found})", tz)
 
 
 # --- synthetic traces ------------------------------------------------------------
@@ -152,21 +219,55 @@ class SynthSpec:
     load: float = 0.8
     cluster_gpus: int = 72 * 32
 
+    def __post_init__(self):  # the CLI's flags name the fields users set
+        if not real(self.load) or not 0 < self.load <= 10:
+            # offered load: 0 asks for no work (no arrival rate); above 1 the queue grows without
+            # bound, and far above it a simulation only measures that queue
+            raise UsageError(f"--load must lie in (0, 10], got {self.load!r}")
+        if not real(self.max_duration) or not 1 <= self.max_duration <= MAX_DURATION:
+            raise UsageError(f"max_duration must lie in [1, {MAX_DURATION:.0f}] seconds, got {self.max_duration!r}")
+        if not real(self.median_duration) or not 1 <= self.median_duration <= self.max_duration:
+            raise UsageError(f"--median-duration must lie in [1, {self.max_duration:.0f}] seconds, "
+                             f"got {self.median_duration!r}")
+        if not real(self.sigma) or not 0 <= self.sigma <= 10:
+            raise UsageError(f"sigma must lie in [0, 10], got {self.sigma!r}")
+        if not integer(self.cluster_gpus) or self.cluster_gpus < 1:
+            raise UsageError(f"cluster_gpus must be a positive integer, got {self.cluster_gpus!r}")
+        if not self.sizes or not all(integer(g) and g > 0 and real(w) and w >= 0 for g, w in self.sizes) \
+                or not sum(w for _, w in self.sizes) > 0:
+            raise UsageError("sizes must be (GPUs, weight) pairs with positive GPU counts and weights")
 
-def synthetic(n: int, seed: int, spec: SynthSpec = SynthSpec()) -> Trace:
-    if n < 1:
-        raise UsageError(f"--synthetic needs a positive number of jobs, got {n}")
+
+def check_jobs(n) -> None:
+    """The synthetic job count's limit (MAX_SYNTHETIC_JOBS), checked before any work."""
+    if not integer(n) or not 1 <= n <= MAX_SYNTHETIC_JOBS:
+        raise UsageError(f"--synthetic takes 1 to {MAX_SYNTHETIC_JOBS:,} jobs (the ACME traces hold about a "
+                         f"million; more would replay for hours), got {n!r}")
+
+
+def synthetic(n: int, seed: int, spec: SynthSpec = SynthSpec(), progress=None) -> Trace:
+    """n jobs drawn from spec; progress(fraction) is told now and then (for 10M jobs this
+    takes about a minute)."""
+    check_jobs(n)
+    tick = progress or (lambda f: None)
     rng = random.Random(seed)
     values = [s for s, _ in spec.sizes]
     weights = [w for _, w in spec.sizes]
     gpus = rng.choices(values, weights, k=n)
+    tick(0.1)
     mu = math.log(spec.median_duration)
-    dur = [min(spec.max_duration, max(1.0, rng.lognormvariate(mu, spec.sigma))) for _ in range(n)]
+    dur = []
+    for i in range(n):
+        dur.append(min(spec.max_duration, max(1.0, rng.lognormvariate(mu, spec.sigma))))
+        if i % 262144 == 0:
+            tick(0.1 + 0.5 * i / n)
     mean_work = sum(g * d for g, d in zip(gpus, dur)) / n
     rate = spec.load * spec.cluster_gpus / mean_work  # jobs per second
     t, submit = 0.0, []
-    for _ in range(n):
+    for i in range(n):
         submit.append(t)
         t += rng.expovariate(rate)
+        if i % 262144 == 0:
+            tick(0.6 + 0.4 * i / n)
     return Trace(submit=submit, duration=dur, gpus=gpus, ids=[str(i) for i in range(n)],
                  source=f"synthetic n={n} seed={seed} load={spec.load}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from transit_launch.argtypes import positive_int
+from transit_launch.argtypes import number, output_dir, output_file, positive_int
 from transit_launch.errors import UsageError
 from transit_launch.planning.cli import add_plan_args, request
 from transit_launch.rules import POLICIES
@@ -32,17 +32,28 @@ def _job_opts(a) -> JobOptions:
     return JobOptions(a.job_name, a.partition, a.account, a.time, a.output, a.port)
 
 
-def _nodes(text: str) -> int | None:
+# No GPU cluster has this many nodes (the largest have about 10-25 thousand): more is a typo
+# that would render a script no scheduler accepts.
+MAX_JOB_NODES = 100_000
+
+
+def _nodes_or_auto(text: str) -> int | None:
+    """argparse type of submit --nodes: auto (None) or a positive integer."""
     if text == "auto":
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(f"--nodes takes a number or auto, got {text!r}") from None
+    return number(int, "--nodes", 1, f"auto or a positive integer of at most {MAX_JOB_NODES}", MAX_JOB_NODES)(text)
+
+
+def _warn(warnings: list[str]) -> None:
+    for w in warnings:  # loud: a node count that spills hot data runs many times slower
+        print(f"transit-launch: WARNING: {w}", file=sys.stderr)
 
 
 def cmd_render(a, command):
-    from transit_launch.planning.plan import DEFAULT_GPUS_PER_NODE, plan
+    from transit_launch.argtypes import write_text_atomically
+    from transit_launch.planning.choice import explain
+    from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
+    from transit_launch.planning.plan import plan
     if not command:
         raise UsageError("render needs the training command after --, e.g. -- python train.py")
     p = None
@@ -51,12 +62,13 @@ def cmd_render(a, command):
     elif not (a.nodes or a.local):
         raise UsageError("render needs --model (to plan the node count) or --nodes")
     nodes = a.nodes or (p.recommended.nodes if p else 1)
+    if p and a.nodes:
+        _warn(explain(p, a.nodes)[1])
     gpn = p.req.gpus_per_node if p else (a.gpus_per_node or DEFAULT_GPUS_PER_NODE)
     text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-        print(f"wrote {a.out}", file=sys.stderr)
+        write_text_atomically(a.out, text)
+        print(f"transit-launch: wrote {a.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -64,9 +76,11 @@ def cmd_render(a, command):
 
 def cmd_submit(a, command):
     from transit_launch.slurm.submit import Submission, submit
-    sub = Submission(command, _nodes(a.nodes), _shim_opts(a), _job_opts(a), a.dry_run)
+    sub = Submission(command, a.nodes, _shim_opts(a), _job_opts(a), a.dry_run)
     done = submit(sub, lambda gpn, host_mem: request(a, gpn, host_mem))
+    print(f"transit-launch: {done.hardware}", file=sys.stderr)
     print(f"transit-launch: {done.nodes} node(s): {done.why}", file=sys.stderr)
+    _warn(done.warnings)
     if a.dry_run:
         sys.stdout.write(done.script)
     else:
@@ -109,17 +123,20 @@ def register(sub):
     sp = sub.add_parser("render", help="an sbatch script (or with --local a torchrun command) with the shim injected",
                         usage="transit-launch render [options] -- COMMAND...")
     add_plan_args(sp, model_required=False)
-    sp.add_argument("--nodes", type=positive_int("--nodes"), help="node count (default: the plan's recommendation)")
+    sp.add_argument("--nodes", type=positive_int("--nodes", MAX_JOB_NODES),
+                    help="node count (default: the plan's recommendation)")
     add_shim_args(sp)
     add_job_args(sp)
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
-    sp.add_argument("-o", "--out", help="write to this file instead of stdout")
+    sp.add_argument("-o", "--out", type=output_file(), help="write to this file instead of stdout")
     sp.set_defaults(func=cmd_render, takes_command=True)
 
     sp = sub.add_parser("submit", help="plan, render and sbatch a job with the shim injected",
                         usage="transit-launch submit --model M [options] -- COMMAND...")
     add_plan_args(sp)
-    sp.add_argument("--nodes", default="auto", help="node count, or auto: the fewest that fit host DRAM (default)")
+    sp.add_argument("--nodes", type=_nodes_or_auto, default=None, metavar="N|auto",
+                    help="node count, or auto (default): plan's recommendation within the partition (the fewest "
+                         "nodes that keep --min-efficiency with host DRAM to spare)")
     add_shim_args(sp)
     add_job_args(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
@@ -137,7 +154,7 @@ def register(sub):
     sp.set_defaults(func=cmd_spank)
     ssub = sp.add_subparsers(dest="spank_cmd", required=True, parser_class=Parser)
     b = ssub.add_parser("build", help="compile the plugin against the installed spank.h")
-    b.add_argument("--out", default=".", help="directory for transit_spank.so (default .)")
+    b.add_argument("--out", type=output_dir, default=".", help="directory for transit_spank.so (default .)")
     b.add_argument("--include", help="directory holding spank.h")
     i = ssub.add_parser("install", help="build, install and write the plugstack include file")
     i.add_argument("--prefix", default="/usr/local", help="the plugin goes to PREFIX/lib/slurm (default /usr/local)")

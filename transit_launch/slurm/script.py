@@ -3,11 +3,19 @@ injected. Shared by `render` and the submit flow."""
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 
+from transit_launch.checks import integer
+from transit_launch.errors import UsageError
 from transit_launch.shim import inject
 from transit_launch.slurm.render import render
+
+
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds (sbatch(1)), or UNLIMITED/INFINITE.
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -20,6 +28,15 @@ class JobOptions:
     output: str = "%x-%j.out"
     port: int = 29500
 
+    def __post_init__(self):  # sbatch would refuse these only once the job is submitted
+        for flag, v in (("--partition", self.partition), ("--account", self.account), ("--output", self.output)):
+            if v is not None and not v.strip():
+                raise UsageError(f"{flag} is empty")
+        if not integer(self.port) or not 1 <= self.port <= 65535:
+            raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
+        if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
+            raise UsageError(f"--time {self.time!r} is not a Slurm time limit (e.g. 30, 04:00:00, 2-00:00:00)")
+
 
 @dataclass(frozen=True)
 class ShimOptions:
@@ -31,7 +48,7 @@ class ShimOptions:
 
 
 def policy_for(p, nodes: int, policy: str | None) -> str:
-    return policy or ("advise" if p and nodes < p.baseline.nodes else "off")
+    return policy or ("advise" if p and p.needs_offload(nodes) else "off")
 
 
 def job_name(p, job: JobOptions) -> str:

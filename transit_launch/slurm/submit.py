@@ -4,17 +4,19 @@ the script, sbatch. The CLI only turns options into a Submission."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.slurm import commands
 from transit_launch.slurm.script import JobOptions, ShimOptions, job_name, job_script
+from transit_launch.units import gb
 
 
 @dataclass(frozen=True)
 class Submission:
     command: list[str]
-    nodes: int | None = None          # None: auto (the fewest that fit host DRAM)
+    nodes: int | None = None          # None: auto (plan's recommendation within the partition)
     shim: ShimOptions = field(default_factory=ShimOptions)
     job: JobOptions = field(default_factory=JobOptions)
     dry_run: bool = False
@@ -22,7 +24,7 @@ class Submission:
     def __post_init__(self):
         if not self.command:
             raise UsageError("submit needs the training command after --, e.g. -- python train.py")
-        if self.nodes is not None and self.nodes < 1:
+        if self.nodes is not None and (not integer(self.nodes) or self.nodes < 1):
             raise UsageError(f"--nodes must be a positive integer or auto, got {self.nodes}")
 
 
@@ -31,34 +33,56 @@ class Submitted:
     nodes: int
     why: str
     script: str
+    hardware: str               # what the plan assumed, and where it came from
+    warnings: list[str] = field(default_factory=list)  # a chosen --nodes that spills, overfills DRAM, ...
     job_id: str | None = None   # None on a dry run
     output: str | None = None   # the job's output file, absolute
 
 
-def submit(sub: Submission, make_request, gpus_per_node: int | None = None) -> Submitted:
+def submit(sub: Submission, make_request) -> Submitted:
     """make_request(gpus_per_node, host_mem) -> plan.Request: the planner's request once the
-    partition's hardware is known (explicit options win over it)."""
-    from transit_launch.planning.plan import auto_nodes, plan
-    part = None
+    partition's hardware is known (explicit options win over it). The node count is plan's
+    recommendation within the partition's nodes (planning.choice decides for plan, render
+    and submit alike), or the one asked for, explained."""
+    from transit_launch.planning.choice import explain
+    from transit_launch.planning.plan import MAX_NODES, plan
+    part, no_part = None, ""
     try:
         part = commands.partition(sub.job.partition)
-    except UsageError:
+    except UsageError as e:
         if not sub.dry_run:
             raise
+        no_part = str(e)
     if part and not part.gpus_per_node:
         raise UsageError(f"partition {part.name} has no GPUs (no gpu GRES on its nodes)")
-    p = plan(make_request(part.gpus_per_node if part else None,
-                          part.real_memory_mb * 2**20 if part else None))
-    max_nodes = part.nodes if part else 10**6
+    if part and sub.nodes is not None and sub.nodes > part.nodes:
+        raise UsageError(f"--nodes {sub.nodes}: the partition has {part.nodes} nodes ({part.name})")
+    req = make_request(part.gpus_per_node if part else None, part.real_memory_mb * 2**20 if part else None)
+    if part and sub.nodes is None:
+        # auto searches the partition's nodes only; a count the user chose is planned as
+        # `plan` would and explained (with warnings), not refused for the partition's sake
+        req = replace(req, max_nodes=min(part.nodes, MAX_NODES))
+    p = plan(req)
     if sub.nodes is None:
-        nodes, why = auto_nodes(p, max_nodes)
-    elif sub.nodes > max_nodes:
-        raise UsageError(f"--nodes {sub.nodes}: the partition has {max_nodes} nodes")
+        nodes, why, warnings = p.recommended.nodes, p.reason, []
     else:
-        nodes, why = sub.nodes, "as asked"
+        nodes = sub.nodes
+        why, warnings = explain(p, nodes)
     script = job_script(sub.command, p, nodes, p.req.gpus_per_node, sub.shim, sub.job)
+    done = Submitted(nodes, why, script, _hardware(p.req, part, no_part), warnings)
     if sub.dry_run:
-        return Submitted(nodes, why, script)
-    job = commands.submit(script)
-    out = sub.job.output.replace("%x", job_name(p, sub.job)).replace("%j", job)
-    return Submitted(nodes, why, script, job, os.path.abspath(out))
+        return done
+    done.job_id = commands.submit(script)
+    out = sub.job.output.replace("%x", job_name(p, sub.job)).replace("%j", done.job_id)
+    done.output = os.path.abspath(out)
+    return done
+
+
+def _hardware(req, part, no_part: str) -> str:
+    """One line: the hardware the plan assumed, so a dry run off the cluster says it guessed."""
+    hw = (f"{req.gpus_per_node} GPUs/node, {gb(req.host_mem):.0f} GB host DRAM/node, "
+          f"{req.gpu.name} ({gb(req.gpu.memory):.1f} GB)")
+    if part:
+        return f"partition {part.name} ({part.nodes} nodes): {hw}"
+    return (f"assumed {hw}: no Slurm partition was read ({no_part}); --gpus-per-node, --host-mem and --gpu "
+            "set them")

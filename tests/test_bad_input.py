@@ -1,0 +1,375 @@
+"""Every bad input a new user met (issue 15) and more found the same way, one row each.
+
+Each row runs the CLI in a process of its own (forked from a server that imported it
+once, tests/forkcli.py; the rows of the issue itself also as `python -m transit_launch`)
+and must give exit code 2, nothing on stdout, exactly one line on stderr starting
+"transit-launch: error: " (with the row's needle in it), no traceback, nothing written,
+and an answer within seconds. Inputs refer to files of FILES by {d}/NAME; {d} is a fresh
+directory that must hold the same files afterwards.
+
+Trace rows that cannot be read are not errors: they are dropped and counted
+(test_unreadable_trace_rows_are_counted, at the end)."""
+
+import json
+import os
+import stat
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.forkcli import ForkCLI
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+QWEN_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+            "num_hidden_layers": 48, "num_key_value_heads": 4, "vocab_size": 151936}
+CARD = ('name = "c"\n[arch]\nhidden = 2048\nlayers = 16\nheads = 32\nkv_heads = 8\nhead_dim = 64\nffn = 8192\n'
+        'vocab = 128256\n')
+
+
+def hf(**change):
+    return json.dumps({k: v for k, v in {**LLAMA, **change}.items() if v is not None})
+
+
+def card(old="", new=""):
+    return CARD.replace(old, new) if old else CARD + new
+
+
+HEAD = "submit_time,duration,gpus\n"
+FAIL = "#!/bin/sh\necho 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n"
+FILES = {
+    # Hugging Face config.json
+    "heads0.json": hf(num_attention_heads=0),
+    "archlist.json": hf(architectures=[["LlamaForCausalLM"]]),
+    "arch5.json": hf(architectures=5),
+    "typelist.json": json.dumps({"model_type": ["llama"], "hidden_size": 8}),
+    "neghidden.json": hf(hidden_size=-4096),
+    "strhidden.json": hf(hidden_size="4096"),
+    "floathidden.json": hf(hidden_size=4096.5),
+    "boolhidden.json": hf(hidden_size=True),
+    "infhidden.json": hf(hidden_size=None)[:-1] + ', "hidden_size": 1e400}',
+    "nanhidden.json": hf(hidden_size=None)[:-1] + ', "hidden_size": NaN}',
+    "hugelayers.json": hf(num_hidden_layers=10**12),
+    "novocab.json": hf(vocab_size=None),
+    "kv7.json": hf(num_key_value_heads=7),
+    "tieyes.json": hf(tie_word_embeddings="yes"),
+    "topk.json": json.dumps({**QWEN_MOE, "num_experts_per_tok": 200}),
+    "mlponly.json": json.dumps({**QWEN_MOE, "mlp_only_layers": ["a"]}),
+    "textcfg.json": json.dumps({"architectures": ["Llama4ForCausalLM"], "text_config": "big"}),
+    "binary.json": b"\xff\xfe{}",
+    "empty.json": "",
+    "null.json": "null",
+    "list.json": "[1, 2]",
+    "nodir/placeholder": "",
+    # model cards
+    "strhidden.toml": card("hidden = 2048", 'hidden = "2048"'),
+    "layers0.toml": card("layers = 16", "layers = 0"),
+    "negffn.toml": card("ffn = 8192", "ffn = -1"),
+    "typo.toml": card("hidden = 2048", "hiden = 2048"),
+    "archstr.toml": 'name = "c"\narch = "x"\n',
+    "noarch.toml": 'name = "c"\n',
+    "noname.toml": CARD.replace('name = "c"\n', ""),
+    "name5.toml": card('name = "c"', "name = 5"),
+    "topk0.toml": card(new="[moe]\nexperts = 8\ntop_k = 0\nexpert_ffn = 64\n"),
+    "pubstr.toml": card('name = "c"', 'name = "c"\npublished_params = "big"'),
+    "broken.toml": "name = ",
+    "binary.toml": b"name = \"\xff\"\n",
+    "dir.toml/placeholder": "",
+    # traces
+    "empty.csv": "",
+    "header.csv": HEAD,
+    "allbad.csv": HEAD + "nan,100,8\n0,inf,8\n0,100,inf\n",
+    "binary.csv": b"\xff\xfe\x00\x01\n",
+    "columns.csv": "a,b\n1,2\n",
+    "big.csv": HEAD + "0,100,600\n",
+    "file": "x",
+    "bin/sinfo": FAIL,
+}
+
+D = "{d}"
+PLAN = ["plan", "--model", "llama3-70b"]
+RENDER = ["render", "--model", "llama3-70b"]
+CMD = ["--", "python", "train.py"]
+SYN = ["simulate", "--synthetic", "100"]
+SUBMIT = ["submit", "--model", "llama3-70b", "--dry-run"]
+
+ROWS = [
+    # --- model: catalog names, Hugging Face config.json, model cards --------------------
+    (["plan", "--model", "gpt-5"], "unknown model 'gpt-5'; known: llama3-405b"),
+    (["plan", "--model", ""], "--model needs a catalog name or a file"),
+    (["plan", "--model", "/nonexistent/config.json"], "cannot read /nonexistent/config.json"),
+    (["plan", "--model", f"{D}/nodir"], "nodir/config.json: No such file"),
+    (["plan", "--model", f"{D}/heads0.json"], "num_attention_heads must be an integer from 1"),
+    (["plan", "--model", f"{D}/archlist.json"], "unsupported architecture [['LlamaForCausalLM']]"),
+    (["plan", "--model", f"{D}/arch5.json"], "architectures must be a list of names, got 5"),
+    (["plan", "--model", f"{D}/typelist.json"], "unsupported architecture"),
+    (["plan", "--model", f"{D}/neghidden.json"], "hidden_size must be an integer from 1 to 1048576, got -4096"),
+    (["plan", "--model", f"{D}/strhidden.json"], "hidden_size must be an integer from 1 to 1048576, got '4096'"),
+    (["plan", "--model", f"{D}/floathidden.json"], "got 4096.5"),
+    (["plan", "--model", f"{D}/boolhidden.json"], "got True"),
+    (["plan", "--model", f"{D}/infhidden.json"], "got inf"),
+    (["plan", "--model", f"{D}/nanhidden.json"], "got nan"),
+    (["plan", "--model", f"{D}/hugelayers.json"], "num_hidden_layers must be an integer from 1 to 1024"),
+    (["plan", "--model", f"{D}/novocab.json"], "lacks 'vocab_size'"),
+    (["plan", "--model", f"{D}/kv7.json"], "kv_heads=7 does not divide heads=32"),
+    (["plan", "--model", f"{D}/tieyes.json"], "tie_word_embeddings must be true or false, got 'yes'"),
+    (["plan", "--model", f"{D}/topk.json"], "top_k=200 exceeds the 128 experts"),
+    (["plan", "--model", f"{D}/mlponly.json"], "mlp_only_layers must be a list of layer indices"),
+    (["plan", "--model", f"{D}/textcfg.json"], "text_config must be an object"),
+    (["plan", "--model", f"{D}/binary.json"], "is not UTF-8 text"),
+    (["plan", "--model", f"{D}/empty.json"], "is not valid JSON"),
+    (["plan", "--model", f"{D}/null.json"], "expected a JSON object"),
+    (["plan", "--model", f"{D}/list.json"], "expected a JSON object"),
+    (["plan", "--model", f"{D}/strhidden.toml"], "hidden must be an integer from 1 to 1048576, got '2048'"),
+    (["plan", "--model", f"{D}/layers0.toml"], "layers must be an integer from 1 to 1024, got 0"),
+    (["plan", "--model", f"{D}/negffn.toml"], "ffn must be an integer"),
+    (["plan", "--model", f"{D}/typo.toml"], "unknown key 'hiden' in [arch]"),
+    (["plan", "--model", f"{D}/archstr.toml"], "[arch] must be a table"),
+    (["plan", "--model", f"{D}/noarch.toml"], "lacks the [arch] table"),
+    (["plan", "--model", f"{D}/noname.toml"], "lacks 'name'"),
+    (["plan", "--model", f"{D}/name5.toml"], "name must be a non-empty string"),
+    (["plan", "--model", f"{D}/topk0.toml"], "top_k must be an integer from 1"),
+    (["plan", "--model", f"{D}/pubstr.toml"], "published_params must be a positive number"),
+    (["plan", "--model", f"{D}/broken.toml"], "is not valid TOML"),
+    (["plan", "--model", f"{D}/binary.toml"], "is not UTF-8 text"),
+    (["plan", "--model", f"{D}/dir.toml"], "Is a directory"),
+    (["plan", "--model", f"{D}/missing.toml"], "No such file"),
+    (["plan", "--model", f"{D}/two\nlines\x1b[31m.toml"], "two lines\\x1b[31m.toml: No such file"),
+    # --- plan: sizes, degrees, batches, hardware ------------------------------------------
+    ([*PLAN, "--gpu-mem", "eighty"], "--gpu-mem: cannot parse 'eighty'"),
+    ([*PLAN, "--gpu-mem", "-5GB"], "--gpu-mem: cannot parse '-5GB' as a size"),
+    ([*PLAN, "--gpu-mem", "0.5"], "'0.5' must be at least one byte"),
+    ([*PLAN, "--gpu-mem", "1KB"], "GPU memory (--gpu-mem) must be from 1GiB"),
+    ([*PLAN, "--gpu-mem", "1e9"], "cannot parse '1e9'"),
+    ([*PLAN, "--gpu-mem", "inf"], "cannot parse 'inf'"),
+    ([*PLAN, "--gpu-mem", "2000TB"], "larger than 1 PiB"),
+    ([*PLAN, "--host-mem", "12XB"], "--host-mem: cannot parse"),
+    ([*PLAN, "--host-mem", "0GB"], "must be at least one byte"),
+    ([*PLAN, "--host-mem", "1KB"], "--host-mem must be at least 1GiB"),
+    ([*PLAN, "--gpu", "tpu-v5"], "unknown GPU 'tpu-v5'"),
+    ([*PLAN, "--gpu", ""], "unknown GPU ''"),
+    ([*PLAN, "--tp", "3"], "does not divide"),
+    ([*PLAN, "--tp", "0"], "--tp must be a positive integer"),
+    ([*PLAN, "--parallel", "tp+pp", "--pp", "3", "--local-batch", "4"], "pp=3 does not divide llama3-70b's 80 layers"),
+    (["plan", "--model", "qwen3-30b-a3b", "--ep", "3"], "ep=3 does not divide qwen3-30b-a3b's 128 experts"),
+    ([*PLAN, "--tp", "8", "--gpus-per-node", "6"], "neither divides"),
+    ([*PLAN, "--parallel", "fsdp+ep"], "needs an MoE model"),
+    ([*PLAN, "--global-batch", "7"], "serves global batch 7"),
+    ([*PLAN, "--global-batch", "0"], "--global-batch must be a positive integer"),
+    ([*PLAN, "--seq-len", "-5"], "--seq-len must be a positive integer"),
+    ([*PLAN, "--seq-len", "1.5"], "--seq-len must be a positive integer, got '1.5'"),
+    ([*PLAN, "--seq-len", "nan"], "--seq-len must be a positive integer, got 'nan'"),
+    ([*PLAN, "--local-batch", "0"], "--local-batch must be a positive integer"),
+    ([*PLAN, "--gpus-per-node", "0"], "--gpus-per-node must be a positive integer"),
+    ([*PLAN, "--gpus-per-node", "1000"], "no node has more than 64 GPUs"),
+    ([*PLAN, "--scale-in", "1.5"], "strictly between 0 and 1"),
+    ([*PLAN, "--scale-in", "nan"], "strictly between 0 and 1"),
+    ([*PLAN, "--scale-in", ","], "strictly between 0 and 1"),
+    ([*PLAN, "--min-efficiency", "0"], "--min-efficiency must lie in (0, 1]"),
+    ([*PLAN, "--min-efficiency", "1.5"], "--min-efficiency must lie in (0, 1]"),
+    ([*PLAN, "--min-efficiency", "nan"], "must be a finite number, got 'nan'"),
+    ([*PLAN, "--min-efficiency", "-inf"], "must be a finite number, got '-inf'"),
+    ([*PLAN, "--precision", "fp4"], "invalid choice"),
+    (["plan"], "the following arguments are required: --model"),
+    ([*PLAN, *CMD], "plan takes no command"),
+    # nothing fits, not even with offloading: the advice must be the right one
+    ([*PLAN, "--parallel", "tp+pp"], "tp+pp needs a local batch of at least pp (one microbatch per stage): "
+                                     "with --local-batch 4, 4 nodes fit without offloading"),
+    (["plan", "--model", "llama4-scout", "--parallel", "fsdp+ep", "--local-batch", "4"],
+     "not even with offloading"),
+    ([*PLAN, "--global-batch", "16", "--host-mem", "100GB"], "host DRAM is too small"),
+    # --- output paths: refused before the work -----------------------------------------------
+    ([*PLAN, "--plot", D], "is a directory; give a file name ending in .png"),
+    ([*PLAN, "--plot", f"{D}/no/x.png"], "does not exist"),
+    ([*PLAN, "--plot", f"{D}/x.jpg"], "must end in .png"),
+    ([*PLAN, "--plot", "/proc/x.png"], "cannot create files in /proc"),
+    ([*PLAN, "--plot", ""], "the file name is empty"),
+    # --- render ------------------------------------------------------------------------------
+    (RENDER, "render needs the training command"),
+    (["render", *CMD], "render needs --model"),
+    ([*RENDER, "-o", "/nonexistent/dir/x", *CMD], "directory /nonexistent/dir does not exist"),
+    ([*RENDER, "-o", D, *CMD], "is a directory; give a file name"),
+    ([*RENDER, "-o", "/proc/nope", *CMD], "cannot create files in /proc"),
+    ([*RENDER, "--port", "99999", *CMD], "--port must be a TCP port from 1 to 65535"),
+    ([*RENDER, "--port", "0", *CMD], "--port must be a positive integer"),
+    ([*RENDER, "--port", "-1", *CMD], "--port must be a positive integer"),
+    ([*RENDER, "--time", "forever", *CMD], "--time 'forever' is not a Slurm time limit"),
+    ([*RENDER, "--time", "1:2:3:4", *CMD], "is not a Slurm time limit"),
+    ([*RENDER, "--partition", "", *CMD], "--partition is empty"),
+    ([*RENDER, "--output", " ", *CMD], "--output is empty"),
+    ([*RENDER, "--nodes", "0", *CMD], "--nodes must be a positive integer"),
+    ([*RENDER, "--nodes", "abc", *CMD], "--nodes must be a positive integer"),
+    ([*RENDER, "--nodes", "1000000", *CMD], "--nodes must be a positive integer of at most 100000"),
+    ([*RENDER, "--gpu-budget", "0", *CMD], "must be at least one byte"),
+    ([*RENDER, "--policy", "turbo", *CMD], "invalid choice"),
+    ([*RENDER, "--log", "chatty", *CMD], "invalid choice"),
+    # --- submit ------------------------------------------------------------------------------
+    ([*SUBMIT, "--nodes", "0", *CMD], "--nodes must be auto or a positive integer of at most 100000, got '0'"),
+    ([*SUBMIT, "--nodes", "-3", *CMD], "got '-3'"),
+    ([*SUBMIT, "--nodes", "lots", *CMD], "got 'lots'"),
+    ([*SUBMIT, "--nodes", "1e3", *CMD], "got '1e3'"),
+    (SUBMIT, "submit needs the training command"),
+    (["submit", "--dry-run", *CMD], "the following arguments are required: --model"),
+    (["submit", "--model", "llama3-70b", *CMD], "sinfo failed: sinfo: error: Unable to contact slurm controller"),
+    # --- simulate ----------------------------------------------------------------------------
+    (["simulate"], "exactly one of --trace FILE or --synthetic N"),
+    ([*SYN, "--trace", f"{D}/header.csv"], "exactly one of"),
+    (["simulate", "--trace", "/nonexistent.csv"], "cannot read trace /nonexistent.csv"),
+    (["simulate", "--trace", D], "Is a directory"),
+    (["simulate", "--trace", f"{D}/empty.csv"], "is empty"),
+    (["simulate", "--trace", f"{D}/header.csv"], "no jobs left after filtering"),
+    (["simulate", "--trace", f"{D}/allbad.csv"], "no jobs left after filtering; dropped: 1 unparsable GPU count, "
+                                                 "1 unparsable submit time, 1 zero or negative duration"),
+    (["simulate", "--trace", f"{D}/binary.csv"], "unrecognised trace columns"),
+    (["simulate", "--trace", f"{D}/columns.csv"], "unrecognised trace columns"),
+    (["simulate", "--trace", f"{D}/header.csv", "--format", "seren"], "has the generic column set, not seren"),
+    (["simulate", "--trace", f"{D}/big.csv", "--racks", "1"], "1 job(s) ask for more GPUs (up to 600)"),
+    (["simulate", "--synthetic", "0"], "--synthetic must be a positive integer"),
+    (["simulate", "--synthetic", "-5"], "--synthetic must be a positive integer"),
+    (["simulate", "--synthetic", "1e6"], "--synthetic must be a positive integer"),
+    (["simulate", "--synthetic", "99999999999"], "--synthetic takes 1 to 10,000,000 jobs"),
+    ([*SYN, "--load", "0"], "--load must lie in (0, 10]"),
+    ([*SYN, "--load", "-1"], "--load must lie in (0, 10]"),
+    ([*SYN, "--load", "11"], "--load must lie in (0, 10]"),
+    ([*SYN, "--load", "nan"], "argument --load: the value must be a finite number, got 'nan'"),
+    ([*SYN, "--load", "inf"], "got 'inf'"),
+    ([*SYN, "--median-duration", "0"], "--median-duration must lie in [1, 604800] seconds"),
+    ([*SYN, "--median-duration", "-5"], "--median-duration must lie in [1, 604800] seconds"),
+    ([*SYN, "--median-duration", "1e9"], "--median-duration must lie in [1, 604800] seconds"),
+    ([*SYN, "--median-duration", "nan"], "got 'nan'"),
+    ([*SYN, "--unchanged", "-1"], "--unchanged must lie in [-0.99, 10]"),
+    ([*SYN, "--unchanged", "-2"], "--unchanged must lie in [-0.99, 10]"),
+    ([*SYN, "--unchanged", "nan"], "got 'nan'"),
+    ([*SYN, "--speedup", "nan"], "got 'nan'"),
+    ([*SYN, "--speedup", "-0.5"], "--speedup must lie in [0, 10]"),
+    ([*SYN, "--speedup", "1e308"], "--speedup must lie in [0, 10]"),
+    ([*SYN, "--slowdown", "-1"], "--slowdown must lie in [0, 10]"),
+    ([*SYN, "--racks", "1000000"], "--racks takes 1 to 10,000 racks"),
+    ([*SYN, "--racks", "0"], "--racks must be a positive integer"),
+    ([*SYN, "--reduced-racks", "20000"], "--racks takes 1 to 10,000 racks"),
+    ([*SYN, "--rack-gpus", "30"], "--rack-gpus 30 is not a multiple of --gpus-per-node 4"),
+    ([*SYN, "--rack-gpus", "100000"], "--rack-gpus takes 1 to 1024 GPUs a rack"),
+    ([*SYN, "--gpus-per-node", "6"], "invalid choice"),
+    ([*SYN, "--reductions", "1.5"], "reductions must lie in [0, 1)"),
+    ([*SYN, "--reductions", "abc"], "--reductions takes fractions"),
+    ([*SYN, "--seed", "abc"], "invalid int value"),
+    ([*SYN, "--plot", D], "is a directory; give a file name ending in .png"),
+    ([*SYN, "--plot", f"{D}/no/x.png"], "does not exist"),
+    ([*SYN, "--plot", f"{D}/x.jpg"], "must end in .png"),
+    ([*SYN, "--plot", "/proc/x.png"], "cannot create files in /proc"),
+    # --- run, spank, the rest ------------------------------------------------------------------
+    (["run"], "run needs the command after --"),
+    (["run", "--stats", "/proc/nope", "--", "true"], "--stats /proc/nope: cannot create the directory"),
+    (["run", "--stats", f"{D}/file", "--", "true"], "is a file; run writes one stats file per process"),
+    (["run", "--", "no-such-program-xyz"], "cannot start 'no-such-program-xyz': no such program"),
+    (["run", "--gpu-budget", "1e30", "--", "true"], "cannot parse '1e30'"),
+    (["run", "--policy", "bogus", "--", "true"], "invalid choice"),
+    (["spank", "build", "--out", "/proc/nope"], "cannot create files in /proc"),
+    (["spank", "build", "--out", f"{D}/file"], "exists and is not a directory"),
+    (["doctor", "--bogus"], "unrecognized arguments: --bogus"),
+    (["frobnicate"], "invalid choice"),
+    (["status", "12;rm -rf"], "'12;rm -rf' is not a Slurm job id"),
+    (["cancel", "all"], "'all' is not a Slurm job id"),
+]
+
+
+def _tree(d):
+    return sorted((str(p.relative_to(d)), p.stat().st_size if p.is_file() else -1) for p in d.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def forked():
+    server = ForkCLI()
+    yield server.run
+    server.close()
+
+
+@pytest.fixture
+def files(tmp_path):
+    for name, content in FILES.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith("/placeholder"):
+            continue  # the directory alone
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    (tmp_path / "bin" / "sinfo").chmod(stat.S_IRWXU)
+    return tmp_path
+
+
+def check_row(run, files, args, needle):
+    before = _tree(files)
+    env = {"PATH": f"{files / 'bin'}{os.pathsep}{os.environ['PATH']}"}  # a Slurm whose controller is down
+    t0 = time.monotonic()
+    rc, out, err = run(*[a.replace(D, str(files)) for a in args], env=env)[:3]
+    elapsed = time.monotonic() - t0
+    lines = err.splitlines()
+    assert "Traceback" not in err, err
+    assert rc == 2, (rc, err)
+    assert out == ""
+    assert len(lines) == 1 and lines[0].startswith("transit-launch: error: "), err
+    assert needle.replace(D, str(files)) in lines[0]
+    assert _tree(files) == before  # nothing written, not even a partial file
+    assert elapsed < 20
+
+
+@pytest.mark.parametrize("args,needle", ROWS, ids=[f"{i:03d} " + " ".join(a)[:60] for i, (a, _) in enumerate(ROWS)])
+def test_one_line_exit_2(forked, files, args, needle):
+    check_row(lambda *a, env: forked(*a, env=env, cwd=files, timeout=20), files, args, needle)
+
+
+ISSUE = ["heads0.json", "archlist.json", "strhidden.toml", "layers0.toml", "neghidden.json", "/nonexistent/dir/x",
+         "-o {d}", "allbad.csv", "--load 0", "--unchanged -1", "--median-duration 0", "--median-duration nan",
+         "{d}/no/x.png", "spank build --out /proc/nope", "run --stats /proc/nope", "--load nan", "--speedup nan",
+         "--unchanged nan", "--unchanged -2", "--load inf", "--port 99999", "--time forever", "--plot {d}",
+         "--racks 1000000", "--synthetic 99999999999", "--gpu-mem 0.5", "--gpu-mem 1KB", "--gpu-mem -5GB",
+         "--model  ", "--nodes 0"]
+ISSUE_ROWS = [next(r for r in ROWS if case in " ".join(r[0]) + " ") for case in ISSUE]
+
+
+@pytest.mark.parametrize("args,needle", ISSUE_ROWS, ids=ISSUE)
+def test_issue_rows_as_python_m_transit_launch(files, args, needle):
+    """The issue's own rows (finding each guards against losing one while editing), run the
+    way users run the CLI: a fresh interpreter each."""
+    check_row(lambda *a, env: run_cli(*a, env=env, timeout=30), files, args, needle)
+
+
+# --- trace rows that cannot be read: counted, never a crash --------------------------------
+
+UNREADABLE = [
+    ("0,100,inf", "unparsable GPU count"),
+    ("0,100,nan", "unparsable GPU count"),
+    ("0,100,2.5", "unparsable GPU count"),
+    ("0,100,\xff8", "unparsable GPU count"),  # written as latin-1: a byte that is not UTF-8
+    ("0,100,-1", "not a GPU job"),
+    ("nan,100,8", "unparsable submit time"),
+    ("inf,100,8", "unparsable submit time"),
+    ("1e300,100,8", "unparsable submit time"),
+    ("2023-13-45 00:00:00,100,8", "unparsable submit time"),
+    ("0,inf,8", "zero or negative duration"),
+    ("0,nan,8", "zero or negative duration"),
+    ("0,-5,8", "zero or negative duration"),
+    ("0,1e300,8", "duration over a year"),
+    ("0,100", "short row"),
+    ('0,"100,8\n' + "x" * 200_000, "unreadable CSV row"),  # an unclosed quote runs past the field size limit
+]
+
+
+@pytest.mark.parametrize("row,reason", UNREADABLE, ids=[f"{i}-{r}" for i, (_, r) in enumerate(UNREADABLE)])
+def test_unreadable_trace_rows_are_counted(tmp_path, row, reason):
+    from transit_launch.sim.trace import load_csv
+    p = tmp_path / "t.csv"
+    p.write_bytes((HEAD + "0,100,8\n" + row + "\n5,50,4\n").encode("latin-1"))
+    t = load_csv(p)
+    assert t.dropped == {reason: 1}
+    assert t.gpus[0] == 8 and len(t) in (1, 2)  # the unclosed quote swallows the last row too
+
+
+def test_unreadable_rows_reported_by_the_cli(cli, tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_bytes((HEAD + "\n".join(["0,100,8", "5,50,4", *(r for r, _ in UNREADABLE[:-1])]) + "\n").encode("latin-1"))
+    rc, out, err = cli("simulate", "--trace", str(p), "--racks", "1", "--quiet")
+    assert rc == 0 and err == "", err
+    dropped = out.splitlines()[1]
+    assert dropped.startswith("dropped: ") and "4 unparsable GPU count" in dropped and "4 unparsable submit time" in dropped
