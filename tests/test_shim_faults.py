@@ -127,7 +127,12 @@ def test_not_supported_fallback_warns_once_then_counts(built, tmp_path):
     assert [out[f"last{i}"] for i in range(3)] == ["0"] * 3  # the shim's own failure is not the application's
     [line] = warnings(res.stderr)
     assert "using cudaMalloc" in line
-    assert stats_of(tmp_path / "s.json")["managed_fallbacks"] == 3
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["managed_fallbacks"] == 3
+    from transit_launch.shim import run as runmod  # `transit-launch run` says so too
+    summ = runmod.summary([stats])
+    assert summ["processes"][0]["managed_fallbacks"] == 3
+    assert "3 allocation(s) could not be managed memory" in runmod.summary_text(summ)
 
 
 def test_managed_out_of_memory_is_passed_on(built, tmp_path):

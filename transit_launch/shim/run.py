@@ -125,6 +125,8 @@ def summary(stats: list[dict]) -> dict:
             "staged_gb_per_step": gb(st["in_bytes"] / st["steps"]) if (st := s.get("staging") or {}).get("steps")
             else None,
             "staging_stopped_by_overflow": bool(st.get("overflows")),
+            # allocations the runtime refused as managed memory, served as plain device memory
+            "managed_fallbacks": s.get("managed_fallbacks", 0),
         })
     return {"processes": procs}
 
@@ -143,6 +145,9 @@ def summary_text(summ: dict) -> str:
     if any(not p["measured_within"] for p in summ["processes"]):
         text += "\n(*) " + UVM_CACHE_NOTE
     for p in summ["processes"]:
+        if p["managed_fallbacks"]:
+            text += (f"\npid {p['pid']}: {p['managed_fallbacks']} allocation(s) could not be managed memory and "
+                     "stayed plain device memory (not placed by the policy)")
         if p.get("staged_gb_per_step") is not None:
             text += f"\npid {p['pid']}: staging lent {p['staged_gb_per_step']} GB a step to the GPU (experimental)"
             if p.get("staging_stopped_by_overflow"):
