@@ -14,7 +14,7 @@ from tests.slurm_lab import missing
 from transit_launch.shim import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
-ADAPTER = str(inject._PKG / "adapter")  # the lab's plugstack points here (conftest.lab)
+ADAPTER = inject._PKG / "adapter"  # the lab's plugstack points here (conftest.lab)
 
 
 def job_script(lab, name, body):
@@ -24,8 +24,10 @@ def job_script(lab, name, body):
     return path
 
 
-ENV_PROBE = ("/usr/bin/srun -N2 --ntasks-per-node=1 /bin/bash -c 'echo \"$SLURMD_NODENAME|$LD_PRELOAD|"
-             "$TRANSIT_POLICY|$PYTHONPATH|$PYTORCH_ALLOC_CONF|$TRANSIT_GPU_BUDGET|$TRANSIT_STATS\"'\n")
+ENV_ROW = '"$SLURMD_NODENAME|$LD_PRELOAD|$TRANSIT_POLICY|$PYTHONPATH|$PYTORCH_ALLOC_CONF|$TRANSIT_GPU_BUDGET|$TRANSIT_STATS"'
+# the batch step's own environment (as "batch") and every node's srun step
+ENV_PROBE = (f"SLURMD_NODENAME=batch; echo {ENV_ROW}\n"
+             f"/usr/bin/srun -N2 --ntasks-per-node=1 /bin/bash -c 'echo {ENV_ROW}'\n")
 
 
 def run_job(lab, *args, script):
@@ -67,11 +69,11 @@ def test_advise_on_two_nodes(lab, export):
                         script=script)
     assert info["JobState"] == "COMPLETED", out
     rows = probe_rows(out)
-    assert set(rows) == {"n1", "n2"}, out
+    assert set(rows) == {"batch", "n1", "n2"}, out  # with --export=NONE the batch step too
     for node, (preload, policy, pypath, alloc, budget, stats) in rows.items():
         assert preload.split(":")[0] == lab.shim, (node, preload)
         assert preload.count(lab.shim) == 1  # not prepended twice (batch step and srun step)
-        assert policy == "advise" and pypath.split(":")[0] == ADAPTER
+        assert policy == "advise" and pypath.split(":")[0] == str(ADAPTER)
         assert alloc == "backend:native,expandable_segments:False"
         assert (budget, stats) == ("40GB", "/tmp/tstats")
 
@@ -82,7 +84,7 @@ def test_untouched_without_the_option(lab):
     assert info["JobState"] == "COMPLETED"
     for preload, policy, pypath, alloc, budget, stats in probe_rows(out).values():
         assert (preload, policy, alloc, budget, stats) == ("", "", "", "", "")
-        assert ADAPTER not in pypath
+        assert str(ADAPTER) not in pypath
 
 
 def test_srun_takes_the_option(lab):
@@ -187,17 +189,27 @@ def test_gres_parsing(gres, gpus):
 
 
 def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
+    """--prefix P: the plugin, a copy of the shim and of the adapter under P, root's and
+    not writable by others; the line points at those copies, by absolute paths."""
     if not Path("/usr/include/slurm/spank.h").exists():
         pytest.skip("needs libslurm-dev (spank.h)")
-    env = dict(os.environ, TRANSIT_SHIM=str(built["shim"]), TRANSIT_ADAPTER_DIR="/opt/transit/adapter")
-    rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "usr"), "--plugstack-dir",
+    if os.geteuid() != 0:
+        pytest.skip("installs root-owned files (the plugin refuses a shim anyone else can change)")
+    prefix = tmp_path / "usr"
+    env = dict(os.environ, TRANSIT_SHIM=str(built["shim"]), TRANSIT_ADAPTER_DIR=str(ADAPTER))
+    rc, out, err = cli("spank", "install", "--prefix", str(prefix), "--plugstack-dir",
                        str(tmp_path / "plugstack.d"), "--default", "base", "--oversubscribe", "allow", env=env)
     assert rc == 0, err
-    plugin = tmp_path / "usr" / "lib" / "slurm" / "transit_spank.so"
+    plugin = prefix / "lib" / "slurm" / "transit_spank.so"
+    shim, adapter = prefix / "lib" / "transit-launch" / "libtransit.so", prefix / "lib" / "transit-launch" / "adapter"
     conf = (tmp_path / "plugstack.d" / "transit.conf").read_text().splitlines()[-1]
-    assert plugin.is_file()
-    assert conf == (f"required {plugin} shim={built['shim']} adapter=/opt/transit/adapter default=base "
+    assert conf == (f"required {plugin} shim={shim} adapter={adapter} default=base "
                     "allowed=off,base,prefetch,advise oversubscribe=allow")
+    assert shim.read_bytes() == built["shim"].read_bytes()
+    assert sorted(p.name for p in adapter.iterdir()) == sorted(p.name for p in ADAPTER.glob("*.py"))
+    for p in (plugin, shim, adapter, *adapter.iterdir(), shim.parent, plugin.parent):
+        st = p.stat()
+        assert st.st_uid == 0 and not st.st_mode & 0o022, (p, oct(st.st_mode))
     syms = subprocess.run(["nm", "-D", "--defined-only", str(plugin)], capture_output=True, text=True).stdout
     assert sorted(line.split()[-1] for line in syms.splitlines()) == [
         "plugin_name", "plugin_type", "plugin_version", "slurm_spank_init", "slurm_spank_init_post_opt",
