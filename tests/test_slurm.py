@@ -223,3 +223,37 @@ def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
 def test_spank_build_errors(cli, tmp_path, args, env, needle):
     rc, out, err = cli(*args, "--out", str(tmp_path), env=env) if args[1] == "build" else cli(*args, env=env)
     assert rc == 2 and needle in err and "Traceback" not in err
+
+
+def test_unknown_partition_and_job_are_errors(lab, cli):
+    """--partition nope is an error (also on a dry run, where Slurm is there to ask); a job
+    id the controller does not know is "no such job" for status and cancel (scancel itself
+    exits 0 for it)."""
+    for extra in ([], ["--dry-run"]):
+        rc, out, err = cli("submit", "--model", "llama3-8b", "--partition", "nope", *extra, "--", "python", "x.py",
+                           env=lab.env)
+        assert rc == 2 and "no partition 'nope'; known: debug" in err and len(err.strip().splitlines()) == 1, err
+    for cmd in ("status", "cancel"):
+        rc, out, err = cli(cmd, "999999", env=lab.env)
+        assert rc == 2 and err.strip() == "transit-launch: error: no such job 999999" and out == "", (cmd, err)
+    rc, out, err = cli("status", "1;id", env=lab.env)
+    assert rc == 2 and "'1;id' is not a Slurm job id" in err
+
+
+@pytest.mark.parametrize("opt,value", [("--job-name", "x\n#SBATCH --uid=0"), ("--job-name", "a b"),
+                                       ("--partition", "debug\nid"), ("--account", "a\rb"), ("--time", "1:00\x1b[2J"),
+                                       ("--output", "o\n.out"), ("--stats", "/tmp/s\nrm -rf /")])
+def test_render_and_submit_refuse_control_characters(cli, opt, value):
+    for cmd in (["render", "--nodes", "1"], ["submit", "--model", "llama3-8b", "--nodes", "1", "--dry-run"]):
+        rc, out, err = cli(*cmd, opt, value, "--", "python", "train.py", env={"PATH": "/nonexistent"})
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (cmd, err)
+
+
+def test_render_quotes_what_reaches_the_shell(cli):
+    rc, out, err = cli("render", "--nodes", "1", "--policy", "advise", "--stats", "/tmp/$(id)'x", "--", "python",
+                       "train.py", "--tag", "a;b $(id)", env={"TRANSIT_SHIM": "/opt/t/lib transit.so"})
+    assert rc == 0, err
+    assert "export TRANSIT_STATS='/tmp/$(id)'\"'\"'x'" in out
+    assert "train.py --tag 'a;b $(id)'" in out and "export LD_PRELOAD='/opt/t/lib transit.so'" in out
+    rc, out, err = cli("render", "--nodes", "1", "--", "python", "train.py", "--tag", "a\nb")
+    assert rc == 2 and "holds a control character" in err

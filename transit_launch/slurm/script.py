@@ -3,22 +3,40 @@ injected. Shared by `render` and the submit flow."""
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
+
+from transit_launch.errors import UsageError
 
 from transit_launch.shim import inject
 from transit_launch.slurm.render import render
 
 
+_SBATCH_UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 @dataclass(frozen=True)
 class JobOptions:
-    """What sbatch is told besides the node count."""
+    """What sbatch is told besides the node count. The values go on #SBATCH lines, which
+    sbatch splits at whitespace and which a newline would end: control characters,
+    whitespace and quotes are refused."""
     name: str | None = None
     partition: str | None = None
     account: str | None = None
     time: str | None = None
     output: str = "%x-%j.out"
     port: int = 29500
+
+    def __post_init__(self):
+        for opt, val in (("--job-name", self.name), ("--partition", self.partition), ("--account", self.account),
+                         ("--time", self.time), ("--output", self.output)):
+            if val is not None and (not val or _SBATCH_UNSAFE.search(val)):
+                raise UsageError(f"{opt} {val!r}: an #SBATCH value cannot be empty or hold whitespace, quotes or "
+                                 "control characters")
+        if not 0 < self.port < 65536:
+            raise UsageError(f"--port {self.port}: not a TCP port")
 
 
 @dataclass(frozen=True)
@@ -28,6 +46,10 @@ class ShimOptions:
     gpu_budget: int | None = None
     stats: str | None = None
     log: str | None = None
+
+    def __post_init__(self):
+        if self.stats is not None and _CONTROL.search(self.stats):
+            raise UsageError(f"--stats {self.stats!r}: a path with control characters cannot go into a job script")
 
 
 def policy_for(p, nodes: int, policy: str | None) -> str:

@@ -42,7 +42,7 @@ def submit(sub: Submission, make_request, gpus_per_node: int | None = None) -> S
     part = None
     try:
         part = commands.partition(sub.job.partition)
-    except UsageError:
+    except commands.NoSlurm:  # a dry run renders without Slurm; an unknown partition is an error
         if not sub.dry_run:
             raise
     if part and not part.gpus_per_node:
