@@ -252,7 +252,7 @@ def test_fuzz_parsers_with_libfuzzer(tmp_path):
     (corpus / "line").write_text("shim=/bin/sh\nadapter=/usr/include/slurm\ndefault=off\nallowed=off,advise\n"
                                  "oversubscribe=deny")
     (corpus / "lists").write_text("/a.so /b.so::/c.so\n/bin/sh")
-    res = subprocess.run([str(exe), "-runs=150000", "-max_len=4096", "-seed=1", str(corpus)], capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run([str(exe), "-runs=150000", "-max_len=4096", "-seed=1", f"-artifact_prefix={tmp_path}/",
+                          str(corpus)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Done 150000 runs" in res.stderr
