@@ -212,6 +212,12 @@ def test_install_refuses_a_prefix_others_can_write(cli, built, tmp_path):
                            env=env)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (prefix, err)
         assert not (tmp_path / "conf" / "transit.conf").exists()
+    # the include directory: whoever can write it can rewrite the line
+    rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "p"), "--plugstack-dir", str(ww / "conf"),
+                       env=env)
+    assert rc == 2 and f"include directory is not safe: transit: plugstack include={ww}/conf: {ww} is writable" \
+        in err, err
+    assert not (ww / "conf" / "transit.conf").exists() and not (tmp_path / "p" / "lib" / "slurm" / "transit_spank.so").exists()
 
 
 # --- the fuzz harness ------------------------------------------------------------------

@@ -74,7 +74,9 @@ LD_PRELOAD="$(printf 'libm.so.6:%.0s' {{1..1000}})libdl.so.2" {SRUN} -N1 /bin/ba
 """
     env = dict(lab.env, TRANSIT_ALLOW_OVERSUBSCRIBE="1", SPANK_TRANSIT_GPU_BUDGET="abc",
                SPANK_TRANSIT_STATS="/etc/evil", SLURM_SPANK_TRANSIT_STATS="/etc/evil2")
-    job = submit(lab, "-N2", "--transit=advise", "--transit-budget=40GB", str(script(lab, "widen.sh", body)), env=env)
+    job = submit(lab, "-N2", "--transit=advise", "--transit-budget=40GB",
+                 "--export=ALL,SLURM_SPANK_TRANSIT_STATS=/etc/evil3,TRANSIT_ALLOW_OVERSUBSCRIBE=1",
+                 str(script(lab, "widen.sh", body)), env=env)
     rows, out = rows_of(lab, job)
     tags = [r["tag"] for r in rows]
     assert sorted(set(tags)) == sorted(["batch", "plain", "exported", "srun-export", "srun-none", "forged",
@@ -88,7 +90,7 @@ LD_PRELOAD="$(printf 'libm.so.6:%.0s' {{1..1000}})libdl.so.2" {SRUN} -N1 /bin/ba
         pre = entries(r["preload"])
         assert pre[0] == lab.shim and pre.count(lab.shim) == 1, r
         assert r["policy"] == "advise" and r["budget"] == "40GB", r  # forged values refused on the node
-        assert r["stats"] == "", r  # neither SPANK_TRANSIT_STATS nor SLURM_SPANK_TRANSIT_STATS
+        assert r["stats"] == "", r  # no SPANK_TRANSIT_STATS, no exported or --export'ed SLURM_SPANK_TRANSIT_STATS
         assert r["pypath"].split(":")[0] == ADAPTER, r
     by = {r["tag"]: r for r in rows}
     assert by["spaces"]["preload"] == f"{lab.shim}:libm.so.6:libdl.so.2"

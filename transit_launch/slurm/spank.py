@@ -79,14 +79,19 @@ def build_check(out_dir: str | Path, include: str | None = None, cc: str | None 
     return _compile(Path(out_dir) / CHECK, [SRC / "tools" / "check.c", *(SRC / s for s in LIBSRC)], include, cc, [])
 
 
-def check_args(args: list[str], include: str | None = None) -> None:
-    """Refuse, with the plugin's own message, the arguments the plugin would refuse at load."""
+def check_args(args: list[str], include: str | None = None, conf_dir: Path | None = None) -> None:
+    """Refuse, with the plugin's own message, the arguments the plugin would refuse at load
+    (and an include directory others could change)."""
+    checks = [(args, "the plugin would refuse this line")]
+    if conf_dir:
+        checks.append((["--dir", str(conf_dir)], "the plugstack include directory is not safe"))
     with tempfile.TemporaryDirectory() as d:
         exe = build_check(d, include)
-        res = subprocess.run([str(exe), *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        lines = res.stderr.strip().splitlines()
-        raise UsageError(f"the plugin would refuse this line: {lines[-1] if lines else f'exit {res.returncode}'}")
+        for argv, what in checks:
+            res = subprocess.run([str(exe), *argv], capture_output=True, text=True)
+            if res.returncode != 0:
+                lines = res.stderr.strip().splitlines()
+                raise UsageError(f"{what}: {lines[-1] if lines else f'exit {res.returncode}'}")
 
 
 # Slurm splits a plugstack line at spaces, tabs and newlines and cuts it at '#', with no
@@ -169,15 +174,14 @@ def install(prefix: str, plugstack_dir: str, include: str | None = None, default
     _line_path("--plugstack-dir", conf_dir)
     with tempfile.TemporaryDirectory() as tmp:
         built = build(tmp, include)
-        for d in (lib, plugin_dst.parent, *([dest_adapter] if dest_adapter else [])):
+        for d in (lib, plugin_dst.parent, conf_dir, *([dest_adapter] if dest_adapter else [])):
             _mkdir(d)
         _put(shim, dest_shim, 0o755)
         if adapter and dest_adapter:
             for f in sorted(adapter.glob("*.py")):
                 _put(f, dest_adapter / f.name, 0o644)
-        check_args(args, include)  # the plugin's parser, on the files as installed
+        check_args(args, include, conf_dir)  # the plugin's parser, on the files as installed
         _put(built, plugin_dst, 0o755)
-    _mkdir(conf_dir)
     conf = conf_dir / "transit.conf"
     text = ("# transit-launch SPANK plugin: sbatch --transit=advise job.sh\n"
             f"# include it from plugstack.conf: include {conf_dir}/*.conf\n"
