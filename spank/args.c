@@ -358,7 +358,9 @@ int tr_parse_args(int ac, char **av)
         slurm_error("transit: plugstack gives no shim=PATH (the libtransit.so jobs load)");
         return -1;
     }
-    if (tr_path_secure("shim", tr_site.shim, 0) || (tr_site.adapter[0] && tr_path_secure("adapter", tr_site.adapter, 1)))
+    if (tr_path_secure("shim", tr_site.shim, 0))
+        return -1;
+    if (tr_site.adapter[0] && tr_path_secure("adapter", tr_site.adapter, 1))
         return -1;
     return 0;
 }

@@ -111,7 +111,8 @@ def _line_path(what: str, path: Path | str) -> str:
 
 def plugstack_line(plugin: Path, shim: Path | None, adapter: Path | None, default: str = "off",
                    allowed: str = "off,base,prefetch,advise", oversubscribe: str = "deny") -> str:
-    return f"required {_line_path('plugin', plugin)} {' '.join(plugstack_args(shim, adapter, default, allowed, oversubscribe))}"
+    args = plugstack_args(shim, adapter, default, allowed, oversubscribe)
+    return f"required {_line_path('plugin', plugin)} {' '.join(args)}"
 
 
 def plugstack_args(shim: Path | None, adapter: Path | None, default: str = "off",
