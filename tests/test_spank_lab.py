@@ -177,3 +177,18 @@ def test_cli_budget_outside_the_grammar_refused(cli):
     for value in ("1e99", "nan", "0x10GB"):
         rc, out, err = cli("render", "--nodes", "1", "--gpu-budget", value, "--", "python", "train.py")
         assert rc == 2 and "Traceback" not in err and value in err, err
+
+
+def test_salloc_the_same(lab):
+    """salloc hands the options to the allocation's steps like sbatch, and overwrites the
+    SLURM_SPANK_TRANSIT_* a user exported; without the option nothing is injected."""
+    env = dict(lab.env, TRANSIT_ALLOW_OVERSUBSCRIBE="1", SLURM_SPANK_TRANSIT_STATS="/etc/evil",
+               SLURM_SPANK_TRANSIT_POLICY="advise")
+    rows = {}
+    for tag, extra in (("on", ["--transit=prefetch"]), ("none", [])):
+        res = lab.cmd("salloc", "-N1", *extra, SRUN, "/bin/bash", "-c", ROW, tag, env=env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        rows[tag] = dict(zip(FIELDS, res.stdout.strip().split("|")[1:]))
+    assert entries(rows["on"]["preload"]) == [lab.shim] and rows["on"]["policy"] == "prefetch", rows
+    assert rows["none"]["preload"] == "" and rows["none"]["policy"] == "", rows
+    assert all(r["stats"] == "" and r["allow"] == "unset" for r in rows.values()), rows
