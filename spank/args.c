@@ -1,7 +1,15 @@
-/* plugstack.conf arguments: strict key=value, unknown keys are an error. */
+/* plugstack.conf arguments (strict key=value: unknown or repeated keys are an error, the
+ * shim and adapter must be files only root can change) and the checks of the values of
+ * --transit, --transit-budget and --transit-stats. No Slurm calls but slurm_error, so that
+ * the installer's check (tools/check.c) and the fuzz harness run this very code. */
+#define _DEFAULT_SOURCE /* lstat, readlink */
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "transit_spank.h"
 #include "../shim/transit_size.h"
@@ -27,7 +35,7 @@ int tr_list_has(const char *list, char sep, const char *item, size_t n)
 static int in_list(const char *item, const char *list) { return tr_list_has(list, ',', item, strlen(item)); }
 
 int tr_policy_known(const char *p) { return *p && in_list(p, TR_POLICIES); }
-int tr_policy_allowed(const char *p) { return in_list(p, tr_site.allowed); }
+int tr_policy_allowed(const char *p) { return *p && in_list(p, tr_site.allowed); }
 
 /* --transit-budget: the grammar libtransit.so's TRANSIT_GPU_BUDGET reads (transit_size.h). */
 int tr_size_valid(const char *s)
@@ -35,6 +43,225 @@ int tr_size_valid(const char *s)
     uint64_t v;
     return tr_size_parse(s, &v) == TR_SIZE_OK;
 }
+
+static int printable(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return 0;
+    return 1;
+}
+
+/* The option values, from the command line (sbatch/salloc/srun), from Slurm on the node,
+ * or from the job-control environment: every one goes through these. */
+int tr_opt_policy(const char *arg)
+{
+    if (!arg || !tr_policy_known(arg)) {
+        slurm_error("transit: --transit=%s: expected one of %s", arg && printable(arg) ? arg : "?", TR_POLICIES);
+        return -1;
+    }
+    if (!tr_policy_allowed(arg)) {
+        slurm_error("transit: --transit=%s is not allowed on this cluster (allowed: %s)", arg, tr_site.allowed);
+        return -1;
+    }
+    snprintf(tr_job.policy, sizeof tr_job.policy, "%s", arg);
+    return 0;
+}
+
+int tr_opt_budget(const char *arg)
+{
+    if (!arg || strlen(arg) >= sizeof tr_job.budget || !tr_size_valid(arg)) {
+        slurm_error("transit: --transit-budget=%s: expected a size such as 40GB or 64GiB",
+                    arg && strlen(arg) < sizeof tr_job.budget && printable(arg) ? arg : "?");
+        return -1;
+    }
+    strcpy(tr_job.budget, arg);
+    return 0;
+}
+
+int tr_opt_stats(const char *arg)
+{
+    if (!arg || !*arg || strlen(arg) >= sizeof tr_job.stats || !printable(arg)) {
+        slurm_error("transit: --transit-stats needs a directory (a path without control characters)");
+        return -1;
+    }
+    strcpy(tr_job.stats, arg);
+    return 0;
+}
+
+/* --- shim= and adapter=: only root may be able to change what every job loads ---------- */
+
+/* Can anyone but root change this entry (or, for a directory, what it holds)? A directory
+ * writable by others passes only with the sticky bit (/tmp): then only an entry's owner
+ * can replace it, and the next entry on the path must be root's (checked next). */
+static const char *unsafe(const struct stat *st, int final)
+{
+    if (st->st_uid != 0)
+        return "is not owned by root";
+    if (S_ISLNK(st->st_mode))
+        return NULL; /* a link cannot be changed, only replaced in its directory */
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX) && !final))
+        return "is writable by group or others";
+    return NULL;
+}
+
+/* Walk path from /, following symlinks the way the kernel does and checking every
+ * directory, link and the final entry on the way. 0, or -1 with why/where filled in. */
+static int walk(const char *path, int want_dir, const char **why, char *where)
+{
+    char cur[TR_PATH_MAX] = "", rest[TR_PATH_MAX], link[TR_PATH_MAX], tmp[TR_PATH_MAX];
+    int links = 0;
+    struct stat st;
+    if (lstat("/", &st) || (*why = unsafe(&st, 0))) {
+        *why = *why ? *why : "cannot be read";
+        strcpy(where, "/");
+        return -1;
+    }
+    if (snprintf(rest, sizeof rest, "%s", path) >= (int)sizeof rest)
+        goto too_long;
+    while (rest[0]) {
+        char *comp = rest;
+        while (*comp == '/')
+            comp++;
+        size_t n = strcspn(comp, "/");
+        char *next = comp + n;
+        while (*next == '/')
+            next++;
+        if (n == 0)
+            break;
+        if ((n == 1 && comp[0] == '.') || (n == 2 && comp[0] == '.' && comp[1] == '.')) {
+            if (n == 2) { /* cur holds no links: going up is textual */
+                char *slash = strrchr(cur, '/');
+                if (slash)
+                    *slash = 0;
+            }
+            memmove(rest, next, strlen(next) + 1);
+            continue;
+        }
+        if (strlen(cur) + 1 + n >= sizeof cur)
+            goto too_long;
+        size_t clen = strlen(cur);
+        cur[clen] = '/';
+        memcpy(cur + clen + 1, comp, n);
+        cur[clen + 1 + n] = 0;
+        memmove(rest, next, strlen(next) + 1);
+        if (lstat(cur, &st)) {
+            *why = "does not exist";
+            strcpy(where, cur);
+            return -1;
+        }
+        int final = rest[0] == 0;
+        if ((*why = unsafe(&st, final && !S_ISLNK(st.st_mode)))) {
+            strcpy(where, cur);
+            return -1;
+        }
+        if (S_ISLNK(st.st_mode)) {
+            ssize_t len = readlink(cur, link, sizeof link - 1);
+            if (len <= 0 || ++links > 40) {
+                *why = len <= 0 ? "is a link that cannot be read" : "has too many links";
+                strcpy(where, cur);
+                return -1;
+            }
+            link[len] = 0;
+            *strrchr(cur, '/') = 0; /* the link resolves relative to its directory */
+            if (link[0] == '/')
+                cur[0] = 0;
+            if (snprintf(tmp, sizeof tmp, "%s/%s", link, rest) >= (int)sizeof tmp)
+                goto too_long;
+            strcpy(rest, tmp);
+            continue;
+        }
+        if (!final && !S_ISDIR(st.st_mode)) {
+            *why = "is not a directory";
+            strcpy(where, cur);
+            return -1;
+        }
+    }
+    if (!cur[0])
+        strcpy(cur, "/");
+    strcpy(where, cur);
+    if (lstat(cur, &st) || (*why = unsafe(&st, 1))) { /* again: '..' may have ended elsewhere */
+        *why = *why ? *why : "cannot be read";
+        return -1;
+    }
+    if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+        *why = want_dir ? "is not a directory" : "is not a regular file";
+        return -1;
+    }
+    return 0;
+too_long:
+    *why = "is too long";
+    snprintf(where, TR_PATH_MAX, "%.64s...", path);
+    return -1;
+}
+
+/* The adapter directory's own entries (Python imports them into every job) must be
+ * root's too: regular files and directories only, one level of subdirectories. */
+static int walk_dir(const char *dir, int depth, const char **why, char *where)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int rc = 0;
+    if (!d) {
+        *why = "cannot be listed";
+        snprintf(where, TR_PATH_MAX, "%s", dir);
+        return -1;
+    }
+    while (rc == 0 && (e = readdir(d))) {
+        struct stat st;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (snprintf(where, TR_PATH_MAX, "%s/%s", dir, e->d_name) >= TR_PATH_MAX) {
+            *why = "is too long";
+            rc = -1;
+        } else if (lstat(where, &st)) {
+            *why = "cannot be read";
+            rc = -1;
+        } else if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+            *why = "is neither a file nor a directory";
+            rc = -1;
+        } else if ((*why = unsafe(&st, 1))) {
+            rc = -1;
+        } else if (S_ISDIR(st.st_mode)) {
+            char sub[TR_PATH_MAX];
+            strcpy(sub, where);
+            if (depth >= 2) {
+                *why = "is nested too deep";
+                rc = -1;
+            } else {
+                rc = walk_dir(sub, depth + 1, why, where);
+            }
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* shim=PATH (a file) or adapter=PATH (a directory): absolute, there, and nothing on the
+ * way can be changed by anyone but root. 0, or -1 after one logged line. */
+int tr_path_secure(const char *key, const char *path, int want_dir)
+{
+    const char *why = NULL;
+    char where[TR_PATH_MAX];
+    if (path[0] != '/') {
+        slurm_error("transit: plugstack %s=%s: not an absolute path", key, path);
+        return -1;
+    }
+    if (strpbrk(path, " :")) { /* LD_PRELOAD splits at both, PYTHONPATH at ':' */
+        slurm_error("transit: plugstack %s=%s: a path with ':' or a space cannot go on %s", key, path,
+                    want_dir ? "PYTHONPATH" : "LD_PRELOAD");
+        return -1;
+    }
+    char dir[TR_PATH_MAX];
+    if (walk(path, want_dir, &why, where) || (want_dir && walk_dir(strcpy(dir, where), 0, &why, where))) {
+        slurm_error("transit: plugstack %s=%s: %s %s (it must exist and be changeable by root only)", key, path,
+                    where, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* --- the line itself -------------------------------------------------------------------- */
 
 static int copy(char *dst, size_t size, const char *key, const char *val)
 {
@@ -57,37 +284,50 @@ static const struct {
     {"default", tr_site.dflt, sizeof tr_site.dflt},
     {"allowed", tr_site.allowed, sizeof tr_site.allowed},
 };
+#define N_STRINGS (sizeof strings / sizeof strings[0])
 
 int tr_parse_args(int ac, char **av)
 {
+    unsigned seen = 0;
+    tr_site.shim[0] = tr_site.adapter[0] = 0;
     strcpy(tr_site.dflt, "off");
     strcpy(tr_site.allowed, TR_POLICIES);
     tr_site.oversubscribe = 0;
     for (int i = 0; i < ac; i++) {
+        if (!printable(av[i])) {
+            slurm_error("transit: plugstack argument %d holds a control character", i + 1);
+            return -1;
+        }
         char *eq = strchr(av[i], '=');
         if (!eq) {
             slurm_error("transit: plugstack argument '%s' is not key=value", av[i]);
-            goto fail;
+            return -1;
         }
         size_t klen = (size_t)(eq - av[i]);
         const char *val = eq + 1;
 #define KEY(k) (klen == strlen(k) && strncmp(av[i], k, klen) == 0)
         size_t s = 0;
-        while (s < sizeof strings / sizeof strings[0] && !KEY(strings[s].key))
+        while (s < N_STRINGS && !KEY(strings[s].key))
             s++;
-        if (s < sizeof strings / sizeof strings[0]) {
+        if (s == N_STRINGS && !KEY("oversubscribe")) {
+            slurm_error("transit: unknown plugstack argument '%.*s' (known: shim, adapter, default, allowed, "
+                        "oversubscribe)", (int)(klen > 64 ? 64 : klen), av[i]);
+            return -1;
+        }
+        if (seen & (1u << s)) {
+            slurm_error("transit: plugstack argument %.*s= is given twice", (int)klen, av[i]);
+            return -1;
+        }
+        seen |= 1u << s;
+        if (s < N_STRINGS) {
             if (copy(strings[s].dst, strings[s].size, strings[s].key, val))
-                goto fail;
-        } else if (KEY("oversubscribe")) {
+                return -1;
+        } else {
             if (strcmp(val, "allow") && strcmp(val, "deny")) {
-                slurm_error("transit: plugstack argument oversubscribe=%s: expected allow or deny", val);
-                goto fail;
+                slurm_error("transit: plugstack argument oversubscribe=%.64s: expected allow or deny", val);
+                return -1;
             }
             tr_site.oversubscribe = strcmp(val, "allow") == 0;
-        } else {
-            slurm_error("transit: unknown plugstack argument '%.*s' (known: shim, adapter, default, allowed, "
-                        "oversubscribe)", (int)klen, av[i]);
-            goto fail;
         }
 #undef KEY
     }
@@ -98,19 +338,29 @@ int tr_parse_args(int ac, char **av)
         if (len < sizeof item)
             memcpy(item, p, len);
         if (len >= sizeof item || !tr_policy_known(item)) {
-            slurm_error("transit: plugstack allowed=%s: '%.*s' is not one of %s", tr_site.allowed, (int)len, p,
-                        TR_POLICIES);
-            goto fail;
+            slurm_error("transit: plugstack allowed=%s: '%.*s' is not one of %s", tr_site.allowed,
+                        (int)(len > 16 ? 16 : len), p, TR_POLICIES);
+            return -1;
         }
         if (!comma)
             break;
         p = comma + 1;
+        if (!*p) {
+            slurm_error("transit: plugstack allowed=%s ends with a comma", tr_site.allowed);
+            return -1;
+        }
     }
     if (!tr_policy_known(tr_site.dflt) || !tr_policy_allowed(tr_site.dflt)) {
         slurm_error("transit: plugstack default=%s is not an allowed policy (%s)", tr_site.dflt, tr_site.allowed);
-        goto fail;
+        return -1;
     }
+    if (!tr_site.shim[0]) {
+        slurm_error("transit: plugstack gives no shim=PATH (the libtransit.so jobs load)");
+        return -1;
+    }
+    if (tr_path_secure("shim", tr_site.shim, 0))
+        return -1;
+    if (tr_site.adapter[0] && tr_path_secure("adapter", tr_site.adapter, 1))
+        return -1;
     return 0;
-fail:
-    return -1;
 }

@@ -1,48 +1,29 @@
 /* The entry points Slurm calls; options are registered in slurm_spank_init so that
  * sbatch, salloc and srun accept them and list them in --help. */
-#include <stdio.h>
 #include <string.h>
 
 #include "transit_spank.h"
 
 SPANK_PLUGIN(transit, 1);
 
+/* The option callbacks: on the submit host from the command line, on the node from what
+ * Slurm forwards; both check the value through args.c. */
 static int opt_policy(int val, const char *arg, int remote)
 {
-    (void)val;
-    if (!arg || !tr_policy_known(arg)) {
-        slurm_error("transit: --transit=%s: expected one of %s", arg ? arg : "", TR_POLICIES);
-        return -1;
-    }
-    if (!tr_policy_allowed(arg)) {
-        slurm_error("transit: --transit=%s is not allowed on this cluster (allowed: %s)", arg, tr_site.allowed);
-        return -1;
-    }
-    (void)remote;
-    snprintf(tr_job.policy, sizeof tr_job.policy, "%s", arg);
-    return 0;
+    (void)val; (void)remote;
+    return tr_opt_policy(arg);
 }
 
 static int opt_budget(int val, const char *arg, int remote)
 {
     (void)val; (void)remote;
-    if (!arg || strlen(arg) >= sizeof tr_job.budget || !tr_size_valid(arg)) {
-        slurm_error("transit: --transit-budget=%s: expected a size such as 40GB or 64GiB", arg ? arg : "");
-        return -1;
-    }
-    strcpy(tr_job.budget, arg);
-    return 0;
+    return tr_opt_budget(arg);
 }
 
 static int opt_stats(int val, const char *arg, int remote)
 {
     (void)val; (void)remote;
-    if (!arg || !*arg || strlen(arg) >= sizeof tr_job.stats) {
-        slurm_error("transit: --transit-stats needs a directory");
-        return -1;
-    }
-    strcpy(tr_job.stats, arg);
-    return 0;
+    return tr_opt_stats(arg);
 }
 
 static struct spank_option options[] = {
@@ -54,16 +35,15 @@ static struct spank_option options[] = {
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
+    memset(&tr_job, 0, sizeof tr_job);
     if (tr_parse_args(ac, av))
-        goto fail;
+        return -1;
     for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
         if (spank_option_register(sp, &options[i]) != ESPANK_SUCCESS) {
             slurm_error("transit: cannot register --%s", options[i].name);
-            goto fail;
+            return -1;
         }
     return 0;
-fail:
-    return -1;
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
@@ -71,7 +51,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     (void)ac; (void)av;
     spank_context_t ctx = spank_context();
     if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR)
-        return tr_local_post_opt(sp);
+        return tr_local_post_opt(sp, ctx == S_CTX_ALLOCATOR);
     return 0;
 }
 

@@ -1,69 +1,96 @@
 /* Remote context (slurmstepd, every step on every node): build the environment that
- * loads libtransit.so into the tasks. Nothing is touched when the user asked for nothing
- * and the site's default is off. */
-#include <stdio.h>
+ * loads libtransit.so into the tasks.
+ *
+ * What counts is only what went through the option checks (args.c): the options Slurm
+ * hands the plugin on the node, else the job-control environment the submit host set
+ * (SLURM_SPANK_TRANSIT_*, which survives --export=NONE), checked again here. A policy of
+ * off (asked for, or the site's default) injects nothing. Under oversubscribe=deny no
+ * step keeps a TRANSIT_ALLOW_OVERSUBSCRIBE, whoever set it. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "transit_spank.h"
 
 #define ALLOC_CONF "backend:native,expandable_segments:False"
+#define LD_SEPS " :" /* ld.so splits LD_PRELOAD at spaces and colons */
+#define ENV_MAX (8u << 20)
 
-/* The user's value: from the option (travels as _SLURM_SPANK_OPTION_*), else from the
- * job-control environment set at submission (survives --export=NONE). */
-static void job_value(spank_t sp, const char *name, char *dst, int len)
+/* The value of var in the step's environment, any length (malloc'd), or NULL. */
+static char *get(spank_t sp, const char *var)
 {
-    if (dst[0])
-        return;
-    char var[64];
-    snprintf(var, sizeof var, "SPANK_%s", name);
-    if (spank_getenv(sp, var, dst, len) != ESPANK_SUCCESS)
-        dst[0] = 0;
+    for (unsigned len = 4096; len <= ENV_MAX; len *= 4) {
+        char *buf = malloc(len);
+        if (!buf)
+            return NULL;
+        spank_err_t rc = spank_getenv(sp, var, buf, (int)len);
+        if (rc == ESPANK_SUCCESS)
+            return buf;
+        free(buf);
+        if (rc != ESPANK_NOSPACE)
+            return NULL;
+    }
+    return NULL;
 }
 
-/* VAR = first[:VAR], unless first is already in it (srun steps inside a batch step
- * inherit what the batch step got). */
-static int prepend(spank_t sp, const char *var, const char *first)
+/* A value the submit host passed as job-control environment, through its option check. */
+static void job_value(spank_t sp, const char *name, const char *have, int (*check)(const char *))
 {
-    char old[8192] = "", val[8192 + TR_PATH_MAX + 2];
-    if (spank_getenv(sp, var, old, sizeof old) != ESPANK_SUCCESS)
-        old[0] = 0;
-    if (tr_list_has(old, ':', first, strlen(first)))
+    if (have[0])
+        return; /* the option itself reached the node */
+    char var[64] = "SLURM_SPANK_";
+    strcat(var, name);
+    char *v = get(sp, var);
+    if (v && v[0] && check(v))
+        slurm_error("transit: ignoring %s from the job's environment", var);
+    free(v);
+}
+
+/* var = edit(old value); 0 or -1. */
+static int edit(spank_t sp, const char *var, const char *item, const char *seps, int keep_empty, int add)
+{
+    char *old = get(sp, var);
+    if (!add && !old)
         return 0;
-    snprintf(val, sizeof val, "%s%s%s", first, old[0] ? ":" : "", old);
+    char *val = add ? tr_list_prepend(old, item, seps, keep_empty) : tr_list_remove(old, item, seps, keep_empty);
+    int rc = !val ? -1
+           : !add && !val[0] ? (spank_unsetenv(sp, var) == ESPANK_SUCCESS ? 0 : -1)
+           : spank_setenv(sp, var, val, 1) == ESPANK_SUCCESS ? 0 : -1;
+    free(old);
+    free(val);
+    return rc;
+}
+
+static int set(spank_t sp, const char *var, const char *val)
+{
     return spank_setenv(sp, var, val, 1) == ESPANK_SUCCESS ? 0 : -1;
 }
 
 int tr_remote_user_init(spank_t sp)
 {
-    job_value(sp, "TRANSIT_POLICY", tr_job.policy, sizeof tr_job.policy);
-    job_value(sp, "TRANSIT_GPU_BUDGET", tr_job.budget, sizeof tr_job.budget);
-    job_value(sp, "TRANSIT_STATS", tr_job.stats, sizeof tr_job.stats);
+    if (!tr_site.oversubscribe && spank_unsetenv(sp, TR_ENV_ALLOW_OVERSUBSCRIBE) != ESPANK_SUCCESS) {
+        slurm_error("transit: cannot remove %s (oversubscribe=deny)", TR_ENV_ALLOW_OVERSUBSCRIBE);
+        return -1;
+    }
+    job_value(sp, "TRANSIT_POLICY", tr_job.policy, tr_opt_policy);
+    job_value(sp, "TRANSIT_GPU_BUDGET", tr_job.budget, tr_opt_budget);
+    job_value(sp, "TRANSIT_STATS", tr_job.stats, tr_opt_stats);
     const char *policy = tr_job.policy[0] ? tr_job.policy : tr_site.dflt;
-    if (!tr_job.policy[0] && strcmp(policy, "off") == 0)
-        return 0; /* asked for nothing: the environment stays as it is */
-    if (!tr_policy_known(policy) || !tr_policy_allowed(policy)) {
-        slurm_error("transit: policy '%s' is not allowed here (%s): the job runs without the shim", policy,
-                    tr_site.allowed);
+    if (strcmp(policy, "off") == 0) {
+        if (!tr_job.policy[0])
+            return 0; /* asked for nothing: the environment stays as it is */
+        /* --transit=off in a step of a job that has the shim: take it out again */
+        if (edit(sp, "LD_PRELOAD", tr_site.shim, LD_SEPS, 0, 0) ||
+            (tr_site.adapter[0] && edit(sp, "PYTHONPATH", tr_site.adapter, ":", 1, 0)))
+            goto fail;
         return 0;
     }
-    if (!tr_site.shim[0]) {
-        slurm_error("transit: plugstack.conf gives no shim=PATH: the job runs without the shim");
-        return 0;
-    }
-    if (spank_setenv(sp, "TRANSIT_POLICY", policy, 1) != ESPANK_SUCCESS)
-        goto fail;
-    if (tr_job.budget[0] && spank_setenv(sp, "TRANSIT_GPU_BUDGET", tr_job.budget, 1) != ESPANK_SUCCESS)
-        goto fail;
-    if (tr_job.stats[0] && spank_setenv(sp, "TRANSIT_STATS", tr_job.stats, 1) != ESPANK_SUCCESS)
-        goto fail;
-    if (tr_site.oversubscribe && spank_setenv(sp, "TRANSIT_ALLOW_OVERSUBSCRIBE", "1", 1) != ESPANK_SUCCESS)
-        goto fail;
-    if (spank_setenv(sp, "PYTORCH_ALLOC_CONF", ALLOC_CONF, 1) != ESPANK_SUCCESS ||
-        spank_setenv(sp, "PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF, 1) != ESPANK_SUCCESS)
-        goto fail;
-    if (prepend(sp, "LD_PRELOAD", tr_site.shim))
-        goto fail;
-    if (tr_site.adapter[0] && prepend(sp, "PYTHONPATH", tr_site.adapter))
+    if (set(sp, TR_ENV_POLICY, policy) ||
+        (tr_job.budget[0] && set(sp, TR_ENV_GPU_BUDGET, tr_job.budget)) ||
+        (tr_job.stats[0] && set(sp, TR_ENV_STATS, tr_job.stats)) ||
+        (tr_site.oversubscribe && set(sp, TR_ENV_ALLOW_OVERSUBSCRIBE, "1")) ||
+        set(sp, "PYTORCH_ALLOC_CONF", ALLOC_CONF) || set(sp, "PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF) ||
+        edit(sp, "LD_PRELOAD", tr_site.shim, LD_SEPS, 0, 1) ||
+        (tr_site.adapter[0] && edit(sp, "PYTHONPATH", tr_site.adapter, ":", 1, 1)))
         goto fail;
     return 0;
 fail:

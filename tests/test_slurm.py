@@ -14,7 +14,7 @@ from tests.slurm_lab import missing
 from transit_launch.shim import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
-ADAPTER = str(inject._PKG / "adapter")  # the lab's plugstack points here (conftest.lab)
+ADAPTER = inject._PKG / "adapter"  # the lab's plugstack points here (conftest.lab)
 
 
 def job_script(lab, name, body):
@@ -24,8 +24,10 @@ def job_script(lab, name, body):
     return path
 
 
-ENV_PROBE = ("/usr/bin/srun -N2 --ntasks-per-node=1 /bin/bash -c 'echo \"$SLURMD_NODENAME|$LD_PRELOAD|"
-             "$TRANSIT_POLICY|$PYTHONPATH|$PYTORCH_ALLOC_CONF|$TRANSIT_GPU_BUDGET|$TRANSIT_STATS\"'\n")
+ENV_ROW = '"$SLURMD_NODENAME|$LD_PRELOAD|$TRANSIT_POLICY|$PYTHONPATH|$PYTORCH_ALLOC_CONF|$TRANSIT_GPU_BUDGET|$TRANSIT_STATS"'
+# the batch step's own environment (as "batch") and every node's srun step
+ENV_PROBE = (f"SLURMD_NODENAME=batch; echo {ENV_ROW}\n"
+             f"/usr/bin/srun -N2 --ntasks-per-node=1 /bin/bash -c 'echo {ENV_ROW}'\n")
 
 
 def run_job(lab, *args, script):
@@ -67,11 +69,11 @@ def test_advise_on_two_nodes(lab, export):
                         script=script)
     assert info["JobState"] == "COMPLETED", out
     rows = probe_rows(out)
-    assert set(rows) == {"n1", "n2"}, out
+    assert set(rows) == {"batch", "n1", "n2"}, out  # with --export=NONE the batch step too
     for node, (preload, policy, pypath, alloc, budget, stats) in rows.items():
         assert preload.split(":")[0] == lab.shim, (node, preload)
         assert preload.count(lab.shim) == 1  # not prepended twice (batch step and srun step)
-        assert policy == "advise" and pypath.split(":")[0] == ADAPTER
+        assert policy == "advise" and pypath.split(":")[0] == str(ADAPTER)
         assert alloc == "backend:native,expandable_segments:False"
         assert (budget, stats) == ("40GB", "/tmp/tstats")
 
@@ -82,7 +84,7 @@ def test_untouched_without_the_option(lab):
     assert info["JobState"] == "COMPLETED"
     for preload, policy, pypath, alloc, budget, stats in probe_rows(out).values():
         assert (preload, policy, alloc, budget, stats) == ("", "", "", "", "")
-        assert ADAPTER not in pypath
+        assert str(ADAPTER) not in pypath
 
 
 def test_srun_takes_the_option(lab):
@@ -188,17 +190,27 @@ def test_gres_parsing(gres, gpus):
 
 
 def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
+    """--prefix P: the plugin, a copy of the shim and of the adapter under P, root's and
+    not writable by others; the line points at those copies, by absolute paths."""
     if not Path("/usr/include/slurm/spank.h").exists():
         pytest.skip("needs libslurm-dev (spank.h)")
-    env = dict(os.environ, TRANSIT_SHIM=str(built["shim"]), TRANSIT_ADAPTER_DIR="/opt/transit/adapter")
-    rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "usr"), "--plugstack-dir",
+    if os.geteuid() != 0:
+        pytest.skip("installs root-owned files (the plugin refuses a shim anyone else can change)")
+    prefix = tmp_path / "usr"
+    env = dict(os.environ, TRANSIT_SHIM=str(built["shim"]), TRANSIT_ADAPTER_DIR=str(ADAPTER))
+    rc, out, err = cli("spank", "install", "--prefix", str(prefix), "--plugstack-dir",
                        str(tmp_path / "plugstack.d"), "--default", "base", "--oversubscribe", "allow", env=env)
     assert rc == 0, err
-    plugin = tmp_path / "usr" / "lib" / "slurm" / "transit_spank.so"
+    plugin = prefix / "lib" / "slurm" / "transit_spank.so"
+    shim, adapter = prefix / "lib" / "transit-launch" / "libtransit.so", prefix / "lib" / "transit-launch" / "adapter"
     conf = (tmp_path / "plugstack.d" / "transit.conf").read_text().splitlines()[-1]
-    assert plugin.is_file()
-    assert conf == (f"required {plugin} shim={built['shim']} adapter=/opt/transit/adapter default=base "
+    assert conf == (f"required {plugin} shim={shim} adapter={adapter} default=base "
                     "allowed=off,base,prefetch,advise oversubscribe=allow")
+    assert shim.read_bytes() == built["shim"].read_bytes()
+    assert sorted(p.name for p in adapter.iterdir()) == sorted(p.name for p in ADAPTER.glob("*.py"))
+    for p in (plugin, shim, adapter, *adapter.iterdir(), shim.parent, plugin.parent):
+        st = p.stat()
+        assert st.st_uid == 0 and not st.st_mode & 0o022, (p, oct(st.st_mode))
     syms = subprocess.run(["nm", "-D", "--defined-only", str(plugin)], capture_output=True, text=True).stdout
     assert sorted(line.split()[-1] for line in syms.splitlines()) == [
         "plugin_name", "plugin_type", "plugin_version", "slurm_spank_init", "slurm_spank_init_post_opt",
@@ -212,3 +224,37 @@ def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
 def test_spank_build_errors(cli, tmp_path, args, env, needle):
     rc, out, err = cli(*args, "--out", str(tmp_path), env=env) if args[1] == "build" else cli(*args, env=env)
     assert rc == 2 and needle in err and "Traceback" not in err
+
+
+def test_unknown_partition_and_job_are_errors(lab, cli):
+    """--partition nope is an error (also on a dry run, where Slurm is there to ask); a job
+    id the controller does not know is "no such job" for status and cancel (scancel itself
+    exits 0 for it)."""
+    for extra in ([], ["--dry-run"]):
+        rc, out, err = cli("submit", "--model", "llama3-8b", "--partition", "nope", *extra, "--", "python", "x.py",
+                           env=lab.env)
+        assert rc == 2 and "no partition 'nope'; known: debug" in err and len(err.strip().splitlines()) == 1, err
+    for cmd in ("status", "cancel"):
+        rc, out, err = cli(cmd, "999999", env=lab.env)
+        assert rc == 2 and err.strip() == "transit-launch: error: no such job 999999" and out == "", (cmd, err)
+    rc, out, err = cli("status", "1;id", env=lab.env)
+    assert rc == 2 and "'1;id' is not a Slurm job id" in err
+
+
+@pytest.mark.parametrize("opt,value", [("--job-name", "x\n#SBATCH --uid=0"), ("--job-name", "a b"),
+                                       ("--partition", "debug\nid"), ("--account", "a\rb"), ("--time", "1:00\x1b[2J"),
+                                       ("--output", "o\n.out"), ("--stats", "/tmp/s\nrm -rf /")])
+def test_render_and_submit_refuse_control_characters(cli, opt, value):
+    for cmd in (["render", "--nodes", "1"], ["submit", "--model", "llama3-8b", "--nodes", "1", "--dry-run"]):
+        rc, out, err = cli(*cmd, opt, value, "--", "python", "train.py", env={"PATH": "/nonexistent"})
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (cmd, err)
+
+
+def test_render_quotes_what_reaches_the_shell(cli):
+    rc, out, err = cli("render", "--nodes", "1", "--policy", "advise", "--stats", "/tmp/$(id)'x", "--", "python",
+                       "train.py", "--tag", "a;b $(id)", env={"TRANSIT_SHIM": "/opt/t/lib transit.so"})
+    assert rc == 0, err
+    assert "export TRANSIT_STATS='/tmp/$(id)'\"'\"'x'" in out
+    assert "train.py --tag 'a;b $(id)'" in out and "export LD_PRELOAD='/opt/t/lib transit.so'" in out
+    rc, out, err = cli("render", "--nodes", "1", "--", "python", "train.py", "--tag", "a\nb")
+    assert rc == 2 and "holds a control character" in err

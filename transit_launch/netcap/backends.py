@@ -62,12 +62,15 @@ class Iface:
         return ["ip", "netns", "exec", self.netns, *cmd] if self.netns else cmd
 
     def exists(self) -> bool:
-        res = subprocess.run(self.wrap(["ip", "link", "show", "dev", self.name]), capture_output=True)
+        res = subprocess.run(self.wrap(["ip", "link", "show", "dev", self.name]), capture_output=True,
+                             start_new_session=True)
         return res.returncode == 0
 
 
 def run(cmd: list[str], what: str) -> str:
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    # its own session: a Ctrl-C at the terminal goes to the sweep, which finishes the
+    # restore it is in, instead of killing a tc or mlnx_qos half-way
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=30, start_new_session=True)
     if res.returncode != 0:
         msg = (res.stderr or res.stdout).strip().splitlines()
         raise CapError(f"{what}: {' '.join(cmd)} failed: {msg[-1] if msg else res.returncode}")

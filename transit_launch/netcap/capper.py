@@ -1,16 +1,29 @@
 """Applying NIC caps on this machine (Capper) or on every node of a Slurm allocation
-(SlurmCapper, which runs `transit-launch netcap` once per node), and that per-node helper."""
+(SlurmCapper), and the per-node helper `transit-launch netcap` that SlurmCapper runs.
+
+Under Slurm the caps of one bandwidth are held by one step with a task per node
+(`netcap hold`): each task applies its node's caps, reports, and restores them when its
+stdin closes (the sweep is done with that bandwidth) or when its step is signalled
+(scancel, the end of the job). A node's caps so live no longer than the task that holds
+them, whatever happens to the sweep; only a SIGKILL before its restore leaves them, and
+the node's journal for `sweep --restore`."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
+import sys
+import threading
+import time
 
 from transit_launch.errors import UsageError
 from transit_launch.netcap import counters
 from transit_launch.netcap.backends import Backend, CapError, Iface, backend, parse_bandwidth
 from transit_launch.netcap.journal import Journal, journal_path, node_name, restore_journal
+
 
 def ifaces_for_node(spec: str, node: str | None = None) -> list[Iface]:
     """IFACE[,IFACE...]; an entry NODE=IFACE applies only on that Slurm node."""
@@ -37,6 +50,11 @@ class Capper:
     def sample(self) -> dict:
         return counters.sample(self.ifaces)
 
+    def job_started(self, pgid: int | None) -> None:
+        """The job's process group goes into the journal while it runs (None: it ended),
+        so that `sweep --restore` can end a job whose sweep was killed."""
+        self.journal.set_job(pgid)
+
     def apply(self, bps: float) -> None:
         for iface in self.ifaces:
             if iface not in self.applied:
@@ -53,9 +71,13 @@ class Capper:
                              if e["backend"] == self.be.name and e["iface"] == str(iface))
                 self.be.restore(iface, state)
                 self.journal.done(self.be.name, iface)
-            except (CapError, StopIteration, OSError, subprocess.SubprocessError) as e:
+            except (CapError, StopIteration, OSError, subprocess.SubprocessError, UsageError) as e:
                 errors.append(f"{iface}: {e}")
-        self.applied = [i for i in self.applied if any(e["iface"] == str(i) for e in self.journal.entries())]
+        try:
+            left = self.journal.entries()
+        except UsageError as e:
+            return errors + [str(e)]
+        self.applied = [i for i in self.applied if any(e["iface"] == str(i) for e in left)]
         return errors
 
 
@@ -64,6 +86,7 @@ def check_ready(be: Backend, ifaces: list, bws: list[float], journal: Journal, n
     caps here (node: the name said in a per-node helper's message)."""
     for i in ifaces:
         be.check(i, bws)
+    journal.check()
     if journal.entries():
         where, there = (f"{node}: ", " there") if node else ("", "")
         raise UsageError(f"{where}a previous sweep left caps in {journal.path}: run `transit-launch sweep "
@@ -75,20 +98,29 @@ class SlurmCapper:
     `transit-launch netcap ...` there (srun --overlap, inside the job's allocation); each
     node keeps its own journal."""
 
+    APPLY_TIMEOUT = 120
+    RESTORE_TIMEOUT = 60
+
     def __init__(self, be: Backend, iface_spec: str, journal_spec: str | None, python: str):
         self.be, self.spec, self.journal_spec, self.python = be, iface_spec, journal_spec, python
         self.nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
         self.ifaces = []
+        self.hold: subprocess.Popen | None = None
+        self.lines: queue.Queue = queue.Queue()
 
     def names(self) -> list[str]:
         return [f"{self.spec} on {self.nodes} nodes"]
 
-    def _srun(self, *args: str) -> list[dict]:
+    def job_started(self, pgid: int | None) -> None:
+        """The job runs in this batch step: Slurm ends it with the job."""
+
+    def _cmd(self, *args: str) -> list[str]:
         cmd = ["srun", "--overlap", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1",
                self.python, "-m", "transit_launch", "netcap", *args, "--cap", self.be.name, "--iface", self.spec]
-        if self.journal_spec:
-            cmd += ["--journal", self.journal_spec]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        return cmd + (["--journal", self.journal_spec] if self.journal_spec else [])
+
+    def _srun(self, *args: str) -> list[dict]:
+        res = subprocess.run(self._cmd(*args), capture_output=True, text=True, timeout=120)
         rows = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
         if res.returncode != 0 or len(rows) != self.nodes:
             msg = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
@@ -99,15 +131,68 @@ class SlurmCapper:
         """check_ready on every node, before anything is changed."""
         self._srun("check", "--bandwidth", ",".join(f"{int(b)}bit" for b in bws))
 
+    def _rows(self, want: int, timeout: float) -> list[dict]:
+        """Up to `want` JSON rows of the holding step, within timeout seconds."""
+        rows, end = [], time.time() + timeout
+        while len(rows) < want:
+            try:
+                line = self.lines.get(timeout=max(0.0, end - time.time()))
+            except queue.Empty:
+                break
+            if line is None:  # the step ended
+                break
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+        return rows
+
     def apply(self, bps: float) -> None:
-        self._srun("apply", "--bandwidth", f"{int(bps)}bit")
+        """Start the step that holds this bandwidth's caps on every node; returns once every
+        node has applied them (CapError otherwise: restore() still releases what was held)."""
+        proc = subprocess.Popen(self._cmd("hold", "--bandwidth", f"{int(bps)}bit"), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.hold, self.lines, self.err = proc, queue.Queue(), []
+        lines = self.lines
+
+        def pump(stream, sink):
+            for line in stream:
+                sink(line.strip())
+            if stream is proc.stdout:
+                lines.put(None)
+
+        for stream, sink in ((proc.stdout, lines.put), (proc.stderr, self.err.append)):
+            threading.Thread(target=pump, args=(stream, sink), daemon=True).start()
+        rows = self._rows(self.nodes, self.APPLY_TIMEOUT)
+        failed = [f"{r['node']}: {r['error']}" for r in rows if r.get("error")]
+        if failed or len(rows) < self.nodes:
+            raise CapError("; ".join(failed) or f"netcap hold: {len(rows)} of {self.nodes} nodes applied the cap"
+                           + (f" ({self.err[-1]})" if self.err else ""))
 
     def restore(self) -> list[str]:
+        """Release the holding step (its tasks restore their nodes) and check that every
+        node says it restored; a node that does not say so is an error, never assumed."""
+        if self.hold is None:
+            return []
+        proc, self.hold = self.hold, None
         try:
-            rows = self._srun("restore")
-        except (CapError, OSError, subprocess.SubprocessError) as e:
-            return [str(e)]
-        return [f"{r['node']}: {err}" for r in rows for err in r.get("errors", [])]
+            proc.stdin.close()
+        except OSError:
+            pass
+        rows = self._rows(self.nodes, self.RESTORE_TIMEOUT)
+        if len(rows) < self.nodes and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # srun passes it to the tasks, which restore on it
+            rows += self._rows(self.nodes - len(rows), 20)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        errors = [f"{r['node']}: {e}" for r in rows for e in r.get("errors", [])]
+        said = {r["node"] for r in rows if "restored" in r}
+        if len(said) < self.nodes:
+            why = self.err[-1] if self.err else f"srun exit {proc.returncode}"
+            errors.append(f"{self.nodes - len(said)} of {self.nodes} nodes did not confirm their restore "
+                          f"({why}); their journals are left for `transit-launch sweep --restore`")
+        return errors
 
     def sample(self) -> dict:
         out = {}
@@ -115,6 +200,54 @@ class SlurmCapper:
             for iface, c in r["counters"].items():
                 out[f"{r['node']}:{iface}"] = c
         return out
+
+
+class _Release(Exception):
+    pass
+
+
+def hold(be: Backend, ifaces: list[Iface], journal: Journal, bps: float, node: str) -> int:
+    """`netcap hold`: apply, report, wait for stdin to close or a signal, restore, report.
+    Only the wait can be interrupted: a signal during the apply skips the wait, signals
+    during the restore are counted, not acted on."""
+    signals: list[int] = []
+    waiting = [False]
+
+    def release(signum, frame):
+        signals.append(signum)
+        if waiting[0]:
+            waiting[0] = False
+            raise _Release
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+    old = {s: signal.signal(s, release) for s in handled}
+    cap = Capper(be, ifaces, journal)
+    row: dict = {"node": node}
+    try:
+        try:
+            cap.apply(bps)
+            print(json.dumps({"node": node, "applied": [str(i) for i in ifaces]}), flush=True)
+            waiting[0] = True
+            if not signals:
+                sys.stdin.buffer.read()  # until the sweep closes it
+        except _Release:
+            pass
+        except (CapError, UsageError, OSError) as e:
+            row["error"] = str(e)
+        finally:
+            waiting[0] = False
+        row["errors"] = cap.restore()
+        row["restored"] = [str(i) for i in ifaces if i not in cap.applied]
+        if signals:
+            row["signal"] = signal.Signals(signals[0]).name
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    try:
+        print(json.dumps(row), flush=True)
+    except OSError:
+        pass  # the sweep is gone; the journal says what is left
+    return 1 if row.get("error") or row["errors"] else 0
 
 
 def node_action(action: str, cap: str, iface_spec: str, bandwidth: str | None, journal_spec: str | None) -> dict:
@@ -126,11 +259,6 @@ def node_action(action: str, cap: str, iface_spec: str, bandwidth: str | None, j
     row = {"node": node, "ifaces": [str(i) for i in ifaces]}
     if action == "check":
         check_ready(be, ifaces, [parse_bandwidth(b) for b in (bandwidth or "1gbit").split(",")], journal, node)
-    elif action == "apply":
-        try:
-            Capper(be, ifaces, journal).apply(parse_bandwidth(bandwidth or ""))
-        except CapError as e:
-            raise UsageError(f"{node}: {e}") from None
     elif action == "restore":
         done = restore_journal(journal)
         row["restored"] = [d for d in done if not d.startswith("ERROR")]

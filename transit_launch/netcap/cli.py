@@ -13,12 +13,12 @@ from transit_launch.netcap.backends import BACKENDS
 
 def cmd_sweep(a, command):
     from transit_launch.netcap import backends, capper, journal as jn, sweep
-    journal = jn.Journal(jn.journal_path(a.journal))
-    if a.restore:
-        done = jn.restore_journal(journal)
+    if a.restore:  # every journal the spec names: with %n (the default), each node's
+        done = [line for path in jn.journal_paths(a.journal) for line in jn.restore_journal(jn.Journal(path))]
         for line in done or ["nothing to restore"]:
             print(line)
         return 1 if any(line.startswith("ERROR") for line in done) else 0
+    journal = jn.Journal(jn.journal_path(a.journal))
     if not command:
         raise UsageError("sweep needs the job after --, e.g. -- python examples/train_llama.py --device cpu")
     if not a.bandwidths or not a.iface:
@@ -57,9 +57,13 @@ def cmd_sweep(a, command):
 
 
 def cmd_netcap(a, command):
-    """The per-node helper of sweeps under Slurm: one JSON line per call."""
-    from transit_launch.netcap.capper import node_action
-    print(json.dumps(node_action(a.action, a.cap, a.iface, a.bandwidth, a.journal)))
+    """The per-node helper of sweeps under Slurm: JSON lines."""
+    from transit_launch.netcap import backends, capper, journal as jn
+    if a.action == "hold":
+        node = jn.node_name()
+        return capper.hold(backends.backend(a.cap), capper.ifaces_for_node(a.iface, node),
+                           jn.Journal(jn.journal_path(a.journal)), backends.parse_bandwidth(a.bandwidth or ""), node)
+    print(json.dumps(capper.node_action(a.action, a.cap, a.iface, a.bandwidth, a.journal)))
     return 0
 
 
@@ -83,7 +87,7 @@ def register(sub):
     sp.set_defaults(func=cmd_sweep, takes_command=True)
 
     sp = sub.add_parser("netcap", help="per-node cap helper that sweeps run under Slurm")
-    sp.add_argument("action", choices=("check", "apply", "restore", "counters"))
+    sp.add_argument("action", choices=("check", "hold", "restore", "counters"))
     sp.add_argument("--cap", choices=tuple(BACKENDS), required=True)
     sp.add_argument("--iface", required=True, help="IFACE[,IFACE...]; NODE=IFACE for one node only")
     sp.add_argument("--bandwidth")

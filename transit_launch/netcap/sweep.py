@@ -55,31 +55,86 @@ class Run:
     seconds: float = 0.0
 
 
-def run_one(command: list[str], timeout: float | None) -> tuple[int | None, str, str]:
+class Signals:
+    """SIGINT and SIGTERM during a sweep. The first one interrupts the job's run, and only
+    that: one that arrives while caps are applied or restored is noted and acted on once
+    that is done; a second one makes the job's end a SIGKILL at once; none interrupts a
+    restore."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.armed = False
+        self.old = {}
+
+    def __enter__(self):
+        self.old = {s: signal.signal(s, self._on) for s in self.HANDLED}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+    def _on(self, signum, frame):
+        self.received.append(signum)
+        if self.armed:
+            self.armed = False
+            raise Interrupted(signum)
+
+    def pending(self) -> None:
+        """Raise the signal that came while it could not interrupt."""
+        if self.received:
+            raise Interrupted(self.received[0])
+
+
+def run_one(command: list[str], timeout: float | None, sig: Signals | None = None,
+            started=None) -> tuple[int | None, str, str]:
+    """Run the job in its own process group; whatever happens, the group is ended before
+    this returns (started(pgid) and started(None) bracket its life)."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    if started:
+        started(proc.pid)
+    force = (lambda: len(sig.received) > 1) if sig else None
     try:
-        out, err = proc.communicate(timeout=timeout)
+        if sig:
+            sig.armed = True
+            if sig.received:  # came in before it could interrupt
+                sig.pending()
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if sig:
+                sig.armed = False
+        stop_group(proc, force)  # what the job left in its group
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        stop_group(proc)
+        stop_group(proc, force)
         return None, "", f"timed out after {timeout} s"
     except BaseException:
-        stop_group(proc)
+        stop_group(proc, force)
         raise
+    finally:
+        if started:
+            started(None)
 
 
-def stop_group(proc: subprocess.Popen) -> None:
+def stop_group(proc: subprocess.Popen, force=None, grace: float = 10.0) -> None:
     """Stop a command started with start_new_session and everything it started: SIGTERM
-    to its process group (Slurm's and torchrun's way), SIGKILL after 10 s."""
+    to its process group (Slurm's and torchrun's way), SIGKILL after grace seconds or as
+    soon as force() says so; then SIGKILL to whatever is left in the group."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    except ProcessLookupError:
+        pass
+    end = time.time() + grace
+    while proc.poll() is None and time.time() < end and not (force and force()):
+        time.sleep(0.05)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     proc.wait()
 
 
@@ -89,50 +144,46 @@ def sweep(capper: Capper, bandwidths: list[float], command: list[str], repeat: i
     runs: list[Run] = []
     restore_errors: list[str] = []
     interrupted = None
-
-    def on_signal(signum, frame):
-        raise Interrupted(signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     total, n = len(bandwidths) * repeat, 0
-    try:
-        for bw in bandwidths:
-            for r in range(1, repeat + 1):
-                n += 1
-                run = Run(bw, r)
-                runs.append(run)
-                print(f"sweep: [{n}/{total}] {fmt_rate(bw)}/s, run {r}/{repeat}", file=log, flush=True)
-                t0 = time.time()
-                try:
-                    capper.apply(bw)
-                    before = capper.sample()
-                    run.rc, out, err = run_one(command, timeout)
-                    run.traffic = counters.delta(before, capper.sample())
-                    run.throughput = throughput(out, metric_regex)
-                    if run.rc != 0:
-                        tail = err.strip().splitlines()[-1:] if err.strip() else []
-                        run.failure = f"exit {run.rc}" + (f": {tail[0]}" if tail else "")
-                    elif run.throughput is None:
-                        run.failure = "no throughput in the job's output"
-                except CapError as e:
-                    run.failure = str(e)
-                finally:
-                    run.seconds = round(time.time() - t0, 2)
-                    restore_errors += capper.restore()
-                if run.failure:
-                    print(f"sweep: {fmt_rate(bw)}/s run {r} failed: {run.failure}", file=log, flush=True)
-                    if fail_fast:
-                        raise StopIteration
-    except StopIteration:
-        pass
-    except Interrupted as e:
-        interrupted = e
-        if runs and not runs[-1].failure:
-            runs[-1].failure = f"interrupted by {e}"
-    finally:
-        restore_errors += capper.restore()
-        for s, h in old.items():
-            signal.signal(s, h)
+    with Signals() as sig:
+        try:
+            for bw in bandwidths:
+                for r in range(1, repeat + 1):
+                    sig.pending()
+                    n += 1
+                    run = Run(bw, r)
+                    runs.append(run)
+                    print(f"sweep: [{n}/{total}] {fmt_rate(bw)}/s, run {r}/{repeat}", file=log, flush=True)
+                    t0 = time.time()
+                    try:
+                        capper.apply(bw)
+                        before = capper.sample()
+                        run.rc, out, err = run_one(command, timeout, sig, capper.job_started)
+                        run.traffic = counters.delta(before, capper.sample())
+                        run.throughput = throughput(out, metric_regex)
+                        if run.rc != 0:
+                            tail = err.strip().splitlines()[-1:] if err.strip() else []
+                            run.failure = f"exit {run.rc}" + (f": {tail[0]}" if tail else "")
+                        elif run.throughput is None:
+                            run.failure = "no throughput in the job's output"
+                    except CapError as e:
+                        run.failure = str(e)
+                    finally:
+                        run.seconds = round(time.time() - t0, 2)
+                        restore_errors += capper.restore()
+                    if run.failure:
+                        print(f"sweep: {fmt_rate(bw)}/s run {r} failed: {run.failure}", file=log, flush=True)
+                        if fail_fast:
+                            raise StopIteration
+            sig.pending()
+        except StopIteration:
+            pass
+        except Interrupted as e:
+            interrupted = e
+            if runs and not runs[-1].failure:
+                runs[-1].failure = f"interrupted by {e}"
+        finally:
+            restore_errors += capper.restore()
     report = summarize(runs, bandwidths)
     report["restore_errors"] = restore_errors
     report["interrupted"] = str(interrupted) if interrupted else None
@@ -190,8 +241,9 @@ def text(report: dict) -> str:
                           "llr")]
     if report["restore_errors"]:
         out += ["", "RESTORE ERRORS (run `transit-launch sweep --restore`): " + "; ".join(report["restore_errors"])]
-    if report["interrupted"]:
-        out += ["", f"interrupted by {report['interrupted']}; every cap was restored"]
+    if report["interrupted"]:  # a restore is claimed only when every one was confirmed
+        out += ["", f"interrupted by {report['interrupted']}; "
+                    + ("NOT every cap was restored (above)" if report["restore_errors"] else "every cap was restored")]
     out += ["", "throughput: the job's metric (tokens/s for the example trainer), median over repeats; "
                 "rho = throughput at B1 / at B2."]
     return "\n".join(out)

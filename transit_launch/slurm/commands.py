@@ -12,18 +12,35 @@ from dataclasses import dataclass
 from transit_launch.errors import UsageError
 
 
-def _run(args: list[str], input: str | None = None, timeout: float = 60) -> str:
+class NoSlurm(UsageError):
+    """Slurm cannot be used from here: its commands are missing or no controller answers
+    (a dry run may go on without it; an unknown partition is a different error)."""
+
+
+def _call(args: list[str], input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     exe = shutil.which(args[0])
     if not exe:
-        raise UsageError(f"{args[0]} not found: is this a Slurm login node? (transit-launch doctor)")
+        raise NoSlurm(f"{args[0]} not found: is this a Slurm login node? (transit-launch doctor)")
     try:
-        res = subprocess.run([exe, *args[1:]], capture_output=True, text=True, input=input, timeout=timeout)
+        return subprocess.run([exe, *args[1:]], capture_output=True, text=True, input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise UsageError(f"{args[0]} did not answer in {timeout:.0f} s") from None
+
+
+def _failure(args: list[str], res: subprocess.CompletedProcess) -> UsageError:
+    msg = res.stderr.strip().splitlines()
+    return UsageError(f"{args[0]} failed: {msg[-1] if msg else f'exit code {res.returncode}'}")
+
+
+def _run(args: list[str], input: str | None = None, timeout: float = 60) -> str:
+    res = _call(args, input, timeout)
     if res.returncode != 0:
-        msg = res.stderr.strip().splitlines()
-        raise UsageError(f"{args[0]} failed: {msg[-1] if msg else f'exit code {res.returncode}'}")
+        raise _failure(args, res)
     return res.stdout
+
+
+# What scontrol and scancel say about a job id the controller does not know.
+_NO_JOB = re.compile(r"Invalid job id specified|Invalid job id", re.I)
 
 
 @dataclass
@@ -46,7 +63,11 @@ def gpus_from_gres(gres: str) -> int:
 def partitions() -> list[Partition]:
     """One row per partition and node configuration; the smallest GPU count and memory
     per partition win (a job must fit on every node it may get)."""
-    out = _run(["sinfo", "-h", "-N", "-o", "%P|%N|%G|%m"])
+    args = ["sinfo", "-h", "-N", "-o", "%P|%N|%G|%m"]
+    res = _call(args)
+    if res.returncode != 0:
+        raise NoSlurm(str(_failure(args, res)))
+    out = res.stdout
     parts: dict[str, Partition] = {}
     seen: dict[str, set] = {}
     for line in out.splitlines():
@@ -97,32 +118,58 @@ def _check_job_id(job_id: str) -> None:
         raise UsageError(f"{job_id!r} is not a Slurm job id")
 
 
-def job_info(job_id: str) -> dict:
-    """scontrol's view of the job (key=value), or sacct's once it has left the controller."""
-    _check_job_id(job_id)
-    try:
-        out = _run(["scontrol", "show", "job", "-o", job_id])
-        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
-        if fields:
-            return fields
-    except UsageError as e:
-        if not shutil.which("sacct"):
-            raise
-        scontrol_error = e
-    else:
-        scontrol_error = None
-    out = _run(["sacct", "-j", job_id, "-X", "-n", "--parsable2", "-o", "JobID,JobName,State,ExitCode,NodeList,Elapsed"])
-    line = next((l for l in out.splitlines() if l.strip()), "")
+def parse_scontrol_job(text: str) -> dict:
+    """`scontrol show job -o` -> its key=value fields."""
+    return dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
+
+
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Elapsed")
+
+
+def parse_sacct_job(text: str) -> dict | None:
+    """The first row of `sacct -X -n --parsable2 -o SACCT_FIELDS` in scontrol's names, or None."""
+    line = next((l for l in text.splitlines() if l.strip()), "")
     if not line:
-        raise scontrol_error or UsageError(f"job {job_id} is unknown to scontrol and sacct")
+        return None
     jid, name, state, code, nodes, elapsed = (line.split("|") + [""] * 6)[:6]
-    return {"JobId": jid, "JobName": name, "JobState": state.split()[0], "ExitCode": code, "NodeList": nodes,
-            "RunTime": elapsed}
+    return {"JobId": jid, "JobName": name, "JobState": state.split()[0] if state.split() else "",
+            "ExitCode": code, "NodeList": nodes, "RunTime": elapsed}
+
+
+def job_info(job_id: str) -> dict:
+    """scontrol's view of the job (key=value), or sacct's once it has left the controller;
+    "no such job" when neither knows it."""
+    _check_job_id(job_id)
+    args = ["scontrol", "show", "job", "-o", job_id]
+    res = _call(args)
+    if res.returncode == 0 and parse_scontrol_job(res.stdout):
+        return parse_scontrol_job(res.stdout)
+    if res.returncode != 0 and not _NO_JOB.search(res.stderr):
+        raise _failure(args, res)  # the controller is down, not the job unknown
+    if shutil.which("sacct"):  # a job that ended before MinJobAge is gone from scontrol
+        acct = _call(["sacct", "-j", job_id, "-X", "-n", "--parsable2", "-o", ",".join(SACCT_FIELDS)])
+        row = parse_sacct_job(acct.stdout) if acct.returncode == 0 else None
+        if row:
+            return row
+    raise UsageError(f"no such job {job_id}")
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE")
 
 
 def cancel(job_id: str) -> None:
-    _check_job_id(job_id)
-    _run(["scancel", job_id])
+    """scancel, after asking whether there is such a job: scancel exits 0, silently, for a
+    job id the controller does not know."""
+    state = job_info(job_id).get("JobState", "")
+    if state in ENDED:
+        raise UsageError(f"job {job_id} has already ended ({state})")
+    args = ["scancel", job_id]
+    res = _call(args)
+    if _NO_JOB.search(res.stderr):
+        raise UsageError(f"no such job {job_id}")
+    if res.returncode != 0 or "error" in res.stderr.lower():
+        raise _failure(args, res)
 
 
 def pyslurm_backend():

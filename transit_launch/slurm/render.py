@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from transit_launch import __version__
+from transit_launch.errors import UsageError
 
 
 def _env() -> jinja2.Environment:
@@ -32,7 +34,29 @@ def torchrun_tail(command: list[str]) -> list[str]:
     return ["--no-python", *command]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control(ctx: dict) -> None:
+    """A newline in any value would start a new line of the script (a new #SBATCH line or
+    shell command): refuse control characters everywhere. Values that reach the shell
+    are quoted by the templates (shq, shlex.join)."""
+    def walk(key, v):
+        if isinstance(v, str | os.PathLike) and _CONTROL.search(str(v)):
+            raise UsageError(f"{key}: {str(v)!r} holds a control character; it cannot go into a job script")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(k, k)
+                walk(k, x)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(key, x)
+    for k, v in ctx.items():
+        walk(k, v)
+
+
 def render(template: str, **ctx) -> str:
     ctx.setdefault("version", __version__)
+    _no_control(ctx)
     ctx["command"] = shlex.join(torchrun_tail(ctx["command"]))
     return _env().get_template(template).render(**ctx)

@@ -16,11 +16,16 @@ from transit_launch.slurm.render import render
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds (sbatch(1)), or UNLIMITED/INFINITE.
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE)
+# what an #SBATCH line cannot hold: it would end the line, or split or quote the value
+_SBATCH_UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
 class JobOptions:
-    """What sbatch is told besides the node count."""
+    """What sbatch is told besides the node count. The values go on #SBATCH lines, which
+    sbatch splits at whitespace and which a newline would end: control characters,
+    whitespace and quotes are refused."""
     name: str | None = None
     partition: str | None = None
     account: str | None = None
@@ -32,6 +37,11 @@ class JobOptions:
         for flag, v in (("--partition", self.partition), ("--account", self.account), ("--output", self.output)):
             if v is not None and not v.strip():
                 raise UsageError(f"{flag} is empty")
+        for flag, v in (("--job-name", self.name), ("--partition", self.partition), ("--account", self.account),
+                        ("--time", self.time), ("--output", self.output)):
+            if v is not None and (not v or _SBATCH_UNSAFE.search(v)):
+                raise UsageError(f"{flag} {v!r}: an #SBATCH value cannot be empty or hold whitespace, quotes or "
+                                 "control characters")
         if not integer(self.port) or not 1 <= self.port <= 65535:
             raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
         if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
@@ -45,6 +55,10 @@ class ShimOptions:
     gpu_budget: int | None = None
     stats: str | None = None
     log: str | None = None
+
+    def __post_init__(self):
+        if self.stats is not None and _CONTROL.search(self.stats):
+            raise UsageError(f"--stats {self.stats!r}: a path with control characters cannot go into a job script")
 
 
 def policy_for(p, nodes: int, policy: str | None) -> str:

@@ -49,7 +49,7 @@ def submit(sub: Submission, make_request) -> Submitted:
     part, no_part = None, ""
     try:
         part = commands.partition(sub.job.partition)
-    except UsageError as e:
+    except commands.NoSlurm as e:  # a dry run renders without Slurm; an unknown partition is an error
         if not sub.dry_run:
             raise
         no_part = str(e)

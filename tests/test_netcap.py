@@ -1,0 +1,241 @@
+"""No NIC cap outlives its sweep, tried the way things go wrong: real network namespaces
+and tc as root, and the Slurm lab for sweeps over an allocation.
+
+- scancel of a Slurm sweep: each node's holding task restores its own node;
+- a node that cannot confirm its restore (its task SIGKILLed) is reported as such, never
+  as restored, and a plain `sweep --restore` finds its per-node journal and restores it;
+- a second SIGTERM while the job ignores TERM ends the job's group at once, and three
+  quick SIGTERMs during a slow `tc qdisc del` do not interrupt the restore;
+- after kill -9 of the sweep, `sweep --restore` ends the job it left running;
+- a journal entry for a namespace that no longer exists is dropped with a warning;
+- the journal's temporary file is never a planted link, and a directory others can
+  write is refused."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_sweep import NETNS_SCRIPT, netns_only, pair, qdiscs, standins, sweep_cmd  # noqa: F401 (fixture)
+
+TC = "/usr/sbin/tc"
+
+
+def _wait(cond, timeout=30, what="condition"):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def capped(ns, dev):
+    return any(q["kind"] == "tbf" for q in qdiscs(ns, dev))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def _restore(journal_spec, env=None):
+    return subprocess.run([sys.executable, "-m", "transit_launch", "sweep", "--restore", "--journal", journal_spec],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+
+
+# --- local sweeps ------------------------------------------------------------------------
+
+
+@netns_only
+def test_signals_end_the_job_and_never_interrupt_the_restore(pair, tmp_path):
+    """The job ignores SIGTERM: a second SIGTERM kills its group at once (not after the
+    10 s grace). Then tc qdisc del is slow (a wrapper sleeps 1.5 s first): three quick
+    SIGTERMs during it change nothing: no traceback, the caps are gone, so is the journal."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "del-started"
+    (bin_dir / "tc").write_text(f'#!/bin/bash\ncase "$*" in *"qdisc del"*) touch {marker}; sleep 1.5;; esac\n'
+                                f'exec {TC} "$@"\n')
+    (bin_dir / "tc").chmod(0o755)
+    env = dict(pair, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    pidfile = tmp_path / "job.pid"
+    job = ["bash", "-c", f"trap '' TERM; echo $$ > {pidfile}; sleep 120 & child=$!; echo $child >> {pidfile}; "
+                         "while :; do wait; done"]
+    journal = tmp_path / "j.json"
+    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: capped(pair["NS_A"], "veth-a") and pidfile.exists() and len(pidfile.read_text().split()) == 2,
+              what="the cap and the job")
+        pids = [int(p) for p in pidfile.read_text().split()]
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert all(_alive(p) for p in pids)  # the job ignores TERM (its child sleeps on)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)  # the second one: SIGKILL to the job's group now
+        _wait(lambda: marker.exists(), timeout=8, what="the restore's tc qdisc del")
+        assert time.time() - t0 < 5 and not any(_alive(p) for p in pids)
+        for _ in range(3):  # during the slow restore
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted by SIGTERM; every cap was restored" in out, (out, err)
+    assert not capped(pair["NS_A"], "veth-a") and not capped(pair["NS_B"], "veth-b")
+    assert not journal.exists() and not list(tmp_path.glob(".j.json*"))
+
+
+@netns_only
+def test_restore_ends_the_job_a_killed_sweep_left(pair, tmp_path):
+    journal = tmp_path / "j.json"
+    pidfile = tmp_path / "job.pid"
+    job = ["bash", "-c", f"echo $$ > {pidfile}; exec sleep 120"]
+    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=pair, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: capped(pair["NS_A"], "veth-a") and pidfile.exists() and pidfile.read_text().strip(),
+              what="the cap and the job")
+    finally:
+        proc.kill()  # kill -9: the sweep cannot clean up, the job (own session) lives on
+        proc.wait()
+    job_pid = int(pidfile.read_text())
+    assert _alive(job_pid) and json.loads(journal.read_text())["job"]["pgid"] == job_pid
+    res = _restore(str(journal))
+    assert res.returncode == 0, res.stderr
+    assert f"ended the job the sweep left running (process group {job_pid})" in res.stdout
+    _wait(lambda: not _alive(job_pid), timeout=10, what="the job's end")
+    assert not capped(pair["NS_A"], "veth-a") and not journal.exists()
+
+
+def test_entry_for_a_vanished_namespace_is_dropped(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (ip netns)")
+    journal = tmp_path / "netcap-x.json"
+    journal.write_text(json.dumps([{"backend": "tc", "iface": "tsgone0/veth-a", "state": {"root": None}}]))
+    res = _restore(str(journal))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "WARNING tc tsgone0/veth-a: network namespace tsgone0 no longer exists; dropped its journal entry" \
+        in res.stdout
+    assert not journal.exists()
+    res = _restore(str(journal))
+    assert res.returncode == 0 and res.stdout.strip() == "nothing to restore"
+
+
+def test_journal_temp_file_never_follows_a_planted_link(tmp_path):
+    """As root: in a directory only root can write, a link planted where the temporary
+    file goes (even with the name the writer will try first) is not followed; a directory
+    others can write is refused before anything is written."""
+    from transit_launch.errors import UsageError
+    from transit_launch.netcap.backends import Iface
+    from transit_launch.netcap.journal import Journal
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    safe = tmp_path / "safe"
+    safe.mkdir(mode=0o700)
+    (safe / "j.tmp").symlink_to(victim)  # the name the journal's temporary file once had
+    for attempt in range(3):  # and the names it has now, pid included
+        (safe / f".j.json.{os.getpid()}.{attempt}.tmp").symlink_to(victim)
+    j = Journal(safe / "j.json")
+    j.record("tc", Iface("veth-a", "ns"), {"root": None})
+    assert victim.read_text() == "precious\n"
+    assert j.entries() == [{"backend": "tc", "iface": "ns/veth-a", "state": {"root": None}}]
+    assert not (safe / "j.json").is_symlink()
+    open_dir = tmp_path / "world"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o1777)
+    with pytest.raises(UsageError, match="is writable by others"):
+        Journal(open_dir / "j.json").record("tc", Iface("veth-a", "ns"), {"root": None})
+    assert list(open_dir.iterdir()) == []
+
+
+def test_sweep_refuses_a_journal_in_a_directory_others_can_write(cli, tmp_path):
+    env, log = standins(tmp_path)
+    open_dir = tmp_path / "world"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "400", "--journal",
+                       str(open_dir / "j.json"), "--metric-regex", r"t: ([0-9.]+)", "--", "true", env=env)
+    assert rc == 2 and "is writable by others" in err and len(err.strip().splitlines()) == 1, err
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert not [c for c in calls if " -r " in c]  # nothing was capped
+
+
+# --- sweeps over a Slurm allocation ---------------------------------------------------------
+
+
+def _slurm_sweep(lab, pair, tmp_path, job, name):
+    from tests.slurm_lab import missing
+    if missing():
+        pytest.skip(missing())
+    ns_a, ns_b = pair["NS_A"], pair["NS_B"]
+    spec = tmp_path / "netcap-%n.json"
+    sweep = (f"{sys.executable} -m transit_launch sweep --slurm --cap tc --iface n1={ns_a}/veth-a,n2={ns_b}/veth-b "
+             f"--bandwidths 50mbit --journal {spec} -- {job}")
+    out = tmp_path / f"{name}.txt"
+    res = lab.cmd("sbatch", "--parsable", "-N2", "-o", str(out), "--wrap", sweep, env=dict(lab.env, **pair))
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip(), out, spec
+
+
+def _holder(node):
+    """The pid of the `netcap hold` task on a node."""
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+            if b"netcap" in cmd and b"hold" in cmd and f"SLURMD_NODENAME={node}".encode() in \
+                    (p / "environ").read_bytes().split(b"\0"):
+                return int(p.name)
+        except OSError:
+            continue
+    return None
+
+
+@netns_only
+def test_scancel_restores_every_node(lab, pair, tmp_path):
+    job, out, spec = _slurm_sweep(lab, pair, tmp_path, "sleep 120", "scancel")
+    _wait(lambda: capped(pair["NS_A"], "veth-a") and capped(pair["NS_B"], "veth-b"), timeout=60,
+          what="caps on both nodes")
+    assert lab.cmd("scancel", job).returncode == 0
+    assert lab.wait_job(job)["JobState"] == "CANCELLED"
+    _wait(lambda: not capped(pair["NS_A"], "veth-a") and not capped(pair["NS_B"], "veth-b"), timeout=15,
+          what="both nodes restored by their own tasks")
+    assert not list(tmp_path.glob("netcap-*.json")), out.read_text()
+    text = out.read_text()
+    assert "every cap was restored" not in text or "RESTORE ERRORS" not in text, text
+    res = _restore(str(spec))
+    assert res.returncode == 0 and res.stdout.strip() == "nothing to restore"
+
+
+@netns_only
+def test_unconfirmed_restore_is_reported_and_restore_finds_the_node(lab, pair, tmp_path):
+    """n2's holding task is SIGKILLed: the sweep reports n2's restore as unconfirmed (and
+    claims nothing), n2's cap and journal stay, and a plain `sweep --restore` with the
+    per-node spec finds that journal and restores n2."""
+    job, out, spec = _slurm_sweep(lab, pair, tmp_path, "sleep 4", "killed")
+    _wait(lambda: capped(pair["NS_A"], "veth-a") and capped(pair["NS_B"], "veth-b") and _holder("n2"), timeout=60,
+          what="caps on both nodes")
+    os.kill(_holder("n2"), signal.SIGKILL)
+    info = lab.wait_job(job, timeout=90)
+    text = out.read_text()
+    assert info["JobState"] == "FAILED", text  # the sweep exits 1 on a restore error
+    assert "RESTORE ERRORS" in text and "1 of 2 nodes did not confirm their restore" in text, text
+    assert "every cap was restored" not in text
+    assert not capped(pair["NS_A"], "veth-a") and capped(pair["NS_B"], "veth-b")
+    assert [p.name for p in tmp_path.glob("netcap-*.json")] == ["netcap-n2.json"]
+    res = _restore(str(spec))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"tc {pair['NS_B']}/veth-b" in res.stdout
+    assert not capped(pair["NS_B"], "veth-b") and not list(tmp_path.glob("netcap-*.json"))
