@@ -31,6 +31,8 @@ ENV = {
     "STATS": "TRANSIT_STATS",
     "LOG": "TRANSIT_LOG",
     "STAGE": "TRANSIT_STAGE",
+    # read by the framework adapter only (transit_overlap.py), not by the shim
+    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",
 }
 
 SIZE_UNITS = {
