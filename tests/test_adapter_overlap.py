@@ -5,6 +5,7 @@ gradient accumulation and under FSDP2 (one gloo rank); every case that could cha
 result falls back to the normal step with one line saying why; deliberately broken
 overlaps are caught by the same comparison."""
 
+import importlib
 import importlib.util
 import sys
 import warnings
@@ -484,3 +485,15 @@ def test_example_trainer_fsdp2_cpu_under_the_adapter():
     n_params = 2 * 9 + 3  # two blocks of 9, the embedding, the final norm, the output layer
     assert out["early"] == 3 * n_params
     assert "2 backward(s) a step" in res.stderr
+
+
+def test_the_gate_runs_advise_overlap_with_the_switch(monkeypatch):
+    """bench/offload.py: advise-overlap is advise under the gate's budget with
+    TRANSIT_OVERLAP_STEP=1, and part of the transit set the next GPU session measures."""
+    from tests.conftest import ROOT
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.setattr(sys, "argv", ["offload.py"])
+    offload = importlib.import_module("offload")
+    assert offload.variant("advise-overlap") == ("advise", {"TRANSIT_OVERLAP_STEP": "1"})
+    assert offload.variant("advise") == ("advise", {}) and offload.variant("zero-offload") == (None, {})
+    assert "advise-overlap" in offload.expand("transit")
