@@ -269,6 +269,15 @@ def test_refusals_at_the_first_step(T, capsys):
                                           "foreach": None})
 
 
+def test_compiled_autograd_falls_back(T, monkeypatch, capsys):
+    """torch.compile's compiled autograd would trace the gradient hooks into its graph."""
+    import torch._dynamo
+    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)  # eager backward all the same
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2))
+    assert same(normal, over) and ov.early == 0
+    assert "compiled autograd traces the gradient hooks" in capsys.readouterr().err
+
+
 def test_a_group_whose_kernel_choice_depends_on_its_members_is_refused(T, monkeypatch):
     """torch picks foreach only when every parameter of the step qualifies (device, tensor
     type), so a mixed group could change kernels when stepped in parts: refused."""

@@ -138,6 +138,15 @@ def _group_refusal(group):
     return None
 
 
+def _compiled_autograd():
+    """Compiled autograd (torch.compile's backward) traces gradient hooks into its graph:
+    not verified. Asked only when torch._dynamo is loaded (its own switches live there)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return bool(dynamo and getattr(dynamo.config, "compiled_autograd", False)
+                or ca and getattr(ca, "compiled_autograd_enabled", False))
+
+
 def _fast_route_alike(p, grad, state):
     """On a GPU, torch's foreach kernels take their fast path only when every tensor of the
     call is dense and laid out like its parameter; one exception sends the whole call down
@@ -298,6 +307,8 @@ class Overlap:
             return "its param groups changed"
         if self.stage_enabled():
             return "TRANSIT_STAGE=1 moves the optimizer state at the same point of the step"
+        if _compiled_autograd():
+            return "compiled autograd traces the gradient hooks (not verified)"
         learning = plan.phase == "learn"
         return self._grads_why(plan, learning) or self._hyper_why(plan)
 
@@ -371,6 +382,10 @@ class Overlap:
     # --- during backward --------------------------------------------------------------------
 
     def on_grad(self, p):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return  # being traced (compiled autograd): no side effects; the step hook falls back
         rec = self.recs.get(id(p))
         if rec is None or rec.plan.phase == "off" or rec.plan.opt() is None:
             return
