@@ -304,12 +304,18 @@ def test_other_step_hooks_fall_back(T, capsys):
     assert "other optimizer step hooks" in capsys.readouterr().err
 
 
-def test_parameters_shared_by_two_optimizers_fall_back(T, capsys):
+@pytest.mark.parametrize("other", ["SGD", "a subclass the overlap refuses"])
+def test_parameters_shared_by_two_optimizers_fall_back(T, other, capsys):
+    """Two optimizers stepping one parameter update it in the order of their steps, which
+    an early update would change; found whether the other one is overlapped or not."""
     import torch
+
+    class MySGD(torch.optim.SGD):
+        pass
 
     def two(ps):
         ps = list(ps)
-        two.other = torch.optim.SGD(ps[:2], lr=1e-2)  # also steps the first layer
+        two.other = (torch.optim.SGD if other == "SGD" else MySGD)(ps[:2], lr=1e-2)  # the first layer too
         return torch.optim.AdamW(ps, lr=1e-2)
 
     def both(i, opt, loss_fn):

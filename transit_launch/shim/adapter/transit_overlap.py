@@ -202,7 +202,8 @@ class Overlap:
         self.stage_enabled = stage_enabled
         self.ours = list(ours)  # the adapter's other step hooks: not foreign
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
-        self.recs = {}          # id(param) -> _Param
+        self.recs = {}          # id(param) -> _Param of a hooked parameter
+        self.owners = {}        # id(param) -> (weak param, _Plan) of every optimizer that stepped
         self.lock = threading.Lock()  # hooks may run on several autograd device threads
         self.streams = {}       # device -> side stream for early updates
         self.early = 0          # parameters updated during backward, all steps (tests, logs)
@@ -257,7 +258,7 @@ class Overlap:
     def _adopt(self, opt):
         """At an optimizer's first step: hook its parameters, or say once why not."""
         plan = self.plans[opt] = _Plan(opt, _raw_step(opt))
-        why = self._refusal(opt, plan)
+        why = self._claim(opt, plan) or self._refusal(opt, plan)
         if why:
             self._turn_off(plan, why)
             return
@@ -276,14 +277,24 @@ class Overlap:
             why = _group_refusal(group)
             if why:
                 return why
+        return None
+
+    def _claim(self, opt, plan):
+        """Record which optimizer steps each parameter, whether it is overlapped or not: a
+        parameter that two optimizers step is updated in the order of their steps, which an
+        early update would change."""
+        shared = None
         for group in opt.param_groups:
             for p in group["params"]:
-                rec = self.recs.get(id(p))
-                if rec is not None and rec.plan.opt() is None:
-                    self._unhook(rec.plan)  # left by an optimizer that is gone
-                elif rec is not None:
-                    self._turn_off(rec.plan, "parameters shared with another optimizer")
-                    return "parameters shared with another optimizer"
+                ref, other = self.owners.get(id(p), (None, None))
+                if other is not None and ref() is p and other.opt() is not None and other is not plan:
+                    shared = other
+                elif other is not None and other.opt() is None:
+                    self._unhook(other)  # left by an optimizer that is gone
+                self.owners[id(p)] = (weakref.ref(p), plan)
+        if shared is not None:
+            self._turn_off(shared, "parameters shared with another optimizer")
+            return "parameters shared with another optimizer"
         return None
 
     def _judge(self, plan, args, kwargs):
