@@ -217,6 +217,13 @@ def ddp_mlp():
     return torch.nn.parallel.DistributedDataParallel(mlp())
 
 
+def clamp(m):
+    """A weight constraint applied between backward and step (it belongs after the step)."""
+    import torch
+    with torch.no_grad():
+        m[0].weight.clamp_(-0.2, 0.2)
+
+
 FALLBACKS = {
     "clip_grad_norm_": (dict(between=clip_norm), "changed between its last backward and the step"),
     "clip_grad_value_": (dict(between=clip_value), "changed between its last backward and the step"),
@@ -229,6 +236,7 @@ FALLBACKS = {
                           "hyper-parameters changed between backward and the step"),
     "grad.data-rescaled": (dict(between=lambda i, m, o: [p.grad.data.mul_(0.5) for p in m.parameters()]),
                            "changed between its last backward and the step"),
+    "weight-constraint": (dict(between=lambda i, m, o: clamp(m)), "a parameter was changed in place between backward"),
 }
 
 

@@ -34,6 +34,7 @@ KNOWN = {("torch.optim.adam", "Adam"): "Adam.step", ("torch.optim.adamw", "AdamW
          ("torch.optim.sgd", "SGD"): "SGD.step"}
 CHANGED_GRAD = ("the gradient of a parameter changed between its last backward and the step (gradient "
                 "clipping, GradScaler.unscale_, a data-parallel reduction or another in-place change)")
+CHANGED_PARAM = "a parameter was changed in place between backward and the step (a weight constraint?)"
 
 
 def _say(msg):
@@ -71,7 +72,7 @@ def _unchanged(rec, g, learning):
     learning, the same bits as at its final hook."""
     import torch
 
-    if rec.seen is None or g is not rec.seen[0] or rec.ended is None or _version(g) != rec.ended:
+    if rec.seen is None or g is not rec.seen[0] or rec.ended is None or _version(g) != rec.ended[0]:
         return False
     return not learning or torch.equal(rec.seen[1], _digest(g))
 
@@ -169,8 +170,8 @@ class _Param:
         self.reset()
 
     def reset(self):
-        # seen: (gradient, checksum while learning) at its latest hook; ended: its version
-        # when that backward ended
+        # seen: (gradient, checksum while learning) at its latest hook; ended: the versions of
+        # the gradient and the parameter when that backward ended
         self.fires, self.seen, self.ended, self.done = 0, None, None, False
 
 
@@ -334,6 +335,8 @@ class Overlap:
                     continue
                 if not _unchanged(rec, p.grad, learning):
                     return CHANGED_GRAD
+                if _version(p) != rec.ended[1]:  # the update it got early would come after this change
+                    return CHANGED_PARAM
                 if plan.paths[gi] == "foreach" and not _fast_route_alike(p, p.grad, opt.state.get(p, {})):
                     return "tensors laid out unlike their parameter on a GPU foreach path"
             if not learning and gi < len(plan.paths) and self._first_update_couples(plan, gi, group):
@@ -444,7 +447,8 @@ class Overlap:
         for rec in fired:
             try:
                 g = rec.param.grad
-                rec.ended = None if g is None else _version(g)
+                # the versions of its gradient and (after any early update) of the parameter
+                rec.ended = None if g is None else (_version(g), _version(rec.param))
             except Exception as e:  # raised here it would end the application's backward()
                 self._turn_off(rec.plan, f"an error at the end of backward: {e!r}")
 
