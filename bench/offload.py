@@ -14,6 +14,7 @@ step (NVML's PCIe throughput counters, sampled every ~20 ms and integrated over 
 steps: an estimate), the process's peak host RSS, the shim's stats, and the losses.
 
     python3 bench/offload.py --set transit --gpu 0 --out $OUT/transit.json
+    python3 bench/offload.py --set reference,advise,advise-overlap --gpu 0 --accum 1,3 --out $OUT/overlap.json
     python3 bench/offload.py --set peers --gpu 1 --budget BYTES --out $OUT/peers.json
     python3 bench/offload.py --report bench/results/offload_*.json --plot bench/results/offload.png
 """
@@ -31,8 +32,13 @@ from pathlib import Path
 
 from common import ROOT, TRAINER, env, run, trainer_records, transit
 
+from transit_launch.rules import ENV
+
 PAPER_RATIO = 26e9 / (6 * 70.55e9 * 8192)  # bytes offloaded per model FLOP per GPU: Llama3-70B, 16 GPUs
 TRANSIT = ("off", "base", "prefetch", "advise")
+# a transit run named POLICY-SUFFIX: the policy with the adapter's experiment switched on
+VARIANTS = {"stage": {ENV["STAGE"]: "1"},              # experimental staging (docs/lifetime-policy.md)
+            "overlap": {ENV["OVERLAP_STEP"]: "1"}}     # the optimizer step overlapped with backward
 PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "deepspeed", "--zero", "offload"],
          "zero-infinity": ["--engine", "deepspeed", "--zero", "infinity"]}
 
@@ -40,7 +46,9 @@ PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "de
 def parse():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="transit",
-                    help="comma list of run names or groups: transit (reference + transit policies), peers, all")
+                    help="comma list of run names or groups: transit (reference + transit policies), peers, all; "
+                         "POLICY-stage and POLICY-overlap run a transit policy with TRANSIT_STAGE=1 or "
+                         "TRANSIT_OVERLAP_STEP=1 (advise-overlap is in the transit group)")
     ap.add_argument("--gpu", type=int, default=0, help="physical GPU index (NVML order)")
     ap.add_argument("--cpus", default="", help="pin the runs to these host cores, e.g. 0-15")
     ap.add_argument("--accum", default="12,1,3", help="microbatches per step: the curve's points, in run order")
@@ -93,11 +101,20 @@ class GpuMeter(threading.Thread):
         return htod, dtoh, max((x[3] for x in s), default=0)
 
 
+def variant(name):
+    """(the transit policy or None for a peer, the environment it adds) of a run name such
+    as advise, advise-stage or advise-overlap."""
+    policy, _, suffix = name.partition("-")
+    if policy not in TRANSIT:
+        return None, {}
+    return policy, VARIANTS.get(suffix, {})
+
+
 def run_one(a, name, accum, budget, meter):
     trainer = [*TRAINER, *a.model.split(), "--seq-len", str(a.seq_len), "--batch", str(a.batch), "--accum",
                str(accum), "--steps", str(a.steps)]
     stats_dir = tempfile.mkdtemp(prefix="tr-")
-    policy = name.split("-")[0] if name.split("-")[0] in TRANSIT else None
+    policy, extra = variant(name)
     if policy:
         cmd = transit(policy, trainer, stats_dir, budget if policy != "off" else None)
     else:
@@ -108,15 +125,15 @@ def run_one(a, name, accum, budget, meter):
         cores = set(range(int(lo), int(hi or lo) + 1))
         pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
     t0 = time.time()
-    # advise-stage: advise with TRANSIT_STAGE=1 (experimental: docs/lifetime-policy.md)
-    staged = {"TRANSIT_STAGE": "1"} if name.endswith("-stage") else {}
-    out, err, rc = run(cmd, env(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu), **staged),
+    out, err, rc = run(cmd, env(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(a.gpu), **extra),
                        a.timeout, pin)
     steps, summ = trainer_records(out)
     summ = summ or {}
     r = {"name": name, "accum": accum, "policy": policy or "none", "rc": rc, "wall_s": round(time.time() - t0, 1),
          "budget_bytes": budget if policy and policy != "off" else None,
-         "losses": [s["loss"] for s in steps], "step_times": [s["step_time"] for s in steps]}
+         "losses": [s["loss"] for s in steps], "step_times": [s["step_time"] for s in steps],
+         # what the framework adapter said (e.g. whether the step overlap engaged, or why not)
+         "adapter_log": [l for l in err.splitlines() if l.startswith("transit adapter:")][:10]}
     measured = steps[a.warmup:]
     if measured:
         ts = [s["step_time"] for s in measured]
@@ -155,11 +172,11 @@ def expand(sel):
     names = []
     for s in sel.split(","):
         if s == "transit":
-            names += ["reference", "off", "advise", "prefetch", "base"]
+            names += ["reference", "off", "advise", "advise-overlap", "prefetch", "base"]
         elif s == "peers":
             names += list(PEERS)
         elif s == "all":
-            names += ["reference", "off", "advise", "prefetch", "base", *PEERS]
+            names += ["reference", "off", "advise", "advise-overlap", "prefetch", "base", *PEERS]
         elif s:
             names.append(s)
     return names
@@ -190,7 +207,7 @@ def measure(a):
             print(f"deadline: skipping {name} at accum {accum}", file=sys.stderr)
             continue
         budget = results["budget_bytes"]
-        if name in ("base", "prefetch", "advise") and not budget:
+        if variant(name)[0] in ("base", "prefetch", "advise") and not budget:
             print("no budget: run the reference first or pass --budget", file=sys.stderr)
             continue
         r = run_one(a, name, accum, budget, meter)

@@ -32,6 +32,8 @@ ENV = {
     "LOG": "TRANSIT_LOG",
     "STAGE": "TRANSIT_STAGE",
     "COLD_TAIL": "TRANSIT_COLD_TAIL",
+    # read by the framework adapter only (transit_overlap.py), not by the shim
+    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",
 }
 
 SIZE_UNITS = {

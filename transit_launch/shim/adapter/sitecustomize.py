@@ -4,8 +4,9 @@ launcher puts this directory on PYTHONPATH. The application is never changed.
 When torch.optim is imported it registers torch's global optimizer-step post hook; after
 each step it reports the optimizer states (and fp32 parameters, the master weights under
 FSDP2 mixed precision) to libtransit.so as cold ranges and marks the iteration boundary.
-Any failure here disables the adapter and leaves the job running. A site's own
-sitecustomize further down sys.path still runs."""
+With TRANSIT_OVERLAP_STEP=1 it also overlaps the optimizer step with backward
+(transit_overlap.py). Any failure here disables the adapter and leaves the job running. A
+site's own sitecustomize further down sys.path still runs."""
 
 import importlib.machinery
 import importlib.util
@@ -119,6 +120,17 @@ class _Hooks:
         self.first = None
         self.failed = False
         self.stager = None
+        self.overlap = _overlap(api, self)
+
+    def register(self, optimizer_module):
+        """torch.optim.optimizer is loaded: the global step hooks go in."""
+        optimizer_module.register_optimizer_step_post_hook(self.post_step)
+        if self.overlap:
+            try:
+                self.overlap.install()
+            except Exception as e:
+                self.overlap = None
+                print(f"transit adapter: step overlap not installed: {e!r}", file=sys.stderr)
 
     def post_step(self, opt, args, kwargs):
         if self.failed:
@@ -158,6 +170,19 @@ class _Hooks:
             self.api.hint(ptr, size, kind)
 
 
+def _overlap(api, hooks):
+    """TRANSIT_OVERLAP_STEP=1 (opt-in): the driver of transit_overlap.py, else None."""
+    try:
+        import transit_overlap
+
+        if os.environ.get(transit_overlap.OVERLAP_ENV) != "1":
+            return None
+        return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=[hooks.post_step])
+    except Exception as e:
+        print(f"transit adapter: step overlap not available: {e!r}", file=sys.stderr)
+        return None
+
+
 class _OptimFinder:
     """Registers the hooks right after torch.optim.optimizer is executed."""
 
@@ -176,7 +201,7 @@ class _OptimFinder:
         def exec_module(module):
             real_exec(module)
             try:
-                module.register_optimizer_step_post_hook(hooks.post_step)
+                hooks.register(module)
             except Exception as e:
                 print(f"transit adapter: cannot hook torch.optim: {e!r}", file=sys.stderr)
 
@@ -196,7 +221,7 @@ def _install():
         return
     hooks = _Hooks(transit_api)
     if "torch.optim.optimizer" in sys.modules:
-        sys.modules["torch.optim.optimizer"].register_optimizer_step_post_hook(hooks.post_step)
+        hooks.register(sys.modules["torch.optim.optimizer"])
     else:
         sys.meta_path.insert(0, _OptimFinder(hooks))
 

@@ -1,0 +1,522 @@
+"""The optimizer step overlapped with backward (TRANSIT_OVERLAP_STEP=1,
+transit_launch/shim/adapter/transit_overlap.py), on CPU models: parameters, optimizer state
+and losses bit-identical to the normal step for every supported optimizer path, with
+gradient accumulation and under FSDP2 (one gloo rank); every case that could change the
+result falls back to the normal step with one line saying why; deliberately broken
+overlaps are caught by the same comparison."""
+
+import importlib
+import importlib.util
+import sys
+import warnings
+
+import pytest
+
+from tests.conftest import NEEDS_TORCH, torch_importable
+from transit_launch import rules
+from transit_launch.shim import inject
+
+pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+STEPS = 6  # learning ends after step 3 (transit_overlap.LEARN = 2 after adoption at step 1): 3 overlapped
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, inject.adapter_dir() / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def T():
+    return load("transit_overlap")
+
+
+def mlp(seed=0):
+    import torch
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def train(make_opt, ov=None, model=mlp, steps=STEPS, micro=2, between=None, step=None, sched=None,
+          set_to_none=True, scaler=False, after=None):
+    """`steps` optimizer steps of `micro` backwards each, with the overlap driver `ov`
+    installed (None: the normal step). between(i, model, opt) runs between the last backward
+    and the step (clipping, ...), after(i, model, opt) after the step; step(i, opt, loss_fn)
+    replaces opt.step(); scaler: a CPU
+    GradScaler scales the losses and steps the optimizer. Returns the losses, the
+    parameters, the optimizer's state_dict and the scheduler's."""
+    import torch
+    m = model()
+    opt = make_opt(m.parameters())
+    lr = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s)) if sched else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=16.0) if scaler else None
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    if ov:
+        ov.install()
+    try:
+        for i in range(steps):
+            data = [torch.randn(5, 8, generator=gen) for _ in range(micro)]
+
+            def loss_fn(x):
+                out = m(x)
+                return (out.float() ** 2).mean()
+            for x in data:
+                loss = loss_fn(x)
+                (scaler.scale(loss / micro) if scaler else loss / micro).backward()
+                losses.append(loss.item())
+            if between:
+                between(i, m, opt)
+            if step:
+                step(i, opt, lambda: loss_fn(data[-1]))
+            elif scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=set_to_none)
+            if lr:
+                lr.step()
+            if after:
+                after(i, m, opt)
+    finally:
+        if ov:
+            ov.uninstall()
+    params = [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in m.parameters()]
+    return losses, params, opt.state_dict(), lr.state_dict() if lr else None
+
+
+def same(a, b):
+    """Bitwise equality of nested results (tensors with torch.equal, floats with ==)."""
+    import torch
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def overlapped(T, make_opt, **kw):
+    """(the normal run, the overlapped run, the driver)."""
+    ov = T.Overlap()
+    return train(make_opt, **kw), train(make_opt, ov, **kw), ov
+
+
+def optim(name, **kw):
+    import torch
+    return lambda ps: getattr(torch.optim, name)(ps, **kw)
+
+
+PATHS = {
+    "adamw-for-loop": optim("AdamW", lr=1e-2, foreach=False),
+    "adamw-foreach": optim("AdamW", lr=1e-2, foreach=True),
+    "adamw-fused": optim("AdamW", lr=1e-2, fused=True),  # torch 2.13 has a CPU fused AdamW
+    "adam-amsgrad-l2-maximize": optim("Adam", lr=1e-2, weight_decay=0.1, amsgrad=True, maximize=True, foreach=True),
+    "sgd": optim("SGD", lr=1e-2),
+    "sgd-momentum-for-loop": optim("SGD", lr=1e-2, momentum=0.9, weight_decay=0.01, foreach=False),
+    "sgd-momentum-dampening-foreach": optim("SGD", lr=1e-2, momentum=0.9, dampening=0.1, foreach=True),
+    "sgd-nesterov-fused": optim("SGD", lr=1e-2, momentum=0.9, nesterov=True, fused=True),
+}
+
+
+@pytest.mark.parametrize("micro", [1, 3])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_overlapped_step_is_bit_identical(T, path, micro, capsys):
+    normal, over, ov = overlapped(T, PATHS[path], micro=micro)
+    assert same(normal, over)
+    assert ov.early == 4 * (STEPS - 3)  # every parameter of the last 3 steps was updated during backward
+    assert f"{micro} backward(s) a step" in capsys.readouterr().err
+
+
+def test_lr_scheduler_state_dict_and_zero_grad_stay_exact(T, capsys):
+    """The early updates read the learning rate the scheduler set after the previous step;
+    the scheduler still counts one step per optimizer.step() (no 'scheduler before
+    optimizer' warning); zero_grad(set_to_none=False) keeps zeroed gradients as before."""
+    kw = dict(sched=True, set_to_none=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2, weight_decay=0.1), **kw)
+    assert same(normal, over) and ov.early == 12
+    assert normal[3]["last_epoch"] == STEPS
+    assert not [w for w in caught if "lr_scheduler" in str(w.message)]
+
+
+def test_activation_checkpointing_both_kinds(T):
+    """Checkpointed blocks recompute in backward; the reentrant kind accumulates their
+    gradients in a nested backward of its own."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = checkpoint(lambda t: torch.tanh(self.a(t)), x, use_reentrant=False)
+            x = checkpoint(lambda t: torch.tanh(self.b(t)), x, use_reentrant=True)
+            return self.head(x)
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2), model=Net)
+    assert same(normal, over) and ov.early == 6 * 3
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    import torch.distributed as dist
+    if dist.is_initialized():
+        pytest.skip("a process group is already up")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+def fsdp_mlp():
+    """examples/train_llama.py's FSDP2 setup on a small model: one shard per block, bf16
+    compute, fp32 parameters and reduce-scatter."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    m = mlp()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(m[0], mp_policy=mp)
+    fully_shard(m[2], mp_policy=mp)
+    return fully_shard(m, mp_policy=mp)
+
+
+@pytest.mark.parametrize("foreach", [None, True])
+def test_fsdp2_sharded_parameters_after_their_reduce_scatter(T, gloo, foreach):
+    """FSDP2 calls the sharded parameters' post-accumulate-grad hooks after each
+    reduce-scatter; the gradients of one module are views of one buffer (a sibling's
+    accumulation bumps the shared version counter: read at the end of backward)."""
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2, weight_decay=0.1, foreach=foreach),
+                                  model=fsdp_mlp, micro=2)
+    assert same(normal, over) and ov.early == 12
+
+
+# --- what falls back --------------------------------------------------------------------------
+
+def clip_norm(i, m, opt):
+    import torch
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+
+
+def clip_value(i, m, opt):
+    import torch
+    torch.nn.utils.clip_grad_value_(m.parameters(), 0.01)
+
+
+def closure(i, opt, loss_fn):
+    opt.step(loss_fn)
+
+
+def ddp_mlp():
+    import torch
+    return torch.nn.parallel.DistributedDataParallel(mlp())
+
+
+def clamp(m):
+    """A weight constraint applied between backward and step (it belongs after the step)."""
+    import torch
+    with torch.no_grad():
+        m[0].weight.clamp_(-0.2, 0.2)
+
+
+FALLBACKS = {
+    "clip_grad_norm_": (dict(between=clip_norm), "changed between its last backward and the step"),
+    "clip_grad_value_": (dict(between=clip_value), "changed between its last backward and the step"),
+    "closure": (dict(step=closure), "called with arguments (a closure"),
+    # GradScaler: unscale_ changes the gradients in place, or with a fused optimizer the
+    # unscaling and the inf check go into the step
+    "GradScaler": (dict(scaler=True), "changed between its last backward and the step"),
+    "GradScaler-fused": (dict(scaler=True, fused=True), "GradScaler steps it"),
+    "scheduler-between": (dict(between=lambda i, m, o: o.param_groups[0].update(lr=0.5 / (i + 1))),
+                          "hyper-parameters changed between backward and the step"),
+    "grad.data-rescaled": (dict(between=lambda i, m, o: [p.grad.data.mul_(0.5) for p in m.parameters()]),
+                           "changed between its last backward and the step"),
+    "weight-constraint": (dict(between=lambda i, m, o: clamp(m)), "a parameter was changed in place between backward"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FALLBACKS))
+def test_what_is_not_provably_identical_falls_back(T, case, capsys):
+    kw, why = FALLBACKS[case]
+    kw = dict(kw)
+    make = optim("AdamW", lr=1e-2, fused=kw.pop("fused", None))
+    normal, over, ov = overlapped(T, make, **kw)
+    err = capsys.readouterr().err
+    assert same(normal, over)
+    assert ov.early == 0
+    assert err.count("step overlap off for AdamW") == 1 and why in err and "its steps run normally" in err
+
+
+def test_ddp_reduction_after_the_hooks_falls_back(T, gloo, capsys):
+    """DDP writes the reduced gradients after the hooks, at the end of backward."""
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2), model=ddp_mlp)
+    assert same(normal, over) and ov.early == 0
+    assert "changed between its last backward and the step" in capsys.readouterr().err
+
+
+def test_refusals_at_the_first_step(T, capsys):
+    import torch
+
+    class MyAdamW(torch.optim.AdamW):
+        pass
+    cases = [(lambda ps: MyAdamW(ps, lr=1e-2), T.Overlap(), "MyAdamW is not torch.optim's"),
+             (optim("AdamW", lr=1e-2), T.Overlap(stage_enabled=lambda: True), "TRANSIT_STAGE=1"),
+             (optim("Adam", lr=torch.tensor(1e-2), fused=True), T.Overlap(), "tensor hyper-parameters")]
+    for make, ov, why in cases:
+        assert same(train(make), train(make, ov)) and ov.early == 0
+        assert why in capsys.readouterr().err
+    p = torch.nn.Parameter(torch.ones(2))
+    assert T._group_refusal({"params": [p], "differentiable": True}) == "differentiable=True"
+    assert T._group_refusal({"params": [p], "capturable": True, "foreach": None}).startswith("capturable=True")
+    assert "complex" in T._group_refusal({"params": [torch.nn.Parameter(torch.ones(2, dtype=torch.cfloat))],
+                                          "foreach": None})
+
+
+def test_compiled_autograd_falls_back(T, monkeypatch, capsys):
+    """torch.compile's compiled autograd would trace the gradient hooks into its graph."""
+    import torch._dynamo
+    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)  # eager backward all the same
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2))
+    assert same(normal, over) and ov.early == 0
+    assert "compiled autograd traces the gradient hooks" in capsys.readouterr().err
+
+
+def test_a_group_whose_kernel_choice_depends_on_its_members_is_refused(T, monkeypatch):
+    """torch picks foreach only when every parameter of the step qualifies (device, tensor
+    type), so a mixed group could change kernels when stepped in parts: refused."""
+    import torch
+    from torch.optim import optimizer
+    a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    monkeypatch.setattr(optimizer, "_default_to_fused_or_foreach",
+                        lambda ps, differentiable, use_fused=False: (False, all(p is a for p in ps)))
+    assert T._path({"params": [a, b], "foreach": None}) is None
+    assert T._path({"params": [a], "foreach": None}) == "foreach"
+    assert "mixes devices" in T._group_refusal({"params": [a, b], "foreach": None})
+
+
+def test_other_step_hooks_fall_back(T, capsys):
+    """A step pre-hook of the application's could change gradients after the check."""
+    import torch
+
+    def hooked(ps):
+        opt = torch.optim.AdamW(ps, lr=1e-2)
+        opt.register_step_pre_hook(lambda *a: None)
+        return opt
+    ov = T.Overlap()
+    assert same(train(hooked), train(hooked, ov)) and ov.early == 0
+    assert "other optimizer step hooks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("other", ["SGD", "a subclass the overlap refuses"])
+def test_parameters_shared_by_two_optimizers_fall_back(T, other, capsys):
+    """Two optimizers stepping one parameter update it in the order of their steps, which
+    an early update would change; found whether the other one is overlapped or not."""
+    import torch
+
+    class MySGD(torch.optim.SGD):
+        pass
+
+    def two(ps):
+        ps = list(ps)
+        two.other = (torch.optim.SGD if other == "SGD" else MySGD)(ps[:2], lr=1e-2)  # the first layer too
+        return torch.optim.AdamW(ps, lr=1e-2)
+
+    def both(i, opt, loss_fn):
+        opt.step()
+        two.other.step()
+    ov = T.Overlap()
+    assert same(train(two, step=both), train(two, ov, step=both)) and ov.early == 0
+    assert "parameters shared with another optimizer" in capsys.readouterr().err
+
+
+def test_sparse_gradients_fall_back(T, capsys):
+    import torch
+
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.bag, self.head = torch.nn.EmbeddingBag(20, 8, mode="sum", sparse=True), torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.head(self.bag(x.abs().mul(5).long() % 20))  # token ids from the random inputs
+    ov = T.Overlap()
+    assert same(train(optim("SGD", lr=1e-2), model=Bag), train(optim("SGD", lr=1e-2), ov, model=Bag))
+    assert ov.early == 0 and "sparse gradients" in capsys.readouterr().err
+
+
+def test_groups_added_later_run_normally_groups_changed_fall_back(T, capsys):
+    import torch
+    extra = {}
+
+    def add_group(i, m, opt):
+        if i == 3:  # the overlap is on from step 4: a group added then is updated by the step
+            extra["p"] = torch.nn.Parameter(torch.ones(3))
+            opt.add_param_group({"params": [extra["p"]], "lr": 0.1})
+        if "p" in extra:
+            extra["p"].grad = torch.full((3,), 0.5)
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2), between=add_group)
+    assert same(normal, over) and ov.early == 12 and "step overlap off" not in capsys.readouterr().err
+
+    def regroup(i, m, opt):
+        if i == 3:
+            opt.param_groups[0]["params"].reverse()
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2), after=regroup)
+    err = capsys.readouterr().err
+    assert same(normal, over) and ov.early == 4  # step 4 overlapped; step 5's first hook saw the change
+    assert "its param groups changed; its steps run normally" in err
+
+
+# --- what is detected too late, and deliberate breakage ---------------------------------------
+
+def test_a_step_with_more_backwards_than_learned_is_reported(T, capsys):
+    """Learned: 2 backwards a step. A later step with 3 had its early updates made at its
+    2nd backward: that step is not identical and says so; the overlap stays off after it."""
+    import torch
+    ov = T.Overlap()
+    m = mlp()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    ov.install()
+    try:
+        for micro in (2, 2, 2, 2, 3, 2, 2):
+            for _ in range(micro):
+                m(torch.randn(5, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        ov.uninstall()
+    err = capsys.readouterr().err
+    assert "more gradients in a step than in the learning steps; this step's early updates were already made, " \
+           "so it is not bit-identical" in err
+    assert ov.early == 4 + 4  # step 4, and step 5 before its third backward
+
+
+def test_clipping_that_starts_after_learning_is_reported(T, capsys):
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2),
+                                  between=lambda i, m, o: clip_norm(i, m, o) if i == 4 else None)
+    err = capsys.readouterr().err
+    assert not same(normal[1], over[1])  # step 5's early updates used the unclipped gradients
+    assert ov.early == 8  # steps 4 and 5; step 6 ran normally
+    assert "changed between its last backward and the step (gradient clipping" in err
+    assert "so it is not bit-identical" in err
+
+
+@pytest.mark.parametrize("breakage", ["update-before-the-last-backward", "step-does-not-skip-what-was-done"])
+def test_a_broken_overlap_is_caught_by_the_comparison(T, monkeypatch, breakage):
+    """The bit-identity checks above are not vacuous: updating at the first of two backwards,
+    or letting the step update a parameter again, changes the parameters."""
+    if breakage == "update-before-the-last-backward":
+        learn = T.Overlap._learn
+
+        def early(self, plan):
+            learn(self, plan)
+            if plan.phase == "on":
+                plan.learned = {k: v - 1 for k, v in plan.learned.items()}
+        monkeypatch.setattr(T.Overlap, "_learn", early)
+    else:
+        monkeypatch.setattr(T.Overlap, "_hide_done", lambda self, plan: None)
+    normal, over, ov = overlapped(T, PATHS["adamw-foreach"], micro=2)
+    assert ov.early > 0
+    assert not same(normal[1], over[1]) and not same(normal[2], over[2])
+
+
+def test_an_error_in_a_hook_falls_back_and_the_job_goes_on(T, monkeypatch, capsys):
+    def boom(*a):
+        raise RuntimeError("no stream")
+    monkeypatch.setattr(T.Overlap, "_step_only", boom)
+    normal, over, ov = overlapped(T, PATHS["adamw-fused"])
+    assert same(normal, over) and ov.early == 0
+    err = capsys.readouterr().err
+    assert err.count("step overlap off") == 1 and "an error in its gradient hook: RuntimeError('no stream')" in err
+
+    monkeypatch.setattr(T.Overlap, "_learn", boom)
+    normal, over, ov = overlapped(T, PATHS["sgd"])
+    assert same(normal, over) and ov.early == 0
+    assert "an error in its step hook: RuntimeError('no stream')" in capsys.readouterr().err
+
+
+# --- wiring ----------------------------------------------------------------------------------
+
+class Api:
+    def stage_enabled(self):
+        return False
+
+
+def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
+    assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
+    monkeypatch.syspath_prepend(str(inject.adapter_dir()))
+    site = load("sitecustomize")  # installs nothing here: no shim is loaded
+    monkeypatch.delenv(T.OVERLAP_ENV, raising=False)
+    assert site._Hooks(Api()).overlap is None
+    monkeypatch.setenv(T.OVERLAP_ENV, "1")
+    hooks = site._Hooks(Api())
+    assert type(hooks.overlap).__name__ == "Overlap" and hooks.overlap.ours == [hooks.post_step]
+    sys.modules.pop("transit_overlap", None)
+
+
+DRIVER = r"""
+import contextlib, importlib.util, io, json, os, runpy, sys
+adapter, trainer, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.path.insert(0, adapter)
+spec = importlib.util.spec_from_file_location("transit_site", os.path.join(adapter, "sitecustomize.py"))
+site = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(site)
+
+class Api:  # the shim's API as the adapter sees it, on a machine without the shim
+    HOT, MASTER, OPTIMIZER = 0, 1, 2
+    def hint(self, ptr, size, kind): return 0
+    def iteration(self): return 0
+    def stage_enabled(self): return False
+
+def losses():
+    out = io.StringIO()
+    sys.argv = [trainer, *args]
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(trainer, run_name="__main__")
+        except SystemExit as e:
+            assert e.code in (0, None), e.code
+    return [json.loads(l)["loss"] for l in out.getvalue().splitlines() if l.startswith('{"step"')]
+
+normal = losses()
+os.environ["TRANSIT_OVERLAP_STEP"] = "1"
+hooks = site._Hooks(Api())
+hooks.register(sys.modules["torch.optim.optimizer"])
+print(json.dumps({"normal": normal, "overlap": losses(), "early": hooks.overlap.early}))
+"""
+
+
+def test_example_trainer_fsdp2_cpu_under_the_adapter():
+    """examples/train_llama.py unchanged (FSDP2 on one gloo rank, activation checkpointing,
+    AdamW, 2 microbatches a step) with the adapter's hooks as the launcher installs them:
+    the same losses, with steps 4-6 overlapped (their updates show in the losses of 5 and 6)."""
+    import json
+    import subprocess
+    from tests.conftest import ROOT
+    args = ["--device", "cpu", "--dp", "fsdp", "--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+            "--ffn", "128", "--vocab", "256", "--seq-len", "16", "--batch", "2", "--accum", "2", "--steps", "6"]
+    res = subprocess.run([sys.executable, "-c", DRIVER, str(inject.adapter_dir()), str(ROOT / "examples" / "train_llama.py"),
+                          *args], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert len(out["normal"]) == 6 and out["overlap"] == out["normal"]
+    n_params = 2 * 9 + 3  # two blocks of 9, the embedding, the final norm, the output layer
+    assert out["early"] == 3 * n_params
+    assert "2 backward(s) a step" in res.stderr
+
+
+def test_the_gate_runs_advise_overlap_with_the_switch(monkeypatch):
+    """bench/offload.py: advise-overlap is advise under the gate's budget with
+    TRANSIT_OVERLAP_STEP=1, and part of the transit set the next GPU session measures."""
+    from tests.conftest import ROOT
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.setattr(sys, "argv", ["offload.py"])
+    offload = importlib.import_module("offload")
+    assert offload.variant("advise-overlap") == ("advise", {"TRANSIT_OVERLAP_STEP": "1"})
+    assert offload.variant("advise") == ("advise", {}) and offload.variant("zero-offload") == (None, {})
+    assert "advise-overlap" in offload.expand("transit")
