@@ -44,12 +44,24 @@ int tr_size_valid(const char *s)
     return tr_size_parse(s, &v) == TR_SIZE_OK;
 }
 
+/* No control characters and nothing beyond ASCII (C1 controls, U+2028 would reach logs). */
 static int printable(const char *s)
 {
     for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
             return 0;
     return 1;
+}
+
+/* What a log line may repeat of a user's value: short and plain, else "?". Slurm keeps
+ * only the tail of an over-long message, without its prefix, so a long value could
+ * forge a whole log line. */
+static const char *echo(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 32 || strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._ -") != n)
+        return "?";
+    return s;
 }
 
 /* The option values, from the command line (sbatch/salloc/srun), from Slurm on the node,
@@ -57,11 +69,11 @@ static int printable(const char *s)
 int tr_opt_policy(const char *arg)
 {
     if (!arg || !tr_policy_known(arg)) {
-        slurm_error("transit: --transit=%s: expected one of %s", arg && printable(arg) ? arg : "?", TR_POLICIES);
+        slurm_error("transit: --transit=%s: expected one of %s", echo(arg), TR_POLICIES);
         return -1;
     }
     if (!tr_policy_allowed(arg)) {
-        slurm_error("transit: --transit=%s is not allowed on this cluster (allowed: %s)", arg, tr_site.allowed);
+        slurm_error("transit: --transit=%s is not allowed on this cluster (allowed: %s)", echo(arg), tr_site.allowed);
         return -1;
     }
     snprintf(tr_job.policy, sizeof tr_job.policy, "%s", arg);
@@ -71,8 +83,7 @@ int tr_opt_policy(const char *arg)
 int tr_opt_budget(const char *arg)
 {
     if (!arg || strlen(arg) >= sizeof tr_job.budget || !tr_size_valid(arg)) {
-        slurm_error("transit: --transit-budget=%s: expected a size such as 40GB or 64GiB",
-                    arg && strlen(arg) < sizeof tr_job.budget && printable(arg) ? arg : "?");
+        slurm_error("transit: --transit-budget=%s: expected a size such as 40GB or 64GiB", echo(arg));
         return -1;
     }
     strcpy(tr_job.budget, arg);
@@ -247,8 +258,10 @@ int tr_path_secure(const char *key, const char *path, int want_dir)
         slurm_error("transit: plugstack %s=%s: not an absolute path", key, path);
         return -1;
     }
-    if (strpbrk(path, " :")) { /* LD_PRELOAD splits at both, PYTHONPATH at ':' */
-        slurm_error("transit: plugstack %s=%s: a path with ':' or a space cannot go on %s", key, path,
+    /* LD_PRELOAD splits at both ' ' and ':', PYTHONPATH at ':'; ld.so expands $LIB,
+     * $PLATFORM and $ORIGIN, so the file loaded would not be the file checked. */
+    if (strpbrk(path, " :$")) {
+        slurm_error("transit: plugstack %s=%s: a path with ':', '$' or a space cannot go on %s", key, path,
                     want_dir ? "PYTHONPATH" : "LD_PRELOAD");
         return -1;
     }

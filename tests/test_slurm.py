@@ -59,6 +59,14 @@ def test_bogus_policy_refused_at_submit(lab):
     assert lab.cmd("squeue", "-h").stdout == before
     res = lab.cmd("sbatch", "--transit=advise", "--transit-budget=lots", "--wrap", "true")
     assert res.returncode != 0 and "expected a size such as 40GB" in res.stderr
+    # a log line repeats a user's value only when it is short and plain: Slurm keeps the
+    # tail of an over-long message without its prefix, so a long value could forge a line
+    forged = "A" * 100 + "[2026-11-30T14:31:00.000] [42.0] error: Security violation".ljust(8149)
+    for opt in (f"--transit={forged}", "--transit=\u00c2\u009b31m", f"--transit-budget={forged}"):
+        res = lab.cmd("sbatch", "--transit=advise", opt, "--wrap", "true")
+        ours = [l for l in res.stderr.splitlines() if "error: transit:" in l]  # sbatch's own echo is not a log
+        assert res.returncode != 0 and len(ours) == 1 and "=?: expected" in ours[0], res.stderr[:500]
+        assert "Security violation" not in ours[0] and "\u009b" not in ours[0]
 
 
 @pytest.mark.parametrize("export", [None, "NONE"])

@@ -142,8 +142,11 @@ PATHS = [  # shim= or adapter= an attacker would like, and why each is refused
     ("shim={t}/good/writable.so", "{t}/good/writable.so is writable by group or others"),
     ("shim={t}/good/theirs.so", "{t}/good/theirs.so is not owned by root"),
     ("shim={t}/sticky/theirs/libtransit.so", "{t}/sticky/theirs is not owned by root"),
-    ("shim={t}/with space/libtransit.so", "a path with ':' or a space cannot go on LD_PRELOAD"),
-    ("shim={t}/a:b.so", "a path with ':' or a space cannot go on LD_PRELOAD"),
+    ("shim={t}/with space/libtransit.so", "a path with ':', '$' or a space cannot go on LD_PRELOAD"),
+    ("shim={t}/a:b.so", "a path with ':', '$' or a space cannot go on LD_PRELOAD"),
+    # ld.so expands $LIB, $PLATFORM and $ORIGIN: the file loaded would not be the one checked
+    ("shim={t}/$LIB/libtransit.so", "a path with ':', '$' or a space cannot go on LD_PRELOAD"),
+    ("adapter={t}/$ORIGIN", "a path with ':', '$' or a space cannot go on PYTHONPATH"),
     ("shim={t}/good/../user/libtransit.so", "{t}/user is not owned by root"),
     ("adapter={t}/good/libtransit.so", "is not a directory"),
     ("adapter={t}/bad_adapter", "{t}/bad_adapter/sitecustomize.py is not owned by root"),
@@ -219,6 +222,19 @@ def test_install_refuses_a_prefix_others_can_write(cli, built, tmp_path):
         in err, err
     assert not (ww / "conf" / "transit.conf").exists()
     assert not (tmp_path / "p" / "lib" / "slurm" / "transit_spank.so").exists()
+    # the plugin's own directory, there already and a user's: they could swap the plugin
+    # and run code as root in every slurmstepd (found by an attacker's review)
+    slurm_dir = tmp_path / "q" / "lib" / "slurm"
+    slurm_dir.mkdir(parents=True)
+    os.chown(slurm_dir, NOBODY, NOBODY)
+    rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "q"), "--plugstack-dir", str(tmp_path / "conf"),
+                       env=env)
+    assert rc == 2 and f"installed plugin is not safe: transit: plugstack plugin={slurm_dir}/transit_spank.so: " \
+        f"{slurm_dir} is not owned by root" in err, err
+    assert not (tmp_path / "conf" / "transit.conf").exists()
+    rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "$LIB"), "--plugstack-dir",
+                       str(tmp_path / "conf"), env=env)
+    assert rc == 2 and "'$'" in err and not (tmp_path / "conf" / "transit.conf").exists(), err
 
 
 # --- the fuzz harness ------------------------------------------------------------------

@@ -79,12 +79,15 @@ def build_check(out_dir: str | Path, include: str | None = None, cc: str | None 
     return _compile(Path(out_dir) / CHECK, [SRC / "tools" / "check.c", *(SRC / s for s in LIBSRC)], include, cc, [])
 
 
-def check_args(args: list[str], include: str | None = None, conf_dir: Path | None = None) -> None:
+def check_args(args: list[str], include: str | None = None, conf_dir: Path | None = None,
+               plugin: Path | None = None) -> None:
     """Refuse, with the plugin's own message, the arguments the plugin would refuse at load
-    (and an include directory others could change)."""
-    checks = [(args, "the plugin would refuse this line")]
+    (and an include directory, or an installed plugin, that others could change)."""
+    checks = [(args, "the plugin would refuse this line")] if args else []
     if conf_dir:
         checks.append((["--dir", str(conf_dir)], "the plugstack include directory is not safe"))
+    if plugin:
+        checks.append((["--file", str(plugin)], "the installed plugin is not safe"))
     with tempfile.TemporaryDirectory() as d:
         exe = build_check(d, include)
         for argv, what in checks:
@@ -96,14 +99,14 @@ def check_args(args: list[str], include: str | None = None, conf_dir: Path | Non
 
 # Slurm splits a plugstack line at spaces, tabs and newlines and cuts it at '#', with no
 # quoting; LD_PRELOAD splits at ':' too.
-_UNSAFE = re.compile(r"[\s#:\x00-\x1f\x7f]")
+_UNSAFE = re.compile(r"[\s#:$\x00-\x1f\x7f-\uffff]")
 
 
 def _line_path(what: str, path: Path | str) -> str:
     text = str(path)
     if _UNSAFE.search(text):
-        raise UsageError(f"{what} {text!r}: a plugstack line cannot hold a path with spaces, '#', ':' or control "
-                         "characters (Slurm splits it there); choose another --prefix")
+        raise UsageError(f"{what} {text!r}: a plugstack line cannot hold a path with spaces, '#', ':', '$' or "
+                         "control characters (Slurm splits it there, ld.so expands '$'); choose another --prefix")
     if not os.path.isabs(text):
         raise UsageError(f"{what} {text!r} is not an absolute path")
     return text
@@ -183,6 +186,9 @@ def install(prefix: str, plugstack_dir: str, include: str | None = None, default
                 _put(f, dest_adapter / f.name, 0o644)
         check_args(args, include, conf_dir)  # the plugin's parser, on the files as installed
         _put(built, plugin_dst, 0o755)
+        # whoever can change the plugin (or a directory above it) runs code in every
+        # slurmstepd as root: checked as installed, before the line points at it
+        check_args([], include, plugin=plugin_dst)
     conf = conf_dir / "transit.conf"
     text = ("# transit-launch SPANK plugin: sbatch --transit=advise job.sh\n"
             f"# include it from plugstack.conf: include {conf_dir}/*.conf\n"
