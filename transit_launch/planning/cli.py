@@ -57,7 +57,18 @@ def cmd_plan(a, command):
     from transit_launch.planning import report
     from transit_launch.planning.plan import plan
     p = plan(request(a))
+    if a.measure:
+        return cmd_measure(a, p)
     print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p))
+    return 0
+
+
+def cmd_measure(a, p):
+    """--measure: the plan's minimum layout, measured on the CPU (planning/measure.py)."""
+    from transit_launch.planning import measure, measure_report
+    lay, card = p.baseline.layout, p.req.card
+    c = measure_report.compare(card, lay, measure.measure(card, lay, a.measure_layers))
+    print(json.dumps(c, indent=2) if a.json else measure_report.text(c))
     return 0
 
 
@@ -73,6 +84,11 @@ def register(sub):
     sp = sub.add_parser("plan", help="per-GPU memory, minimum nodes without offloading, scale-in options")
     add_plan_args(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--measure", action="store_true",
+                    help="also run one training step of the minimum layout on the CPU under FakeTensorMode "
+                         "(needs torch) and print measured peaks beside the formula's")
+    sp.add_argument("--measure-layers", type=positive_int("--measure-layers"), metavar="N",
+                    help="with --measure: truncate the model to N layers (default: full depth)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("models", help="the model catalog")
