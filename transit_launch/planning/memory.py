@@ -82,8 +82,8 @@ NCCL_BYTES_PER_COMM = 0.5e9
 CUDA_CONTEXT_BYTES = 0.6e9
 # Slack over the tensors for the caching allocator's rounding and fragmentation. Not the
 # gap between max_memory_reserved and max_memory_allocated on an unconstrained GPU: that
-# is 10-56% in TorchTitan's H200 runs (bench/results/titan_memory_2026-11-30.json on main,
-# 1.21x-1.56x, largest under FSDP2, whose all-gather and reduce-scatter streams keep their
+# is 8-56% in TorchTitan's H200 runs (bench/results/titan_memory_2026-11-30.json on main,
+# 1.08x-1.56x, largest under FSDP2, whose all-gather and reduce-scatter streams keep their
 # own cached blocks), memory the allocator frees and retries with when it runs short (the
 # 2-layer 405B run allocated 106 GB and finished inside the 141 GB card with one retry).
 # The bound that matters: TorchTitan ran llama3-70b at dp24 (gb240) on 80 GB H100s in the
