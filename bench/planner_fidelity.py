@@ -184,12 +184,14 @@ def report(rows, h200=()) -> float:
         out.append([name, f"fsdp dp{c['layout']['dp']}" + (f" x{c['layout']['microsteps']} microsteps"
                                                            if c["layout"]["microsteps"] > 1 else ""),
                     f"{c['formula_tensors_gb']:.2f}", f"{c['measured_gb']:.2f}", f"{100 * c['error']:+.1f}%",
-                    "-" if r.get("other_layout") or r["global_batch"] else h200_cell(h200, r["model"], r["local_batch"]),
+                    "-" if r.get("other_layout") or r["global_batch"] else
+                    h200_cell(h200, r["model"], r["local_batch"]),
                     "(other layout)" if r.get("other_layout") else
                     "no fit" if "plan_error" in r else f"{r['min_gpus']} ({r['nodes']} nodes)",
                     f"{c['formula_phase']} / {c['measured_phase']}"])
     print(table(["model", "layout (plan's minimum)", "formula GB (tensors)", "measured-mode GB", "error",
-                 "H200 allocated GB, truncated (formula error)", "min GPUs, H100 80 GB x4", "peak phase (formula / measured)"], out))
+                 "H200 allocated GB, truncated (formula error)", "min GPUs, H100 80 GB x4",
+                 "peak phase (formula / measured)"], out))
     print(f"worst |error| of a catalog model against the measured mode: {100 * worst:.1f}% "
           f"(target <= {100 * TARGET:.0f}%)")
     return worst
@@ -251,7 +253,8 @@ def main():
             print(cfg, rows[-1].get("wall_s"), flush=True)
             Path(a.out).write_text(json.dumps({"command": " ".join(sys.argv), "torch": torch.__version__,
                                                "runs": rows}, indent=1))
-    h200 = a.h200 if a.h200 is not None else sorted(str(p) for p in (ROOT / "bench" / "results").glob("titan_memory_*.json"))
+    h200 = a.h200 if a.h200 is not None else sorted(str(p) for p in (ROOT / "bench" / "results").glob(
+        "titan_memory_*.json"))
     h200_rows = h200_runs(h200) if h200 else []
     worst = report(rows, h200_rows)
     for kind, (f, g, pts) in working_fit(rows).items():

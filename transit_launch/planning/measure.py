@@ -6,7 +6,8 @@ model built on the meta device under FakeTensorMode, parallelised the way TorchT
 (full activation checkpointing per block, FSDP2 per block, [norm, output] unsharded after
 forward, the root last, MixedPrecisionPolicy(bf16 params, fp32 reduce)), AdamW, and
 torch's FSDPMemTracker counting every tensor the step allocates, by kind, at the peak.
-No FLOPs run and no memory is allocated: a 405B model at full depth takes about a minute.
+No FLOPs run and no memory is allocated: llama3-405b at full depth takes 75-185 s (dp392: FSDP2
+chunks every weight into dp pieces), the 8B-70B and MoE catalog models 8-60 s.
 
 Differences from TorchTitan, each measured or argued:
 - the model is titan_model.Decoder (TorchTitan's structure tensor for tensor), not
