@@ -179,7 +179,7 @@ ROWS = [
                                      "with --local-batch 4, 4 nodes fit without offloading"),
     (["plan", "--model", "llama4-scout", "--parallel", "fsdp+ep", "--local-batch", "4"],
      "not even with offloading"),
-    ([*PLAN, "--global-batch", "16", "--host-mem", "100GB"], "host DRAM is too small"),
+    ([*PLAN, "--global-batch", "16", "--host-mem", "40GB"], "host DRAM is too small"),
     # --- output paths: refused before the work -----------------------------------------------
     ([*PLAN, "--plot", D], "is a directory; give a file name ending in .png"),
     ([*PLAN, "--plot", f"{D}/no/x.png"], "does not exist"),

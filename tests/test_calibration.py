@@ -24,10 +24,17 @@ def runs():
 
 
 @pytest.mark.parametrize("run", runs(), ids=lambda r: r["name"])
-def test_planner_within_ten_percent_of_measured_peak(run):
-    _, predicted = calibrate.predict(run["flags"])
-    measured = run["summary"]["max_reserved_gb"] * 1e9
-    assert abs(predicted - measured) <= 0.10 * measured, (predicted / 1e9, measured / 1e9)
+def test_planner_within_five_percent_of_measured_allocation(run):
+    """The formula's tensors (total less CUDA context, NCCL and allocator slack) against
+    torch.cuda.max_memory_allocated: within 1.7% on all six runs since gradients are counted
+    only once created (issue 18). max_memory_reserved sits 19-33% above max_allocated in these
+    runs: the caching allocator keeps the loss phase's freed fp32 blocks while backward
+    allocates gradients, on an H200 that never ran short. Near capacity the allocator
+    frees its cache and retries instead, so the planner's margin over the tensors is
+    ALLOCATOR_FRAGMENTATION, not that gap."""
+    est, _ = calibrate.predict(run["flags"])
+    measured = run["summary"]["max_allocated_gb"] * 1e9
+    assert abs(est.tensors - measured) <= 0.05 * measured, (est.tensors / 1e9, measured / 1e9)
 
 
 def test_enough_calibration_points():

@@ -42,7 +42,9 @@ def test_plan_json_and_table_show_the_same_rows(cli):
 def test_plan_table_default_command(cli):
     rc, out, err = cli("plan", "--model", "llama3-70b")
     assert rc == 0, err
-    assert "Minimum without offloading: 24 GPUs on 6 nodes." in out
+    # no --global-batch: one microstep, so no gradients at the loss peak (issue 18's calibration;
+    # with the paper's global batch 240 it is 24 GPUs on 6 nodes, tests/test_plan.py)
+    assert "Minimum without offloading: 20 GPUs on 5 nodes." in out
     assert "Recommended:" in out and "parameters" in out and err == ""
 
 

@@ -8,7 +8,7 @@
 #SBATCH --time=04:00:00
 #SBATCH --output=%x-%j.out
 # Plan: llama3-70b, fsdp, h100-80gb; no-offload minimum 6 nodes (24 GPUs).
-# This job: 2 nodes, dp8, 178.2 GB per GPU, offload 92.7 GB per GPU, predicted efficiency 99%.
+# This job: 2 nodes, dp8, 176.0 GB per GPU, offload 90.5 GB per GPU, predicted efficiency 99%.
 
 set -euo pipefail
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from transit_launch.errors import UsageError
 from transit_launch.argtypes import finite_float, fractions, output_file, positive_int, size
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPUS, gpu_profile
 from transit_launch.planning.plan import DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
@@ -60,10 +61,27 @@ def cmd_plan(a, command):
     if a.plot:
         report.require_plot_backend()  # before the work, like the path check at parsing
     p = plan(request(a))
-    print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p))
+    if a.measure:
+        rc = cmd_measure(a, p)
+    else:
+        rc = 0
+        print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p))
     if a.plot:
         report.plot(report.plan_json(p), a.plot)
         print(f"transit-launch: wrote {a.plot}", file=sys.stderr)
+    return rc
+
+
+def cmd_measure(a, p):
+    """--measure: the plan's minimum layout without offloading (where none serves the
+    request, its recommended layout with offloading), measured on the CPU (planning/measure.py)."""
+    from transit_launch.planning import measure, measure_report
+    target = p.baseline or p.recommended
+    if target is None:
+        raise UsageError("--measure: the plan has no layout to measure")
+    lay, card = target.layout, p.req.card
+    c = measure_report.compare(card, lay, measure.measure(card, lay, a.measure_layers))
+    print(json.dumps(c, indent=2) if a.json else measure_report.text(c))
     return 0
 
 
@@ -81,6 +99,11 @@ def register(sub):
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--plot", type=output_file((".png",)), metavar="FILE.png",
                     help="also draw each option's per-GPU memory terms against the GPU (needs matplotlib)")
+    sp.add_argument("--measure", action="store_true",
+                    help="also run one training step of the minimum layout on the CPU under FakeTensorMode "
+                         "(needs torch) and print measured peaks beside the formula's")
+    sp.add_argument("--measure-layers", type=positive_int("--measure-layers"), metavar="N",
+                    help="with --measure: truncate the model to N layers (default: full depth)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("models", help="the model catalog")

@@ -118,8 +118,9 @@ def layout_for(req: Request, nodes: int) -> Layout | None:
         if not card.moe:
             raise UsageError(f"--parallel fsdp+ep needs an MoE model; {card.name} is dense")
         ep = _largest_divisor_at_most(math.gcd(card.moe.experts, dp * tp), g)
+    microsteps = max(1, req.global_batch // (dp * req.local_batch)) if req.global_batch else 1
     return Layout(dp=dp, tp=tp, pp=pp, ep=ep, local_batch=req.local_batch, seq_len=req.seq_len,
-                  precision=req.precision, recompute=req.recompute)
+                  precision=req.precision, recompute=req.recompute, microsteps=microsteps)
 
 
 def invalid(req: Request, lay: Layout | None) -> str | None:
