@@ -166,6 +166,7 @@ static const char *inconsistency(void)
  * and the reason in why. */
 EXPORT int transit_test_check(char *why, size_t len)
 {
+    tr_init_once(); /* like every exported entry: the configuration is written once, before */
     pthread_mutex_lock(&tr_lock);
     const char *bad = inconsistency();
     pthread_mutex_unlock(&tr_lock);

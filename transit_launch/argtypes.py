@@ -25,6 +25,8 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\.?[0-9]|inf|nan)", re.IGNORECASE)
 
     def error(self, message):  # one line, exit 2 (argparse would print usage + message)
+        if message.startswith("unrecognized arguments"):  # most often a command without its --
+            message += " (a command to run goes after --, e.g. -- python train.py)"
         raise UsageError(message)
 
 

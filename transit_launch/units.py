@@ -18,3 +18,8 @@ def parse_size(text: str, what: str = "size") -> int:
 def gb(nbytes: float) -> float:
     """Bytes -> decimal GB, rounded for reports."""
     return round(nbytes / GB, 2)
+
+
+def n_nodes(n: int) -> str:
+    """'1 node', '3 nodes'."""
+    return f"{n} node{'' if n == 1 else 's'}"

@@ -7,7 +7,7 @@ Candidates are plan.Candidate; this module only reads them (plan.py does the sea
 
 from __future__ import annotations
 
-from transit_launch.units import gb
+from transit_launch.units import gb, n_nodes
 
 # Predicted efficiency that rounds to 100%: as fast as without offloading. In the no-fit
 # case more nodes than the first such option would only add rows.
@@ -83,7 +83,7 @@ def _serves(req) -> str:
 def _pp_advice(pp_hint) -> str:
     n, batch = pp_hint
     return (f"tp+pp needs a local batch of at least pp (one microbatch per stage): with --local-batch {batch}, "
-            f"{n} nodes fit without offloading")
+            f"{n_nodes(n)} fit without offloading")
 
 
 def no_layout(req, rejected: dict, pp_hint) -> str:
@@ -106,10 +106,10 @@ def no_fit(req, valid: list, free_minimum, pp_hint) -> str:
     if free_minimum is not None:
         lay = free_minimum.layout
         if req.global_batch and req.global_batch % (lay.dp * lay.local_batch):
-            return text + (f" {free_minimum.nodes} nodes would fit, but their dp {lay.dp} x local batch "
+            return text + (f" {n_nodes(free_minimum.nodes)} would fit, but their dp {lay.dp} x local batch "
                            f"{lay.local_batch} does not divide global batch {req.global_batch}.")
         if free_minimum.nodes > req.max_nodes:
-            return text + f" Without offloading it needs {free_minimum.nodes} nodes."
+            return text + f" Without offloading it needs {n_nodes(free_minimum.nodes)}."
     return text
 
 

@@ -266,7 +266,10 @@ def load_model(spec: str) -> ModelCard:
     cards = catalog()
     if spec in cards:
         return cards[spec]
-    raise UsageError(f"unknown model {spec!r}; known: {', '.join(cards)} "
+    import difflib
+    near = difflib.get_close_matches(spec.lower().replace("_", "-"), cards, n=1, cutoff=0.8)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise UsageError(f"unknown model {spec!r}; {hint}known: {', '.join(cards)} "
                      "(or give a model card .toml or a Hugging Face config.json)")
 
 

@@ -145,7 +145,8 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     c.spill = max(0.0, c.offload - est.cold)
     c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK)
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
-    c.efficiency = predicted_efficiency(req, c)
+    # rounded once here, so every output (table, --json, --plot, messages) shows the same percent
+    c.efficiency = round(predicted_efficiency(req, c), 4)
     if c.spill:
         c.notes.append(f"{gb(c.spill)} GB of hot data (gradients/activations) must leave the GPU")
     if not c.fits_host:

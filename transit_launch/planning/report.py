@@ -6,7 +6,7 @@ from transit_launch.planning import memory
 from transit_launch.planning import plan as planmod
 from transit_launch.planning.plan import Candidate, Plan
 from transit_launch.table import table
-from transit_launch.units import gb
+from transit_launch.units import gb, n_nodes
 
 TERMS = ("parameters", "gradients", "optimizer", "activations", "logits", "fsdp", "comm", "overhead")
 TERM_NOTES = {
@@ -55,7 +55,7 @@ def _option_json(p: Plan, c: Candidate) -> dict:
         "inter_node_gb_per_node_per_microstep": gb(c.traffic.inter),
         "inter_node_gb_per_node_per_step": gb(c.traffic.inter * c.microsteps),
         "microsteps": c.microsteps,
-        "predicted_efficiency": round(c.efficiency, 3),
+        "predicted_efficiency": c.efficiency,
         "notes": c.notes,
     }
 
@@ -104,17 +104,17 @@ def plan_text(p: Plan) -> str:
         "",
     ]
     if b:
-        head.append(f"Per-GPU memory without offloading at the minimum ({b.nodes} nodes, {b.layout.gpus} GPUs, "
+        head.append(f"Per-GPU memory without offloading at the minimum ({n_nodes(b.nodes)}, {b.layout.gpus} GPUs, "
                     f"{layout_str(b.layout)}), peak in the {b.est.peak_phase} phase:")
     else:
         head += [p.no_fit, "",
-                 f"Per-GPU memory at {ref.nodes} nodes ({ref.layout.gpus} GPUs, {layout_str(ref.layout)}), "
+                 f"Per-GPU memory at {n_nodes(ref.nodes)} ({ref.layout.gpus} GPUs, {layout_str(ref.layout)}), "
                  f"peak in the {ref.est.peak_phase} phase:"]
     bd = ref.est.breakdown()
     rows = [[t, f"{gb(bd[t]):.2f}", TERM_NOTES[t]] for t in TERMS] + [["total", f"{gb(bd['total']):.2f}", ""]]
     out = head + [table(["term", "GB", ""], rows, "lrl"), ""]
     if b:
-        out += [f"Minimum without offloading: {b.layout.gpus} GPUs on {b.nodes} nodes.", ""]
+        out += [f"Minimum without offloading: {b.layout.gpus} GPUs on {n_nodes(b.nodes)}.", ""]
     rows = []
     for c in p.rows:
         rows.append([
@@ -132,8 +132,8 @@ def plan_text(p: Plan) -> str:
     out.append(table(["nodes", "GPUs", "layout", "GB/GPU", "oversub", "offload GB/GPU", "host GB/node",
                       "traffic", "pred. eff", "note"], rows, "rrlrrrrrrl"))
     out += ["",
-            f"Recommended: {p.recommended.nodes} nodes ({p.recommended.layout.gpus} GPUs): {p.reason}.",
-            f"traffic = per-node inter-node bytes per microstep relative to {'the baseline' if b else f'{ref.nodes} nodes'}"
+            f"Recommended: {n_nodes(p.recommended.nodes)} ({p.recommended.layout.gpus} GPUs): {p.reason}.",
+            f"traffic = per-node inter-node bytes per microstep relative to {'the baseline' if b else f'{n_nodes(ref.nodes)}'}"
             "; pred. eff = predicted",
             "per-GPU TFLOPS relative to no offloading (compute vs. PCIe only). --json for programs."]
     return "\n".join(out)
@@ -141,14 +141,14 @@ def plan_text(p: Plan) -> str:
 
 def plan_comment(p: Plan, nodes: int) -> list[str]:
     c = p.at(nodes)
-    minimum = (f"no-offload minimum {p.baseline.nodes} nodes ({p.baseline.layout.gpus} GPUs)" if p.baseline else
+    minimum = (f"no-offload minimum {n_nodes(p.baseline.nodes)} ({p.baseline.layout.gpus} GPUs)" if p.baseline else
                f"no node count up to {p.req.max_nodes} fits without offloading")
     lines = [f"Plan: {p.req.card.name}, {p.req.parallel}, {p.req.gpu.name}; {minimum}."]
     if c:
-        lines.append(f"This job: {nodes} nodes, {layout_str(c.layout)}, {gb(c.est.total):.1f} GB per GPU, "
+        lines.append(f"This job: {n_nodes(nodes)}, {layout_str(c.layout)}, {gb(c.est.total):.1f} GB per GPU, "
                      f"offload {gb(c.offload):.1f} GB per GPU, predicted efficiency {c.efficiency:.0%}.")
     else:
-        lines.append(f"This job: {nodes} nodes (not a planned option for these settings).")
+        lines.append(f"This job: {n_nodes(nodes)} (not a planned option for these settings).")
     return lines
 
 

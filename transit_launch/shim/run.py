@@ -133,7 +133,8 @@ def summary(stats: list[dict]) -> dict:
 
 def summary_text(summ: dict) -> str:
     if not summ["processes"]:
-        return "transit-launch: no CUDA process of the command wrote shim stats"
+        return ("transit-launch: no CUDA process of the command wrote shim stats (the shim writes them in "
+                "processes that call the CUDA runtime: none did, e.g. PyTorch on a machine without a GPU)")
     rows = [[p["pid"], p["policy"] + (" (pass-through)" if p["passthrough"] else ""), p["budget_gb"],
              p["managed_peak_gb"], p["device_placed_peak_gb"], p["host_placed_peak_gb"], p["zero_copy_peak_gb"],
              p["gpu_in_use_steady_gb"], p["prefetch_gb"], p["iterations"], p["median_iteration_ms"],

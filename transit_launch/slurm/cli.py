@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from transit_launch.units import n_nodes
 from transit_launch.argtypes import number, output_dir, output_file, positive_int
 from transit_launch.errors import UsageError
 from transit_launch.planning.cli import add_plan_args, request
@@ -61,9 +62,13 @@ def cmd_render(a, command):
         p = plan(request(a))
     elif not (a.nodes or a.local):
         raise UsageError("render needs --model (to plan the node count) or --nodes")
-    nodes = a.nodes or (p.recommended.nodes if p else 1)
-    if p and a.nodes:
-        _warn(explain(p, a.nodes)[1])
+    if a.local and (a.nodes or 1) != 1:
+        raise UsageError(f"--local renders a command for this one machine; --nodes {a.nodes} needs sbatch "
+                         "(leave out --local)")
+    # --local is one node whatever the plan recommends: it is explained (and warned about) as asked
+    nodes = 1 if a.local else a.nodes or (p.recommended.nodes if p else 1)
+    if p and (a.nodes or a.local):
+        _warn(explain(p, nodes)[1])
     gpn = p.req.gpus_per_node if p else (a.gpus_per_node or DEFAULT_GPUS_PER_NODE)
     text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local)
     if a.out:
@@ -84,7 +89,7 @@ def cmd_submit(a, command):
     if a.dry_run:
         sys.stdout.write(done.script)
     else:
-        print(f"submitted job {done.job_id} ({done.nodes} nodes); output: {done.output}")
+        print(f"submitted job {done.job_id} ({n_nodes(done.nodes)}); output: {done.output}")
     return 0
 
 

@@ -10,7 +10,7 @@ from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.slurm import commands
 from transit_launch.slurm.script import JobOptions, ShimOptions, job_name, job_script
-from transit_launch.units import gb
+from transit_launch.units import gb, n_nodes
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def submit(sub: Submission, make_request) -> Submitted:
     if part and not part.gpus_per_node:
         raise UsageError(f"partition {part.name} has no GPUs (no gpu GRES on its nodes)")
     if part and sub.nodes is not None and sub.nodes > part.nodes:
-        raise UsageError(f"--nodes {sub.nodes}: the partition has {part.nodes} nodes ({part.name})")
+        raise UsageError(f"--nodes {sub.nodes}: the partition has {n_nodes(part.nodes)} ({part.name})")
     req = make_request(part.gpus_per_node if part else None, part.real_memory_mb * 2**20 if part else None)
     if part and sub.nodes is None:
         # auto searches the partition's nodes only; a count the user chose is planned as
@@ -83,6 +83,6 @@ def _hardware(req, part, no_part: str) -> str:
     hw = (f"{req.gpus_per_node} GPUs/node, {gb(req.host_mem):.0f} GB host DRAM/node, "
           f"{req.gpu.name} ({gb(req.gpu.memory):.1f} GB)")
     if part:
-        return f"partition {part.name} ({part.nodes} nodes): {hw}"
+        return f"partition {part.name} ({n_nodes(part.nodes)}): {hw}"
     return (f"assumed {hw}: no Slurm partition was read ({no_part}); --gpus-per-node, --host-mem and --gpu "
             "set them")
