@@ -251,7 +251,10 @@ def test_sweep_caps_every_node_of_a_slurm_allocation(lab, pair, tmp_path):
     res = lab.cmd("sbatch", "--parsable", "-N2", "-o", str(tmp_path / "out.txt"), "--wrap", sweep, env=env)
     assert res.returncode == 0, res.stderr
     info = lab.wait_job(res.stdout.strip(), timeout=240)
-    assert info["JobState"] == "COMPLETED", (tmp_path / "out.txt").read_text()[-3000:]
+    # on failure, the sweep's own report says which run failed and why (a flake under load
+    # was seen once in CI-like conditions and could not be reproduced alone)
+    assert info["JobState"] == "COMPLETED", ((tmp_path / "out.txt").read_text()[-3000:],
+                                             report.read_text()[-3000:] if report.exists() else "no report")
     rep = json.loads(report.read_text())
     fast, slow = rep["bandwidths"]
     assert set(fast["traffic_bytes"]) == {f"n1:{ns_a}/veth-a", f"n2:{ns_b}/veth-b"}
