@@ -8,6 +8,8 @@ import sys
 from transit_launch.argtypes import finite_float, fractions, output_file, positive_int, require_matplotlib
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
+from transit_launch.sim.scheduler import STRATEGIES
+from transit_launch.sim.trace import FORMATS
 
 
 def cmd_simulate(a, command):
@@ -51,7 +53,7 @@ def register(sub):
     sp = sub.add_parser("simulate", help="replay a GPU job trace with and without scale-in")
     src = sp.add_argument_group("trace")
     src.add_argument("--trace", help="ACME Seren/Kalos CSV, or a generic CSV with submit_time,duration,gpus")
-    src.add_argument("--format", choices=("auto", "seren", "kalos", "generic"), default="auto")
+    src.add_argument("--format", choices=FORMATS, default="auto")
     src.add_argument("--synthetic", type=positive_int("--synthetic"), help="generate N jobs instead")
     src.add_argument("--seed", type=int, default=0)
     src.add_argument("--load", type=finite_float("--load"), default=0.8,
@@ -64,7 +66,7 @@ def register(sub):
     cl.add_argument("--gpus-per-node", type=int, choices=(4, 8), default=DEFAULT_GPUS_PER_NODE,
                     help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE}, as in plan, render and submit; "
                          "the ACME clusters' nodes have 8)")
-    cl.add_argument("--placement", choices=("pack", "spread"), default="pack")
+    cl.add_argument("--placement", choices=STRATEGIES, default="pack")
     cl.add_argument("--reduced-racks", type=positive_int("--reduced-racks"),
                     help="also run every scenario on a cluster of this many racks")
     sc = sp.add_argument_group("scale-in")

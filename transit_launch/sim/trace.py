@@ -19,6 +19,7 @@ from pathlib import Path
 from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 
+FORMATS = ("auto", "seren", "kalos", "generic")  # what load_csv reads; auto detects
 SEREN_COLUMNS = ("job_id", "user", "node_num", "gpu_num", "cpu_num", "type", "state", "submit_time",
                  "start_time", "end_time", "duration", "queue", "gpu_time")
 KALOS_EXTRA = ("mem_per_pod_GB", "shared_mem_per_pod", "fail_time", "stop_time")
