@@ -17,9 +17,6 @@ const char *tr_policy_name(enum tr_policy p)
     return names[p];
 }
 
-/* The size grammar shared with Python and the SPANK plugin (transit_size.h). */
-int tr_parse_size(const char *s, uint64_t *out) { return tr_size_parse(s, out) == TR_SIZE_OK ? 0 : -1; }
-
 static void not_honoured(const char *name, const char *v, const char *why, const char *used)
 {
     tr_log(TR_WARN, "%s=%.100s%s %s: using %s", name, v, strlen(v) > 100 ? "..." : "", why, used);

@@ -33,7 +33,6 @@ struct tr_config {
 HIDDEN extern struct tr_config tr_cfg;
 HIDDEN void tr_config_load(void);
 HIDDEN const char *tr_policy_name(enum tr_policy p);
-HIDDEN int tr_parse_size(const char *s, uint64_t *out);
 
 /* ---- logging (log.c): stderr only, never stdout ----------------------------- */
 enum { TR_ERROR = 0, TR_WARN = 1, TR_INFO = 2, TR_DEBUG = 3 };

@@ -37,10 +37,12 @@ int main(int argc, char **argv)
     return 0;
 }
 """
-SHIM = dict(decl="int tr_parse_size(const char *s, uint64_t *out);\n"
+# The shim's real path: tr_config_load() reads TRANSIT_GPU_BUDGET (sizes go through
+# env_size -> tr_size_parse); a refused value leaves the default, 0 (no budget).
+SHIM = dict(decl="#include <stdlib.h>\n#include \"transit.h\"\n"
                  "void tr_log(int level, const char *fmt, ...) { (void)level; (void)fmt; }",
-            body='uint64_t v = 0; if (tr_parse_size(line, &v) == 0) printf("%llu\\n", (unsigned long long)v); '
-                 'else puts("-");')
+            body='setenv("TRANSIT_GPU_BUDGET", line, 1); tr_config_load(); '
+                 'if (tr_cfg.budget) printf("%llu\\n", (unsigned long long)tr_cfg.budget); else puts("-");')
 SPANK = dict(decl="int tr_size_valid(const char *s);\n#include <stdarg.h>\n"
                   "void slurm_error(const char *fmt, ...) { (void)fmt; }",
              body='puts(tr_size_valid(line) ? "ok" : "-");')
@@ -82,7 +84,8 @@ def _feed(exe):
 
 @pytest.mark.skipif(not have_cc() or CUDA_INC is None, reason="needs a C compiler and cuda_runtime_api.h")
 def test_shim_parser_agrees(tmp_path):
-    exe = _compile(tmp_path, "shim_size", SHIM, [C_SOURCES / "shim" / "config.c"], [f"-I{CUDA_INC}"])
+    exe = _compile(tmp_path, "shim_size", SHIM, [C_SOURCES / "shim" / "config.c"],
+                   [f"-I{CUDA_INC}", f"-I{C_SOURCES / 'shim'}", "-D_DEFAULT_SOURCE"])
     got = _feed(exe)
     assert got == [str(w) if w is not None else "-" for _, w in CASES]
 
