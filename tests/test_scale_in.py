@@ -51,7 +51,9 @@ def test_scale_in_plumbing_on_cpu_ranks(tmp_path):
                           "--dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab 256", "--seq-len", "64",
                           "--batch", "1", "--steps", "5", "--warmup", "2", "--emulated-gpu", "1GB", "--timeout", "120",
                           "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    # the head holds the first rank's own error (a one-off SIGABRT of a CPU rank was seen once
+    # in CI-like conditions; the tail alone showed only torchrun's summary)
+    assert res.returncode == 0, res.stderr[:3000] + "\n...\n" + res.stderr[-1500:]
     d = json.loads(out.read_text())
     full, half = d["full"], d["scaled_in"]
     assert (full["gpus"], full["accum"], full["policy"]) == (2, 1, "off")
