@@ -11,7 +11,8 @@ get() {
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl "$@"
 }
-# the shim's control API (cffi bindings)
+# the shim's control API (cffi bindings); torchao for its CPUOffloadOptimizer (a peer in bench/offload.py)
+get torchao==0.17.0
 get cffi==2.0.0 pycparser==3.12
 # DeepSpeed publishes only an sdist: build a pure-Python wheel (its ops JIT-compile there)
 if ! ls .whl/deepspeed-0.18.2-*.whl >/dev/null 2>&1; then

@@ -14,6 +14,7 @@ and max_reserved_gb; a final {"summary": ...} line.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -57,11 +58,17 @@ def parse():
                         "ranks too (gloo), for its collectives (all-gather, reduce-scatter) without a GPU")
     p.add_argument("--cpu-offload", action="store_true",
                    help="FSDP2 CPUOffloadPolicy(pin_memory=True), what TorchTitan's enable_cpu_offload does")
-    p.add_argument("--engine", choices=("fsdp", "deepspeed"), default="fsdp",
-                   help="deepspeed: the same model under DeepSpeed ZeRO (bf16), see --zero")
-    p.add_argument("--zero", choices=("offload", "infinity"), default="offload",
+    p.add_argument("--engine", choices=("fsdp", "deepspeed", "torchao-offload"), default="fsdp",
+                   help="deepspeed: the same model under DeepSpeed ZeRO (bf16), see --zero; torchao-offload: "
+                        "one GPU, bf16 autocast over fp32 weights, torchao's CPUOffloadOptimizer (fused CPU AdamW)")
+    p.add_argument("--zero", choices=("offload", "infinity", "twinflow", "zenflow"), default="offload",
                    help="offload: ZeRO-Offload (stage 2, optimizer on the CPU); infinity: ZeRO-Infinity "
-                        "(stage 3, parameters and optimizer on the CPU)")
+                        "(stage 3, parameters and optimizer on the CPU); twinflow: ZeRO-Offload++ (stage 3, "
+                        "--offload-ratio of the optimizer on the CPU, the rest stepped on the GPU); zenflow: "
+                        "ZenFlow (stage 2 offload; the top-k gradient columns stepped on the GPU every step, "
+                        "the rest on the CPU every 4 steps, overlapped: a different update rule)")
+    p.add_argument("--offload-ratio", type=float, default=0.75,
+                   help="twinflow: the share of the optimizer's subgroups stepped on the CPU")
     p.add_argument("--comm-profile", type=int, default=0, metavar="STEP",
                    help="profile this step with torch.profiler and report the bytes its collectives moved")
     p.add_argument("--deterministic", action="store_true",
@@ -210,7 +217,22 @@ def build_deepspeed(a, model):
         zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
                 "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
                 "contiguous_gradients": True}
+    elif a.zero == "twinflow":
+        # ZeRO-Offload++ Twin-Flow: the last `ratio` of the optimizer's subgroups on the CPU,
+        # the others on the GPU (stage3.py's subgroup_to_device); 5e7-element subgroups give
+        # the ratio about 20 steps on the 1.0 B model instead of DeepSpeed's one 1e9 subgroup
+        zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True, "ratio": a.offload_ratio},
+                "sub_group_size": 50_000_000, "overlap_comm": True, "contiguous_gradients": True}
+    elif a.zero == "zenflow":
+        # ZenFlow as DeepSpeed's tutorial configures it (5% of the gradient columns stepped on
+        # the GPU each step, the rest accumulated and stepped on the CPU every 4 steps, overlapped
+        # with the next steps' compute), but with the columns reselected every 4 steps: "auto"
+        # selects once per epoch, and a trainer without a DeepSpeed dataloader has no epoch
+        zero["zenflow"] = {"topk_ratio": 0.05, "select_strategy": "step", "select_interval": 4,
+                           "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": True}
     cfg = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": a.accum,
+           # ZenFlow's CPU Adam is outside ZeRO's tested list (its example config sets this too)
+           **({"zero_allow_untested_optimizer": True} if a.zero == "zenflow" else {}),
            "bf16": {"enabled": True}, "zero_optimization": zero, "gradient_clipping": 0.0,
            "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.1, "betas": [0.9, 0.999],
                                                       "eps": 1e-8}},
@@ -220,6 +242,8 @@ def build_deepspeed(a, model):
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         return engine, "DeepSpeedCPUAdam"
     except Exception as e:  # noqa: BLE001 - its CPU Adam is JIT-compiled and needs a compiler and headers
+        if a.zero in ("twinflow", "zenflow"):
+            raise  # both need DeepSpeed's own CPU Adam: no fallback measures them
         print(f"DeepSpeed's CPU Adam is unavailable ({type(e).__name__}: {str(e)[:200]}); "
               "falling back to torch's AdamW on the CPU", file=sys.stderr)
     del cfg["optimizer"]
@@ -229,11 +253,24 @@ def build_deepspeed(a, model):
     return engine, "torch.optim.AdamW (cpu)"
 
 
+def build_torchao_offload(a, model):
+    """torchao's CPUOffloadOptimizer as its README runs it: one GPU, no FSDP (it hooks each
+    parameter's post-accumulate-grad, which FSDP2's sharded parameters never fire), fused CPU
+    AdamW; gradients freed once copied out where accumulation allows (offload_gradients)."""
+    from torchao.optim import CPUOffloadOptimizer
+    opt = CPUOffloadOptimizer(model.cuda().parameters(), torch.optim.AdamW, offload_gradients=a.accum == 1,
+                              lr=a.lr, weight_decay=0.1)
+    return model, opt
+
+
 def main():
     a = parse()
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if a.engine == "deepspeed" and device != "cuda":
-        print("--engine deepspeed needs a GPU", file=sys.stderr)
+    if a.engine != "fsdp" and device != "cuda":
+        print(f"--engine {a.engine} needs a GPU", file=sys.stderr)
+        return 2
+    if not 0.0 <= a.offload_ratio <= 1.0:
+        print(f"--offload-ratio must be between 0 and 1, got {a.offload_ratio}", file=sys.stderr)
         return 2
     if a.cpu_offload and device != "cuda":
         print("--cpu-offload needs a GPU (it offloads from one)", file=sys.stderr)
@@ -254,10 +291,18 @@ def main():
     if a.engine == "deepspeed":
         engine, optimizer_impl = build_deepspeed(a, model)
         model = engine
+    elif a.engine == "torchao-offload":
+        if world > 1:
+            print("--engine torchao-offload runs on one GPU (torchao: single-GPU training)", file=sys.stderr)
+            return 2
+        model, opt = build_torchao_offload(a, model)
+        optimizer_impl = "torchao CPUOffloadOptimizer (fused CPU AdamW)"
     else:
         model, opt = build_fsdp(a, model, device, world)
     gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
     tokens_per_step = a.batch * a.seq_len * a.accum
+    # without FSDP's mixed precision, autocast gives the same bf16 compute over fp32 weights
+    autocast = torch.autocast("cuda", torch.bfloat16) if a.engine == "torchao-offload" else contextlib.nullcontext()
     times, losses = [], []
     comm = None
     for step in range(1, a.steps + 1):
@@ -270,7 +315,8 @@ def main():
         t0 = time.perf_counter()
         total = 0.0
         for data in micro:
-            logits = model(data[:, :-1])
+            with autocast:
+                logits = model(data[:, :-1])
             loss = F.cross_entropy(logits.float().view(-1, a.vocab), data[:, 1:].reshape(-1))
             del logits
             if engine is not None:
@@ -301,8 +347,8 @@ def main():
     steady = times[3:] if len(times) > 5 else times[1:] or times
     med = statistics.median(steady)
     summ = {"params": n_params, "flop_params": n_flop_params, "tokens_per_step": tokens_per_step,
-            "world": world, "device": device, "engine": a.engine if a.engine == "fsdp" else f"zero-{a.zero}",
-            "dp": data_parallel(a, device) if a.engine == "fsdp" else "zero",
+            "world": world, "device": device, "engine": f"zero-{a.zero}" if a.engine == "deepspeed" else a.engine,
+            "dp": {"fsdp": data_parallel(a, device), "deepspeed": "zero"}.get(a.engine, "none"),
             "cpu_offload": a.cpu_offload, "optimizer": optimizer_impl, "accum": a.accum, "seq_len": a.seq_len, "batch": a.batch,
             "median_step_time": med, "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
             "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12, "losses": losses,

@@ -51,3 +51,16 @@ def test_cpu_offload_without_a_gpu_is_one_clear_error():
                          timeout=120, cwd=ROOT)
     assert res.returncode == 2
     assert res.stderr.strip() == "--cpu-offload needs a GPU (it offloads from one)"
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--engine", "torchao-offload"], "--engine torchao-offload needs a GPU"),
+    (["--engine", "deepspeed", "--zero", "zenflow"], "--engine deepspeed needs a GPU"),
+    (["--offload-ratio", "1.5"], "--offload-ratio must be between 0 and 1, got 1.5"),
+])
+def test_peer_engines_refuse_what_cannot_run_in_one_line(flags, line):
+    # the offloading peers of bench/offload.py: checked before any process group starts
+    res = subprocess.run([sys.executable, str(TRAINER), *MODEL, "--device", "cpu", *flags], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2
+    assert res.stderr.strip() == line
