@@ -456,6 +456,11 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     monkeypatch.setenv(T.OVERLAP_ENV, "1")
     hooks = site._Hooks(Api())
     assert type(hooks.overlap).__name__ == "Overlap" and hooks.overlap.ours == [hooks.post_step]
+    assert hooks.overlap.side_stream
+    monkeypatch.setenv(T.OVERLAP_ENV, "serial")  # the diagnostic: early updates without the side stream
+    assert site._Hooks(Api()).overlap.side_stream is False
+    monkeypatch.setenv(T.OVERLAP_ENV, "yes")  # anything else leaves the step alone
+    assert site._Hooks(Api()).overlap is None
     sys.modules.pop("transit_overlap", None)
 
 

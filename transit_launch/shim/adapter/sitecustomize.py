@@ -175,9 +175,11 @@ def _overlap(api, hooks):
     try:
         import transit_overlap
 
-        if os.environ.get(transit_overlap.OVERLAP_ENV) != "1":
+        mode = os.environ.get(transit_overlap.OVERLAP_ENV)
+        if mode not in transit_overlap.MODES:
             return None
-        return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=[hooks.post_step])
+        return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=[hooks.post_step],
+                                       side_stream=mode == "1")
     except Exception as e:
         print(f"transit adapter: step overlap not available: {e!r}", file=sys.stderr)
         return None

@@ -27,6 +27,9 @@ import threading
 import weakref
 
 OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STEP"]; a test keeps them equal
+# "1": early updates on a side stream, concurrent with backward; "serial": the same early
+# updates on the current stream (a diagnostic: the same order and bytes without concurrency)
+MODES = ("1", "serial")
 LEARN = 2  # steps with the same backward pattern before the first overlapped one
 # torch.optim classes whose update is elementwise per parameter (exact classes: a subclass
 # may change step), and the qualified name of their undecorated step function.
@@ -199,8 +202,9 @@ class Overlap:
     on every parameter of an adopted optimizer (on FSDP2's sharded parameters FSDP2 calls it
     after the reduce-scatter)."""
 
-    def __init__(self, stage_enabled=lambda: False, ours=()):
+    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True):
         self.stage_enabled = stage_enabled
+        self.side_stream = side_stream
         self.ours = list(ours)  # the adapter's other step hooks: not foreign
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
         self.recs = {}          # id(param) -> _Param of a hooked parameter
@@ -471,7 +475,9 @@ class Overlap:
                 return  # inside a CUDA graph capture: leave it to the step
             side = self.streams.get(local.device)
             if side is None:
-                side = self.streams[local.device] = torch.cuda.Stream(device=local.device)
+                # serial: the compute (default) stream, between backward's kernels
+                side = self.streams[local.device] = (torch.cuda.Stream(device=local.device) if self.side_stream
+                                                     else torch.cuda.default_stream(local.device))
             # The side stream starts after the gradient is ready (this is the stream that made
             # it: the compute stream, or FSDP2's reduce-scatter stream) and runs while backward
             # goes on; the step's current stream waits for it (pre_step), before anything reads
