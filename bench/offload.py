@@ -334,12 +334,17 @@ def targets(rows):
     for accum, b in sorted(best.items()):
         norm = all(x["pct_ref"] is not None for x in ok if x["accum"] == accum and (x is b or x["name"] in PEERS))
         pick = speed if norm else (lambda x: x["tflops"])
-        peers = {x["name"]: pick(x) for x in ok if x["accum"] == accum and x["name"] in PEERS}
+        # a peer that needs more GPU memory than the budget does not run on the smaller GPU:
+        # shown, but not a comparison at the same budget
+        over = {x["name"]: x for x in ok if x["accum"] == accum and x["name"] in PEERS and x["within_budget"] is False}
+        peers = {x["name"]: pick(x) for x in ok if x["accum"] == accum and x["name"] in PEERS and x["name"] not in over}
         mine = pick(b)
-        vs = ", ".join(f"{mine / t:.2f}x {n}" for n, t in sorted(peers.items()))
+        vs = "; ".join(filter(None, [", ".join(f"{mine / t:.2f}x {n}" for n, t in sorted(peers.items())), *(
+            f"{n} over the budget ({x['max_reserved_gb']:.2f} GB reserved; {mine / pick(x):.2f}x)"
+            for n, x in sorted(over.items()))]))
         # target 3: >= 1.6x FSDP2 CPU offload and faster than every other peer
         need = {n: PEER_TARGET.get(n, 1.0) for n in PEERS}
-        missing = sorted(set(need) - set(peers))
+        missing = sorted(set(need) - set(peers) - set(over))
         short = [n for n, t in peers.items() if mine / t < need[n] or (need[n] == 1.0 and mine <= t)]
         verdict = ("NOT met (" + ", ".join(short) + ")" if short else "met") + \
             (f"; not measured: {', '.join(missing)}" if missing else "") if peers else "not judged"
@@ -365,10 +370,14 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     names = sorted({x["name"] for x in rows if "status" not in x and x["name"] not in ("reference", "off")})
     for n in names:
-        pts = sorted((x["offload_per_flop"], x["pct_ref"]) for x in rows
+        pts = sorted((x["offload_per_flop"], x["pct_ref"], x.get("within_budget") is False) for x in rows
                      if x.get("name") == n and x.get("pct_ref") is not None)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
+            over = [p for p in pts if p[2]]  # needed more GPU memory than the budget: open markers
+            ax.plot([p[0] for p in over], [p[1] for p in over], "o", color="white", markeredgecolor=line.get_color())
+    if any(x.get("within_budget") is False for x in rows if "status" not in x):
+        ax.plot([], [], "o", color="white", markeredgecolor="black", label="open: over the GPU budget")
     ax.axvline(PAPER_RATIO, color="grey", ls="--", label="paper (Llama3-70B, 16 GPUs)")
     ax.axvline(4 * PAPER_RATIO, color="grey", ls=":", label="4x paper")
     ax.set_xscale("log")
