@@ -48,6 +48,14 @@ peer_smoke() {  # the peers on a small model: DeepSpeed's CPU Adam JIT build, Ze
     tar cf "$OUT/torch_ext.tar" -C $TORCH_EXTENSIONS_DIR . 2>/dev/null
 }
 
+peer_smoke_new() {  # the newer peers on a small model (DeepSpeed's CPU Adam JIT-built and kept in $OUT)
+    local m="--dim 512 --layers 2 --heads 8 --kv-heads 4 --ffn 1536 --vocab 8192 --seq-len 1024 --steps 3"
+    for p in "--engine deepspeed --zero twinflow" "--engine deepspeed --zero zenflow" "--engine torchao-offload"; do
+        echo "== $p"; g1 timeout 150 python3 examples/train_llama.py $m $p 2>&1 | grep -v '^\[' | tail -4
+    done
+    tar cf "$OUT/torch_ext.tar" -C $TORCH_EXTENSIONS_DIR . 2>/dev/null
+}
+
 [ $# -gt 0 ] || set -- usage
 for phase in "$@"; do
 case "$phase" in
@@ -204,8 +212,69 @@ titan-memory)     # issue 18: TorchTitan's memory on the catalog models at trunc
         --deadline ${TITAN_DEADLINE:-0} --out "$OUT/titan_memory${TITAN_TAG:-}.json" 2>&1 | grep -v '^\[titan\]\|^\[rank' \
         | cut -c1-600
     ;;
+overlap)          # issue 20 on x2, about 9 minutes. GPU0: the losses of the overlapped step with
+                  # deterministic kernels, then the curve at 1 and 3 microbatches with recomputation;
+                  # GPU1: the same curve without recomputation, then the newer peers' smoke test
+    c="--set reference,advise,advise-overlap,torchao-offload --accum 1,3 --steps 13 --warmup 3 --timeout 110"
+    ( g0 timeout 130 python3 bench/offload.py --set reference,advise,advise-overlap --model=--deterministic \
+          --seq-len 2048 --accum 4 --steps 8 --warmup 3 --timeout 40 --gpu 0 --out "$OUT/overlap_losses.json" \
+          > "$OUT/losses.log" 2>&1
+      g0 timeout 430 python3 bench/offload.py $c --gpu 0 --deadline 320 --out "$OUT/overlap_ac.json" > "$OUT/ac.log" 2>&1
+    ) &
+    ( g1 timeout 360 python3 bench/offload.py $c --model=--no-recompute --gpu 1 --deadline 270 \
+          --out "$OUT/overlap_noac.json" > "$OUT/noac.log" 2>&1
+      peer_smoke_new > "$OUT/peer_smoke.log" 2>&1
+    ) &
+    wait
+    for f in losses ac noac; do echo "== $f"; cut -c1-330 "$OUT/$f.log"; done
+    cat "$OUT/peer_smoke.log"
+    ;;
+overlap-2)        # issue 20 on x2, about 9 minutes: the paper's ratio (12 microbatches) for both shapes,
+                  # ZeRO-Offload++ Twin-Flow at 1, ZenFlow's smoke test with its errors kept, and the
+                  # lifetime probe (docs/lifetime-policy.md) on the shape without recomputation
+    c="--set reference,advise,advise-overlap,torchao-offload --accum 12 --steps 11 --warmup 3 --timeout 120"
+    m="--dim 512 --layers 2 --heads 8 --kv-heads 4 --ffn 1536 --vocab 8192 --seq-len 1024 --steps 6"
+    ( g0 timeout 380 python3 bench/offload.py $c --gpu 0 --deadline 260 --out "$OUT/overlap_ac12.json" > "$OUT/ac12.log" 2>&1
+      g0 timeout 40 python3 examples/train_llama.py $m --engine deepspeed --zero zenflow > "$OUT/zenflow_smoke.log" 2>&1
+      g0 timeout 150 python3 bench/offload.py --set reference,zero-twinflow,zenflow --accum 1 --steps 13 --warmup 3 \
+          --timeout 110 --gpu 0 --deadline 120 --out "$OUT/peers_ac1.json" > "$OUT/peers_ac1.log" 2>&1
+    ) &
+    ( g1 timeout 330 python3 bench/offload.py $c --model=--no-recompute --gpu 1 --deadline 220 \
+          --out "$OUT/overlap_noac12.json" > "$OUT/noac12.log" 2>&1
+      p="--seq-len 8192 --batch 2 --accum 1 --no-recompute"
+      g1 timeout 90 python3 -m transit_launch run --policy base -- python3 bench/lifetime_probe.py --mode discard \
+          --out "$OUT/probe_discard.json" -- $p > "$OUT/probe_discard.log" 2>&1
+      g1 timeout 80 python3 bench/lifetime_probe.py --mode empty-cache --out "$OUT/probe_empty_cache.json" -- $p \
+          > "$OUT/probe_empty_cache.log" 2>&1
+    ) &
+    wait
+    for f in ac12 noac12 peers_ac1; do echo "== $f"; cut -c1-330 "$OUT/$f.log"; done
+    echo "== zenflow smoke"; grep -v '^\[rank\|^ *$' "$OUT/zenflow_smoke.log" | tail -n 12 | cut -c1-300
+    echo "== probes"; tail -n 3 "$OUT"/probe_*.log | cut -c1-400
+    ;;
+overlap-3)        # issue 20 on x2, about 8 minutes. GPU0: why the overlapped step is slower (its early
+                  # updates on the compute stream: the same order and bytes without concurrency), then
+                  # the peers without recomputation; GPU1: Twin-Flow and ZenFlow with recomputation
+    q="--accum 1 --steps 13 --warmup 3"
+    ( g0 timeout 150 python3 bench/offload.py --set reference,advise,advise-overlap,advise-serial $q --timeout 60 \
+          --gpu 0 --out "$OUT/overlap_serial.json" 2>&1 | cut -c1-300
+      g0 timeout 300 python3 bench/offload.py --set reference,zero-offload,fsdp-cpu-offload,zero-twinflow,zenflow $q \
+          --model=--no-recompute --timeout 180 --deadline 150 --gpu 0 --out "$OUT/peers_noac1.json" 2>&1 | cut -c1-300
+    ) > "$OUT/lane0.txt" &
+    ( g1 timeout 450 python3 bench/offload.py --set reference,zero-twinflow,zenflow $q --timeout 200 --deadline 260 \
+          --gpu 1 --out "$OUT/peers_ac1.json" 2>&1 | cut -c1-300 ) > "$OUT/lane1.txt" &
+    wait
+    cat "$OUT/lane0.txt" "$OUT/lane1.txt"
+    ;;
+zenflow)          # issue 20 on x2, about 2 minutes: ZenFlow at one microbatch, both shapes
+    q="--set reference,zenflow --accum 1 --steps 13 --warmup 3 --timeout 90"
+    g0 timeout 200 python3 bench/offload.py $q --gpu 0 --out "$OUT/zenflow_ac1.json" 2>&1 | cut -c1-300 &
+    g1 timeout 200 python3 bench/offload.py $q --model=--no-recompute --gpu 1 --out "$OUT/zenflow_noac1.json" 2>&1 \
+        | cut -c1-300 &
+    wait
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow" >&2
     exit 2 ;;
 esac
 done
