@@ -78,46 +78,93 @@ def run_held_out(model, local_batch, seq_len, dp):
     return row
 
 
-H200_LAYOUTS = {"1gpu": {"dp": 1}, "fsdp2": {"dp": 2}, "tp2": {"dp": 1, "tp": 2}, "pp2": {"dp": 1, "pp": 2}}
+def h200_precision(run) -> str:
+    """The precision TorchTitan really trained a run in, from the run's own record
+    (`mixed_precision`, written by bench/titan_memory.py from the layout it launched):
+    "none: fp32 ..." where TorchTitan switched mixed precision off (TP or PP without FSDP),
+    "torch.autocast bf16 ..." or "FSDP2 MixedPrecisionPolicy: bf16 params ..." for mixed."""
+    mp = run["mixed_precision"]
+    if mp.startswith("none: fp32"):
+        return "fp32"
+    if "bf16" in mp and ("autocast" in mp or "MixedPrecisionPolicy" in mp):
+        return "mixed"
+    raise ValueError(f"{run['model']} {run['layout']}: unknown mixed_precision record {mp!r}")
 
 
-def h200_runs(paths):
-    """TorchTitan on the H200 (issue 18 item 1: bench/titan_memory.py, titan_memory_*.json):
-    every run against the formula at its truncated depth, FSDP runs also against the
-    measured mode; per configuration, the two depths extrapolated linearly to full depth."""
-    from dataclasses import replace
-    from transit_launch.planning import measure
-    from transit_launch.planning.memory import Layout, estimate
-    from transit_launch.planning.models import load_model
-    rows = []
+def h200_layout(run):
+    """The planner's Layout of a run: its degrees (layout_detail) and recorded precision."""
+    from transit_launch.planning.memory import Layout
+    ld = run["layout_detail"]
+    return Layout(dp=ld["dp_shard"], tp=ld["tp"], pp=ld["pp"], local_batch=run["local_batch"],
+                  seq_len=run["seq_len"], precision=h200_precision(run))
+
+
+def h200_records(paths):
+    """The finished runs of TorchTitan H200 results files, each with its file's path."""
     for path in paths:
         for r in json.loads(Path(path).read_text()).get("runs", []):
-            if r.get("rc") != 0 or not r.get("allocated"):
-                continue
-            card = load_model(r["model"])
-            lay = Layout(local_batch=r["local_batch"], seq_len=r["seq_len"], **H200_LAYOUTS[r["layout"]])
-            est = estimate(replace(card, layers=r["layers"]), lay)
-            row = {"model": r["model"], "layers": r["layers"], "local_batch": r["local_batch"], "layout": r["layout"],
-                   "allocated": r["allocated"], "reserved": r["reserved"], "formula": est.tensors,
-                   "formula_alloc_part": est.total - est.comm - CUDA_CONTEXT,
-                   "h200_phase": r["ranks"][0].get("replay", {}).get("peak", {}).get("phase"),
-                   "formula_phase": est.peak_phase, "source": str(path)}
-            if r["layout"] == "fsdp2" and measure.torch_available():
-                row["measured"] = measure.measure(card, lay, r["layers"]).total
-            rows.append(row)
+            if r.get("rc") == 0 and r.get("allocated"):
+                yield path, r
+
+
+def h200_runs(paths, measured=True):
+    """TorchTitan on the H200 (issue 18 item 1: bench/titan_memory.py, titan_memory_*.json):
+    every run against the formula at its truncated depth and in the precision it ran in,
+    FSDP runs also against the measured mode (measured=False skips that)."""
+    from dataclasses import replace
+    from transit_launch.planning import measure
+    from transit_launch.planning.memory import estimate
+    from transit_launch.planning.models import load_model
+    rows = []
+    for path, r in h200_records(paths):
+        card, lay = load_model(r["model"]), h200_layout(r)
+        est = estimate(replace(card, layers=r["layers"]), lay)
+        row = {"model": r["model"], "layers": r["layers"], "local_batch": r["local_batch"], "layout": r["layout"],
+               "precision": lay.precision, "lay": lay, "allocated": r["allocated"], "reserved": r["reserved"],
+               "formula": est.tensors, "formula_alloc_part": est.total - est.comm - CUDA_CONTEXT,
+               "h200_phase": r["ranks"][0].get("replay", {}).get("peak", {}).get("phase"),
+               "formula_phase": est.peak_phase, "source": str(path)}
+        if measured and lay.dp > 1 and lay.precision == "mixed" and measure.torch_available():
+            row["measured"] = measure.measure(card, lay, r["layers"]).total
+        rows.append(row)
     return rows
+
+
+def fp32_working_fit(paths):
+    """What memory.BACKWARD_WORKING_FACTOR_FP32 is set from: each fp32 run's allocated peak
+    less the formula's other tensors is the recomputed attention half's working set; the
+    least-squares factor on T x attention elements x 4 B / t (relative errors)."""
+    from dataclasses import replace
+    from transit_launch.planning import memory as M
+    from transit_launch.planning.models import load_model
+    pts = []
+    for _, r in h200_records(paths):
+        lay = h200_layout(r)
+        if lay.precision != "fp32":
+            continue
+        card = replace(load_model(r["model"]), layers=r["layers"])
+        est = M.estimate(card, lay)
+        assert est.peak_phase == "layer backward", (r["model"], r["layout"], est.peak_phase)
+        a = lay.microbatch_tokens * M.attention_elements_per_token(card) * 4 / lay.tp
+        pts.append((f"{r['model']} {r['layout']} L{r['layers']}", a,
+                    r["allocated"] - (est.tensors - M.BACKWARD_WORKING_FACTOR_FP32 * a)))
+    if not pts:
+        return None
+    f = sum(a / w for _, a, w in pts) / sum((a / w) ** 2 for _, a, w in pts)
+    return f, [(name, w, f * a) for name, a, w in pts]
 
 
 def h200_report(rows):
     from transit_launch.planning import measure
-    from transit_launch.planning.memory import Layout, estimate
+    from transit_launch.planning.memory import estimate
     from transit_launch.planning.models import load_model
     from transit_launch.table import table
     out, worst = [], {}
     for r in rows:
         err = (r["formula"] - r["allocated"]) / r["allocated"]
-        worst[r["layout"]] = max(worst.get(r["layout"], 0), abs(err))
-        out.append([r["model"], r["layout"], r["layers"], r["local_batch"], f"{r['allocated'] / 1e9:.2f}",
+        key = f"{r['layout']} ({r['precision']})"
+        worst[key] = max(worst.get(key, 0), abs(err))
+        out.append([r["model"], key, r["layers"], r["local_batch"], f"{r['allocated'] / 1e9:.2f}",
                     f"{r['reserved'] / 1e9:.2f}", f"{r['measured'] / 1e9:.2f}" if "measured" in r else "-",
                     f"{r['formula'] / 1e9:.2f}", f"{100 * err:+.1f}%",
                     f"{100 * (r['formula_alloc_part'] - r['reserved']) / r['reserved']:+.1f}%",
@@ -126,28 +173,40 @@ def h200_report(rows):
                  "measured-mode GB", "formula GB (tensors)", "vs allocated", "formula + slack vs reserved",
                  "peak phase (formula / H200)"], out))
     for lay, w in worst.items():
-        print(f"worst |formula - H200 allocated| / allocated, {lay}: {100 * w:.1f}%")
+        print(f"worst |formula - H200 allocated| / allocated, {lay}: {100 * w:.1f}% (target <= {100 * TARGET:.0f}%)")
     # two depths of one configuration: the per-layer slope, extrapolated to full depth
     ext = []
     for key in sorted({(r["model"], r["layout"], r["local_batch"]) for r in rows}):
-        pts = sorted((r["layers"], r["allocated"]) for r in rows if (r["model"], r["layout"], r["local_batch"]) == key)
+        same = [r for r in rows if (r["model"], r["layout"], r["local_batch"]) == key]
+        pts = sorted((r["layers"], r["allocated"]) for r in same)
         if len(pts) < 2:
             continue
         (l1, a1), (l2, a2) = pts[0], pts[-1]
-        card = load_model(key[0])
+        card, lay = load_model(key[0]), same[0]["lay"]
         full = a2 + (card.layers - l2) * (a2 - a1) / (l2 - l1)
-        lay = Layout(local_batch=key[2], **H200_LAYOUTS[key[1]])
         est = estimate(card, lay).tensors
         # FSDP: the measured mode runs the full depth at the same layout (the linear
         # extrapolation assumes every added layer adds the same bytes at the peak)
         meas = measure.measure(card, lay).total if key[1] == "fsdp2" and measure.torch_available() else None
-        ext.append([key[0], key[1], key[2], f"{l1}, {l2}", f"{(a2 - a1) / (l2 - l1) / 1e9:.2f}", card.layers,
+        ext.append([key[0], f"{key[1]} ({lay.precision})", key[2], f"{l1}, {l2}",
+                    f"{(a2 - a1) / (l2 - l1) / 1e9:.2f}", card.layers,
                     f"{full / 1e9:.1f}", f"{meas / 1e9:.1f}" if meas else "-", f"{est / 1e9:.1f}",
                     f"{100 * (est - full) / full:+.1f}%", f"{100 * (est - meas) / meas:+.1f}%" if meas else "-"])
     print()
     print(table(["model", "layout", "local batch", "depths", "H200 GB per layer", "full depth",
                  "H200 extrapolated GB", "measured mode, full depth", "formula GB", "vs extrapolated",
                  "vs measured mode"], ext))
+    return max(worst.values())
+
+
+def card_spec(r) -> str:
+    """The row's model: a catalog name, or a card file, stored relative to the checkout (older
+    files hold the absolute path of the checkout that measured them: its bench/cards/ name)."""
+    spec = r.get("card", r["model"])
+    if not spec.endswith(".toml"):
+        return spec
+    path = Path(spec)
+    return str(path if path.exists() else ROOT / "bench" / "cards" / path.name)
 
 
 def recompare(r) -> dict:
@@ -160,7 +219,7 @@ def recompare(r) -> dict:
     m = Measured(c["measured_gb"] * 1e9, {k: v * 1e9 for k, v in c["measured_kinds_gb"].items()},
                  c["measured_phase"], c["measured_where"], c["layers"], c["seconds"])
     lay = Layout(dp=lo["dp"], local_batch=lo["local_batch"], seq_len=lo["seq_len"], microsteps=lo["microsteps"])
-    return compare(load_model(r.get("card", r["model"])), lay, m)
+    return compare(load_model(card_spec(r)), lay, m)
 
 
 def h200_cell(h200, model, local_batch) -> str:
@@ -213,7 +272,7 @@ def working_fit(rows):
         m = re.search(r"layers\.(\d+)", c["measured_where"])
         if c["measured_phase"] != "layer backward" or not m:
             continue
-        card, i, lo = load_model(r.get("card", r["model"])), int(m.group(1)), c["layout"]
+        card, i, lo = load_model(card_spec(r)), int(m.group(1)), c["layout"]
         lay = Layout(dp=lo["dp"], local_batch=lo["local_batch"], seq_len=lo["seq_len"], microsteps=lo["microsteps"])
         T = lay.local_batch * lay.seq_len
         kinds = c["measured_kinds_gb"]
@@ -261,9 +320,17 @@ def main():
         print(f"{kind} layer backward: working set = {f:.3f} x T A 2 B + {g:.3f} x the layer's bf16 gradients")
         for name, w, fit in pts:
             print(f"    {name}: measured {w / 1e9:.3f} GB, fit {fit / 1e9:.3f} GB")
+    from transit_launch.planning import memory
+    fit = fp32_working_fit(h200) if h200 else None
+    if fit:
+        f, pts = fit
+        print(f"fp32 layer backward (H200): working set = {f:.3f} x T x attention elements x 4 B / t + "
+              f"{memory.ATTENTION_SCORE_COPIES} score matrices")
+        for name, w, fitted in pts:
+            print(f"    {name}: measured {w / 1e9:.3f} GB, fit {fitted / 1e9:.3f} GB")
     if h200_rows:
         print()
-        h200_report(h200_rows)
+        worst = max(worst, h200_report(h200_rows))
     else:
         print("no TorchTitan H200 results (bench/results/titan_memory_*.json)")
     return 0 if worst <= TARGET else 1

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.forkcli import ForkCLI
+from transit_launch.planning.memory import PRECISIONS
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
          "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256}
@@ -172,11 +173,14 @@ ROWS = [
     ([*PLAN, "--min-efficiency", "nan"], "must be a finite number, got 'nan'"),
     ([*PLAN, "--min-efficiency", "-inf"], "must be a finite number, got '-inf'"),
     ([*PLAN, "--precision", "fp4"], "invalid choice"),
+    # the choices are memory.PRECISIONS, fp32 among them
+    ([*PLAN, "--precision", "fp16"], f"invalid choice: 'fp16' (choose from {', '.join(map(repr, PRECISIONS))})"),
     (["plan"], "the following arguments are required: --model"),
     ([*PLAN, *CMD], "plan takes no command"),
     # nothing fits, not even with offloading: the advice must be the right one
+    # (TorchTitan runs tp+pp in fp32: the planner estimates fp32, hence 8 nodes)
     ([*PLAN, "--parallel", "tp+pp"], "tp+pp needs a local batch of at least pp (one microbatch per stage): "
-                                     "with --local-batch 4, 4 nodes fit without offloading"),
+                                     "with --local-batch 8, 8 nodes fit without offloading"),
     (["plan", "--model", "llama4-scout", "--parallel", "fsdp+ep", "--local-batch", "4"],
      "not even with offloading"),
     ([*PLAN, "--global-batch", "16", "--host-mem", "40GB"], "host DRAM is too small"),

@@ -1,5 +1,7 @@
 """The per-GPU estimator, term by term, against hand computations."""
 
+from dataclasses import replace
+
 import pytest
 
 from transit_launch.planning import memory as M
@@ -20,6 +22,46 @@ def test_states_mixed_and_bf16():
     b = estimate(L8, Layout(dp=8, precision="bf16", microsteps=2))
     assert b.states == pytest.approx(e.states / 2)
     assert b.cold == pytest.approx(shard * 4)  # only Adam states are cold in bf16
+
+
+def test_fp32_states_cold_and_no_gathers():
+    """fp32 (TorchTitan with TP or PP and no FSDP): 4 B parameters and gradients, 8 B of Adam,
+    no FSDP copies, and only the Adam states are cold (fp32 weights are used every microstep)."""
+    e = estimate(L8, Layout(dp=1, tp=2, precision="fp32"))
+    shard = (L8.params - L8.hidden) / 2 + L8.hidden  # the final norm is replicated, not split
+    assert e.parameters == pytest.approx(shard * 4, rel=1e-3)
+    assert e.optimizer == pytest.approx(shard * 8, rel=1e-3)
+    assert e.fsdp == 0 and e.cold == e.optimizer
+    assert e.peak_phase == "layer backward"
+
+
+def test_fp32_layer_backward_by_hand():
+    """The last stage's layer-0 backward under fp32 PP, term by term: SDPA's math backend's
+    score matrices, the attention half recomputed in fp32, the stage's held fp32 logits."""
+    card = replace(L8, layers=2)
+    lay = Layout(dp=1, pp=2, local_batch=2, precision="fp32")
+    e = M.estimate_stage(card, lay, 1)  # stage 1: layer 1 and the output
+    s, h = 8192, 4096
+    scores = M.ATTENTION_SCORE_COPIES * 32 * s * s * 4  # one sequence a microbatch, 32 heads
+    attention = s * (4 * h + 3 * 4096 + 3 * 1024) * 4 * M.BACKWARD_WORKING_FACTOR_FP32
+    stored = s * h * 4  # one fp32 checkpoint; one microbatch in flight on the last stage
+    assert e.peak_phase == "layer backward"
+    assert e.activations == pytest.approx(stored + attention + scores)
+    assert e.logits == pytest.approx(s * 128256 * 4)  # held by the schedule through the backward
+    assert e.gradients == pytest.approx(e.parameters)  # PP keeps every gradient
+    mixed = M.estimate_stage(card, replace(lay, precision="mixed"), 1)
+    assert e.tensors > 1.8 * mixed.tensors  # why fp32 must not be estimated as mixed
+
+
+@pytest.mark.parametrize("asked,dp,tp,pp,runs", [
+    ("mixed", 1, 2, 1, "fp32"), ("mixed", 1, 1, 2, "fp32"), ("mixed", 1, 4, 8, "fp32"),
+    ("mixed", 1, 1, 1, "mixed"),   # one GPU: torch.autocast
+    ("mixed", 2, 4, 1, "mixed"),   # FSDP carries the mixed-precision policy
+    ("mixed", 2, 1, 2, "mixed"),
+    ("bf16", 1, 4, 2, "bf16"), ("fp32", 8, 1, 1, "fp32"),
+])
+def test_titan_precision(asked, dp, tp, pp, runs):
+    assert M.titan_precision(asked, dp, tp, pp) == runs
 
 
 def test_activation_terms_by_hand():

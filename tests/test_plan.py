@@ -5,6 +5,7 @@ import re
 import pytest
 
 from transit_launch.errors import UsageError
+from transit_launch.planning import report
 from transit_launch.planning.hardware import gpu_profile
 from transit_launch.planning.models import load_model
 from transit_launch.planning.plan import HOST_BYTES_PER_RANK, Request, plan
@@ -97,6 +98,30 @@ def test_tp_pp_layout_uses_nodes_as_stages():
     assert lay.tp == 4 and lay.dp == 1 and lay.pp == p.baseline.nodes
 
 
+def test_mixed_without_fsdp_is_planned_as_torchtitan_runs_it():
+    """TorchTitan switches mixed precision off for TP or PP without FSDP: the plan estimates
+    those layouts in fp32, marks them and says why; layouts with FSDP stay mixed."""
+    p = plan(req(parallel="tp+pp", local_batch=8, global_batch=None))
+    assert p.req.precision == "mixed"
+    assert {c.layout.precision for c in p.rows} == {"fp32"}
+    assert all(any("fp32 (TorchTitan" in n for n in c.notes) for c in p.rows)
+    d = report.plan_json(p)
+    assert d["precision"] == "mixed" and "fp32" in d["precision_note"]
+    assert {o["layout"]["precision"] for o in d["options"]} == {"fp32"}
+    assert d["precision_note"] in report.plan_text(p)
+    # fsdp+tp: one node is tp4 with dp 1 (fp32), two nodes put FSDP over them (mixed)
+    p = plan(req(parallel="fsdp+tp", global_batch=None, local_batch=1))
+    by_nodes = {c.nodes: c.layout for c in p.rows}
+    assert by_nodes[1].dp == 1 and by_nodes[1].precision == "fp32"
+    assert by_nodes[2].dp == 2 and by_nodes[2].precision == "mixed"
+    # fp32 and bf16 asked for are kept, and a plain FSDP plan has no note
+    assert {c.layout.precision for c in plan(req(parallel="tp+pp", precision="bf16", local_batch=16,
+                                                  global_batch=None)).rows} == {"bf16"}
+    p = plan(req())
+    assert {c.layout.precision for c in p.rows} == {"mixed"} and report.plan_json(p)["precision_note"] is None
+    assert "fp32" not in report.plan_text(p)
+
+
 def test_fsdp_ep_picks_intra_node_expert_degree():
     q = load_model("qwen3-30b-a3b")
     p = plan(req(card=q, parallel="fsdp+ep", gpus_per_node=8, local_batch=4, global_batch=None))
@@ -129,10 +154,11 @@ def test_no_fit_refused_only_when_offloading_cannot_serve():
         plan(req(global_batch=16, host_mem=40e9))  # 4 nodes offload 45 GB a node
     # tp+pp with the default local batch of 1: only one node can run (pp = 1), and the right
     # advice is the local batch the pipeline needs, found by trying it
-    with pytest.raises(UsageError, match="with --local-batch 4, 4 nodes fit without offloading"):
+    # (TorchTitan runs tp+pp in fp32: 8 nodes of one microbatch each, not the 4 of bf16 compute)
+    with pytest.raises(UsageError, match="with --local-batch 8, 8 nodes fit without offloading"):
         plan(req(parallel="tp+pp", global_batch=None))
-    p = plan(req(parallel="tp+pp", global_batch=None, local_batch=4))
-    assert p.baseline.nodes == 4
+    p = plan(req(parallel="tp+pp", global_batch=None, local_batch=8))
+    assert p.baseline.nodes == 8
 
 
 # --- one rule picks the node count: plan, render and submit --nodes auto ----------------

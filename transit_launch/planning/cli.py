@@ -26,7 +26,9 @@ def add_plan_args(p, model_required=True):
     g.add_argument("--global-batch", type=positive_int("--global-batch"),
                    help="sequences per optimizer step; only node counts whose data-parallel degree divides it are valid")
     g.add_argument("--precision", choices=PRECISIONS, default="mixed",
-                   help="mixed: fp32 params/grads/Adam with bf16 compute (TorchTitan default); bf16: everything bf16")
+                   help="mixed: fp32 params/grads/Adam with bf16 compute (TorchTitan default; TorchTitan runs "
+                        "it as fp32 for TP/PP without FSDP, and the plan says so); bf16: everything bf16; "
+                        "fp32: no mixed precision")
     g.add_argument("--recompute", choices=RECOMPUTE, default="full")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", default=None, help=f"GPU profile: {', '.join(GPUS)} (default h100-80gb)")

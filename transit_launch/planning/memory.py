@@ -5,26 +5,36 @@ Notation: P_s = parameters on the worst pipeline stage, d = FSDP degree, t = TP,
 T = tokens of one microbatch (local batch x sequence, or one sequence under PP),
 h = hidden, V = vocab.
 
-  parameters   P_s / (d t) x bp        bp = 4 (mixed: fp32 master) | 2 (bf16)
+  parameters   P_s / (d t) x bp        bp = 4 (mixed: fp32 master; fp32) | 2 (bf16)
   gradients    the sharded gradients (parameter dtype) that exist at the peak: none in
                the loss phase of a single microbatch (TorchTitan's zero_grad sets them to
                None), those of the layers after i in layer i's backward; all of them with
                gradient accumulation or PP microbatches
   optimizer    P_s / (d t) x 2 x bp    AdamW exp_avg and exp_avg_sq
-  activations  stored + working        stored per microbatch in flight:
-                 recompute=full: one checkpointed layer input per layer, T h 2 / t
-                 recompute=none: every saved tensor of every layer, T A 2 / t
-               working (layer-backward phase): the layer being recomputed, T A 2 / t x
-               BACKWARD_WORKING_FACTOR(_MOE). A = saved elements per token of one layer:
+  activations  stored + working        stored per microbatch in flight (ba = compute
+               dtype: 2 under mixed and bf16, 4 under fp32):
+                 recompute=full: one checkpointed layer input per layer, T h ba / t
+                 recompute=none: every saved tensor of every layer, T A ba / t
+               working (layer-backward phase): the layer being recomputed, T A ba / t x
+               BACKWARD_WORKING_FACTOR(_MOE); under fp32 also SDPA's math backend's
+               score matrices, ATTENTION_SCORE_COPIES x b (heads / t) s^2 x 4 (b
+               sequences of length s a microbatch). A = saved elements per token of one layer:
                  4h (two RMSNorm inputs and outputs) + 3q + 3kv (q, k before and after
                  RoPE, v, attention output) + 4f (SwiGLU gate, up, silu(gate), product);
                  an MoE layer replaces 4f by top_k (2h + 4 f_e) + 4 f_shared + 2E.
-  logits       T V / t x LOGITS_BYTES_PER_ELEMENT (last stage, loss phase)
+  logits       T V / t x LOGITS_BYTES_PER_ELEMENT (last stage, loss phase); under fp32
+               with PP also T V / t x 4 in the last stage's layer backward (the schedule
+               holds the microbatch's logits until its backward ends)
   fsdp         unsharded working set (only with d > 1 or mixed precision):
-                 loss phase: output projection in bf16
+                 loss phase: output projection in the gather dtype (bf16; fp32 under fp32)
                  layer-backward phase (layer i): i and the prefetched next layer gathered
-                 in bf16 (FSDP pads dim 0 to d x ceil(rows / d)), a share of i's bf16
+                 (FSDP pads dim 0 to d x ceil(rows / d)), a share of i's unsharded
                  gradients, and the previous layer's reduce-scatter input (fp32 under mixed)
+
+Precisions (DTYPES): mixed is TorchTitan's default (fp32 parameters, bf16 compute through
+FSDP2's MixedPrecisionPolicy or, on one GPU, torch.autocast); bf16 is training.dtype
+bfloat16; fp32 is what TorchTitan 0.2.2 runs when mixed precision is asked for with TP or
+PP but no FSDP (titan_precision).
   comm         NCCL_BYTES_PER_COMM per process group of more than one rank
   overhead     CUDA_CONTEXT_BYTES + ALLOCATOR_FRAGMENTATION x (all PyTorch bytes)
 
@@ -71,6 +81,7 @@ LOGITS_BYTES_PER_ELEMENT = 12
 # At the loss peak the output projection is gathered in bf16 ([norm, output] are not
 # resharded after forward); its gradient does not exist yet (measured: "Unsharded Param"
 # = 2 B x vocab x hidden in every loss-phase row; 4 B, weight + gradient, was assumed).
+# Under fp32 with FSDP the gather is fp32 (Dtypes.gather; not measured).
 OUTPUT_WEIGHT_BYTES_AT_LOSS = 2
 # FSDP2 gathers the current layer and prefetches the next one (forward and backward):
 # measured "All Gather" = one layer (or the embedding at layer 0) in bf16 (qwen3-32b lb1).
@@ -92,8 +103,40 @@ CUDA_CONTEXT_BYTES = 0.6e9
 # (1.35x under FSDP2: 25 GB) would not have; 5% (3.6 GB) + 1.1 GB does.
 ALLOCATOR_FRAGMENTATION = 0.05
 
-PRECISIONS = ("mixed", "bf16")
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Bytes per element of each kind of tensor under one precision."""
+    state: int    # parameters, gradients, each AdamW state
+    compute: int  # activations: checkpoints, the recomputed layer, logits held by PP
+    gather: int   # FSDP2's unsharded parameters and gradients
+    reduce: int   # FSDP2's reduce-scatter input
+
+
+# mixed: fp32 states, bf16 compute and gathers, fp32 reduce (TorchTitan's defaults,
+# training.mixed_precision_param / _reduce). bf16: training.dtype bfloat16, everything bf16.
+# fp32: no mixed precision at all (TorchTitan with TP or PP and no FSDP: titan_precision).
+DTYPES = {"mixed": Dtypes(4, 2, 2, 4), "bf16": Dtypes(2, 2, 2, 2), "fp32": Dtypes(4, 4, 4, 4)}
+PRECISIONS = tuple(DTYPES)
 RECOMPUTE = ("full", "none")
+
+# fp32 attention: TorchTitan 0.2.2 runs F.scaled_dot_product_attention under
+# sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH]) (torchtitan/models/attention.py,
+# ScaledDotProductAttentionWrapper.__init__, lines 171-178); cuDNN and flash take only
+# fp16/bf16, so fp32 falls to MATH, which materialises the b x heads x s x s scores. In a
+# layer's recomputed backward the saved softmax output, its gradient and two more
+# score-sized buffers of the backward are live at once: measured 4 copies (llama3-8b tp2 rows of
+# bench/results/titan_memory_2026-11-30.json, 16 local heads: recompute 4.56 GB and
+# backward_autograd 14.82 GB at the peak, 4 x 4.29 GB of them scores; pp2 rows, 32
+# heads: recompute 8.99 and forward_no_python_frame 29.0 GB, 4 x 8.59 GB of them scores).
+ATTENTION_SCORE_COPIES = 4
+# Beside them, the recomputed attention half of the layer (T x attention elements x 4 B / t)
+# times this factor: least squares over the same four rows, printed by
+# `python3 bench/planner_fidelity.py --report` ("fp32 layer backward" lines). Residuals:
+# tp2 -0.26 GB (likely sequence parallelism's gathered inputs, which the formula does not split
+# out), pp2 +0.18 GB; both under 1% of the rows' totals.
+BACKWARD_WORKING_FACTOR_FP32 = 1.15
 
 
 @dataclass(frozen=True)
@@ -160,10 +203,16 @@ def stage_layers(card: ModelCard, pp: int, k: int) -> range:
     return range(k * per, (k + 1) * per)
 
 
+def attention_elements_per_token(card: ModelCard) -> int:
+    """Saved elements per token of a layer's norms and attention: two RMSNorm inputs and
+    outputs, q and k before and after RoPE, v, the attention output."""
+    return 4 * card.hidden + 3 * card.q_dim + 3 * card.kv_dim
+
+
 def act_elements_per_token(card: ModelCard, i: int) -> int:
-    """Saved-for-backward bf16 elements per token of layer i (see module docstring)."""
+    """Saved-for-backward elements per token of layer i (see module docstring)."""
     h = card.hidden
-    attn = 4 * h + 3 * card.q_dim + 3 * card.kv_dim
+    attn = attention_elements_per_token(card)
     if card.is_moe_layer(i):
         m = card.moe
         return attn + m.top_k * (2 * h + 4 * m.expert_ffn) + 4 * m.shared_experts * m.shared_ffn + 2 * m.experts
@@ -262,8 +311,24 @@ def unsharded_layer_params(card: ModelCard, lay: Layout, i: int) -> float:
     return sum(d * _shard(r, e, d) / t for r, e, d, t in layer_tensors(card, lay, i))
 
 
+def titan_precision(precision: str, dp: int, tp: int, pp: int) -> str:
+    """The precision TorchTitan 0.2.2 really trains in when `precision` is asked for.
+
+    Mixed precision comes only from FSDP2 (dp_shard > 1) or, with no other parallelism, from
+    torch.autocast; with TP or PP and no FSDP it is switched off and training runs in fp32
+    (torchtitan/distributed/utils.py, maybe_enable_amp, lines 243-263: "Mixed precision
+    training with TP or PP is only supported when FSDP/HSDP/CP is enabled"; llama3's
+    parallelize.py line 125 applies fully_shard, which carries MixedPrecisionPolicy, only
+    when parallel_dims.fsdp_enabled). Measured: the tp2 and pp2 rows of
+    bench/results/titan_memory_2026-11-30.json ran fp32 (their `mixed_precision` field)."""
+    if precision == "mixed" and dp == 1 and (tp > 1 or pp > 1):
+        return "fp32"
+    return precision
+
+
 def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
-    bp = 4 if lay.precision == "mixed" else 2
+    dt = DTYPES[lay.precision]
+    bp, ba = dt.state, dt.compute
     layers = list(stage_layers(card, lay.pp, k))
     first, last = k == 0, k == lay.pp - 1
     d, t, h = lay.dp, lay.tp, card.hidden
@@ -280,31 +345,35 @@ def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
 
     T = lay.microbatch_tokens
     in_flight = min(lay.pp - k, lay.pp_microbatches) if lay.pp > 1 else 1
+    score = score_matrix_bytes(card, lay)
     if lay.recompute == "full":
-        stored = [T * h * 2 / t for _ in layers]
-    else:
-        stored = [act_elements_per_token(card, i) * T * 2 / t for i in layers]
+        stored = [T * h * ba / t for _ in layers]
+    else:  # every layer's saved tensors; under fp32 also its softmax output (not measured)
+        stored = [act_elements_per_token(card, i) * T * ba / t + score for i in layers]
     others = (in_flight - 1) * sum(stored)  # earlier microbatches still waiting for backward
 
     gathers = lay.dp > 1 or lay.precision == "mixed"
-    rbytes = 4 if lay.precision == "mixed" else 2  # TorchTitan reduces gradients in fp32 under mixed
+    gbytes, rbytes = dt.gather, dt.reduce  # TorchTitan reduces gradients in fp32 under mixed
     phases = []
     if last:
         logits = T * card.vocab / t * LOGITS_BYTES_PER_ELEMENT
-        out_weight = card.output_params / t * OUTPUT_WEIGHT_BYTES_AT_LOSS if gathers else 0.0
+        out_weight = card.output_params / t * (gbytes if lay.precision == "fp32" else OUTPUT_WEIGHT_BYTES_AT_LOSS) \
+            if gathers else 0.0
         grads = shard * bp if grads_alive else 0.0
         phases.append(("loss", grads, others + sum(stored), logits, out_weight))
+    # fp32: the recomputed layer's score matrices, the saved softmax among them unless stored
+    scores = (ATTENTION_SCORE_COPIES - (lay.recompute == "none")) * score
+    held_logits = pp_held_logits(card, lay) if last else 0.0
     for pos in range(len(layers) - 1, -1, -1):
         i = layers[pos]
         done = sum(per_layer[pos + 1:]) + out  # gradients of the layers whose backward ran
         grads = shard * bp if grads_alive else done * bp
         moe = card.is_moe_layer(i)
-        factor = BACKWARD_WORKING_FACTOR_MOE if moe else BACKWARD_WORKING_FACTOR
-        working = T * act_elements_per_token(card, i) * 2 / t * factor
-        grad_bytes = 2 * (BACKWARD_GRAD_SHARE_MOE if moe else BACKWARD_GRAD_SHARE)  # bf16 weight gradients
+        working = working_set(card, lay, i) + scores
+        grad_bytes = gbytes * (BACKWARD_GRAD_SHARE_MOE if moe else BACKWARD_GRAD_SHARE)  # unsharded weight gradients
         act = others + sum(stored[:pos + 1]) + working
-        # FSDP2 in layer i's backward: i gathered in bf16, the next layer to run (i - 1, or
-        # the embedding) prefetched, and the reduce-scatter input of the layer before (i + 1,
+        # FSDP2 in layer i's backward: i gathered, the next layer to run (i - 1, or the
+        # embedding) prefetched, and the reduce-scatter input of the layer before (i + 1,
         # or the output projection) in the reduce dtype, which FSDP2 frees only when the next
         # reduce-scatter is issued (measured: "All Gather" and "Reduce Scatter" rows of
         # bench/results/planner_fidelity_2026-11-30.json, qwen3-32b and llama3-405b).
@@ -312,22 +381,58 @@ def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
                (card.embedding_params / t if first else 0.0))
         prev = (unsharded_layer_params(card, lay, layers[pos + 1]) if pos + 1 < len(layers) else
                 (card.output_params / t if last else 0.0))
-        fs = (unsharded_layer_params(card, lay, i) * 2 + layer_local_params(card, lay, i) * grad_bytes
-              + nxt * 2 * (FSDP_PREFETCH_LAYERS - 1) + prev * rbytes if gathers else 0.0)
-        phases.append(("layer backward", grads, act, 0.0, fs))
+        fs = (unsharded_layer_params(card, lay, i) * gbytes + layer_local_params(card, lay, i) * grad_bytes
+              + nxt * gbytes * (FSDP_PREFETCH_LAYERS - 1) + prev * rbytes if gathers else 0.0)
+        phases.append(("layer backward", grads, act, held_logits, fs))
     if first and gathers:
-        # the end of backward: the embedding's bf16 gradient and its reduce-dtype copy, every
-        # other gradient made (measured: llama3-8b lb1 seq 2048 dp8, "Unsharded Grad" 1.05 GB
-        # = 2 B x vocab x hidden, Temp 2.36 GB, in the root's final callback)
+        # the end of backward: the embedding's unsharded gradient and its reduce-dtype copy,
+        # every other gradient made (measured: llama3-8b lb1 seq 2048 dp8, "Unsharded Grad"
+        # 1.05 GB = 2 B x vocab x hidden, Temp 2.36 GB, in the root's final callback)
         grads = shard * bp if grads_alive else (shard - emb) * bp
-        phases.append(("embedding backward", grads, others, 0.0, card.embedding_params / t * (2 + rbytes)))
+        phases.append(("embedding backward", grads, others, 0.0, card.embedding_params / t * (gbytes + rbytes)))
     phase, grads, act, lg, fs = max(phases, key=lambda p: sum(p[1:]))
 
     torch_bytes = params + grads + optim + act + lg + fs
     overhead = CUDA_CONTEXT_BYTES + ALLOCATOR_FRAGMENTATION * torch_bytes
     comm = NCCL_BYTES_PER_COMM * comm_groups(lay)
+    # what offload can move: the AdamW states, and under mixed the fp32 master weights,
+    # which only the optimizer step touches (fp32 and bf16 compute with the weights themselves)
     cold = optim + (params if lay.precision == "mixed" else 0.0)
     return Estimate(params, grads, optim, act, lg, fs, comm, overhead, phase, k, cold)
+
+
+def working_set(card: ModelCard, lay: Layout, i: int) -> float:
+    """Recomputed tensors of layer i live at its backward peak, besides score matrices.
+    Under fp32 the peak is SDPA's math backward, after the MLP's backward freed the MLP's
+    tensors, so only the attention half counts (BACKWARD_WORKING_FACTOR_FP32)."""
+    T, ba = lay.microbatch_tokens, DTYPES[lay.precision].compute
+    if lay.precision == "fp32":
+        return T * attention_elements_per_token(card) * ba / lay.tp * BACKWARD_WORKING_FACTOR_FP32
+    factor = BACKWARD_WORKING_FACTOR_MOE if card.is_moe_layer(i) else BACKWARD_WORKING_FACTOR
+    return T * act_elements_per_token(card, i) * ba / lay.tp * factor
+
+
+def score_matrix_bytes(card: ModelCard, lay: Layout) -> float:
+    """Bytes of one microbatch's attention scores (b x heads / t x s x s) as SDPA's math
+    backend makes them: fp32 only (bf16 runs flash or cuDNN attention, which keep no s x s
+    matrix)."""
+    if lay.precision != "fp32":
+        return 0.0
+    sequences = lay.microbatch_tokens // lay.seq_len
+    return sequences * card.heads / lay.tp * lay.seq_len ** 2 * DTYPES["fp32"].compute
+
+
+def pp_held_logits(card: ModelCard, lay: Layout) -> float:
+    """Under PP the last stage's logits stay referenced through the microbatch's whole
+    backward: torch.distributed.pipelining's stage.backward_one_chunk pops
+    (stage_output, inputs) from fwd_cache and holds them while it runs backward. Measured
+    in fp32 only: the pp2 rows of bench/results/titan_memory_2026-11-30.json, the last
+    stage (rank 1) peaks 4.07 GB above the first with the same states, one microbatch's
+    8192 x 128,256 fp32 logits being 4.20 GB. Mixed precision with FSDP and PP would hold
+    bf16 logits the same way; no such run was measured and the term is not counted there."""
+    if lay.precision != "fp32" or lay.pp == 1:
+        return 0.0
+    return lay.microbatch_tokens * card.vocab / lay.tp * DTYPES["fp32"].compute
 
 
 def estimate(card: ModelCard, lay: Layout) -> Estimate:

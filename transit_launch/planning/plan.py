@@ -15,7 +15,8 @@ from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning import choice
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPU, MAX_GPUS_PER_NODE
-from transit_launch.planning.memory import PRECISIONS, RECOMPUTE, Estimate, Layout, check_degrees, estimate
+from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Layout, check_degrees, estimate,
+                                            titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
 from transit_launch.units import gb
@@ -119,8 +120,10 @@ def layout_for(req: Request, nodes: int) -> Layout | None:
             raise UsageError(f"--parallel fsdp+ep needs an MoE model; {card.name} is dense")
         ep = _largest_divisor_at_most(math.gcd(card.moe.experts, dp * tp), g)
     microsteps = max(1, req.global_batch // (dp * req.local_batch)) if req.global_batch else 1
+    # what TorchTitan will really run: mixed precision without FSDP under TP or PP is fp32
     return Layout(dp=dp, tp=tp, pp=pp, ep=ep, local_batch=req.local_batch, seq_len=req.seq_len,
-                  precision=req.precision, recompute=req.recompute, microsteps=microsteps)
+                  precision=titan_precision(req.precision, dp, tp, pp), recompute=req.recompute,
+                  microsteps=microsteps)
 
 
 def invalid(req: Request, lay: Layout | None) -> str | None:
@@ -147,6 +150,8 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
     # rounded once here, so every output (table, --json, --plot, messages) shows the same percent
     c.efficiency = round(predicted_efficiency(req, c), 4)
+    if lay.precision != req.precision:
+        c.notes.append(f"{lay.precision} (TorchTitan, TP/PP without FSDP)")
     if c.spill:
         c.notes.append(f"{gb(c.spill)} GB of hot data (gradients/activations) must leave the GPU")
     if not c.fits_host:

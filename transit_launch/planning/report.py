@@ -32,6 +32,14 @@ def layout_json(lay: memory.Layout) -> dict:
             "recompute": lay.recompute}
 
 
+def precision_note(p: Plan) -> str | None:
+    """Why some rows are estimated in another precision than the one asked for, or None."""
+    if all(c.layout.precision == p.req.precision for c in p.rows):
+        return None
+    return (f"TorchTitan has no {p.req.precision} precision for TP/PP without FSDP: "
+            "those layouts run, and are estimated, in fp32 (note fp32).")
+
+
 def traffic_ratio(p: Plan, c: Candidate) -> float | None:
     base = p.reference.traffic.inter
     if base == 0:
@@ -72,6 +80,8 @@ def plan_json(p: Plan) -> dict:
         "host_gb_per_node": gb(req.host_mem),
         "parallel": req.parallel,
         "global_batch": req.global_batch,
+        "precision": req.precision,  # as asked; each layout's precision is what TorchTitan runs
+        "precision_note": precision_note(p),
         "min_gpus_no_offload": b.layout.gpus if b else None,
         "min_nodes_no_offload": b.nodes if b else None,
         "no_fit": p.no_fit or None,
@@ -101,6 +111,7 @@ def plan_text(p: Plan) -> str:
         f"{gb(req.host_mem):.0f} GB host/node",
         f"seq {req.seq_len}, local batch {req.local_batch}, global batch {req.global_batch or 'any'}, "
         f"{req.precision} precision, recompute {req.recompute}",
+        *filter(None, [precision_note(p)]),
         "",
     ]
     if b:

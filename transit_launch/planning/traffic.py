@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from transit_launch.planning.memory import Layout, stage_layers
+from transit_launch.planning.memory import DTYPES, Layout, stage_layers
 from transit_launch.planning.models import ModelCard
 
 
@@ -48,8 +48,7 @@ def per_node(card: ModelCard, lay: Layout, gpus_per_node: int) -> Traffic:
     g = gpus_per_node
     tr = Traffic()
     layers = stage_layers(card, lay.pp, 0)
-    mixed = lay.precision == "mixed"
-    rbytes = 4 if mixed else 2  # reduce-scatter dtype (TorchTitan reduces in fp32 under mixed)
+    dt = DTYPES[lay.precision]  # gathers, reduce-scatters (fp32 under mixed) and activations
     gathers = 1 if lay.pp > 1 else 2  # FSDP2 re-gathers in backward unless PP keeps params
     mb = lay.pp_microbatches  # microbatches per microstep on one pipeline
 
@@ -61,7 +60,7 @@ def per_node(card: ModelCard, lay: Layout, gpus_per_node: int) -> Traffic:
         dense, experts = p_stage - routed, routed
     else:
         dense, experts = p_stage, 0
-    per_param = gathers * 2 + rbytes
+    per_param = gathers * dt.gather + dt.reduce
     r_dp = max(1, g // lay.tp)
     tr.add("fsdp", *_ring(lay.dp, r_dp, g, dense / lay.tp * per_param))
     if lay.ep > 1:
@@ -72,7 +71,7 @@ def per_node(card: ModelCard, lay: Layout, gpus_per_node: int) -> Traffic:
     # hidden states forward, as many backward, and again in the recomputed forward.
     T = lay.microbatch_tokens
     passes = 3 if lay.recompute == "full" else 2
-    tp_payload = len(layers) * 4 * passes * T * card.hidden * 2 * mb
+    tp_payload = len(layers) * 4 * passes * T * card.hidden * dt.compute * mb
     tr.add("tp", *_ring(lay.tp, min(lay.tp, g), g, tp_payload))
 
     # PP: every rank sends its slice of the activations forward and of their gradients
@@ -80,7 +79,7 @@ def per_node(card: ModelCard, lay: Layout, gpus_per_node: int) -> Traffic:
     # receives both (4 transfers); with pp = 2 both stages are end stages (2 transfers).
     if lay.pp > 1:
         transfers = 4 if lay.pp > 2 else 2
-        per_rank = transfers * T * card.hidden * 2 / lay.tp * mb
+        per_rank = transfers * T * card.hidden * dt.compute / lay.tp * mb
         stage_ranks = lay.gpus // lay.pp
         crossing = min(1.0, stage_ranks / g)
         tr.add("pp", g * per_rank * crossing, g * per_rank * (1 - crossing))
@@ -89,7 +88,7 @@ def per_node(card: ModelCard, lay: Layout, gpus_per_node: int) -> Traffic:
     # backward and recomputed forward; a uniform router sends (ep - r)/ep off-node.
     if lay.ep > 1:
         moe_layers = sum(card.is_moe_layer(i) for i in layers)
-        per_rank = moe_layers * 2 * passes * (T / lay.tp) * card.moe.top_k * card.hidden * 2 * mb
+        per_rank = moe_layers * 2 * passes * (T / lay.tp) * card.moe.top_k * card.hidden * dt.compute * mb
         r = min(lay.ep, g)
         off = (lay.ep - r) / lay.ep
         tr.add("ep", 2 * g * per_rank * off, 2 * g * per_rank * (1 - off))
