@@ -273,8 +273,33 @@ zenflow)          # issue 20 on x2, about 2 minutes: ZenFlow at one microbatch, 
         | cut -c1-300 &
     wait
     ;;
+peers-next)       # issue 20, what the 2026-11-30 runs left, on x2 (about 9 minutes): ZenFlow with room for
+                  # DeepSpeed's CPU Adam JIT build (it timed out at 90 s on a fresh machine), Twin-Flow at 3
+                  # and 12 microbatches; GPU0 with recomputation, GPU1 without
+    for g in 0 1; do
+        m=$([ $g = 1 ] && echo --model=--no-recompute)
+        ( export CUDA_VISIBLE_DEVICES=$g
+          taskset -c $((g * half))-$((g * half + half - 1)) timeout 250 python3 bench/offload.py \
+              --set reference,zenflow --accum 1 --steps 13 --warmup 3 --timeout 220 --gpu $g $m \
+              --out "$OUT/zenflow_$g.json" 2>&1 | cut -c1-300
+          taskset -c $((g * half))-$((g * half + half - 1)) timeout 280 python3 bench/offload.py \
+              --set reference,zero-twinflow --accum 3,12 --steps 11 --warmup 3 --timeout 130 --deadline 120 --gpu $g $m \
+              --out "$OUT/twinflow_$g.json" 2>&1 | cut -c1-300 ) > "$OUT/lane$g.txt" &
+    done
+    wait
+    cat "$OUT"/lane*.txt
+    ;;
+probe-next)       # one GPU, about 3 minutes: the lifetime probe's discard on a stream the batch API takes
+                  # (the 2026-11-30 run passed PyTorch's legacy NULL stream and got cudaErrorInvalidValue)
+    p="--seq-len 8192 --batch 2 --accum 1 --no-recompute"
+    timeout 90 python3 -m transit_launch run --policy base -- python3 bench/lifetime_probe.py --mode discard \
+        --out "$OUT/probe_discard.json" -- $p > "$OUT/probe_discard.log" 2>&1
+    timeout 80 python3 bench/lifetime_probe.py --mode empty-cache --out "$OUT/probe_empty_cache.json" -- $p \
+        > "$OUT/probe_empty_cache.log" 2>&1
+    grep -h '"probed": true' "$OUT"/probe_*.log | cut -c1-400
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next" >&2
     exit 2 ;;
 esac
 done

@@ -5,8 +5,8 @@ At the start of backward (the gradient of the model's output: the logits and the
 are dead then) of every probed step, the free blocks of PyTorch's cache are listed
 (torch.cuda.memory_snapshot) and one mechanism is applied:
   discard      cudaMemDiscardBatchAsync (CUDA 13) on the free blocks, aligned inwards to
-               2 MiB, enqueued on the compute stream (a block free now is dead after every
-               kernel enqueued so far). Needs managed memory: run it under
+               2 MiB, enqueued in stream order after the compute stream (a block free now
+               is dead after every kernel enqueued so far). Needs managed memory: run it under
                `transit-launch run --policy base` without a budget.
   empty-cache  torch.cuda.empty_cache(): whole free segments go back through cudaFree.
   none         only the listing.
@@ -82,6 +82,12 @@ class Probe:
         self.a, self.step, self.recs, self.cur = a, 0, [], []  # cur: discarded this step
         self.t_last = None
 
+    def side_stream(self):
+        import torch
+        if getattr(self, "_side", None) is None:
+            self._side = torch.cuda.Stream()
+        return self._side
+
     def probed(self):
         return self.a.warmup < self.step + 1 <= self.a.warmup + self.a.probe
 
@@ -108,11 +114,17 @@ class Probe:
                 n = len(ranges)
                 ptrs = (ctypes.c_void_p * n)(*[s for s, _ in ranges])
                 sizes = (ctypes.c_size_t * n)(*[e - s for s, e in ranges])
-                stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+                # the batch APIs refuse the legacy NULL stream (cudaErrorInvalidValue: what the
+                # 2026-11-30 run got from PyTorch's default stream), so the discard goes on a
+                # stream ordered after everything enqueued so far, and the compute stream after it
+                cur = torch.cuda.current_stream()
+                side = cur if cur.cuda_stream else self.side_stream()
+                side.wait_stream(cur)
                 rt = cudart()
                 rt.cudaMemDiscardBatchAsync.restype = ctypes.c_int
-                rec["discard_rc"] = rt.cudaMemDiscardBatchAsync(ptrs, sizes, ctypes.c_size_t(n),
-                                                                ctypes.c_ulonglong(0), stream)
+                rec["discard_rc"] = rt.cudaMemDiscardBatchAsync(ptrs, sizes, ctypes.c_size_t(n), ctypes.c_ulonglong(0),
+                                                                ctypes.c_void_p(side.cuda_stream))
+                cur.wait_stream(side)
                 if rec["discard_rc"]:
                     rt.cudaGetLastError()  # not the application's error
                 rec["discarded"] = rec["free_bytes"] if rec["discard_rc"] == 0 else 0
