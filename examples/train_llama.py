@@ -206,11 +206,8 @@ def build_fsdp(a, model, device, world):
     return model, opt
 
 
-def build_deepspeed(a, model):
-    """DeepSpeed ZeRO-Offload (stage 2) or ZeRO-Infinity (stage 3, parameters on the CPU too), bf16
-    with fp32 master weights and Adam states in host memory, DeepSpeed's CPU Adam; returns
-    (engine, the optimizer it uses)."""
-    import deepspeed
+def deepspeed_config(a):
+    """The DeepSpeed configuration of --zero (a pure function: tests check it without DeepSpeed)."""
     zero = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
             "overlap_comm": True, "contiguous_gradients": True}
     if a.zero == "infinity":
@@ -237,6 +234,15 @@ def build_deepspeed(a, model):
            "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.1, "betas": [0.9, 0.999],
                                                       "eps": 1e-8}},
            "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+    return cfg
+
+
+def build_deepspeed(a, model):
+    """DeepSpeed ZeRO-Offload (stage 2), ZeRO-Infinity (stage 3, parameters on the CPU too),
+    Twin-Flow or ZenFlow (deepspeed_config), bf16 with fp32 master weights and Adam states in
+    host memory, DeepSpeed's CPU Adam; returns (engine, the optimizer it uses)."""
+    import deepspeed
+    cfg = deepspeed_config(a)
     deepspeed.init_distributed(dist_backend="nccl")
     try:
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)

@@ -64,3 +64,31 @@ def test_peer_engines_refuse_what_cannot_run_in_one_line(flags, line):
                          text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2
     assert res.stderr.strip() == line
+
+
+def test_deepspeed_configs_of_the_peers(monkeypatch):
+    """What bench/offload.py's DeepSpeed peers hand to deepspeed.initialize (DeepSpeed and a
+    GPU are not here: the configuration is a pure function of the flags)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_llama", TRAINER)
+    trainer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainer)
+
+    def config(*flags):
+        monkeypatch.setattr(sys, "argv", ["train_llama.py", "--engine", "deepspeed", *flags])
+        return trainer.deepspeed_config(trainer.parse())
+
+    off = config("--accum", "3")
+    assert off["zero_optimization"]["stage"] == 2 and off["gradient_accumulation_steps"] == 3
+    assert off["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "zero_allow_untested_optimizer" not in off and "zenflow" not in off["zero_optimization"]
+    inf = config("--zero", "infinity")["zero_optimization"]
+    assert inf["stage"] == 3 and inf["offload_param"]["device"] == "cpu"
+    twin = config("--zero", "twinflow", "--offload-ratio", "0.5")["zero_optimization"]
+    assert (twin["stage"], twin["offload_optimizer"]["ratio"], twin["sub_group_size"]) == (3, 0.5, 50_000_000)
+    assert "offload_param" not in twin  # Twin-Flow keeps the parameters on the GPU
+    zen = config("--zero", "zenflow")
+    assert zen["zero_allow_untested_optimizer"] is True  # else DeepSpeed's sanity check refuses ZenFlow's Adam
+    z = zen["zero_optimization"]
+    assert z["stage"] == 2 and z["offload_optimizer"]["device"] == "cpu" and z["overlap_comm"]
+    assert z["zenflow"]["select_interval"] >= z["zenflow"]["update_interval"]  # ZenFlow refuses less
