@@ -40,20 +40,23 @@ half=$(( $(nproc) / 2 ))
 g0() { CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) "$@"; }
 g1() { CUDA_VISIBLE_DEVICES=1 taskset -c $half-$(( $(nproc) - 1 )) "$@"; }
 
-peer_smoke() {  # the peers on a small model: DeepSpeed's CPU Adam JIT build, ZeRO-2/3 offload, FSDP2 offload
+peer_smoke() {  # peers on a small model (default: ZeRO-2/3 offload, FSDP2 offload; or the trainer flags
+                # given, one argument each); DeepSpeed's CPU Adam is JIT-built on the way and kept in $OUT
     local m="--dim 512 --layers 2 --heads 8 --kv-heads 4 --ffn 1536 --vocab 8192 --seq-len 1024 --steps 3"
-    for p in "--engine deepspeed --zero offload" "--engine deepspeed --zero infinity" "--cpu-offload"; do
-        echo "== $p"; g1 timeout 240 python3 examples/train_llama.py $m $p 2>&1 | grep -v '^\[' | tail -4
+    [ $# -gt 0 ] || set -- "--engine deepspeed --zero offload" "--engine deepspeed --zero infinity" "--cpu-offload"
+    for p in "$@"; do
+        echo "== $p"; g1 timeout ${SMOKE_TIMEOUT:-240} python3 examples/train_llama.py $m $p 2>&1 | grep -v '^\[' | tail -4
     done
     tar cf "$OUT/torch_ext.tar" -C $TORCH_EXTENSIONS_DIR . 2>/dev/null
 }
 
-peer_smoke_new() {  # the newer peers on a small model (DeepSpeed's CPU Adam JIT-built and kept in $OUT)
-    local m="--dim 512 --layers 2 --heads 8 --kv-heads 4 --ffn 1536 --vocab 8192 --seq-len 1024 --steps 3"
-    for p in "--engine deepspeed --zero twinflow" "--engine deepspeed --zero zenflow" "--engine torchao-offload"; do
-        echo "== $p"; g1 timeout 150 python3 examples/train_llama.py $m $p 2>&1 | grep -v '^\[' | tail -4
-    done
-    tar cf "$OUT/torch_ext.tar" -C $TORCH_EXTENSIONS_DIR . 2>/dev/null
+lifetime_probes() {  # bench/lifetime_probe.py's discard (managed memory, no budget) and empty-cache, one
+                     # microbatch without recomputation; the command's prefix (e.g. g1) comes first
+    local p="--seq-len 8192 --batch 2 --accum 1 --no-recompute"
+    "$@" timeout 90 python3 -m transit_launch run --policy base -- python3 bench/lifetime_probe.py --mode discard \
+        --out "$OUT/probe_discard.json" -- $p > "$OUT/probe_discard.log" 2>&1
+    "$@" timeout 80 python3 bench/lifetime_probe.py --mode empty-cache --out "$OUT/probe_empty_cache.json" -- $p \
+        > "$OUT/probe_empty_cache.log" 2>&1
 }
 
 [ $# -gt 0 ] || set -- usage
@@ -223,7 +226,8 @@ overlap)          # issue 20 on x2, about 9 minutes. GPU0: the losses of the ove
     ) &
     ( g1 timeout 360 python3 bench/offload.py $c --model=--no-recompute --gpu 1 --deadline 270 \
           --out "$OUT/overlap_noac.json" > "$OUT/noac.log" 2>&1
-      peer_smoke_new > "$OUT/peer_smoke.log" 2>&1
+      SMOKE_TIMEOUT=150 peer_smoke "--engine deepspeed --zero twinflow" "--engine deepspeed --zero zenflow" \
+          "--engine torchao-offload" > "$OUT/peer_smoke.log" 2>&1
     ) &
     wait
     for f in losses ac noac; do echo "== $f"; cut -c1-330 "$OUT/$f.log"; done
@@ -241,11 +245,7 @@ overlap-2)        # issue 20 on x2, about 9 minutes: the paper's ratio (12 micro
     ) &
     ( g1 timeout 330 python3 bench/offload.py $c --model=--no-recompute --gpu 1 --deadline 220 \
           --out "$OUT/overlap_noac12.json" > "$OUT/noac12.log" 2>&1
-      p="--seq-len 8192 --batch 2 --accum 1 --no-recompute"
-      g1 timeout 90 python3 -m transit_launch run --policy base -- python3 bench/lifetime_probe.py --mode discard \
-          --out "$OUT/probe_discard.json" -- $p > "$OUT/probe_discard.log" 2>&1
-      g1 timeout 80 python3 bench/lifetime_probe.py --mode empty-cache --out "$OUT/probe_empty_cache.json" -- $p \
-          > "$OUT/probe_empty_cache.log" 2>&1
+      lifetime_probes g1
     ) &
     wait
     for f in ac12 noac12 peers_ac1; do echo "== $f"; cut -c1-330 "$OUT/$f.log"; done
@@ -291,11 +291,7 @@ peers-next)       # issue 20, what the 2026-11-30 runs left, on x2 (about 9 minu
     ;;
 probe-next)       # one GPU, about 3 minutes: the lifetime probe's discard on a stream the batch API takes
                   # (the 2026-11-30 run passed PyTorch's legacy NULL stream and got cudaErrorInvalidValue)
-    p="--seq-len 8192 --batch 2 --accum 1 --no-recompute"
-    timeout 90 python3 -m transit_launch run --policy base -- python3 bench/lifetime_probe.py --mode discard \
-        --out "$OUT/probe_discard.json" -- $p > "$OUT/probe_discard.log" 2>&1
-    timeout 80 python3 bench/lifetime_probe.py --mode empty-cache --out "$OUT/probe_empty_cache.json" -- $p \
-        > "$OUT/probe_empty_cache.log" 2>&1
+    lifetime_probes
     grep -h '"probed": true' "$OUT"/probe_*.log | cut -c1-400
     ;;
 *)

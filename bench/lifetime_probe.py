@@ -81,12 +81,7 @@ class Probe:
     def __init__(self, a):
         self.a, self.step, self.recs, self.cur = a, 0, [], []  # cur: discarded this step
         self.t_last = None
-
-    def side_stream(self):
-        import torch
-        if getattr(self, "_side", None) is None:
-            self._side = torch.cuda.Stream()
-        return self._side
+        self.side = None  # a stream for the discard when the compute stream is the legacy NULL stream
 
     def probed(self):
         return self.a.warmup < self.step + 1 <= self.a.warmup + self.a.probe
@@ -118,7 +113,9 @@ class Probe:
                 # 2026-11-30 run got from PyTorch's default stream), so the discard goes on a
                 # stream ordered after everything enqueued so far, and the compute stream after it
                 cur = torch.cuda.current_stream()
-                side = cur if cur.cuda_stream else self.side_stream()
+                if not cur.cuda_stream and self.side is None:
+                    self.side = torch.cuda.Stream()
+                side = cur if cur.cuda_stream else self.side
                 side.wait_stream(cur)
                 rt = cudart()
                 rt.cudaMemDiscardBatchAsync.restype = ctypes.c_int

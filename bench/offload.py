@@ -336,8 +336,9 @@ def targets(rows):
         pick = speed if norm else (lambda x: x["tflops"])
         # a peer that needs more GPU memory than the budget does not run on the smaller GPU:
         # shown, but not a comparison at the same budget
-        over = {x["name"]: x for x in ok if x["accum"] == accum and x["name"] in PEERS and x["within_budget"] is False}
-        peers = {x["name"]: pick(x) for x in ok if x["accum"] == accum and x["name"] in PEERS and x["name"] not in over}
+        at = [x for x in ok if x["accum"] == accum and x["name"] in PEERS]
+        over = {x["name"]: x for x in at if x["within_budget"] is False}
+        peers = {x["name"]: pick(x) for x in at if x["within_budget"] is not False}
         mine = pick(b)
         vs = "; ".join(filter(None, [", ".join(f"{mine / t:.2f}x {n}" for n, t in sorted(peers.items())), *(
             f"{n} over the budget ({x['max_reserved_gb']:.2f} GB reserved; {mine / pick(x):.2f}x)"
