@@ -87,6 +87,10 @@ def run_layout(a, ngpus, accum, policy, budget):
          "sent_gb_per_gpu_planner": predicted_sent_bytes(a, ngpus, accum) / 1e9}
     if rc:
         r["stderr_tail"] = err[-2500:]
+        # a rank's own last words (an uncaught C++ exception before SIGABRT, a Python error)
+        # come before torchrun's summary, which can fill the tail
+        r["stderr_errors"] = [line for line in err.splitlines()
+                              if any(k in line for k in ("terminate called", "what():", "Error", "error:", "Assertion"))][:20]
     return r
 
 
@@ -135,7 +139,7 @@ def main():
               f"{r['max_reserved_gb'] or 0:>11.2f} {off:>17} "
               f"{r['sent_gb_per_gpu_measured']:>17.2f}, {r['sent_gb_per_gpu_planner']:.2f}")
         if r["rc"]:
-            print(r.get("stderr_tail", "")[-600:], file=sys.stderr)
+            print("\n".join(r.get("stderr_errors", [])), r.get("stderr_tail", "")[-600:], sep="\n", file=sys.stderr)
     if "pct_of_full_per_gpu" in half:
         print(f"scaled-in per-GPU TFLOPS: {half['pct_of_full_per_gpu']:.1f}% of the full layout's "
               f"(the paper keeps > 90% at half the GPUs); full layout fits the emulated GPU: {full['fits_emulated_gpu']}")
