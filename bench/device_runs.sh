@@ -294,8 +294,33 @@ probe-next)       # one GPU, about 3 minutes: the lifetime probe's discard on a 
     lifetime_probes
     grep -h '"probed": true' "$OUT"/probe_*.log | cut -c1-400
     ;;
+paths)            # one GPU, about 4 minutes (issue 20): how the AdamW state can cross PCIe beside compute
+                  # (bench/state_paths.py), and where advise-overlap's extra reserved memory comes from
+                  # (bench/memory_streams.py, advise against advise-overlap, one microbatch, no budget)
+    timeout 150 python3 bench/state_paths.py --params 1024 --out "$OUT/state_paths.json" 2>&1 | tail -8
+    for v in advise overlap; do
+        TRANSIT_OVERLAP_STEP=$([ $v = overlap ] && echo 1) timeout 120 python3 -m transit_launch run --policy advise \
+            -- python3 bench/memory_streams.py --out "$OUT/streams_$v.json" -- --seq-len 8192 --batch 2 --accum 1 \
+            --steps 6 2>&1 | grep -E "memory_streams|overlapping|Error|error" | cut -c1-300
+    done
+    ;;
+paths-2)          # x2, about 7 minutes (issue 20): the state's copy paths beside compute (staged through
+                  # torch's copy_, cudaMemcpyBatchAsync asking for copy engines, and pinned host memory), alone
+                  # on GPU0; then the overlapped step without its 0.53 GB checksum temporaries, under each
+                  # point's own budget, at 3 and 1 microbatches: GPU0 with recomputation, GPU1 without
+    g0 timeout 150 python3 bench/state_paths.py --params 1024 --reps 3 --out "$OUT/state_paths_2.json" 2>&1 | tail -9
+    for g in 0 1; do
+        m=$([ $g = 1 ] && echo --model=--no-recompute)
+        ( export CUDA_VISIBLE_DEVICES=$g
+          taskset -c $((g * half))-$((g * half + half - 1)) timeout 400 python3 bench/offload.py \
+              --set reference,advise,advise-overlap --accum 3,1 --steps 11 --warmup 3 --timeout 120 --deadline 330 \
+              --gpu $g $m --out "$OUT/overlap_fixed_$g.json" 2>&1 | cut -c1-300 ) > "$OUT/lane$g.txt" &
+    done
+    wait
+    cat "$OUT"/lane*.txt
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2" >&2
     exit 2 ;;
 esac
 done

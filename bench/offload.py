@@ -68,8 +68,8 @@ def parse():
     ap.add_argument("--steps", type=int, default=13)
     ap.add_argument("--warmup", type=int, default=3, help="steps not measured")
     ap.add_argument("--budget", type=int, default=0,
-                    help="GPU budget in bytes (default: the first reference run's peak reserved minus the "
-                         "AdamW state bytes, so it follows the order of --accum; pass it for equal budgets)")
+                    help="GPU budget in bytes at every point (default: each point's own budget, its reference "
+                         "run's peak reserved minus the AdamW state bytes, as issue 20 defines it)")
     ap.add_argument("--slow-points", default="1", help="accum points at which base and prefetch also run")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: start no run after this")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
@@ -203,7 +203,8 @@ def measure(a):
         print(f"NVML unavailable ({e}); no PCIe or NVML memory figures", file=sys.stderr)
         meter = None
     results = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "seq_len": a.seq_len, "batch": a.batch,
-               "model": a.model, "runs": [], "budget_bytes": a.budget or None}
+               "model": a.model, "runs": [], "budget_bytes": a.budget or None,
+               "budgets": {}}  # accum -> that point's budget, from its reference (no --budget)
     t_start = time.time()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -216,14 +217,14 @@ def measure(a):
         if a.deadline and time.time() - t_start > a.deadline:
             print(f"deadline: skipping {name} at accum {accum}", file=sys.stderr)
             continue
-        budget = results["budget_bytes"]
+        budget = a.budget or results["budgets"].get(str(accum))
         if variant(name)[0] in ("base", "prefetch", "advise") and not budget:
-            print("no budget: run the reference first or pass --budget", file=sys.stderr)
+            print(f"no budget at accum {accum}: run the reference there first or pass --budget", file=sys.stderr)
             continue
         r = run_one(a, name, accum, budget, meter)
-        if name == "reference" and not results["budget_bytes"] and r.get("max_reserved_gb"):
-            # the optimizer states cannot stay: the reference's peak minus the AdamW bytes
-            results["budget_bytes"] = int(r["max_reserved_gb"] * 1e9 - 8 * r["params"])
+        if name == "reference" and not a.budget and r.get("max_reserved_gb"):
+            # the optimizer states cannot stay: this point's reference peak minus the AdamW bytes
+            results["budgets"][str(accum)] = int(r["max_reserved_gb"] * 1e9 - 8 * r["params"])
         results["runs"].append(r)
         print(json.dumps({k: v for k, v in r.items() if k not in ("losses", "step_times", "stderr_tail")}),
               flush=True)
@@ -236,7 +237,7 @@ def measure(a):
 
 
 def report(a):
-    by_key, budget, seq, first_ref = {}, None, None, {}
+    by_key, budgets, seq, first_ref, one_budget = {}, {}, None, {}, None
     for f in a.report:
         d = json.loads(Path(f).read_text())
         # Each run is compared with the reference measured in the same file (the same lease:
@@ -245,14 +246,19 @@ def report(a):
         own = {r["accum"]: r for r in d["runs"] if r["name"] == "reference" and r.get("tflops")}
         for k, v in own.items():
             first_ref.setdefault(k, v)
+        # a point's budget: the file's own for that point, else its one budget (older files
+        # and --budget), else another file's at that point, else the first one budget given
+        for k, v in d.get("budgets", {}).items():
+            budgets.setdefault(int(k), v)
         for r in d["runs"]:
             r["_ref"] = own.get(r["accum"])
+            r["_budget"] = d.get("budgets", {}).get(str(r["accum"])) or d.get("budget_bytes")
             # a later file's run replaces an earlier one of the same run and point, unless
             # the later one measured nothing (a rerun cut before its first measured step)
             old = by_key.get((r["name"], r["accum"]))
             if old is None or r.get("tflops") or not old.get("tflops"):
                 by_key[(r["name"], r["accum"])] = r
-        budget = budget or d.get("budget_bytes")
+        one_budget = one_budget or d.get("budget_bytes")
         seq = d.get("seq_len")
     runs = list(by_key.values())
     # a run cut by its timeout prints no summary: the model is the same in every run
@@ -269,6 +275,7 @@ def report(a):
             rows.append({**r, "status": why})
             continue
         base = r.pop("_ref", None) or first_ref.get(r["accum"])
+        budget = r.pop("_budget", None) or budgets.get(r["accum"]) or one_budget
         adam = 8 * r["params"]
         x = dict(r)
         x["offload_per_flop"] = adam / (6 * r["flop_params"] * r["tokens_per_step"])
@@ -309,9 +316,13 @@ def report(a):
     else:
         from transit_launch.table import table as render
         print(render(hdr, lines))
-    own = sorted({r["budget_bytes"] for r in runs if r.get("budget_bytes") and r["policy"] != "none"})
-    print((f"budget: {budget / 1e9:.2f} GB (the peers' check)" if budget else "budget: unknown") +
-          (f"; transit runs under their file's budget: {', '.join(f'{b / 1e9:.2f}' for b in own)} GB" if own else "") +
+    own = {}
+    for x in rows:
+        if x.get("budget_bytes") and x["policy"] != "none":
+            own.setdefault(x["accum"], set()).add(x["budget_bytes"])
+    print("GPU budget (transit runs: the shim's; peers: their peak reserved must fit): " +
+          ("; ".join(f"accum {k}: " + ", ".join(f"{b / 1e9:.2f}" for b in sorted(v)) + " GB"
+                     for k, v in sorted(own.items())) or "unknown") +
           f"; sequence length {seq}; paper ratio {PAPER_RATIO:.2e} bytes/FLOP")
     targets(rows)
     if a.plot:

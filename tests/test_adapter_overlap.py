@@ -406,6 +406,21 @@ def test_clipping_that_starts_after_learning_is_reported(T, capsys):
     assert "so it is not bit-identical" in err
 
 
+def test_the_checksum_sums_in_chunks_and_sees_one_changed_bit(T):
+    """A gradient longer than DIGEST_CHUNK is summed in chunks (no int64 copy of the whole
+    gradient stays cached: the 0.53 GB advise-overlap reserved on the H200); the chunked sum
+    equals the whole one and still changes with a single flipped bit."""
+    import torch
+    g = torch.randn(2 * T.DIGEST_CHUNK + 12345)
+    whole = g.view(torch.int32).sum(dtype=torch.int64)
+    assert torch.equal(T._digest(g), whole)
+    flipped = g.clone()
+    flipped.view(torch.int32)[T.DIGEST_CHUNK + 7] ^= 1
+    assert not torch.equal(T._digest(flipped), whole)
+    small = torch.randn(100)
+    assert torch.equal(T._digest(small), small.view(torch.int32).sum(dtype=torch.int64))
+
+
 @pytest.mark.parametrize("breakage", ["update-before-the-last-backward", "step-does-not-skip-what-was-done"])
 def test_a_broken_overlap_is_caught_by_the_comparison(T, monkeypatch, breakage):
     """The bit-identity checks above are not vacuous: updating at the first of two backwards,
@@ -525,3 +540,30 @@ def test_the_gate_runs_advise_overlap_with_the_switch(monkeypatch):
     assert offload.variant("advise-overlap") == ("advise", {"TRANSIT_OVERLAP_STEP": "1"})
     assert offload.variant("advise") == ("advise", {}) and offload.variant("zero-offload") == (None, {})
     assert "advise-overlap" in offload.expand("transit")
+
+
+def test_the_gate_budgets_each_point_from_its_own_reference(monkeypatch, tmp_path):
+    """Issue 20 defines the budget as the run's peak reserved less the optimizer state: the
+    3-microbatch point holds more gradients than the 1-microbatch one, so each point's transit
+    runs get the budget of the reference measured at that point (not the first point's)."""
+    from tests.conftest import ROOT
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.setattr(sys, "argv", ["offload.py"])
+    offload = importlib.import_module("offload")
+    seen = []
+
+    def fake(a, name, accum, budget, meter):
+        seen.append((name, accum, budget))
+        return {"name": name, "accum": accum, "rc": 0, "params": 10**9, "policy": "none",
+                "max_reserved_gb": {1: 26.42, 3: 27.16}[accum]}
+    monkeypatch.setattr(offload, "run_one", fake)
+    monkeypatch.setattr(offload, "GpuMeter", None)  # no NVML here: the meter is skipped
+    args = ["--set", "reference,advise", "--accum", "1,3", "--out", str(tmp_path / "o.json")]
+    monkeypatch.setattr(sys, "argv", ["offload.py", *args])
+    res = offload.measure(offload.parse())
+    assert [s for s in seen if s[0] == "advise"] == [("advise", 1, 18_420_000_000), ("advise", 3, 19_160_000_000)]
+    assert res["budgets"] == {"1": 18_420_000_000, "3": 19_160_000_000}
+    monkeypatch.setattr(sys, "argv", ["offload.py", *args, "--budget", "5"])
+    seen.clear()
+    offload.measure(offload.parse())
+    assert [s[2] for s in seen if s[0] == "advise"] == [5, 5]

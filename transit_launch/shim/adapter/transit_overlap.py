@@ -30,6 +30,7 @@ OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STE
 # "1": early updates on a side stream, concurrent with backward; "serial": the same early
 # updates on the current stream (a diagnostic: the same order and bytes without concurrency)
 MODES = ("1", "serial")
+DIGEST_CHUNK = 1 << 20  # elements a checksum sums at once (its int64 temporary: 8 MiB)
 LEARN = 2  # steps with the same backward pattern before the first overlapped one
 # torch.optim classes whose update is elementwise per parameter (exact classes: a subclass
 # may change step), and the qualified name of their undecorated step function.
@@ -56,7 +57,16 @@ def _digest(g):
 
     t = _local(g).detach()
     ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
-    return t.view(ints).sum(dtype=torch.int64)
+    t = t.view(ints)
+    if not t.is_contiguous() or t.numel() <= DIGEST_CHUNK:
+        return t.sum(dtype=torch.int64)
+    # In chunks: the sum casts its input to int64 first, and a whole gradient's copy (0.53 GB
+    # for the 1.0 B trainer's embedding) stayed cached in the pool of the stream the hook
+    # runs on (FSDP2's reduce-scatter stream), which the exact GPU budget then paid for with
+    # hot data on the host (measured: bench/memory_streams.py, bench/RESULTS.md).
+    flat = t.view(-1)
+    return torch.stack([flat[i:i + DIGEST_CHUNK].sum(dtype=torch.int64)
+                        for i in range(0, flat.numel(), DIGEST_CHUNK)]).sum()
 
 
 def _version(g):
