@@ -319,8 +319,64 @@ paths-2)          # x2, about 7 minutes (issue 20): the state's copy paths besid
     wait
     cat "$OUT"/lane*.txt
     ;;
+staged)           # x2, about 9 minutes (issue 20): the overlapped step with its state staged through the
+                  # copy engines (TRANSIT_OVERLAP_STEP=staged) against advise and the early updates reading the state in place. GPU0: the
+                  # losses with deterministic kernels, then the curve at 3 and 1 microbatches with recomputation;
+                  # GPU1: the curve without recomputation, then 12 microbatches with recomputation
+    c="--set reference,advise,advise-staged,advise-overlap --steps 11 --warmup 3 --timeout 120"
+    ( g0 timeout 200 python3 bench/offload.py --set reference,advise,advise-staged --model=--deterministic \
+          --seq-len 2048 --accum 4 --steps 8 --warmup 3 --timeout 60 --gpu 0 --out "$OUT/staged_losses.json" \
+          > "$OUT/losses.log" 2>&1
+      g0 timeout 330 python3 bench/offload.py $c --accum 3,1 --gpu 0 --deadline 280 --out "$OUT/staged_ac.json" \
+          > "$OUT/ac.log" 2>&1 ) &
+    ( g1 timeout 290 python3 bench/offload.py $c --accum 3,1 --model=--no-recompute --gpu 1 --deadline 240 \
+          --out "$OUT/staged_noac.json" > "$OUT/noac.log" 2>&1
+      g1 timeout 250 python3 bench/offload.py --set reference,advise,advise-staged --accum 12 --steps 9 --warmup 3 \
+          --timeout 90 --deadline 180 --gpu 1 --out "$OUT/staged_ac12.json" > "$OUT/ac12.log" 2>&1 ) &
+    wait
+    for f in losses ac noac ac12; do echo "== $f"; cut -c1-420 "$OUT/$f.log"; done
+    ;;
+staged-2)         # x2, about 7 minutes (issue 20). GPU0: why the staged step is slower: its CPU time and its
+                  # waits for copies (printed at exit), and the same with 16 GiB in flight (the CPU never waits),
+                  # without recomputation (no hot data on the host) at 1 and 3 microbatches, then with it at 1;
+                  # GPU1: ZenFlow at 1 (room for DeepSpeed's JIT build), then Twin-Flow at 3, with recomputation
+    ( g0 timeout 260 python3 bench/offload.py --set reference,advise-overlap,advise-staged,advise-stagedwide \
+          --accum 1,3 --model=--no-recompute --steps 11 --warmup 3 --timeout 90 --deadline 220 --gpu 0 \
+          --out "$OUT/staged2_noac.json" > "$OUT/noac.log" 2>&1
+      g0 timeout 120 python3 bench/offload.py --set reference,advise-stagedwide --accum 1 --steps 11 --warmup 3 \
+          --timeout 55 --gpu 0 --out "$OUT/staged2_ac.json" > "$OUT/ac.log" 2>&1 ) &
+    ( g1 timeout 260 python3 bench/offload.py --set reference,zenflow --accum 1 --steps 13 --warmup 3 --timeout 220 \
+          --gpu 1 --out "$OUT/zenflow_ac.json" > "$OUT/zenflow.log" 2>&1
+      g1 timeout 150 python3 bench/offload.py --set reference,zero-twinflow --accum 3 --steps 10 --warmup 3 \
+          --timeout 110 --gpu 1 --out "$OUT/twinflow_ac3.json" > "$OUT/twinflow.log" 2>&1 ) &
+    wait
+    for f in noac ac zenflow twinflow; do echo "== $f"; cut -c1-300 "$OUT/$f.log"; done
+    python3 -c "
+import json, sys
+for f in sys.argv[1:]:
+    for r in json.load(open(f))['runs']:
+        print(f.split('/')[-1], r['name'], r['accum'], r.get('median_step_s'), r.get('max_reserved_gb'), r.get('adapter_log')[-1:],
+              (r.get('stderr_tail') or '')[-300:])" "$OUT"/staged2_*.json "$OUT"/zenflow_ac.json "$OUT"/twinflow_ac3.json
+    ;;
+staged-3)         # x2, about 5 minutes (issue 20): the staged step in batches (one staged step for several
+                  # parameters) against the zero-copy early updates. GPU0 without recomputation, then the GPU tests
+                  # of both overlap modes (bit-identical losses); GPU1 with recomputation; 3 and 1 microbatches
+    c="--set reference,advise-overlap,advise-staged --accum 3,1 --steps 10 --warmup 3 --timeout 70"
+    ( g0 timeout 170 python3 bench/offload.py $c --model=--no-recompute --deadline 140 --gpu 0 \
+          --out "$OUT/staged3_noac.json" > "$OUT/noac.log" 2>&1
+      g0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k overlapped > "$OUT/gpu_tests.log" 2>&1 ) &
+    g1 timeout 270 python3 bench/offload.py $c --deadline 220 --gpu 1 --out "$OUT/staged3_ac.json" > "$OUT/ac.log" 2>&1 &
+    wait
+    tail -5 "$OUT/gpu_tests.log"
+    python3 -c "
+import json, sys
+for f in sys.argv[1:]:
+    for r in json.load(open(f))['runs']:
+        print(f.split('/')[-1], r['name'], r['accum'], r.get('median_step_s'), r.get('max_reserved_gb'), r.get('adapter_log')[-1:],
+              (r.get('stderr_tail') or '')[-300:])" "$OUT"/staged3_*.json
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3" >&2
     exit 2 ;;
 esac
 done

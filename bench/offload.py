@@ -40,6 +40,9 @@ TRANSIT = ("off", "base", "prefetch", "advise")
 # a transit run named POLICY-SUFFIX: the policy with the adapter's experiment switched on
 VARIANTS = {"stage": {ENV["STAGE"]: "1"},              # experimental staging (docs/lifetime-policy.md)
             "overlap": {ENV["OVERLAP_STEP"]: "1"},     # the optimizer step overlapped with backward
+            "staged": {ENV["OVERLAP_STEP"]: "staged"},  # its state staged through the copy engines
+            # staged with 16 GiB in flight: the CPU never waits for copies (a diagnostic)
+            "stagedwide": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(16 << 30)},
             "serial": {ENV["OVERLAP_STEP"]: "serial"}}  # its early updates without the side stream
 PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "deepspeed", "--zero", "offload"],
          "zero-infinity": ["--engine", "deepspeed", "--zero", "infinity"],

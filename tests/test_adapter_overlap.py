@@ -99,9 +99,10 @@ def same(a, b):
     return a == b
 
 
-def overlapped(T, make_opt, **kw):
-    """(the normal run, the overlapped run, the driver)."""
-    ov = T.Overlap()
+def overlapped(T, make_opt, staged=False, **kw):
+    """(the normal run, the overlapped run, the driver); staged: TRANSIT_OVERLAP_STEP=staged
+    (on CPU tensors the same swap of the state through copies, without streams)."""
+    ov = T.Overlap(staged=staged)
     return train(make_opt, **kw), train(make_opt, ov, **kw), ov
 
 
@@ -129,6 +130,46 @@ def test_overlapped_step_is_bit_identical(T, path, micro, capsys):
     assert same(normal, over)
     assert ov.early == 4 * (STEPS - 3)  # every parameter of the last 3 steps was updated during backward
     assert f"{micro} backward(s) a step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("micro", [1, 3])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_staged_early_updates_are_bit_identical(T, path, micro):
+    """Every early update runs torch's step on copies of the parameter's state, which go back
+    to the state's own tensors after it: parameters, state and losses equal the normal run."""
+    normal, over, ov = overlapped(T, PATHS[path], staged=True, micro=micro)
+    assert same(normal, over)
+    # plain SGD keeps no state: nothing to stage, its updates run in place
+    assert ov.early == 4 * (STEPS - 3) and ov.staging.staged == (0 if path == "sgd" else ov.early)
+
+
+@pytest.mark.parametrize("inflight", [None, "2048"])
+def test_staged_updates_in_batches(T, monkeypatch, inflight):
+    """Staged updates of a group wait for one another until a batch's state bytes (a quarter
+    of TRANSIT_OVERLAP_INFLIGHT) are pending; the rest are made when backward ends. Backward
+    finalizes the MLP's last bias (32 bytes of AdamW state), last weight (512), first bias
+    (128), first weight (1024): at 2048 bytes in flight two batches of two fill during
+    backward; by default (1 GiB) all four wait for its end."""
+    if inflight:
+        monkeypatch.setenv(T._staging_module().INFLIGHT_ENV, inflight)
+    calls = []
+    flush, flush_all = T.Overlap._flush, T.Overlap._flush_all
+    monkeypatch.setattr(T.Overlap, "_flush", lambda self, plan, gi: (calls.append(len(plan.pending.get(gi, []))),
+                                                                   flush(self, plan, gi)))
+    monkeypatch.setattr(T.Overlap, "_flush_all", lambda self, plan: (calls.append("end"), flush_all(self, plan)))
+    normal, over, ov = overlapped(T, PATHS["adamw-foreach"], staged=True, micro=2)
+    assert same(normal, over) and ov.early == 12 and ov.staging.staged == 12
+    assert calls == (["end", 4] * 3 if not inflight else [2, 2] * 3)
+
+
+def test_a_broken_staging_is_caught_by_the_comparison(T, monkeypatch):
+    """Not vacuous: staged updates whose copies are not written back change the result."""
+    st = T._staging_module()
+    monkeypatch.setattr(st.Staging, "update",
+                        lambda self, opt, items, step: step({p: {k: opt.state[p][k].clone() for k in keys}
+                                                             for p, keys in items}))
+    normal, over, ov = overlapped(T, PATHS["adamw-foreach"], staged=True, micro=2)
+    assert ov.early > 0 and not same(normal[1], over[1])
 
 
 def test_lr_scheduler_state_dict_and_zero_grad_stay_exact(T, capsys):
@@ -194,6 +235,13 @@ def test_fsdp2_sharded_parameters_after_their_reduce_scatter(T, gloo, foreach):
     normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2, weight_decay=0.1, foreach=foreach),
                                   model=fsdp_mlp, micro=2)
     assert same(normal, over) and ov.early == 12
+
+
+def test_staged_updates_of_fsdp2_dtensor_states(T, gloo):
+    """Under FSDP2 the staged copies are wrapped as DTensors like the state they stand for."""
+    normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2, weight_decay=0.1, foreach=True),
+                                  model=fsdp_mlp, micro=2, staged=True)
+    assert same(normal, over) and ov.early == 12 and ov.staging.staged == 12
 
 
 # --- what falls back --------------------------------------------------------------------------
@@ -464,6 +512,7 @@ class Api:
 
 def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
+    assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
     monkeypatch.delenv(T.OVERLAP_ENV, raising=False)
@@ -471,9 +520,13 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     monkeypatch.setenv(T.OVERLAP_ENV, "1")
     hooks = site._Hooks(Api())
     assert type(hooks.overlap).__name__ == "Overlap" and hooks.overlap.ours == [hooks.post_step]
-    assert hooks.overlap.side_stream
+    assert hooks.overlap.side_stream and hooks.overlap.staging is None  # reading the state where it is
+    monkeypatch.setenv(T.OVERLAP_ENV, "staged")  # the experiment: the state staged through the copy engines
+    ov = site._Hooks(Api()).overlap
+    assert ov.side_stream and ov.staging is not None
     monkeypatch.setenv(T.OVERLAP_ENV, "serial")  # the diagnostic: early updates without the side stream
-    assert site._Hooks(Api()).overlap.side_stream is False
+    ov = site._Hooks(Api()).overlap
+    assert ov.side_stream is False and ov.staging is None
     monkeypatch.setenv(T.OVERLAP_ENV, "yes")  # anything else leaves the step alone
     assert site._Hooks(Api()).overlap is None
     sys.modules.pop("transit_overlap", None)

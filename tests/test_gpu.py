@@ -90,3 +90,19 @@ def test_staging_keeps_losses_and_budget(reference, tmp_path):
     s = stats[0]
     assert s["staging"]["enabled"] == 1 and runmod.budget_held(s), s
     assert "staging disabled" not in err
+
+
+@pytest.mark.parametrize("mode", ["1", "staged"])
+def test_overlapped_step_is_bit_identical_on_the_gpu(reference, tmp_path, mode):
+    """TRANSIT_OVERLAP_STEP: with deterministic kernels the losses equal the reference's bit
+    for bit (the early updates are torch's own step; staged ones on exact copies), under the
+    offload gate's budget, and the adapter says the overlap engaged (staged: the state moved
+    to pinned host memory)."""
+    budget = int(reference["max_reserved_gb"] * 1e9) - 8 * reference["params"]
+    steps, summary, stats, err = run_trainer(tmp_path, "advise", budget, TRANSIT_OVERLAP_STEP=mode)
+    assert [s["loss"] for s in steps] == reference["losses"]
+    assert "overlapping AdamW's step with backward" in err and "step overlap off" not in err, err[-2000:]
+    assert ("moved to pinned host memory" in err) == (mode == "staged")
+    if mode == "staged":
+        assert "staged early updates" in err
+    assert runmod.budget_held(stats[0]), stats[0]

@@ -27,9 +27,11 @@ import threading
 import weakref
 
 OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STEP"]; a test keeps them equal
-# "1": early updates on a side stream, concurrent with backward; "serial": the same early
-# updates on the current stream (a diagnostic: the same order and bytes without concurrency)
-MODES = ("1", "serial")
+# "1": early updates on a side stream beside backward, reading the state where it is (over
+# PCIe under advise); "staged": their state staged through the copy engines instead
+# (transit_staging.py; an experiment, measured slower); "serial": the early updates on the
+# current stream (a diagnostic: the same order and bytes without concurrency)
+MODES = ("1", "staged", "serial")
 DIGEST_CHUNK = 1 << 20  # elements a checksum sums at once (its int64 temporary: 8 MiB)
 LEARN = 2  # steps with the same backward pattern before the first overlapped one
 # torch.optim classes whose update is elementwise per parameter (exact classes: a subclass
@@ -39,6 +41,20 @@ KNOWN = {("torch.optim.adam", "Adam"): "Adam.step", ("torch.optim.adamw", "AdamW
 CHANGED_GRAD = ("the gradient of a parameter changed between its last backward and the step (gradient "
                 "clipping, GradScaler.unscale_, a data-parallel reduction or another in-place change)")
 CHANGED_PARAM = "a parameter was changed in place between backward and the step (a weight constraint?)"
+
+
+def _staging_module():
+    """transit_staging.py beside this file (the adapter directory need not be on sys.path)."""
+    import importlib.util
+    import os
+
+    name = "transit_staging"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[name] = mod
+    return sys.modules[name]
 
 
 def _say(msg):
@@ -205,6 +221,7 @@ class _Plan:
         self.devices = set()    # devices whose side stream holds early updates of this step
         self.hidden = []        # (param, grad) hidden from the step
         self.task = None        # the last backward (autograd graph task) its hooks ran in
+        self.pending = {}       # group index -> [(_Param, param, state keys)] of staged updates not yet made
 
 
 class Overlap:
@@ -212,9 +229,10 @@ class Overlap:
     on every parameter of an adopted optimizer (on FSDP2's sharded parameters FSDP2 calls it
     after the reduce-scatter)."""
 
-    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True):
+    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True, staged=False):
         self.stage_enabled = stage_enabled
         self.side_stream = side_stream
+        self.staging = _staging_module().Staging() if staged else None
         self.ours = list(ours)  # the adapter's other step hooks: not foreign
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
         self.recs = {}          # id(param) -> _Param of a hooked parameter
@@ -242,6 +260,8 @@ class Overlap:
 
     def pre_step(self, opt, args, kwargs):
         plan = self.plans.get(opt)
+        if plan is not None:
+            plan.pending = {}  # staged updates not made by the end of backward: the step makes them
         try:
             if plan is None:
                 self._adopt(opt)
@@ -267,6 +287,11 @@ class Overlap:
             plan.hyper = {}
             if plan.phase == "off":
                 self._unhook(plan)  # here, not in a gradient hook: FSDP2 iterates the hook dict
+            elif self.staging:
+                moved = self.staging.home(opt)  # new states (the first step, a loaded state_dict) go home
+                if moved:
+                    _say(f"{plan.name}'s state ({moved / 1e9:.2f} GB) moved to pinned host memory: its early "
+                         "updates stage it through the copy engines")
         except Exception as e:
             self._turn_off(plan, f"an error in its step hook: {e!r}")
 
@@ -458,6 +483,9 @@ class Overlap:
 
     def _backward_ended(self):
         fired, self.fired, self.task = self.fired, [], None
+        for plan in {rec.plan for rec in fired}:
+            if plan.pending:
+                self._flush_all(plan)  # before the versions below: an update bumps its parameter's
         for rec in fired:
             try:
                 g = rec.param.grad
@@ -480,6 +508,12 @@ class Overlap:
         group = opt.param_groups[rec.gi]
         plan.hyper.setdefault(rec.gi, _hyper(group))
         local = _local(p)
+        keys = self.staging.stageable(opt, p) if self.staging else None
+        if keys is not None:
+            if local.is_cuda and torch.cuda.is_current_stream_capturing():
+                return  # inside a CUDA graph capture: leave it to the step
+            self._defer(plan, rec, p, keys)
+            return
         if local.is_cuda:
             if torch.cuda.is_current_stream_capturing():
                 return  # inside a CUDA graph capture: leave it to the step
@@ -501,22 +535,71 @@ class Overlap:
         rec.done = True
         self.early += 1
 
-    def _step_only(self, plan, group, p):
+    def _defer(self, plan, rec, p, keys):
+        """A staged update waits for others of its group: one staged step for several
+        parameters costs the CPU about what one costs (torch's dispatch, the copies' calls),
+        and the CPU time of 147 single ones delayed backward's launches (bench/RESULTS.md)."""
+        batch = plan.pending.setdefault(rec.gi, [])
+        batch.append((rec, p, keys))
+        if self.staging.batch_full(plan.opt(), batch):
+            self._flush(plan, rec.gi)
+
+    def _flush(self, plan, gi):
+        """The pending staged updates of a param group, as one step on their staged state."""
+        batch = plan.pending.pop(gi, [])
+        if not batch or plan.phase == "off" or plan.opt() is None:
+            return  # not done: the step updates them
         opt = plan.opt()
+        group = opt.param_groups[gi]
+        ps = [p for _, p, _ in batch]
+        ran = []
+
+        def step(swaps):
+            self._step_only(plan, group, ps, swaps)
+            ran.append(True)
+            for rec, _, _ in batch:  # updated: the step must skip them, whatever follows
+                rec.done = True
+                self.early += 1
+        self.staging.update(opt, [(p, keys) for _, p, keys in batch], step)
+        local = _local(ps[0])
+        if ran and local.is_cuda:
+            plan.devices.add(local.device)
+
+    def _flush_all(self, plan):
+        try:
+            for gi in list(plan.pending):
+                self._flush(plan, gi)
+        except Exception as e:  # raised here it would end the application's backward()
+            plan.pending = {}
+            self._turn_off(plan, f"an error in a staged update: {e!r}")
+
+    def _step_only(self, plan, group, ps, swaps=None):
+        """torch's step on the parameters ps (one, or a batch) alone; swaps: for each of
+        them, state entries it uses instead of its own (staged copies), put back after."""
+        opt = plan.opt()
+        ps = ps if isinstance(ps, list) else [ps]
         with self.lock:
             groups = opt.param_groups
-            opt.param_groups = [dict(group, params=[p])]  # same hyper-parameters and path, one parameter
+            opt.param_groups = [dict(group, params=ps)]  # same hyper-parameters and path, these parameters
+            saved = [(opt.state[p], {k: opt.state[p][k] for k in sw}) for p, sw in (swaps or {}).items()]
+            for p, sw in (swaps or {}).items():  # (opt.state is a defaultdict: entries only for swaps)
+                opt.state[p].update(sw)
             try:
                 plan.raw(opt)
             finally:
                 opt.param_groups = groups
+                for state, old in saved:
+                    state.update(old)
 
     def _sync(self, plan):
         if plan.devices:
             import torch
 
             for dev in plan.devices:
-                torch.cuda.current_stream(dev).wait_stream(self.streams[dev])
+                if dev in self.streams:
+                    torch.cuda.current_stream(dev).wait_stream(self.streams[dev])
+                if self.staging:
+                    self.staging.wait(dev)
             plan.devices = set()
 
     def _hide_done(self, plan):
