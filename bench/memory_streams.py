@@ -63,6 +63,9 @@ def main():
     args = a.trainer_args[1:] if a.trainer_args[:1] == ["--"] else a.trainer_args
     import torch
 
+    if not torch.cuda.is_available():
+        print("memory_streams: no GPU (it records the CUDA caching allocator)", file=sys.stderr)
+        sys.exit(2)
     torch.cuda.memory._record_memory_history(max_entries=200000)
 
     def dump():

@@ -213,6 +213,9 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    if min(a.params, a.chunk, a.slots, a.gemm, a.reps) < 1:
+        print("state_paths: --params, --chunk, --slots, --gemm and --reps must be at least 1", file=sys.stderr)
+        sys.exit(2)
     if not torch.cuda.is_available():
         print("state_paths: no GPU", file=sys.stderr)
         sys.exit(2)

@@ -620,3 +620,19 @@ def test_the_gate_budgets_each_point_from_its_own_reference(monkeypatch, tmp_pat
     seen.clear()
     offload.measure(offload.parse())
     assert [s[2] for s in seen if s[0] == "advise"] == [5, 5]
+
+
+@pytest.mark.parametrize("script,args", [("state_paths.py", []), ("state_paths.py", ["--params", "0"]),
+                                         ("memory_streams.py", ["--out", "x.json", "--", "--steps", "1"])])
+def test_gpu_benches_say_one_line_without_a_gpu(script, args, tmp_path):
+    """bench/state_paths.py and bench/memory_streams.py (issue 20's measurements) refuse bad
+    arguments and a machine without a GPU with one line and exit 2, not a traceback."""
+    import subprocess
+    from tests.conftest import ROOT
+    import torch
+    if torch.cuda.is_available() and not args[1:2] == ["0"]:
+        pytest.skip("a GPU is present: the bench would run")
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "Traceback" not in res.stderr
