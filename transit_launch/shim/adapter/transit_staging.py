@@ -229,7 +229,7 @@ class Staging:
             self.wait_s += time.perf_counter() - t0
 
     def report(self):
-        if self.staged:
+        if self.staged and self.streams:  # staged on a GPU (the CPU path is for tests)
             print(f"transit adapter: {self.staged} staged early updates; the CPU spent {self.cpu_s:.3f} s in them, "
                   f"{self.wait_s:.3f} s of it waiting for copies (at most {self.limit / 2**20:.0f} MiB in flight)",
                   file=sys.stderr, flush=True)
