@@ -336,7 +336,7 @@ staged)           # x2, about 9 minutes (issue 20): the overlapped step with its
     wait
     for f in losses ac noac ac12; do echo "== $f"; cut -c1-420 "$OUT/$f.log"; done
     ;;
-staged-2)         # x2, about 7 minutes (issue 20). GPU0: why the staged step is slower: its CPU time and its
+staged-2)         # x2, about 7 minutes (issue 20; its GPU1 lane failed on 2026-11-30: .whl was not carried). GPU0: why the staged step is slower: its CPU time and its
                   # waits for copies (printed at exit), and the same with 16 GiB in flight (the CPU never waits),
                   # without recomputation (no hot data on the host) at 1 and 3 microbatches, then with it at 1;
                   # GPU1: ZenFlow at 1 (room for DeepSpeed's JIT build), then Twin-Flow at 3, with recomputation
@@ -375,8 +375,28 @@ for f in sys.argv[1:]:
         print(f.split('/')[-1], r['name'], r['accum'], r.get('median_step_s'), r.get('max_reserved_gb'), r.get('adapter_log')[-1:],
               (r.get('stderr_tail') or '')[-300:])" "$OUT"/staged3_*.json
     ;;
+next-20)          # x2, about 8 minutes, CARRY .whl (the peers need DeepSpeed): what issue 20 left on
+                  # 2026-11-30. GPU0: one step's GPU timeline (bench/step_timeline.py) of advise, the overlap and
+                  # the staged overlap, without recomputation, one microbatch, under that point's budget (38.90 GB,
+                  # offload_overlap_fixed_noac_2026-11-30.json): when the staged copies run and what the compute
+                  # stream waits for. GPU1: ZenFlow at 1 microbatch (room for DeepSpeed's JIT build), Twin-Flow at 3
+    python3 -c "import deepspeed" 2>/dev/null || { echo "deepspeed missing: carry .whl (bench/fetch_wheels.sh)"; exit 2; }
+    ( for v in advise overlap staged; do
+          ov=$(case $v in overlap) echo 1;; staged) echo staged;; esac)
+          TRANSIT_OVERLAP_STEP=$ov g0 timeout 100 python3 -m transit_launch run --policy advise --gpu-budget 38903726080 \
+              -- python3 bench/step_timeline.py --step 6 --out "$OUT/timeline_$v.json" -- --seq-len 8192 --batch 2 \
+              --accum 1 --steps 7 --no-recompute > "$OUT/timeline_$v.log" 2>&1
+      done ) &
+    ( g1 timeout 260 python3 bench/offload.py --set reference,zenflow --accum 1 --steps 13 --warmup 3 --timeout 220 \
+          --gpu 1 --out "$OUT/zenflow_ac.json" > "$OUT/zenflow.log" 2>&1
+      g1 timeout 200 python3 bench/offload.py --set reference,zero-twinflow --accum 3 --steps 10 --warmup 3 \
+          --timeout 150 --gpu 1 --out "$OUT/twinflow_ac3.json" > "$OUT/twinflow.log" 2>&1 ) &
+    wait
+    for f in "$OUT"/timeline_*.log; do echo "== $f"; grep -v '^{' "$f" | tail -8; done
+    for f in zenflow twinflow; do echo "== $f"; cut -c1-300 "$OUT/$f.log"; done
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20" >&2
     exit 2 ;;
 esac
 done

@@ -623,16 +623,41 @@ def test_the_gate_budgets_each_point_from_its_own_reference(monkeypatch, tmp_pat
 
 
 @pytest.mark.parametrize("script,args", [("state_paths.py", []), ("state_paths.py", ["--params", "0"]),
-                                         ("memory_streams.py", ["--out", "x.json", "--", "--steps", "1"])])
+                                         ("memory_streams.py", ["--out", "x.json", "--", "--steps", "1"]),
+                                         ("step_timeline.py", ["--", "--steps", "1"]),
+                                         ("step_timeline.py", ["--step", "1"])])
 def test_gpu_benches_say_one_line_without_a_gpu(script, args, tmp_path):
-    """bench/state_paths.py and bench/memory_streams.py (issue 20's measurements) refuse bad
-    arguments and a machine without a GPU with one line and exit 2, not a traceback."""
+    """bench/state_paths.py, memory_streams.py and step_timeline.py (issue 20's measurements)
+    refuse bad arguments and a machine without a GPU with one line and exit 2, not a traceback."""
     import subprocess
     from tests.conftest import ROOT
     import torch
-    if torch.cuda.is_available() and not args[1:2] == ["0"]:
+    if torch.cuda.is_available() and args[1:2] not in (["0"], ["1"]):
         pytest.skip("a GPU is present: the bench would run")
     res = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_step_timeline_summary_of_a_trace(monkeypatch):
+    """bench/step_timeline.py's reduction of a Chrome trace: the compute stream (the most
+    kernel time), its idle gaps, and each copy direction's bytes, rate and time beside compute."""
+    from tests.conftest import ROOT
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    tl = importlib.import_module("step_timeline")
+
+    def ev(cat, name, ts, dur, stream, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream, **args}}
+    trace = {"traceEvents": [
+        ev("kernel", "gemm", 0, 10000, 7), ev("kernel", "gemm", 12000, 8000, 7),
+        ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 5000, 3000, 9, bytes=150_000_000),
+        ev("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 9000, 5000, 11, bytes=250_000_000),
+        ev("kernel", "adam", 14000, 500, 13), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]}
+    res = tl.summarize(trace)
+    assert res["compute_stream"] == "7" and res["window_ms"] == 20.0
+    assert res["compute_busy_ms"] == 18.0 and res["compute_idle_ms"] == 2.0 and res["compute_gaps_over_1ms"] == [2.0]
+    htod, dtoh = res["copies"]["htod"], res["copies"]["dtoh"]
+    assert (htod["bytes"], htod["busy_ms"], htod["beside_compute_ms"], htod["gb_per_s"]) == (150_000_000, 3.0, 3.0, 50.0)
+    assert (dtoh["busy_ms"], dtoh["beside_compute_ms"], dtoh["gb_per_s"]) == (5.0, 3.0, 50.0)
+    assert tl.summarize({"traceEvents": trace["traceEvents"][-1:]}) == {"error": "no GPU events in the trace"}
