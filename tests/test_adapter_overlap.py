@@ -661,3 +661,26 @@ def test_step_timeline_summary_of_a_trace(monkeypatch):
     assert (htod["bytes"], htod["busy_ms"], htod["beside_compute_ms"], htod["gb_per_s"]) == (150_000_000, 3.0, 3.0, 50.0)
     assert (dtoh["busy_ms"], dtoh["beside_compute_ms"], dtoh["gb_per_s"]) == (5.0, 3.0, 50.0)
     assert tl.summarize({"traceEvents": trace["traceEvents"][-1:]}) == {"error": "no GPU events in the trace"}
+
+
+def test_staging_lets_go_of_replaced_states(T, monkeypatch):
+    """After load_state_dict replaces an optimizer's states, the next homing lets go of the
+    old states' pinned homes and wrappers (homing itself is a GPU path: stood in for here by
+    recording the CPU state in place)."""
+    import torch
+    st = T._staging_module()
+    monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: True))
+    monkeypatch.setattr(st.Staging, "_home", lambda self, t, opt: (self.homes.__setitem__(t.data_ptr(), t),
+                                                                   self.owner.__setitem__(t.data_ptr(), id(opt))))
+    m = mlp()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    s = st.Staging()
+    assert s.home(opt) > 0 and len(s.homes) == 8  # exp_avg and exp_avg_sq of 4 parameters
+    first = set(s.homes)
+    s.wrappers[1] = (opt.state[m[0].weight]["exp_avg"], None)
+    import copy
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # new state tensors (a resumed checkpoint)
+    assert s.home(opt) > 0 and len(s.homes) == 8 and not first & set(s.homes) and s.wrappers == {}
+    assert s.home(opt) == 0  # nothing new: nothing moves

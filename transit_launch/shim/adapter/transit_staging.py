@@ -81,7 +81,10 @@ class Staging:
         self.cpu_s = self.wait_s = 0.0  # the CPU's time in staged updates, and in the throttle's waits
         atexit.register(self.report)
         self.homes = {}      # data_ptr of a homed state -> its pinned host (CPU) view
-        self.kept = []       # the storages the states left (see the module docstring)
+        self.owner = {}      # data_ptr of a homed state -> id() of its optimizer
+        # the storages the states left, for the life of the job (see the module docstring; a
+        # load_state_dict that replaces the states adds one more copy of them on the host)
+        self.kept = []
         self.streams = {}    # device -> (in, update, out) streams
         self.inflight = collections.deque()  # (event after the out-copies, bytes)
         self.staged = 0      # early updates staged (tests, logs)
@@ -98,19 +101,30 @@ class Staging:
         the bytes moved."""
         import torch
 
-        moved = 0
+        moved, live = 0, set()
         with torch.no_grad():
             for group in opt.param_groups:
                 for p in group["params"]:
                     state = opt.state.get(p, {})
                     for k in self.staged_keys(state, p):
                         t = _storage_tensor(state[k])
-                        if t.is_cuda and t.is_contiguous() and t.data_ptr() not in self.homes:
-                            self._home(t)
+                        if self._homeable(t) and t.data_ptr() not in self.homes:
+                            self._home(t, opt)
                             moved += _nbytes(t)
+                        live.add(t.data_ptr())
+        if moved:  # states replaced (load_state_dict): their pinned homes and wrappers go
+            stale = {q for q, o in self.owner.items() if o == id(opt) and q not in live}
+            for q in stale:
+                del self.homes[q], self.owner[q]
+            self.wrappers = {k: w for k, w in self.wrappers.items()
+                             if _storage_tensor(w[0]).data_ptr() not in stale}
         return moved
 
-    def _home(self, t):
+    @staticmethod
+    def _homeable(t):
+        return t.is_cuda and t.is_contiguous()
+
+    def _home(self, t, opt):
         import torch
 
         host = torch.empty(_nbytes(t), dtype=torch.uint8, pin_memory=True)
@@ -122,6 +136,7 @@ class Staging:
         self.kept.append(t.untyped_storage())
         t.set_(view)
         self.homes[t.data_ptr()] = cpu
+        self.owner[t.data_ptr()] = id(opt)
 
     # --- stage ----------------------------------------------------------------------------
 
