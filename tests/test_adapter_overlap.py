@@ -166,8 +166,8 @@ def test_a_broken_staging_is_caught_by_the_comparison(T, monkeypatch):
     """Not vacuous: staged updates whose copies are not written back change the result."""
     st = T._staging_module()
     monkeypatch.setattr(st.Staging, "update",
-                        lambda self, opt, items, step: step({p: {k: opt.state[p][k].clone() for k in keys}
-                                                             for p, keys in items}))
+                        lambda self, opt, items, step, ready=(): step({p: {k: opt.state[p][k].clone()
+                                                                           for k in keys} for p, keys in items}))
     normal, over, ov = overlapped(T, PATHS["adamw-foreach"], staged=True, micro=2)
     assert ov.early > 0 and not same(normal[1], over[1])
 
@@ -489,7 +489,7 @@ def test_a_broken_overlap_is_caught_by_the_comparison(T, monkeypatch, breakage):
 
 
 def test_an_error_in_a_hook_falls_back_and_the_job_goes_on(T, monkeypatch, capsys):
-    def boom(*a):
+    def boom(*a, **k):
         raise RuntimeError("no stream")
     monkeypatch.setattr(T.Overlap, "_step_only", boom)
     normal, over, ov = overlapped(T, PATHS["adamw-fused"])
@@ -501,6 +501,30 @@ def test_an_error_in_a_hook_falls_back_and_the_job_goes_on(T, monkeypatch, capsy
     normal, over, ov = overlapped(T, PATHS["sgd"])
     assert same(normal, over) and ov.early == 0
     assert "an error in its step hook: RuntimeError('no stream')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_an_update_that_fails_part_way_is_not_applied_twice(T, monkeypatch, capsys, staged):
+    """torch's foreach AdamW counts the step and decays the weights before a later kernel
+    that can fail (out of memory in its temporaries): such an early update is not made again
+    by the application's step (which would count the step twice and decay twice), and the
+    line says the step is not bit-identical."""
+    import torch
+    real, calls, armed = torch._foreach_sqrt, [], []
+
+    def sqrt_failing_once(*a, **k):
+        calls.append(1)
+        if armed and len(calls) == 4:  # steps 1-3 learn; the 4th call is step 4's first early update
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(*a, **k)
+    monkeypatch.setattr(torch, "_foreach_sqrt", sqrt_failing_once)
+    normal_steps = train(PATHS["adamw-foreach"], micro=2)[2]["state"]
+    calls.clear()
+    armed.append(True)
+    _, _, state, _ = train(PATHS["adamw-foreach"], T.Overlap(staged=staged), micro=2)
+    err = capsys.readouterr().err
+    assert "step overlap off" in err and "out of memory (injected)" in err and "not bit-identical" in err
+    assert [s["step"] for s in state["state"].values()] == [s["step"] for s in normal_steps.values()]
 
 
 # --- wiring ----------------------------------------------------------------------------------
@@ -665,8 +689,9 @@ def test_step_timeline_summary_of_a_trace(monkeypatch):
 
 def test_staging_lets_go_of_replaced_states(T, monkeypatch):
     """After load_state_dict replaces an optimizer's states, the next homing lets go of the
-    old states' pinned homes and wrappers (homing itself is a GPU path: stood in for here by
-    recording the CPU state in place)."""
+    old states' pinned homes and wrappers, and a freed optimizer takes its homes and kept
+    storages with it (homing itself is a GPU path: stood in for here by recording the CPU
+    state in place)."""
     import torch
     st = T._staging_module()
     monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: True))
@@ -684,3 +709,8 @@ def test_staging_lets_go_of_replaced_states(T, monkeypatch):
     opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # new state tensors (a resumed checkpoint)
     assert s.home(opt) > 0 and len(s.homes) == 8 and not first & set(s.homes) and s.wrappers == {}
     assert s.home(opt) == 0  # nothing new: nothing moves
+    s.kept.append((id(opt), m[0].weight.untyped_storage()))  # what _home keeps of a state's old storage
+    del opt
+    import gc
+    gc.collect()
+    assert s.homes == {} and s.owner == {} and s.kept == [] and s.finalizers == {}  # the optimizer is gone

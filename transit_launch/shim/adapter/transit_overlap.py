@@ -221,7 +221,8 @@ class _Plan:
         self.devices = set()    # devices whose side stream holds early updates of this step
         self.hidden = []        # (param, grad) hidden from the step
         self.task = None        # the last backward (autograd graph task) its hooks ran in
-        self.pending = {}       # group index -> [(_Param, param, state keys)] of staged updates not yet made
+        self.pending = {}       # (group index, device) -> [(_Param, param, state keys, gradient ready event)]
+        self.pending_bytes = {}  # (group index, device) -> state bytes pending there
 
 
 class Overlap:
@@ -237,7 +238,7 @@ class Overlap:
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
         self.recs = {}          # id(param) -> _Param of a hooked parameter
         self.owners = {}        # id(param) -> (weak param, _Plan) of every optimizer that stepped
-        self.lock = threading.Lock()  # hooks may run on several autograd device threads
+        self.lock = threading.RLock()  # hooks may run on several autograd device threads
         self.streams = {}       # device -> side stream for early updates
         self.early = 0          # parameters updated during backward, all steps (tests, logs)
         self.handles = []
@@ -261,7 +262,7 @@ class Overlap:
     def pre_step(self, opt, args, kwargs):
         plan = self.plans.get(opt)
         if plan is not None:
-            plan.pending = {}  # staged updates not made by the end of backward: the step makes them
+            plan.pending, plan.pending_bytes = {}, {}  # staged updates not made by the end of backward: the step makes them
         try:
             if plan is None:
                 self._adopt(opt)
@@ -527,55 +528,76 @@ class Overlap:
             # goes on; the step's current stream waits for it (pre_step), before anything reads
             # the parameter or frees the gradient.
             side.wait_stream(torch.cuda.current_stream(local.device))
-            with torch.cuda.stream(side):
-                self._step_only(plan, group, p)
             plan.devices.add(local.device)
+            with torch.cuda.stream(side):
+                self._step_only(plan, group, p, entering=lambda: self._entering(rec))
         else:
-            self._step_only(plan, group, p)
+            self._step_only(plan, group, p, entering=lambda: self._entering(rec))
+
+    def _entering(self, rec):
         rec.done = True
         self.early += 1
 
     def _defer(self, plan, rec, p, keys):
-        """A staged update waits for others of its group: one staged step for several
-        parameters costs the CPU about what one costs (torch's dispatch, the copies' calls),
-        and the CPU time of 147 single ones delayed backward's launches (bench/RESULTS.md)."""
-        batch = plan.pending.setdefault(rec.gi, [])
-        batch.append((rec, p, keys))
-        if self.staging.batch_full(plan.opt(), batch):
-            self._flush(plan, rec.gi)
+        """A staged update waits for others of its group on its device: one staged step for
+        several parameters costs the CPU about what one costs (torch's dispatch, the copies'
+        calls). `ready` marks the gradient on the stream that made it (this hook's), which the
+        staged step waits for whichever hook flushes the batch."""
+        import torch
 
-    def _flush(self, plan, gi):
-        """The pending staged updates of a param group, as one step on their staged state."""
-        batch = plan.pending.pop(gi, [])
+        local = _local(p)
+        ready = None
+        if local.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(local.device))
+        key = (rec.gi, str(local.device))
+        with self.lock:  # autograd's device threads may defer and flush at once
+            plan.pending.setdefault(key, []).append((rec, p, keys, ready))
+            plan.pending_bytes[key] = plan.pending_bytes.get(key, 0) + self.staging.nbytes(plan.opt(), p, keys)
+            full = plan.pending_bytes[key] >= self.staging.batch
+        if full:
+            self._flush(plan, key)
+
+    def _flush(self, plan, key):
+        """The pending staged updates of a param group on one device, as one step on their
+        staged state."""
+        with self.lock:
+            batch = plan.pending.pop(key, [])
+            plan.pending_bytes.pop(key, None)
         if not batch or plan.phase == "off" or plan.opt() is None:
             return  # not done: the step updates them
         opt = plan.opt()
-        group = opt.param_groups[gi]
-        ps = [p for _, p, _ in batch]
-        ran = []
+        group = opt.param_groups[key[0]]
+        ps = [p for _, p, _, _ in batch]
+        local = _local(ps[0])
+        if local.is_cuda:  # before anything is enqueued: the step's stream must wait, whatever follows
+            plan.devices.add(local.device)
 
-        def step(swaps):
-            self._step_only(plan, group, ps, swaps)
-            ran.append(True)
-            for rec, _, _ in batch:  # updated: the step must skip them, whatever follows
+        def entering():
+            for rec, _, _, _ in batch:
                 rec.done = True
                 self.early += 1
-        self.staging.update(opt, [(p, keys) for _, p, keys in batch], step)
-        local = _local(ps[0])
-        if ran and local.is_cuda:
-            plan.devices.add(local.device)
+
+        def step(swaps):
+            self._step_only(plan, group, ps, swaps, entering)
+        self.staging.update(opt, [(p, keys) for _, p, keys, _ in batch], step,
+                            [r for _, _, _, r in batch if r is not None])
 
     def _flush_all(self, plan):
         try:
-            for gi in list(plan.pending):
-                self._flush(plan, gi)
+            for key in list(plan.pending):
+                self._flush(plan, key)
         except Exception as e:  # raised here it would end the application's backward()
-            plan.pending = {}
+            plan.pending, plan.pending_bytes = {}, {}
             self._turn_off(plan, f"an error in a staged update: {e!r}")
 
-    def _step_only(self, plan, group, ps, swaps=None):
+    def _step_only(self, plan, group, ps, swaps=None, entering=None):
         """torch's step on the parameters ps (one, or a batch) alone; swaps: for each of
-        them, state entries it uses instead of its own (staged copies), put back after."""
+        them, state entries it uses instead of its own (staged copies), put back after.
+        entering() runs just before torch's step: from there the parameters count as done,
+        since a step that fails part-way (out of memory in its temporaries) may have written
+        some tensors, which the application's step must not write again; the error then turns
+        the overlap off as not bit-identical. An error before it leaves them to the step."""
         opt = plan.opt()
         ps = ps if isinstance(ps, list) else [ps]
         with self.lock:
@@ -585,6 +607,8 @@ class Overlap:
             for p, sw in (swaps or {}).items():  # (opt.state is a defaultdict: entries only for swaps)
                 opt.state[p].update(sw)
             try:
+                if entering:
+                    entering()
                 plan.raw(opt)
             finally:
                 opt.param_groups = groups

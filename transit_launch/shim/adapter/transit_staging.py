@@ -30,6 +30,7 @@ import collections
 import os
 import sys
 import time
+import weakref
 
 INFLIGHT_ENV = "TRANSIT_OVERLAP_INFLIGHT"  # transit_launch/rules.py ENV["OVERLAP_INFLIGHT"]; a test keeps them equal
 STAGE_LIMIT = 1 << 30     # default bytes of state staged at once (the CPU waits for the oldest beyond it)
@@ -84,7 +85,8 @@ class Staging:
         self.owner = {}      # data_ptr of a homed state -> id() of its optimizer
         # the storages the states left, for the life of the job (see the module docstring; a
         # load_state_dict that replaces the states adds one more copy of them on the host)
-        self.kept = []
+        self.kept = []       # (id() of the optimizer, storage)
+        self.finalizers = {}  # id() of an optimizer with homes -> its weakref.finalize
         self.streams = {}    # device -> (in, update, out) streams
         self.inflight = collections.deque()  # (event after the out-copies, bytes)
         self.staged = 0      # early updates staged (tests, logs)
@@ -92,9 +94,12 @@ class Staging:
     # --- home ---------------------------------------------------------------------------
 
     def staged_keys(self, state, p):
+        """The parameter-shaped floating-point state tensors (never the step count, also for a
+        0-dim parameter)."""
         import torch
 
-        return [k for k, v in state.items() if torch.is_tensor(v) and v.shape == p.shape and v.dtype.is_floating_point]
+        return [k for k, v in state.items() if k != "step" and torch.is_tensor(v) and v.shape == p.shape
+                and v.dtype.is_floating_point]
 
     def home(self, opt):
         """After a step: the GPU states of `opt` not yet in pinned host memory go there;
@@ -102,6 +107,8 @@ class Staging:
         import torch
 
         moved, live = 0, set()
+        if id(opt) not in self.finalizers:  # a discarded optimizer's homes go with it
+            self.finalizers[id(opt)] = weakref.finalize(opt, self._forget, id(opt))
         with torch.no_grad():
             for group in opt.param_groups:
                 for p in group["params"]:
@@ -113,12 +120,20 @@ class Staging:
                             moved += _nbytes(t)
                         live.add(t.data_ptr())
         if moved:  # states replaced (load_state_dict): their pinned homes and wrappers go
-            stale = {q for q, o in self.owner.items() if o == id(opt) and q not in live}
-            for q in stale:
-                del self.homes[q], self.owner[q]
-            self.wrappers = {k: w for k, w in self.wrappers.items()
-                             if _storage_tensor(w[0]).data_ptr() not in stale}
+            self._drop({q for q, o in self.owner.items() if o == id(opt) and q not in live})
         return moved
+
+    def _drop(self, stale):
+        for q in stale:
+            del self.homes[q], self.owner[q]
+        self.wrappers = {k: w for k, w in self.wrappers.items() if _storage_tensor(w[0]).data_ptr() not in stale}
+
+    def _forget(self, oid):
+        """An optimizer was freed: its homes, wrappers and the storages its states left go too
+        (its managed state would have gone back to PyTorch's cache as well)."""
+        self._drop({q for q, o in self.owner.items() if o == oid})
+        self.kept = [(o, st) for o, st in self.kept if o != oid]
+        self.finalizers.pop(oid, None)
 
     @staticmethod
     def _homeable(t):
@@ -133,7 +148,7 @@ class Staging:
             raise RuntimeError(f"pinned memory seen as {view.device}, the state is on {t.device}")
         cpu = host.view(t.dtype).view(t.shape)
         cpu.copy_(t)  # a device-to-host copy: waits for the step that wrote t
-        self.kept.append(t.untyped_storage())
+        self.kept.append((id(opt), t.untyped_storage()))
         t.set_(view)
         self.homes[t.data_ptr()] = cpu
         self.owner[t.data_ptr()] = id(opt)
@@ -147,34 +162,41 @@ class Staging:
         if not keys:
             return None
         ts = [_storage_tensor(state[k]) for k in keys]
-        if ts[0].is_cuda and (any(t.data_ptr() not in self.homes for t in ts) or sum(map(_nbytes, ts)) > self.largest):
+        dev = _storage_tensor(p).device
+        if any(t.device != dev for t in ts):
+            return None
+        if dev.type == "cuda" and (any(t.data_ptr() not in self.homes for t in ts) or
+                                   sum(map(_nbytes, ts)) > self.largest):
             return None
         return keys
 
-    def batch_full(self, opt, batch):
-        """Whether pending staged updates [(rec, param, keys)] are enough for one staged step."""
-        return sum(_nbytes(_storage_tensor(opt.state[p][k])) for _, p, keys in batch for k in keys) >= self.batch
+    def nbytes(self, opt, p, keys):
+        """The state bytes a staged update of p moves each way."""
+        return sum(_nbytes(_storage_tensor(opt.state[p][k])) for k in keys)
 
-    def update(self, opt, items, step):
+    def update(self, opt, items, step, ready=()):
         """Stage the state of the parameters in items [(param, keys)], run step(swaps) (swaps:
-        for each parameter the state entries to use), copy the state home."""
+        for each parameter the state entries to use) after the events `ready` (their
+        gradients), copy the state home."""
         t0 = time.perf_counter()
         try:
-            self._update(opt, items, step)
+            self._update(opt, items, step, ready)
         finally:
             self.cpu_s += time.perf_counter() - t0
 
-    def _update(self, opt, items, step):
+    def _update(self, opt, items, step, ready):
         import torch
 
         homes = [(p, k, opt.state[p][k], _storage_tensor(opt.state[p][k])) for p, keys in items for k in keys]
         first = homes[0][3]
         if not first.is_cuda:  # CPU (tests): the same swap through plain copies
             bufs = [t.clone() for _, _, _, t in homes]
-            step(self._swaps(homes, bufs))
+            try:
+                step(self._swaps(homes, bufs))
+            finally:
+                self._unwrap(homes)
             for (_, _, _, t), b in zip(homes, bufs):
                 t.copy_(b)
-            self._unwrap(homes)
             self.staged += len(items)
             return
         dev = first.device
@@ -184,22 +206,25 @@ class Staging:
         compute = torch.cuda.default_stream(dev)
         with torch.cuda.stream(compute):  # from the compute stream's cache (see the docstring)
             bufs = [torch.empty_like(t) for _, _, _, t in homes]
+        for b in bufs:  # first: whatever fails below, the cache reuses them only after these streams
+            for s in (s_in, s_upd, s_out):
+                b.record_stream(s)
         s_in.wait_stream(compute)  # the buffers' memory is free once the compute stream's earlier kernels are done
         with torch.cuda.stream(s_in):
             for (_, _, _, t), b in zip(homes, bufs):
                 b.copy_(self.homes[t.data_ptr()], non_blocking=True)
         s_upd.wait_stream(s_in)
-        s_upd.wait_stream(torch.cuda.current_stream(dev))  # the gradients (this hook's stream made them)
-        with torch.cuda.stream(s_upd):
-            step(self._swaps(homes, bufs))
-        self._unwrap(homes)
+        for ev in ready:  # each gradient, on the stream that made it
+            s_upd.wait_event(ev)
+        try:
+            with torch.cuda.stream(s_upd):
+                step(self._swaps(homes, bufs))
+        finally:
+            self._unwrap(homes)
         s_out.wait_stream(s_upd)
         with torch.cuda.stream(s_out):
             for (_, _, _, t), b in zip(homes, bufs):
                 self.homes[t.data_ptr()].copy_(b, non_blocking=True)
-        for b in bufs:
-            for s in (s_in, s_upd, s_out):
-                b.record_stream(s)
         done = torch.cuda.Event()
         done.record(s_out)
         self.inflight.append((done, size))
