@@ -375,13 +375,16 @@ for f in sys.argv[1:]:
         print(f.split('/')[-1], r['name'], r['accum'], r.get('median_step_s'), r.get('max_reserved_gb'), r.get('adapter_log')[-1:],
               (r.get('stderr_tail') or '')[-300:])" "$OUT"/staged3_*.json
     ;;
-next-20)          # x2, about 9 minutes, CARRY .whl (the peers need DeepSpeed): what issue 20 left on
+next-20)          # x2, about 10 minutes, CARRY .whl (the peers need DeepSpeed): what issue 20 left on
                   # 2026-11-30. GPU0: one step's GPU timeline (bench/step_timeline.py) of advise, the overlap and
                   # the staged overlap, without recomputation, one microbatch, under that point's budget (38.90 GB,
                   # offload_overlap_fixed_noac_2026-11-30.json): when the staged copies run and what the compute
                   # stream waits for. GPU1: ZenFlow at 1 microbatch (room for DeepSpeed's JIT build), Twin-Flow at 3
     python3 -c "import deepspeed" 2>/dev/null || { echo "deepspeed missing: carry .whl (bench/fetch_wheels.sh)"; exit 2; }
-    ( for v in advise overlap staged; do
+    # first, the state's paths again with host memory from the driver's VMM (the design in docs/lifetime-policy.md)
+    ( g0 timeout 170 python3 bench/state_paths.py --params 1024 --reps 3 --out "$OUT/state_paths_3.json" \
+          > "$OUT/state_paths_3.log" 2>&1
+      for v in advise overlap staged; do
           ov=$(case $v in overlap) echo 1;; staged) echo staged;; esac)
           TRANSIT_OVERLAP_STEP=$ov g0 timeout 100 python3 -m transit_launch run --policy advise --gpu-budget 38903726080 \
               -- python3 bench/step_timeline.py --step 6 --out "$OUT/timeline_$v.json" -- --seq-len 8192 --batch 2 \
@@ -396,6 +399,7 @@ next-20)          # x2, about 9 minutes, CARRY .whl (the peers need DeepSpeed): 
           --timeout 150 --gpu 1 --out "$OUT/twinflow_ac3.json" > "$OUT/twinflow.log" 2>&1 ) &
     wait
     for f in "$OUT"/timeline_*.log; do echo "== $f"; grep -v '^{' "$f" | tail -8; done
+    tail -10 "$OUT/state_paths_3.log"
     tail -3 "$OUT/gpu_tests.log"
     for f in zenflow twinflow; do echo "== $f"; cut -c1-300 "$OUT/$f.log"; done
     ;;

@@ -14,6 +14,9 @@ N parameters (fp32 params and gradients on the GPU, exp_avg / exp_avg_sq host-pl
               for the copy engines (cudaMemcpyFlagPreferOverlapWithCompute)
   staged-pinned the same with the state's home in pinned host memory instead of managed
               memory: plain copy-engine copies, the bound of any staged design
+  staged-vmm-host the same with the home in host memory from the driver's virtual memory
+              management (cuMemCreate on the host, mapped for the device): what a shim
+              backing cold ranges with host memory at their own addresses would give
   prefetch    cudaMemPrefetchAsync of the state to the GPU, the update, prefetch back
 
 each alone and each on side streams beside a stand-in for backward (bf16 GEMMs on the
@@ -176,6 +179,82 @@ class _Ranges:
         return any(a <= ptr < b for a, b in self.r)
 
 
+class MemAllocationProp(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Loc),
+                ("win32HandleMetaData", ctypes.c_void_p), ("compressionType", ctypes.c_ubyte),
+                ("gpuDirectRDMACapable", ctypes.c_ubyte), ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class MemAccessDesc(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location", Loc), ("flags", ctypes.c_int)]
+
+
+class VmmHost:
+    """Host memory from the driver's virtual memory management (cuMemCreate with a host
+    location, mapped with cuMemMap and made accessible to the device): what a shim that backs
+    cold ranges with host memory at their own addresses would give the state (docs/lifetime-
+    policy.md). Raises RuntimeError when the driver refuses any step."""
+
+    def __init__(self, numel, dev):
+        cu = self.cu = ctypes.CDLL("libcuda.so.1")
+        prop = MemAllocationProp(type=1, requestedHandleTypes=0, location=Loc(LOC_HOST, 0))  # pinned, host
+        gran = ctypes.c_size_t()
+        self._ok(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0), "granularity")
+        self.size = -(-numel * 4 // gran.value) * gran.value
+        self.handle, self.ptr = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+        self._ok(cu.cuMemCreate(ctypes.byref(self.handle), ctypes.c_size_t(self.size), ctypes.byref(prop),
+                                ctypes.c_ulonglong(0)), "cuMemCreate (host)")
+        self._ok(cu.cuMemAddressReserve(ctypes.byref(self.ptr), ctypes.c_size_t(self.size), ctypes.c_size_t(0),
+                                        ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+        self._ok(cu.cuMemMap(self.ptr, ctypes.c_size_t(self.size), ctypes.c_size_t(0), self.handle,
+                             ctypes.c_ulonglong(0)), "cuMemMap")
+        access = MemAccessDesc(Loc(LOC_DEVICE, dev), 3)  # read-write
+        self._ok(cu.cuMemSetAccess(self.ptr, ctypes.c_size_t(self.size), ctypes.byref(access), ctypes.c_size_t(1)),
+                 "cuMemSetAccess")
+        self.numel = numel
+
+    @staticmethod
+    def _ok(err, what):
+        if err:
+            raise RuntimeError(f"{what}: CUDA driver error {err}")
+
+    def span(self, a=0, b=None):
+        return _Span(self.ptr.value + 4 * a, (self.numel if b is None else b) - a)
+
+    def __getitem__(self, sl):
+        return self.span(sl.start or 0, sl.stop)
+
+    def free(self):
+        self.cu.cuMemUnmap(self.ptr, ctypes.c_size_t(self.size))
+        self.cu.cuMemAddressFree(self.ptr, ctypes.c_size_t(self.size))
+        self.cu.cuMemRelease(self.handle)
+
+
+class _Span:
+    """An address range with the two methods the copies use."""
+
+    def __init__(self, ptr, numel):
+        self.ptr, self.n = ptr, numel
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        return self.n
+
+
+def raw_copy(rt):
+    """cudaMemcpyAsync with cudaMemcpyDefault: the driver tells host from device by address."""
+    fn = rt.cudaMemcpyAsync
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+
+    def copy(dst, src, stream):
+        err = fn(dst.data_ptr(), src.data_ptr(), dst.numel() * 4, 4, ctypes.c_void_p(stream.cuda_stream))
+        if err:
+            raise RuntimeError(f"cudaMemcpyAsync: CUDA error {err}")
+    return copy
+
+
 def prefetch(st, side, dev):
     with torch.cuda.stream(side["upd"]):
         for m in (st["m"], st["v"]):
@@ -232,6 +311,14 @@ def main():
           "m": Managed(rt, n, dev), "v": Managed(rt, n, dev), "step": torch.zeros((), device="cuda"),
           "slots": [(torch.empty(c, device="cuda"), torch.empty(c, device="cuda")) for _ in range(a.slots)]}
     st["mp"], st["vp"] = (torch.empty(n, pin_memory=True), torch.empty(n, pin_memory=True))
+    rcopy = raw_copy(rt)
+    try:  # a driver without host VMM allocations leaves the path out, saying why
+        st["mh"], st["vh"] = VmmHost(n, dev), VmmHost(n, dev)
+    except (RuntimeError, OSError, AttributeError) as e:
+        st["mh"] = st["vh"] = None
+        vmm_error = str(e)
+    else:
+        vmm_error = None
     bcopy = batch_copy(rt, dev)
     bcopy.homes.add(st["m"].t)
     bcopy.homes.add(st["v"].t)
@@ -246,6 +333,9 @@ def main():
         st["v"].t.copy_(init_v)
         st["mp"].copy_(init_m)
         st["vp"].copy_(init_v)
+        if st["mh"]:
+            rcopy(st["mh"].span(), init_m, torch.cuda.current_stream())
+            rcopy(st["vh"].span(), init_v, torch.cuda.current_stream())
         for m in (st["m"], st["v"]):  # home again, as the state is between steps
             m.prefetch(Loc(LOC_HOST, 0), torch.cuda.current_stream())
         st["step"].zero_()
@@ -256,11 +346,16 @@ def main():
              "staged": lambda: staged(st, side, c, a.slots, (st["m"].t, st["v"].t), torch_copy),
              "staged-batch": lambda: staged(st, side, c, a.slots, (st["m"].t, st["v"].t), bcopy),
              "staged-pinned": lambda: staged(st, side, c, a.slots, (st["mp"], st["vp"]), torch_copy),
+             "staged-vmm-host": lambda: staged(st, side, c, a.slots, (st["mh"], st["vh"]), rcopy),
              "prefetch": lambda: prefetch(st, side, dev)}
     # bit-identity: one update from the same state, zero-copy against each staged path
     p0 = st["p"].clone()
-    ref, identical, failed = None, {}, {}
-    for name in ("zero-copy", "staged", "staged-batch", "staged-pinned"):
+    ref, identical = None, {}
+    failed = {}
+    if vmm_error:
+        failed["staged-vmm-host"] = vmm_error
+        del paths["staged-vmm-host"]
+    for name in [x for x in ("zero-copy", "staged", "staged-batch", "staged-pinned", "staged-vmm-host") if x in paths]:
         st["p"].copy_(p0)
         reset()
         try:
@@ -271,7 +366,13 @@ def main():
             torch.cuda.synchronize()
             continue
         torch.cuda.synchronize()
-        home = (st["mp"], st["vp"]) if name == "staged-pinned" else (st["m"].t, st["v"].t)
+        if name == "staged-vmm-host":
+            home = [torch.empty(n, device="cuda") for _ in range(2)]
+            for dst, src in zip(home, (st["mh"], st["vh"])):
+                rcopy(dst, src.span(), torch.cuda.current_stream())
+            torch.cuda.synchronize()
+        else:
+            home = (st["mp"], st["vp"]) if name == "staged-pinned" else (st["m"].t, st["v"].t)
         got = [x.to("cuda") for x in (st["p"], *home)]
         if ref is None:
             ref = [x.clone() for x in got]
@@ -323,6 +424,9 @@ def main():
             json.dump(res, f, indent=1)
     for m in (st["m"], st["v"]):
         m.free()
+    for h in (st["mh"], st["vh"]):
+        if h:
+            h.free()
 
 
 if __name__ == "__main__":
