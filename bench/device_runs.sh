@@ -375,7 +375,7 @@ for f in sys.argv[1:]:
         print(f.split('/')[-1], r['name'], r['accum'], r.get('median_step_s'), r.get('max_reserved_gb'), r.get('adapter_log')[-1:],
               (r.get('stderr_tail') or '')[-300:])" "$OUT"/staged3_*.json
     ;;
-next-20)          # x2, about 10 minutes, CARRY .whl (the peers need DeepSpeed): what issue 20 left on
+next-20)          # x2, about 10 minutes (close to the limit: GPU0's lane), CARRY .whl (the peers need DeepSpeed): what issue 20 left on
                   # 2026-11-30. GPU0: one step's GPU timeline (bench/step_timeline.py) of advise, the overlap and
                   # the staged overlap, without recomputation, one microbatch, under that point's budget (38.90 GB,
                   # offload_overlap_fixed_noac_2026-11-30.json): when the staged copies run and what the compute
@@ -390,6 +390,9 @@ next-20)          # x2, about 10 minutes, CARRY .whl (the peers need DeepSpeed):
               -- python3 bench/step_timeline.py --step 6 --out "$OUT/timeline_$v.json" -- --seq-len 8192 --batch 2 \
               --accum 1 --steps 7 --no-recompute > "$OUT/timeline_$v.log" 2>&1
       done
+      # the early updates on a green context of 16 SMs (TRANSIT_OVERLAP_SMS), one microbatch with recomputation
+      g0 timeout 150 python3 bench/offload.py --set reference,advise-overlap,advise-green16 --accum 1 --steps 10 \
+          --warmup 3 --timeout 45 --gpu 0 --out "$OUT/green16_ac.json" > "$OUT/green16.log" 2>&1
       # the overlap's GPU test again: its code changed after the 2026-11-30 runs (a review's fixes)
       g0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k overlapped > "$OUT/gpu_tests.log" 2>&1
     ) &
@@ -400,6 +403,7 @@ next-20)          # x2, about 10 minutes, CARRY .whl (the peers need DeepSpeed):
     wait
     for f in "$OUT"/timeline_*.log; do echo "== $f"; grep -v '^{' "$f" | tail -8; done
     tail -10 "$OUT/state_paths_3.log"
+    cut -c1-300 "$OUT/green16.log"
     tail -3 "$OUT/gpu_tests.log"
     for f in zenflow twinflow; do echo "== $f"; cut -c1-300 "$OUT/$f.log"; done
     ;;

@@ -43,6 +43,8 @@ VARIANTS = {"stage": {ENV["STAGE"]: "1"},              # experimental staging (d
             "staged": {ENV["OVERLAP_STEP"]: "staged"},  # its state staged through the copy engines
             # staged with 16 GiB in flight: the CPU never waits for copies (a diagnostic)
             "stagedwide": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(16 << 30)},
+            # the early updates on a green context of 16 SMs (zero-copy kernels hold fewer SMs)
+            "green16": {ENV["OVERLAP_STEP"]: "1", ENV["OVERLAP_SMS"]: "16"},
             "serial": {ENV["OVERLAP_STEP"]: "serial"}}  # its early updates without the side stream
 PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "deepspeed", "--zero", "offload"],
          "zero-infinity": ["--engine", "deepspeed", "--zero", "infinity"],

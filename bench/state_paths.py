@@ -8,6 +8,8 @@ N parameters (fp32 params and gradients on the GPU, exp_avg / exp_avg_sq host-pl
 
   zero-copy   torch._fused_adamw_ directly on the host-placed state
   zero-copy-chunked  the same, one call per chunk (the overlapped step calls it per parameter)
+  zero-copy-K-sms  the same on a stream of a green context of K SMs (--green): the update's
+              share of the SMs bounded, so that backward keeps the rest
   staged      per chunk: copies of the state into a GPU slot (torch's copy_), the fused
               update there, copies back; in-copies, updates and out-copies on three streams
   staged-batch  the same with cudaMemcpyBatchAsync, location hints and the flag that asks
@@ -91,9 +93,22 @@ def chunks(n, c):
     return [(i, min(n, i + c)) for i in range(0, n, c)]
 
 
-def zero_copy(st, side):
-    with torch.cuda.stream(side["upd"]):
+def zero_copy(st, side, stream=None):
+    with torch.cuda.stream(stream or side["upd"]):
         fused([st["p"]], [st["g"]], [st["m"].t], [st["v"].t], [st["step"]])
+
+
+def green_stream(num_sms, dev):
+    """A stream whose kernels run on at most num_sms SMs (a CUDA green context; torch's
+    beta API). RuntimeError when this torch or driver has none."""
+    try:
+        from torch.cuda.green_contexts import GreenContext
+        ctx = GreenContext.create(num_sms=num_sms, device_id=dev)
+    except Exception as e:  # no green contexts here: the path is left out, saying why
+        raise RuntimeError(f"green context of {num_sms} SMs: {e}") from e
+    if not hasattr(ctx, "Stream"):
+        raise RuntimeError("this torch's GreenContext has no Stream()")
+    return ctx, ctx.Stream()
 
 
 def zero_copy_chunked(st, side, chunk):
@@ -290,6 +305,7 @@ def main():
     ap.add_argument("--slots", type=int, default=3)
     ap.add_argument("--gemm", type=int, default=8192, help="size of the square bf16 GEMMs beside the step")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--green", default="16,32", help="SM counts of green-context streams for the zero-copy update")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if min(a.params, a.chunk, a.slots, a.gemm, a.reps) < 1:
@@ -312,6 +328,7 @@ def main():
           "slots": [(torch.empty(c, device="cuda"), torch.empty(c, device="cuda")) for _ in range(a.slots)]}
     st["mp"], st["vp"] = (torch.empty(n, pin_memory=True), torch.empty(n, pin_memory=True))
     rcopy = raw_copy(rt)
+    green_failed = {}
     try:  # a driver without host VMM allocations leaves the path out, saying why
         st["mh"], st["vh"] = VmmHost(n, dev), VmmHost(n, dev)
     except (RuntimeError, OSError, AttributeError) as e:
@@ -348,10 +365,18 @@ def main():
              "staged-pinned": lambda: staged(st, side, c, a.slots, (st["mp"], st["vp"]), torch_copy),
              "staged-vmm-host": lambda: staged(st, side, c, a.slots, (st["mh"], st["vh"]), rcopy),
              "prefetch": lambda: prefetch(st, side, dev)}
+    greens = {}
+    for k in [int(x) for x in a.green.split(",") if x]:
+        try:
+            greens[k] = green_stream(k, dev)  # kept: the stream lives while its context does
+            paths[f"zero-copy-{k}-sms"] = (lambda s_: lambda: zero_copy(st, side, s_))(greens[k][1])
+        except RuntimeError as e:
+            green_failed[f"zero-copy-{k}-sms"] = str(e)
+    streams += [g[1] for g in greens.values()]
     # bit-identity: one update from the same state, zero-copy against each staged path
     p0 = st["p"].clone()
     ref, identical = None, {}
-    failed = {}
+    failed = dict(green_failed)
     if vmm_error:
         failed["staged-vmm-host"] = vmm_error
         del paths["staged-vmm-host"]

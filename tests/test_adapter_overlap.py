@@ -537,6 +537,7 @@ class Api:
 def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
     assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
+    assert T.SMS_ENV == rules.ENV["OVERLAP_SMS"] == "TRANSIT_OVERLAP_SMS"
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
     monkeypatch.delenv(T.OVERLAP_ENV, raising=False)
@@ -714,3 +715,29 @@ def test_staging_lets_go_of_replaced_states(T, monkeypatch):
     import gc
     gc.collect()
     assert s.homes == {} and s.owner == {} and s.kept == [] and s.finalizers == {}  # the optimizer is gone
+
+
+def test_early_updates_on_a_green_context_or_a_plain_stream(T, monkeypatch, capsys):
+    """TRANSIT_OVERLAP_SMS=N asks for the early updates' stream from a green context of N SMs;
+    where torch or the driver has none (this CPU build) it says so once and uses a plain
+    stream; unset, a plain stream without a word. The calls made are checked (no GPU here)."""
+    import torch
+    import torch.cuda.green_contexts as gc
+    plain = object()
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: plain)
+    dev = torch.device("cuda", 0)
+    monkeypatch.delenv(T.SMS_ENV, raising=False)
+    assert T._side_stream(dev) is plain and capsys.readouterr().err == ""
+    monkeypatch.setenv(T.SMS_ENV, "16")
+    assert T._side_stream(dev) is plain
+    assert "TRANSIT_OVERLAP_SMS=16 not applied" in capsys.readouterr().err
+    made = []
+
+    class Green:
+        def Stream(self):
+            return "green stream"
+    monkeypatch.setattr(gc.GreenContext, "create", staticmethod(lambda **kw: made.append(kw) or Green()))
+    assert T._side_stream(dev) == "green stream" and made == [{"num_sms": 16, "device_id": 0}]
+    assert "early updates on a green context of 16 SMs" in capsys.readouterr().err
+    monkeypatch.setenv(T.SMS_ENV, "many")
+    assert T._side_stream(dev) is plain and "not applied" in capsys.readouterr().err

@@ -27,6 +27,8 @@ import threading
 import weakref
 
 OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STEP"]; a test keeps them equal
+SMS_ENV = "TRANSIT_OVERLAP_SMS"  # rules.py ENV["OVERLAP_SMS"]: SMs of the early updates' stream (green context)
+_GREEN = []  # green contexts made for side streams (kept alive with them)
 # "1": early updates on a side stream beside backward, reading the state where it is (over
 # PCIe under advise); "staged": their state staged through the copy engines instead
 # (transit_staging.py; an experiment, measured slower); "serial": the early updates on the
@@ -55,6 +57,30 @@ def _staging_module():
         spec.loader.exec_module(mod)
         sys.modules[name] = mod
     return sys.modules[name]
+
+
+def _side_stream(device):
+    """The early updates' stream. With TRANSIT_OVERLAP_SMS=N a stream of a CUDA green context
+    of N SMs (torch's beta API), so that zero-copy updates waiting on PCIe hold at most N SMs
+    and backward keeps the rest (an experiment: a zero-copy update beside GEMMs slowed them
+    1.55x, bench/state_paths.py); a plain stream when unset or unavailable (said once)."""
+    import os
+
+    import torch
+
+    sms = os.environ.get(SMS_ENV, "")
+    if sms:
+        try:
+            from torch.cuda.green_contexts import GreenContext
+
+            ctx = GreenContext.create(num_sms=int(sms), device_id=device.index)
+            stream = ctx.Stream()
+            _GREEN.append(ctx)  # the stream lives while its context does
+            _say(f"early updates on a green context of {sms} SMs")
+            return stream
+        except Exception as e:  # no green contexts in this torch or driver, or a bad value
+            _say(f"{SMS_ENV}={sms} not applied ({e!r}): early updates on a plain stream")
+    return torch.cuda.Stream(device=device)
 
 
 def _say(msg):
@@ -521,7 +547,7 @@ class Overlap:
             side = self.streams.get(local.device)
             if side is None:
                 # serial: the compute (default) stream, between backward's kernels
-                side = self.streams[local.device] = (torch.cuda.Stream(device=local.device) if self.side_stream
+                side = self.streams[local.device] = (_side_stream(local.device) if self.side_stream
                                                      else torch.cuda.default_stream(local.device))
             # The side stream starts after the gradient is ready (this is the stream that made
             # it: the compute stream, or FSDP2's reduce-scatter stream) and runs while backward
