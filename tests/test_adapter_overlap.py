@@ -237,8 +237,13 @@ def test_fsdp2_sharded_parameters_after_their_reduce_scatter(T, gloo, foreach):
     assert same(normal, over) and ov.early == 12
 
 
-def test_staged_updates_of_fsdp2_dtensor_states(T, gloo):
-    """Under FSDP2 the staged copies are wrapped as DTensors like the state they stand for."""
+@pytest.mark.parametrize("inflight", [None, "2048"])
+def test_staged_updates_of_fsdp2_dtensor_states(T, gloo, monkeypatch, inflight):
+    """Under FSDP2 the staged copies are wrapped as DTensors like the state they stand for;
+    with 2048 bytes in flight batches are flushed inside FSDP2's gradient hooks (its
+    reduce-scatter), reusing each state's wrapper, not only at the end of backward."""
+    if inflight:
+        monkeypatch.setenv(T._staging_module().INFLIGHT_ENV, inflight)
     normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2, weight_decay=0.1, foreach=True),
                                   model=fsdp_mlp, micro=2, staged=True)
     assert same(normal, over) and ov.early == 12 and ov.staging.staged == 12
