@@ -9,14 +9,12 @@ stream, so an allocation made on a side stream cannot reuse the compute stream's
 """
 
 import argparse
-import atexit
 import collections
 import json
-import runpy
 import sys
 from pathlib import Path
 
-TRAINER = Path(__file__).resolve().parent.parent / "examples" / "train_llama.py"
+from common import run_trainer_here, split_trainer_args
 
 
 def frames(block, k=4):
@@ -56,11 +54,11 @@ def summarize(snap):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv, extra = split_trainer_args(sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="then -- and examples/train_llama.py's flags")
     ap.add_argument("--out", required=True)
-    ap.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then examples/train_llama.py's flags")
-    a = ap.parse_args()
-    args = a.trainer_args[1:] if a.trainer_args[:1] == ["--"] else a.trainer_args
+    a = ap.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
@@ -81,10 +79,10 @@ def main():
             print(f"memory_streams: segments {r['bytes'] / 1e9:.3f} GB on {r['stream']} from {r['site']}",
                   file=sys.stderr)
 
-    atexit.register(dump)
-    sys.argv = [str(TRAINER), *args]
-    runpy.run_path(str(TRAINER), run_name="__main__")
+    rc = run_trainer_here(extra)
+    dump()  # also after a failed run: what it allocated until then
+    return rc
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,11 +13,10 @@ stream's idle gaps (where the GPU waited for the CPU or for a copy).
 
 import argparse
 import json
-import runpy
 import sys
 from pathlib import Path
 
-TRAINER = Path(__file__).resolve().parent.parent / "examples" / "train_llama.py"
+from common import run_trainer_here, split_trainer_args
 
 
 def _union(intervals):
@@ -123,12 +122,13 @@ def show(res):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--step", type=int, default=6, help="the optimizer step to record (1 is the first)")
+    argv, extra = split_trainer_args(sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="then -- and examples/train_llama.py's flags")
+    ap.add_argument("--step", type=int, default=6, help="the training step to record (1 is the first)")
     ap.add_argument("--out", default="", help="write the summary here (JSON)")
     ap.add_argument("--summarize", default="", help="summarize this exported Chrome trace instead of running")
-    ap.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then examples/train_llama.py's flags")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.summarize:
         try:
             res = summarize(json.loads(Path(a.summarize).read_text()))
@@ -184,10 +184,8 @@ def main():
                 Path(a.out).write_text(json.dumps(res, indent=1))
 
     Optimizer.zero_grad = zero_grad_then_tick
-    args = a.trainer_args[1:] if a.trainer_args[:1] == ["--"] else a.trainer_args
-    sys.argv = [str(TRAINER), *args]
-    runpy.run_path(str(TRAINER), run_name="__main__")
+    return run_trainer_here(extra)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
