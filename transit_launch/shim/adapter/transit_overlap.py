@@ -535,15 +535,13 @@ class Overlap:
         group = opt.param_groups[rec.gi]
         plan.hyper.setdefault(rec.gi, _hyper(group))
         local = _local(p)
+        if local.is_cuda and torch.cuda.is_current_stream_capturing():
+            return  # inside a CUDA graph capture: leave it to the step
         keys = self.staging.stageable(opt, p) if self.staging else None
         if keys is not None:
-            if local.is_cuda and torch.cuda.is_current_stream_capturing():
-                return  # inside a CUDA graph capture: leave it to the step
             self._defer(plan, rec, p, keys)
             return
         if local.is_cuda:
-            if torch.cuda.is_current_stream_capturing():
-                return  # inside a CUDA graph capture: leave it to the step
             side = self.streams.get(local.device)
             if side is None:
                 # serial: the compute (default) stream, between backward's kernels
