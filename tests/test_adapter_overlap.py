@@ -693,6 +693,17 @@ def test_step_timeline_summary_of_a_trace(monkeypatch):
     assert tl.summarize({"traceEvents": trace["traceEvents"][-1:]}) == {"error": "no GPU events in the trace"}
 
 
+@pytest.mark.parametrize("raw", ["lots", "0", "-5", "1.5e9"])
+def test_a_bad_inflight_bound_is_said_and_the_default_used(T, monkeypatch, capsys, raw):
+    st = T._staging_module()
+    monkeypatch.setenv(st.INFLIGHT_ENV, raw)
+    assert st.Staging().limit == st.STAGE_LIMIT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "TRANSIT_OVERLAP_INFLIGHT" in err[0] and "not a positive number" in err[0]
+    monkeypatch.setenv(st.INFLIGHT_ENV, "2048")
+    assert st.Staging().limit == 2048 and capsys.readouterr().err == ""
+
+
 def test_staging_lets_go_of_replaced_states(T, monkeypatch):
     """After load_state_dict replaces an optimizer's states, the next homing lets go of the
     old states' pinned homes and wrappers, and a freed optimizer takes its homes and kept

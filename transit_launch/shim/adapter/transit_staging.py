@@ -67,10 +67,20 @@ class _CudaView:
 
 
 def _limit():
-    try:
-        return int(os.environ.get(INFLIGHT_ENV, STAGE_LIMIT))
-    except ValueError:
+    """TRANSIT_OVERLAP_INFLIGHT in bytes; a value that is not a positive integer is said in one
+    line and the default used (the job goes on)."""
+    raw = os.environ.get(INFLIGHT_ENV, "")
+    if not raw:
         return STAGE_LIMIT
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        print(f"transit adapter: {INFLIGHT_ENV}={raw!r} is not a positive number of bytes; using {STAGE_LIMIT}",
+              file=sys.stderr, flush=True)
+        return STAGE_LIMIT
+    return value
 
 
 class Staging:
