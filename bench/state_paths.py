@@ -16,6 +16,12 @@ N parameters (fp32 params and gradients on the GPU, exp_avg / exp_avg_sq host-pl
               for the copy engines (cudaMemcpyFlagPreferOverlapWithCompute)
   staged-pinned the same with the state's home in pinned host memory instead of managed
               memory: plain copy-engine copies, the bound of any staged design
+  staged-pinned-slots-dev  staged-pinned with the GPU slots in managed memory placed on the
+              device (preferred location device, prefetched): a buffer from PyTorch's cache
+              under the shim, in a region the budget keeps on the GPU
+  staged-pinned-slots-host  the same with the slots placed like the shim's host regions
+              (preferred location host, accessed-by the GPU): a cached block the budget
+              pushed out
   staged-vmm-host the same with the home in host memory from the driver's virtual memory
               management (cuMemCreate on the host, mapped for the device): what a shim
               backing cold ranges with host memory at their own addresses would give
@@ -57,13 +63,18 @@ def cudart():
 
 
 class Managed:
-    """A managed allocation placed like the shim's cold data, seen by torch as a tensor."""
+    """A managed allocation placed like the shim's cold data (or, on_device, like a region
+    the shim keeps on the GPU), seen by torch as a tensor."""
 
-    def __init__(self, rt, numel, dev):
+    def __init__(self, rt, numel, dev, on_device=False):
         self.rt, self.size, self.ptr = rt, numel * 4, ctypes.c_void_p()
         check(rt.cudaMallocManaged(ctypes.byref(self.ptr), ctypes.c_size_t(self.size), 1), "cudaMallocManaged")
-        check(rt.cudaMemAdvise(self.ptr, self.size, ADVISE_PREFERRED, Loc(LOC_HOST, 0)), "advise host")
-        check(rt.cudaMemAdvise(self.ptr, self.size, ADVISE_ACCESSED_BY, Loc(LOC_DEVICE, dev)), "accessed-by")
+        if on_device:  # shim/place.c's to_device: preferred location device, prefetched
+            check(rt.cudaMemAdvise(self.ptr, self.size, ADVISE_PREFERRED, Loc(LOC_DEVICE, dev)), "advise device")
+            check(rt.cudaMemPrefetchAsync(self.ptr, self.size, Loc(LOC_DEVICE, dev), 0, None), "prefetch")
+        else:
+            check(rt.cudaMemAdvise(self.ptr, self.size, ADVISE_PREFERRED, Loc(LOC_HOST, 0)), "advise host")
+            check(rt.cudaMemAdvise(self.ptr, self.size, ADVISE_ACCESSED_BY, Loc(LOC_DEVICE, dev)), "accessed-by")
         self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<f4", "data": (self.ptr.value, False),
                                          "version": 3}
         self.t = torch.as_tensor(self, device=f"cuda:{dev}")
@@ -121,10 +132,10 @@ def zero_copy_chunked(st, side, chunk):
                                 **HYPER)
 
 
-def staged(st, side, chunk, slots, home, copy):
+def staged(st, side, chunk, slots, home, copy, slot_key="slots"):
     """Copies in on one stream and out on another, the update on a third; `slots` GPU buffers
-    of one chunk each, reused after their out-copy. home: the state's (m, v) tensors; copy:
-    copy(dst, src, stream) enqueues one copy."""
+    of one chunk each (st[slot_key]), reused after their out-copy. home: the state's (m, v)
+    tensors; copy: copy(dst, src, stream) enqueues one copy."""
     n = st["p"].numel()
     free = [torch.cuda.Event() for _ in range(slots)]
     for e in free:
@@ -134,7 +145,7 @@ def staged(st, side, chunk, slots, home, copy):
     hm, hv = home
     for k, (a, b) in enumerate(chunks(n, chunk)):
         s = k % slots
-        bm, bv = st["slots"][s][0][:b - a], st["slots"][s][1][:b - a]
+        bm, bv = st[slot_key][s][0][:b - a], st[slot_key][s][1][:b - a]
         side["in"].wait_event(free[s])
         copy(bm, hm[a:b], side["in"])
         copy(bv, hv[a:b], side["in"])
@@ -318,7 +329,7 @@ def main():
     rt = cudart()
     n, c = a.params * 2**20, a.chunk * 2**20
     free, total = torch.cuda.mem_get_info()
-    need = 4 * n * 4 + 6 * n * 4 + 2 * c * a.slots * 4 + 3 * a.gemm ** 2 * 2
+    need = 4 * n * 4 + 6 * n * 4 + 3 * 2 * c * a.slots * 4 + 3 * a.gemm ** 2 * 2  # 3 sets of slots
     if need > 0.8 * free:  # never more managed memory than the card has free
         print(f"state_paths: needs {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free", file=sys.stderr)
         sys.exit(2)
@@ -327,6 +338,10 @@ def main():
           "m": Managed(rt, n, dev), "v": Managed(rt, n, dev), "step": torch.zeros((), device="cuda"),
           "slots": [(torch.empty(c, device="cuda"), torch.empty(c, device="cuda")) for _ in range(a.slots)]}
     st["mp"], st["vp"] = (torch.empty(n, pin_memory=True), torch.empty(n, pin_memory=True))
+    managed_slots = {w: [tuple(Managed(rt, c, dev, on_device=w == "dev") for _ in range(2)) for _ in range(a.slots)]
+                     for w in ("dev", "host")}
+    for w, sl in managed_slots.items():
+        st[f"slots_{w}"] = [(x.t, y.t) for x, y in sl]
     rcopy = raw_copy(rt)
     green_failed = {}
     try:  # a driver without host VMM allocations leaves the path out, saying why
@@ -363,6 +378,10 @@ def main():
              "staged": lambda: staged(st, side, c, a.slots, (st["m"].t, st["v"].t), torch_copy),
              "staged-batch": lambda: staged(st, side, c, a.slots, (st["m"].t, st["v"].t), bcopy),
              "staged-pinned": lambda: staged(st, side, c, a.slots, (st["mp"], st["vp"]), torch_copy),
+             "staged-pinned-slots-dev": lambda: staged(st, side, c, a.slots, (st["mp"], st["vp"]), torch_copy,
+                                                       "slots_dev"),
+             "staged-pinned-slots-host": lambda: staged(st, side, c, a.slots, (st["mp"], st["vp"]), torch_copy,
+                                                        "slots_host"),
              "staged-vmm-host": lambda: staged(st, side, c, a.slots, (st["mh"], st["vh"]), rcopy),
              "prefetch": lambda: prefetch(st, side, dev)}
     greens = {}
@@ -380,7 +399,8 @@ def main():
     if vmm_error:
         failed["staged-vmm-host"] = vmm_error
         del paths["staged-vmm-host"]
-    for name in [x for x in ("zero-copy", "staged", "staged-batch", "staged-pinned", "staged-vmm-host") if x in paths]:
+    pinned_homed = ("staged-pinned", "staged-pinned-slots-dev", "staged-pinned-slots-host")
+    for name in [x for x in ("zero-copy", "staged", "staged-batch", *pinned_homed, "staged-vmm-host") if x in paths]:
         st["p"].copy_(p0)
         reset()
         try:
@@ -397,7 +417,7 @@ def main():
                 rcopy(dst, src.span(), torch.cuda.current_stream())
             torch.cuda.synchronize()
         else:
-            home = (st["mp"], st["vp"]) if name == "staged-pinned" else (st["m"].t, st["v"].t)
+            home = (st["mp"], st["vp"]) if name in pinned_homed else (st["m"].t, st["v"].t)
         got = [x.to("cuda") for x in (st["p"], *home)]
         if ref is None:
             ref = [x.clone() for x in got]
@@ -447,7 +467,7 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
-    for m in (st["m"], st["v"]):
+    for m in [st["m"], st["v"]] + [x for sl in managed_slots.values() for pair in sl for x in pair]:
         m.free()
     for h in (st["mh"], st["vh"]):
         if h:
