@@ -58,6 +58,26 @@ EXPORT int transit_write_stats(const char *path)
     return tr_write_stats(path);
 }
 
+EXPORT uintptr_t transit_device_alloc(size_t size)
+{
+    if (!transit_active())
+        return 0;
+    pthread_mutex_lock(&tr_lock);
+    uintptr_t p = tr_devbuf_alloc(size);
+    pthread_mutex_unlock(&tr_lock);
+    return p;
+}
+
+EXPORT int transit_device_free(uintptr_t ptr)
+{
+    if (!transit_active())
+        return -1;
+    pthread_mutex_lock(&tr_lock);
+    int r = tr_devbuf_free(ptr);
+    pthread_mutex_unlock(&tr_lock);
+    return r;
+}
+
 EXPORT int transit_stage_enabled(void)
 {
     tr_init_once();

@@ -12,14 +12,14 @@ static int active(void)
 }
 
 /* The guard refused: fail as the runtime's own out-of-memory would. */
-static cudaError_t refuse(void **devPtr, size_t size, uint64_t have)
+static cudaError_t refuse(void **devPtr, size_t size, uint64_t have, uint64_t room)
 {
     char limit[200];
     atomic_fetch_add(&tr_st.guard_refusals, 1);
     tr_guard_describe(limit, sizeof limit);
     tr_log(TR_WARN, "refusing cudaMalloc(%zu): %llu bytes are managed already and the guard allows %llu, %s "
                     "(TRANSIT_ALLOW_OVERSUBSCRIBE=1 lifts it)",
-           size, (unsigned long long)have, (unsigned long long)tr_guard_limit(), limit);
+           size, (unsigned long long)have, (unsigned long long)room, limit);
     *devPtr = NULL;
     return tr_runtime_oom();
 }
@@ -82,11 +82,11 @@ EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
 
     /* reserved under the lock before the runtime is asked: the guard holds at every instant */
     pthread_mutex_lock(&tr_lock);
-    uint64_t have = tr_tab.managed_bytes;
-    int refused = tr_table_reserve(size, tr_cfg.allow_oversubscribe ? UINT64_MAX : tr_guard_limit());
+    uint64_t have = tr_tab.managed_bytes, room = tr_guard_room(); /* the adapter's buffers change the room */
+    int refused = tr_table_reserve(size, tr_cfg.allow_oversubscribe ? UINT64_MAX : room);
     pthread_mutex_unlock(&tr_lock);
     if (refused)
-        return refuse(devPtr, size, have);
+        return refuse(devPtr, size, have, room);
     cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.malloc_managed(devPtr, size, cudaMemAttachGlobal);
     if (err == cudaSuccess && track(*devPtr, size) == 0) {
@@ -117,8 +117,8 @@ EXPORT cudaError_t cudaFree(void *devPtr)
     return err;
 }
 
-/* With a budget the program sees a GPU of that size; what is placed on the device is
- * what is used. */
+/* With a budget the program sees a GPU of that size; what is placed on the device, and
+ * the adapter's device buffers, is what is used. */
 EXPORT cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 {
     int on = active();
@@ -128,7 +128,7 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
     if (err != cudaSuccess || !on || !tr_cfg.budget)
         return err;
     pthread_mutex_lock(&tr_lock);
-    uint64_t used = tr_tab.dev_bytes;
+    uint64_t used = tr_tab.dev_bytes + tr_devbuf_bytes();
     pthread_mutex_unlock(&tr_lock);
     *total_b = tr_cfg.budget;
     *free_b = tr_cfg.budget > used ? tr_cfg.budget - used : 0;

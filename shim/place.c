@@ -19,11 +19,25 @@
 
 #define HINT_ALIGN (64u * 1024u) /* hints are aligned inwards to 64 KiB */
 
-uint64_t tr_budget(void)
+uint64_t tr_budget_total(void)
 {
     if (tr_cfg.budget)
         return tr_cfg.budget;
     return tr_guard_limit();
+}
+
+/* The room for managed data: the budget less the adapter's device buffers (devbuf.c). */
+uint64_t tr_budget(void)
+{
+    uint64_t total = tr_budget_total(), bufs = tr_devbuf_bytes();
+    return total > bufs ? total - bufs : 0;
+}
+
+/* The guard's limit for managed allocations, likewise. */
+uint64_t tr_guard_room(void)
+{
+    uint64_t limit = tr_guard_limit(), bufs = tr_devbuf_bytes();
+    return limit > bufs ? limit - bufs : 0;
 }
 
 uint64_t tr_guard_limit(void)
@@ -43,10 +57,11 @@ void tr_guard_describe(char *buf, size_t len)
 
 static uint64_t rsize(const struct tr_region *r) { return r->end - r->start; }
 
+/* The device peak counts the adapter's device buffers too: what the budget bounds. */
 static void peaks(void)
 {
-    if (tr_tab.dev_bytes > tr_st.dev_placed_peak)
-        tr_st.dev_placed_peak = tr_tab.dev_bytes;
+    if (tr_tab.dev_bytes + tr_devbuf_bytes() > tr_st.dev_placed_peak)
+        tr_st.dev_placed_peak = tr_tab.dev_bytes + tr_devbuf_bytes();
     if (tr_st.host_placed_bytes > tr_st.host_placed_peak)
         tr_st.host_placed_peak = tr_st.host_placed_bytes;
     if (tr_st.zero_copy_bytes > tr_st.zero_copy_peak)
@@ -108,6 +123,10 @@ void tr_move_to_device(struct tr_region *r, cudaStream_t s)
 }
 
 static void to_device(struct tr_region *r) { tr_move_to_device(r, 0); }
+
+void tr_place_demote(struct tr_region *r) { to_host(r, 1); }
+
+void tr_place_peaks(void) { peaks(); }
 
 uint64_t tr_region_bytes(const struct tr_region *r) { return rsize(r); }
 

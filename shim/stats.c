@@ -72,7 +72,7 @@ int tr_write_stats(const char *path)
     fprintf(f, "{\n  \"version\": 1,\n  \"pid\": %d,\n  \"policy\": \"%s\",\n  \"passthrough\": %s,\n",
             (int)getpid(), tr_policy_name(tr_cfg.policy), tr_s.passthrough ? "true" : "false");
     fprintf(f, "  \"budget_bytes\": %llu,\n  \"budget_explicit\": %s,\n  \"guard_limit_bytes\": %llu,\n",
-            (unsigned long long)(tr_s.passthrough ? 0 : tr_budget()), tr_cfg.budget ? "true" : "false",
+            (unsigned long long)(tr_s.passthrough ? 0 : tr_budget_total()), tr_cfg.budget ? "true" : "false",
             (unsigned long long)tr_guard_limit());
     fprintf(f, "  \"free_at_start_bytes\": %llu,\n  \"runtime_version\": %d,\n",
             (unsigned long long)tr_s.free_at_start, tr_real.runtime_version);
@@ -87,6 +87,7 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_tab.managed_bytes, (unsigned long long)tr_st.managed_peak);
     fprintf(f, "  \"device_placed_bytes\": %llu,\n  \"device_placed_peak_bytes\": %llu,\n",
             (unsigned long long)tr_tab.dev_bytes, (unsigned long long)tr_st.dev_placed_peak);
+    fprintf(f, "  \"device_buffer_bytes\": %llu,\n", (unsigned long long)tr_devbuf_bytes());
     fprintf(f, "  \"host_placed_bytes\": %llu,\n  \"host_placed_peak_bytes\": %llu,\n",
             (unsigned long long)tr_st.host_placed_bytes, (unsigned long long)tr_st.host_placed_peak);
     fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",

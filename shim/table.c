@@ -157,7 +157,7 @@ static const char *inconsistency(void)
         return "hint counters are not the sum of the regions";
     if (tr_tab.dev_bytes > tr_budget())
         return "placed above the budget";
-    if (!tr_cfg.allow_oversubscribe && tr_tab.managed_bytes > tr_guard_limit())
+    if (!tr_cfg.allow_oversubscribe && tr_tab.managed_bytes > tr_guard_room())
         return "managed memory above the guard";
     return NULL;
 }

@@ -132,8 +132,12 @@ HIDDEN void tr_rebalance(void);
 HIDDEN void tr_place_settle(void);
 HIDDEN void tr_place_unadvise(void);
 HIDDEN void tr_place_evict_observed(int all);
-HIDDEN uint64_t tr_budget(void);
+HIDDEN uint64_t tr_budget(void);       /* room for managed data on the device */
+HIDDEN uint64_t tr_budget_total(void); /* TRANSIT_GPU_BUDGET, or the guard's limit */
 HIDDEN uint64_t tr_guard_limit(void);
+HIDDEN uint64_t tr_guard_room(void);   /* the guard's limit less the device buffers */
+HIDDEN void tr_place_demote(struct tr_region *r); /* to the host, evicted now */
+HIDDEN void tr_place_peaks(void);
 HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
 HIDDEN void tr_move_to_device(struct tr_region *r, cudaStream_t s);
 HIDDEN void tr_move_to_host(struct tr_region *r, cudaStream_t s); /* still counted on the device */
@@ -150,6 +154,11 @@ HIDDEN void tr_stage_placed(int64_t delta);      /* the application's placement 
 HIDDEN void tr_stage_overflowed(void);           /* an allocation went to the host: stop if lent */
 HIDDEN uint64_t tr_stage_lent_bytes(void);       /* staged + leaving bytes on the device */
 HIDDEN void tr_stage_boundary(void);
+
+/* ---- the adapter's plain device buffers (devbuf.c), under tr_lock -------------- */
+HIDDEN uint64_t tr_devbuf_bytes(void);
+HIDDEN uintptr_t tr_devbuf_alloc(size_t size); /* 0: no room, or the runtime refused */
+HIDDEN int tr_devbuf_free(uintptr_t ptr);      /* -1: not one of them */
 
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 2
+#define TRANSIT_API_VERSION 3
 enum { TRANSIT_HINT_HOT = 0, TRANSIT_HINT_MASTER = 1, TRANSIT_HINT_OPTIMIZER = 2 };
 
 int transit_api_version(void);
@@ -20,6 +20,13 @@ int transit_hint(uintptr_t ptr, size_t size, int kind);
 void transit_apply(void);
 /* Write the stats JSON now (NULL: the TRANSIT_STATS path); 0 on success. */
 int transit_write_stats(const char *path);
+/* Plain device memory (cudaMalloc, not managed) for an adapter's staging buffers: copies
+ * between it and pinned host memory run on the copy engines, those of managed memory do not.
+ * Its bytes come out of the GPU budget (managed data is demoted to make room). 0 when the
+ * shim is not active or the budget or the guard has no room for size. */
+uintptr_t transit_device_alloc(size_t size);
+/* Gives it back: 0, or -1 when ptr is not from transit_device_alloc. */
+int transit_device_free(uintptr_t ptr);
 /* Staging (TRANSIT_STAGE=1 with advise; experimental): optimizer ranges lent to the device
  * for the end of a step. `stream` is the application's cudaStream_t (0: legacy default).
  * 1 when staging is on. */

@@ -207,6 +207,37 @@ def test_hint_api_rejects_foreign_memory(built, tmp_path):
     assert out["hint"] == "0" and out["hint_foreign"] == "-1" and out["stats"] == "0"
 
 
+def test_device_buffer_comes_out_of_the_budget(built, tmp_path):
+    """transit_device_alloc (the staged overlap's ring): plain cudaMalloc, not managed (the
+    copy engines serve it), and its bytes come out of the budget: with 2.5 + 1 GB placed
+    under a 4 GB budget, a 1.5 GB buffer sends the 1 GB allocation to the host; the table
+    stays consistent, cudaMemGetInfo counts the buffer, one larger than the budget is
+    refused, and it is given back once."""
+    res, out, calls = run(built, "devbuf", 2_500_000_000, GB, 1_500_000_000, tmp_path / "s.json",
+                          env={"TRANSIT_GPU_BUDGET": "4GB"})
+    assert res.returncode == 0, res.stderr
+    p, q, buf = (int(out[k], 16) for k in ("p", "q", "buf"))
+    assert buf and out["too_large"] == "0x0"
+    assert f"cudaMalloc 1500000000 0x{buf:x}" in calls  # plain device memory
+    evict_q = f"cudaMemPrefetchAsync 0x{q:x} {GB} {LOC_HOST} 0 (nil)"
+    assert calls.index(evict_q) < calls.index(f"cudaMalloc 1500000000 0x{buf:x}")  # room first
+    assert not any(c.startswith(f"cudaMemPrefetchAsync 0x{p:x}") and f" {LOC_HOST} " in c for c in calls)
+    assert out["table_check"].strip() == "0"
+    assert int(out["total"]) == 4 * GB and int(out["free"]) == 4 * GB - 2_500_000_000 - 1_500_000_000
+    s = stats_of(tmp_path / "s.json")
+    assert s["budget_bytes"] == 4 * GB and s["device_buffer_bytes"] == 1_500_000_000
+    assert s["device_placed_bytes"] == 2_500_000_000 and s["host_placed_bytes"] == GB
+    assert s["device_placed_peak_bytes"] <= 4 * GB
+    assert out["freed"] == "0" and out["freed_again"] == "-1"
+    assert sum(c == f"cudaFree 0x{buf:x}" for c in calls) == 1
+
+
+def test_device_buffer_is_refused_when_the_shim_is_off(built, tmp_path):
+    res, out, calls = run(built, "devbuf", GB, GB, GB, tmp_path / "s.json", policy="off")
+    assert res.returncode == 0 and out["buf"] == "0x0" and out["freed"] == "-1"
+    assert not any(c.startswith("cudaMalloc 1000000000 ") and "Managed" in c for c in calls)
+
+
 def test_prefetch_replay_window_keeps_budget(built, tmp_path):
     """q (2 GB) is on the host under a 3 GB budget; the replay table prefetches parts of it
     before launches 5 and 10 of every iteration, within the 1 GB of room left."""

@@ -97,6 +97,8 @@ SCENARIOS = {
     "hint": (("hint", GB, 1_000_000, GB // 2, 2, STATS), "advise", {}, False),
     "place": (("place", 4 * GB, 3 * GB, STATS, f"1000000:{2 * GB}:2", f"late:{GB}"), "advise",
               {"TRANSIT_GPU_BUDGET": "5100MB"}, False),
+    "device-buffer": (("devbuf", 2_500_000_000, GB, 1_500_000_000, STATS), "advise", {"TRANSIT_GPU_BUDGET": "4GB"},
+                      False),
     "launches-adapter": (("loop", 5, 50, 2 * GB, "adapter"), "advise", {"TRANSIT_GPU_BUDGET": "3GB"}, False),
     "launches-replay": (("loop", 3, 20, 2 * GiB, "adapter", "replay", "straddle"), "prefetch",
                         {"TRANSIT_GPU_BUDGET": "3GB"}, False),

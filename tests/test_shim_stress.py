@@ -44,7 +44,7 @@ def stress(built, tmp_path, name, seed, threads=8, ops=50000, seconds=3.0, env=N
     assert out["table_check"].startswith("0"), out["table_check"]
     fake, s = tally(out), stats_of(stats)
     # everything freed, in the shim and in the runtime
-    assert s["managed_bytes"] == s["device_placed_bytes"] == s["host_placed_bytes"] == 0
+    assert s["managed_bytes"] == s["device_placed_bytes"] == s["host_placed_bytes"] == s["device_buffer_bytes"] == 0
     assert s["zero_copy_mapped_bytes"] == 0 and s["cold_hint_bytes"] == {"optimizer": 0, "master": 0}
     assert fake["managed_live"] == fake["live_ptrs"] == 0
     # the guard and the budget held, by the shim's account and by the runtime's own
@@ -56,6 +56,7 @@ def stress(built, tmp_path, name, seed, threads=8, ops=50000, seconds=3.0, env=N
     # the run exercised what it is for
     assert s["guard_refusals"] > 0 and int(out["refused"]) >= s["guard_refusals"] and s["host_placed_peak_bytes"] > 0
     assert int(out["ops"]) >= min(ops * threads, 2000) and int(out["launches"]) > 0
+    assert int(out["device_buffers"]) > 0  # the adapter's buffers, taken out of the budget under threads
     return {"ops": int(out["ops"]), "seconds": float(out["seconds"]), "fake_peak": fake["managed_peak"],
             "shim_peak": s["managed_peak_bytes"], "placed_peak": s["device_placed_peak_bytes"],
             "refusals": s["guard_refusals"], "host_placed_peak": s["host_placed_peak_bytes"]}

@@ -87,13 +87,16 @@ static void *worker(void *arg)
 /* ---- stress: THREADS threads, each OPS seeded random calls (or until SECONDS pass):
  * allocations (some of 0 bytes, some near SIZE_MAX, some with a NULL devPtr), frees of
  * any thread's allocation, hints over live or freed memory, launches on two streams,
- * iteration boundaries, apply, cudaMemGetInfo, staging calls, frees of pointers never
- * allocated, stats and table checks. Counts what the runtime's contract says must not
+ * iteration boundaries, apply, cudaMemGetInfo, staging calls, the adapter's device
+ * buffers (taken and given back), frees of pointers never allocated, stats and table checks. Counts what the runtime's contract says must not
  * happen (`wrong`: an unexpected return code, or cudaGetLastError not the failed call's
  * error). */
 #define SLOTS 64
 static _Atomic uintptr_t slot[SLOTS];
+static _Atomic uintptr_t dbuf[8]; /* transit_device_alloc's buffers */
 static struct {
+    uintptr_t (*dalloc)(size_t);
+    int (*dfree)(uintptr_t);
     int (*hint)(uintptr_t, size_t, int);
     int (*iteration)(void);
     void (*apply)(void);
@@ -105,6 +108,7 @@ static struct {
 static uint64_t stress_seed, stress_ops;
 static double stress_deadline;
 static const char *stress_stats;
+static _Atomic unsigned long long n_dbuf; /* device buffers taken */
 static _Atomic unsigned long long n_ops, n_alloc, n_refused, n_free, n_bad_free, n_launch, n_iter, n_wrong;
 
 static double now_s(void)
@@ -189,6 +193,23 @@ static void stress_launch(uint64_t *r)
         wrong("cudaGetLastError after a launch", (int)e);
 }
 
+/* A device buffer taken (or refused: no room) or one given back, exactly once. */
+static void stress_dbuf(uint64_t *r)
+{
+    _Atomic uintptr_t *s = &dbuf[rnd(r) % 8];
+    uintptr_t p = atomic_exchange(s, 0);
+    if (p) {
+        if (T.dfree(p) != 0)
+            wrong("transit_device_free of a live buffer", -1);
+        return;
+    }
+    p = T.dalloc(((size_t)1 << 20) << rnd(r) % 9);
+    atomic_fetch_add(&n_dbuf, p != 0);
+    uintptr_t none = 0;
+    if (p && !atomic_compare_exchange_strong(s, &none, p) && T.dfree(p) != 0)
+        wrong("transit_device_free", -1);
+}
+
 static void stress_one(uint64_t *r)
 {
     uint64_t op = rnd(r) % 1000, k = rnd(r);
@@ -200,8 +221,10 @@ static void stress_one(uint64_t *r)
     } else if (op < 650) { /* a sub-range of a live (or by now freed) allocation */
         if (p)
             T.hint(p + rnd(r) % (1u << 20), (size_t)(rnd(r) % (64u << 20)), (int)(rnd(r) % 3));
-    } else if (op < 850) {
+    } else if (op < 840) {
         stress_launch(r);
+    } else if (op < 850) {
+        stress_dbuf(r);
     } else if (op < 870) {
         T.iteration();
         atomic_fetch_add(&n_iter, 1);
@@ -262,9 +285,10 @@ static int stress(int argc, char **argv)
     L(hint, "transit_hint"); L(iteration, "transit_iteration"); L(apply, "transit_apply");
     L(write_stats, "transit_write_stats"); L(stage_in, "transit_stage_in"); L(stage_out, "transit_stage_out");
     L(stage_wait, "transit_stage_wait"); L(check, "transit_test_check");
+    L(dalloc, "transit_device_alloc"); L(dfree, "transit_device_free");
 #undef L
     if (!T.hint || !T.iteration || !T.apply || !T.write_stats || !T.stage_in || !T.stage_out || !T.stage_wait ||
-        n < 1 || n > 64)
+        !T.dalloc || !T.dfree || n < 1 || n > 64)
         return 2;
     if (argc > 7 && !strcmp(argv[7], "replay")) { /* ranges over the first 64 GiB of the fake's addresses */
         void (*add)(uint64_t, uintptr_t, uint64_t) = (void (*)(uint64_t, uintptr_t, uint64_t))api("transit_test_replay_add");
@@ -283,6 +307,10 @@ static int stress(int argc, char **argv)
     for (int i = 0; i < SLOTS; i++)
         if (slot[i] && cudaFree((void *)slot[i]) != cudaSuccess)
             wrong("cudaFree", -1);
+    for (int i = 0; i < 8; i++)
+        if (dbuf[i] && T.dfree(dbuf[i]) != 0)
+            wrong("transit_device_free", -1);
+    printf("device_buffers=%llu\n", n_dbuf);
     printf("ops=%llu\nallocs=%llu\nrefused=%llu\nfrees=%llu\nbad_frees=%llu\nlaunches=%llu\niterations=%llu\n"
            "wrong=%llu\nseconds=%.3f\n", n_ops, n_alloc, n_refused, n_free, n_bad_free, n_launch, n_iter,
            n_wrong, now_s() - t0);
@@ -419,6 +447,35 @@ int main(int argc, char **argv)
             if (argc > 6)
                 printf("stats=%d\n", write_stats(argv[6]));
         }
+        cudaFree(p);
+        return 0;
+    }
+    if (!strcmp(argv[1], "devbuf") && argc >= 6) {
+        /* HOT EXTRA BUF STATS: two allocations, then a plain device buffer of BUF bytes for
+         * the adapter (transit_device_alloc), taken out of the budget; one too large for
+         * it; the stats and the table's check while it is held; then it is given back. */
+        size_t hot = strtoull(argv[2], NULL, 10), extra = strtoull(argv[3], NULL, 10);
+        size_t size = strtoull(argv[4], NULL, 10);
+        uintptr_t (*dalloc)(size_t) = (uintptr_t(*)(size_t))api("transit_device_alloc");
+        int (*dfree)(uintptr_t) = (int (*)(uintptr_t))api("transit_device_free");
+        int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
+        void *p, *q;
+        cudaMalloc(&p, hot);
+        cudaMalloc(&q, extra);
+        printf("p=0x%llx\nq=0x%llx\n", (unsigned long long)(uintptr_t)p, (unsigned long long)(uintptr_t)q);
+        if (!dalloc)
+            return 1;
+        uintptr_t buf = dalloc(size);
+        printf("buf=0x%llx\n", (unsigned long long)buf);
+        printf("too_large=0x%llx\n", (unsigned long long)dalloc((size_t)1 << 62));
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        printf("free=%zu\ntotal=%zu\n", fr, tot);
+        print_tally();
+        printf("stats=%d\n", write_stats(argv[5]));
+        printf("freed=%d\n", dfree(buf));
+        printf("freed_again=%d\n", dfree(buf));
+        cudaFree(q);
         cudaFree(p);
         return 0;
     }

@@ -15,6 +15,8 @@ int transit_iteration(void);
 int transit_hint(uintptr_t ptr, size_t size, int kind);
 void transit_apply(void);
 int transit_write_stats(const char *path);
+uintptr_t transit_device_alloc(size_t size);
+int transit_device_free(uintptr_t ptr);
 int transit_stage_enabled(void);
 size_t transit_stage_in(uintptr_t stream);
 int transit_stage_wait(uintptr_t stream);
@@ -48,6 +50,8 @@ def _load():
     for f in ("transit_stage_in", "transit_stage_out"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [ctypes.c_size_t], ctypes.c_size_t
     lib.transit_stage_wait.argtypes = [ctypes.c_size_t]
+    lib.transit_device_alloc.argtypes, lib.transit_device_alloc.restype = [ctypes.c_size_t], ctypes.c_size_t
+    lib.transit_device_free.argtypes = [ctypes.c_size_t]
     return "ctypes", lib, None
 
 
@@ -84,6 +88,15 @@ def write_stats(path: str | None = None) -> int:
         return -1
     arg = path.encode() if path else (_ffi.NULL if _ffi else None)
     return _lib.transit_write_stats(arg)
+
+
+def device_alloc(size: int) -> int:
+    """Plain device memory out of the GPU budget (transit_api.h); 0 when there is none."""
+    return _lib.transit_device_alloc(size) if available else 0
+
+
+def device_free(ptr: int) -> int:
+    return _lib.transit_device_free(ptr) if available else -1
 
 
 def stage_enabled() -> bool:

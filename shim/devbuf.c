@@ -1,0 +1,74 @@
+/* Plain device memory for an adapter's staging buffers (transit_device_alloc).
+ *
+ * Copies between pinned host memory and plain device memory run on the copy engines beside
+ * compute (49.9 GB/s each way, the GEMMs beside them 1.03x slower on an H200); copies into
+ * managed memory, even memory placed on the device, are served by the SMs (26 GB/s, 1.95x:
+ * bench/state_paths.py, bench/RESULTS.md). So a staging buffer must not be managed. Its
+ * bytes come out of the GPU budget: tr_budget() is the room left for managed data, and
+ * managed data on the device is demoted to make room, so the budget still bounds
+ * everything the shim holds on the GPU at every instant. Under tr_lock. */
+#include "transit.h"
+
+#define MAX_BUFS 64 /* an adapter holds a ring per device, not a pool per tensor */
+
+static struct { uintptr_t ptr; size_t size; } bufs[MAX_BUFS];
+static int nbufs;
+static uint64_t held; /* bytes of bufs */
+
+uint64_t tr_devbuf_bytes(void) { return held; }
+
+/* Demote managed data until what is placed fits the room the buffers leave: cold data
+ * first, and within a kind from the end of the table, which advise's ranking gives room
+ * last (so its next boundary moves nothing back). Before the runtime is asked, so that
+ * what is on the device never exceeds the budget. */
+static void fit(void)
+{
+    for (int kind = TR_COLD_OPT; kind >= TR_HOT; kind--)
+        for (int i = tr_tab.n - 1; i >= 0 && tr_tab.dev_bytes > tr_budget(); i--)
+            for (int j = tr_tab.a[i].nreg - 1; j >= 0 && tr_tab.dev_bytes > tr_budget(); j--) {
+                struct tr_region *r = &tr_tab.a[i].reg[j];
+                if (r->kind == kind && r->place == TR_DEV && r->stage == TR_HOME)
+                    tr_place_demote(r);
+            }
+}
+
+uintptr_t tr_devbuf_alloc(size_t size)
+{
+    if (!size || nbufs == MAX_BUFS || size > tr_budget_total() || held > tr_budget_total() - size ||
+        tr_stage_lent_bytes() > tr_budget_total() - held - size)
+        return 0; /* no room in the budget (what staging lends cannot be demoted now) */
+    if (!tr_cfg.allow_oversubscribe && (size > tr_guard_room() || tr_tab.managed_bytes > tr_guard_room() - size))
+        return 0; /* physically: the guard's limit (what was free at start-up) holds managed memory and buffers */
+    void *p = NULL;
+    held += size;
+    fit();
+    cudaError_t pending = tr_pending_error();
+    cudaError_t err = tr_real.malloc(&p, size);
+    if (err != cudaSuccess) { /* what was demoted comes back at the next boundary */
+        held -= size;
+        tr_own_error(pending, err);
+        return 0;
+    }
+    bufs[nbufs].ptr = (uintptr_t)p;
+    bufs[nbufs++].size = size;
+    tr_place_peaks();
+    tr_log(TR_INFO, "device buffer %p (%zu bytes) for the adapter: %llu bytes of the budget left for managed data",
+           p, size, (unsigned long long)tr_budget());
+    return (uintptr_t)p;
+}
+
+int tr_devbuf_free(uintptr_t ptr)
+{
+    for (int i = 0; i < nbufs; i++) {
+        if (bufs[i].ptr != ptr)
+            continue;
+        cudaError_t pending = tr_pending_error();
+        cudaError_t err = tr_real.free((void *)ptr);
+        if (err != cudaSuccess)
+            tr_own_error(pending, err);
+        held -= bufs[i].size; /* room for managed data again at the next boundary */
+        bufs[i] = bufs[--nbufs];
+        return 0;
+    }
+    return -1;
+}
