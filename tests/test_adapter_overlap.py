@@ -538,6 +538,12 @@ class Api:
     def stage_enabled(self):
         return False
 
+    def device_alloc(self, size):  # the shim's plain device memory: none here
+        return 0
+
+    def device_free(self, ptr):
+        return -1
+
 
 def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
@@ -554,6 +560,7 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     monkeypatch.setenv(T.OVERLAP_ENV, "staged")  # the experiment: the state staged through the copy engines
     ov = site._Hooks(Api()).overlap
     assert ov.side_stream and ov.staging is not None
+    assert ov.staging.device_memory[0](1 << 20) == 0  # the ring's memory comes from the shim's API
     monkeypatch.setenv(T.OVERLAP_ENV, "serial")  # the diagnostic: early updates without the side stream
     ov = site._Hooks(Api()).overlap
     assert ov.side_stream is False and ov.staging is None
@@ -575,6 +582,8 @@ class Api:  # the shim's API as the adapter sees it, on a machine without the sh
     def hint(self, ptr, size, kind): return 0
     def iteration(self): return 0
     def stage_enabled(self): return False
+    def device_alloc(self, size): return 0
+    def device_free(self, ptr): return -1
 
 def losses():
     out = io.StringIO()
@@ -623,6 +632,20 @@ def test_the_gate_runs_advise_overlap_with_the_switch(monkeypatch):
     assert offload.variant("advise-overlap") == ("advise", {"TRANSIT_OVERLAP_STEP": "1"})
     assert offload.variant("advise") == ("advise", {}) and offload.variant("zero-offload") == (None, {})
     assert "advise-overlap" in offload.expand("transit")
+    assert offload.expand("reference,advise-staged512,zenflow") == ["reference", "advise-staged512", "zenflow"]
+
+
+@pytest.mark.parametrize("bad", ["advise-stagedd", "zero-offlaod", "advise-", "Reference"])
+def test_the_gate_refuses_a_misspelt_run(monkeypatch, capsys, bad):
+    """A misspelt variant ran the plain policy, and a misspelt peer the reference, under the
+    name asked for: one line and exit 2 instead."""
+    from tests.conftest import ROOT
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.setattr(sys, "argv", ["offload.py"])
+    offload = importlib.import_module("offload")
+    with pytest.raises(SystemExit) as e:
+        offload.expand(f"reference,{bad}")
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
 def test_the_gate_budgets_each_point_from_its_own_reference(monkeypatch, tmp_path):
@@ -691,6 +714,46 @@ def test_step_timeline_summary_of_a_trace(monkeypatch):
     assert (htod["bytes"], htod["busy_ms"], htod["beside_compute_ms"], htod["gb_per_s"]) == (150_000_000, 3.0, 3.0, 50.0)
     assert (dtoh["busy_ms"], dtoh["beside_compute_ms"], dtoh["gb_per_s"]) == (5.0, 3.0, 50.0)
     assert tl.summarize({"traceEvents": trace["traceEvents"][-1:]}) == {"error": "no GPU events in the trace"}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ring_never_hands_out_bytes_still_in_use(T, seed):
+    """The staging ring's bookkeeping, driven by random batch sizes: a buffer never overlaps
+    one whose copy home has not been waited for (the events count up on one stream, so
+    waiting for event k means every buffer up to k is free), every buffer lies inside the
+    ring, and the first lap waits for nothing."""
+    import random
+    ring = T._staging_module().Ring(1 << 20)
+    rng, done_upto, live, first_lap = random.Random(seed), -1, [], True
+    for k in range(2000):
+        n = rng.choice([1, 511, 512, 4096, 100_000, 300_000, ring.size // 2, ring.size])
+        off, wait = ring.take(n)
+        if wait is not None:
+            assert wait > done_upto  # only newer events are worth a wait
+            done_upto, first_lap = wait, False
+        elif first_lap:
+            assert sum(b - a for a, b, _ in live) + n <= ring.size
+        size = -(-n // 512) * 512
+        assert off % 512 == 0 and 0 <= off and off + size <= ring.size
+        live = [(a, b, e) for a, b, e in live if e > done_upto]
+        assert all(off + size <= a or b <= off for a, b, _ in live), (k, off, size, live)
+        live.append((off, off + size, k))
+        ring.done(k)
+    with pytest.raises(ValueError):
+        ring.take(ring.size + 1)
+
+
+def test_staging_without_room_for_its_ring_reads_the_state_in_place(T, capsys):
+    """The shim refuses the ring (no room in the budget): said once, and no update is
+    staged (stageable is None), so the early updates read the state where it is."""
+    import torch
+    st = T._staging_module()
+    asked = []
+    s = st.Staging(device_memory=(lambda n: asked.append(n) or 0, lambda p: -1))
+    dev = torch.device("cuda", 0)
+    assert s._ring(dev) is None and s._ring(dev) is None and asked == [st.STAGE_LIMIT]
+    err = capsys.readouterr().err
+    assert err.count("no room in the GPU budget for a 1024 MiB staging ring") == 1
 
 
 @pytest.mark.parametrize("raw", ["lots", "0", "-5", "1.5e9"])

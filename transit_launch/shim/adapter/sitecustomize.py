@@ -179,7 +179,8 @@ def _overlap(api, hooks):
         if mode not in transit_overlap.MODES:
             return None
         return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=[hooks.post_step],
-                                       side_stream=mode != "serial", staged=mode == "staged")
+                                       side_stream=mode != "serial", staged=mode == "staged",
+                                       device_memory=(api.device_alloc, api.device_free))
     except Exception as e:
         print(f"transit adapter: step overlap not available: {e!r}", file=sys.stderr)
         return None

@@ -256,10 +256,11 @@ class Overlap:
     on every parameter of an adopted optimizer (on FSDP2's sharded parameters FSDP2 calls it
     after the reduce-scatter)."""
 
-    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True, staged=False):
+    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True, staged=False, device_memory=None):
         self.stage_enabled = stage_enabled
         self.side_stream = side_stream
-        self.staging = _staging_module().Staging() if staged else None
+        # device_memory: the shim's (alloc, free) of plain device memory for the staging ring
+        self.staging = _staging_module().Staging(device_memory) if staged else None
         self.ours = list(ours)  # the adapter's other step hooks: not foreign
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
         self.recs = {}          # id(param) -> _Param of a hooked parameter

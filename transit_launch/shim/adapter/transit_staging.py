@@ -17,9 +17,13 @@ cudaMemcpyBatchAsync asking for the copy engines, and 1.89x). So here:
   data, and a hot tensor carved from it would be served zero-copy.
 - stage: an early update copies its state into GPU buffers on one stream (host to device),
   runs torch's own step on them on a second, and copies them home on a third (device to
-  host). The buffers come from the compute stream's cache, which backward is freeing, so they
-  add no reserved memory when it has room; at most STAGE_LIMIT bytes (TRANSIT_OVERLAP_INFLIGHT)
-  are in flight.
+  host). The buffers are carved in turn from one ring of plain device memory per GPU
+  (transit_device_alloc: its bytes come out of the GPU budget). Not PyTorch's cache: under
+  the shim that is managed memory, and copies into managed memory, even memory placed on the
+  GPU, are served by the SMs (26 GB/s, the GEMMs beside them 1.95x slower), where plain
+  device memory gets the copy engines (44-50 GB/s, 1.04x; bench/state_paths.py). A buffer is
+  reused only after its copy home: the in-copy stream waits for that on the GPU, so the CPU
+  never blocks inside backward. TRANSIT_OVERLAP_INFLIGHT sets the ring's bytes (STAGE_LIMIT).
 
 Bit-identical: the update is torch's step function on the same values (exact copies), only
 at other addresses; every verified kernel computes each element from its own inputs alone.
@@ -33,7 +37,8 @@ import time
 import weakref
 
 INFLIGHT_ENV = "TRANSIT_OVERLAP_INFLIGHT"  # transit_launch/rules.py ENV["OVERLAP_INFLIGHT"]; a test keeps them equal
-STAGE_LIMIT = 1 << 30     # default bytes of state staged at once (the CPU waits for the oldest beyond it)
+STAGE_LIMIT = 1 << 30     # default bytes of the staging ring on each GPU (taken out of the GPU budget)
+ALIGN = 512               # bytes: every buffer carved from the ring starts aligned for any dtype's kernels
 
 
 def _storage_tensor(t):
@@ -66,6 +71,45 @@ class _CudaView:
                                          "data": (host.data_ptr(), False), "version": 3}
 
 
+class _DeviceView:
+    """Plain device memory (the shim's transit_device_alloc) presented to torch."""
+
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+class Ring:
+    """Buffers carved in turn from `size` bytes, reused in first-in first-out order: a new
+    buffer reuses the bytes of buffers handed out about one ring earlier, and must wait for
+    the event that marked them done. Every done event is recorded on one stream, so waiting
+    for the newest of them covers the older ones. Pure bookkeeping (tests drive it with any
+    event objects)."""
+
+    def __init__(self, size):
+        self.size = size - size % ALIGN
+        self.head = 0                       # virtual offset: grows forever, position = head % size
+        self.live = collections.deque()     # (virtual start, done event) of buffers handed out
+
+    def take(self, nbytes):
+        """(offset, event to wait for or None) of a buffer of nbytes (at most the ring's size)."""
+        n = -(-nbytes // ALIGN) * ALIGN
+        if n > self.size:
+            raise ValueError(f"{nbytes} bytes staged at once, the ring has {self.size}")
+        start = self.head
+        if start % self.size + n > self.size:  # no wrapping inside a buffer: skip to the ring's start
+            start += self.size - start % self.size
+        wait = None
+        while self.live and self.live[0][0] < start + n - self.size:  # its bytes are reused now
+            wait = self.live.popleft()[1]
+        self.head = start + n
+        self._pending = start
+        return start % self.size, wait
+
+    def done(self, event):
+        """The buffer last taken is free again once `event` has happened."""
+        self.live.append((self._pending, event))
+
+
 def _limit():
     """TRANSIT_OVERLAP_INFLIGHT in bytes; a value that is not a positive integer is said in one
     line and the default used (the job goes on)."""
@@ -84,12 +128,16 @@ def _limit():
 
 
 class Staging:
-    def __init__(self):
+    def __init__(self, device_memory=None):
+        """device_memory: (alloc(nbytes) -> pointer or 0, free(pointer)), the shim's plain device
+        memory out of the GPU budget; None: torch's allocator (no shim: plain memory too)."""
         self.limit = _limit()
         self.largest = self.limit // 2  # a parameter with more state bytes is updated in place (zero-copy)
         self.batch = self.limit // 4    # state bytes of one staged step (several parameters)
+        self.device_memory = device_memory
+        self.rings = {}                 # device -> (Ring, its memory as a uint8 tensor), or None: none to be had
         self.wrappers = {}              # id(DTensor state) -> (state, its wrapper for staged buffers)
-        self.cpu_s = self.wait_s = 0.0  # the CPU's time in staged updates, and in the throttle's waits
+        self.cpu_s = 0.0                # the CPU's time in staged updates
         atexit.register(self.report)
         self.homes = {}      # data_ptr of a homed state -> its pinned host (CPU) view
         self.owner = {}      # data_ptr of a homed state -> id() of its optimizer
@@ -98,7 +146,6 @@ class Staging:
         self.kept = []       # (id() of the optimizer, storage)
         self.finalizers = {}  # id() of an optimizer with homes -> its weakref.finalize
         self.streams = {}    # device -> (in, update, out) streams
-        self.inflight = collections.deque()  # (event after the out-copies, bytes)
         self.staged = 0      # early updates staged (tests, logs)
 
     # --- home ---------------------------------------------------------------------------
@@ -176,9 +223,33 @@ class Staging:
         if any(t.device != dev for t in ts):
             return None
         if dev.type == "cuda" and (any(t.data_ptr() not in self.homes for t in ts) or
-                                   sum(map(_nbytes, ts)) > self.largest):
+                                   sum(map(_nbytes, ts)) > self.largest or self._ring(dev) is None):
             return None
         return keys
+
+    def _ring(self, dev):
+        """The device's staging ring, made at its first staged update; None (said once) when
+        the budget has no room for it: the early updates then read the state in place."""
+        if dev not in self.rings:
+            self.rings[dev] = None
+            if self.device_memory is None:
+                import torch
+
+                mem = torch.empty(self.limit, dtype=torch.uint8, device=dev)
+            else:
+                ptr = self.device_memory[0](self.limit)
+                if not ptr:
+                    print(f"transit adapter: no room in the GPU budget for a {self.limit / 2**20:.0f} MiB staging "
+                          f"ring on {dev} ({INFLIGHT_ENV}): its early updates read the state in place",
+                          file=sys.stderr, flush=True)
+                    return None
+                import torch
+
+                mem = torch.as_tensor(_DeviceView(ptr, self.limit), device=dev)
+                # given back with this object; at exit the process's end does it (copies may be in flight)
+                weakref.finalize(self, self.device_memory[1], ptr).atexit = False
+            self.rings[dev] = (Ring(self.limit), mem)
+        return self.rings[dev]
 
     def nbytes(self, opt, p, keys):
         """The state bytes a staged update of p moves each way."""
@@ -211,33 +282,37 @@ class Staging:
             return
         dev = first.device
         s_in, s_upd, s_out = self._streams(dev)
-        size = sum(_nbytes(t) for _, _, _, t in homes)
-        self._throttle(size)
-        compute = torch.cuda.default_stream(dev)
-        with torch.cuda.stream(compute):  # from the compute stream's cache (see the docstring)
-            bufs = [torch.empty_like(t) for _, _, _, t in homes]
-        for b in bufs:  # first: whatever fails below, the cache reuses them only after these streams
-            for s in (s_in, s_upd, s_out):
-                b.record_stream(s)
-        s_in.wait_stream(compute)  # the buffers' memory is free once the compute stream's earlier kernels are done
+        ring, mem = self._ring(dev)
+        offs, size = [], 0
+        for _, _, _, t in homes:  # one buffer of the ring for the batch, each state aligned in it
+            n = -(-_nbytes(t) // ALIGN) * ALIGN
+            if size + n > ring.size:  # (a tiny ring) the rest is updated in place, reading its home
+                break
+            offs.append(size)
+            size += n
+        homes = homes[:len(offs)]
+        base, wait = ring.take(size)
+        if wait is not None:  # its bytes are reused: after their copy home (on the GPU, not the CPU)
+            s_in.wait_event(wait)
+        bufs = [mem[base + o:base + o + _nbytes(t)].view(t.dtype).view(t.shape) for o, (_, _, _, t) in zip(offs, homes)]
         with torch.cuda.stream(s_in):
             for (_, _, _, t), b in zip(homes, bufs):
                 b.copy_(self.homes[t.data_ptr()], non_blocking=True)
         s_upd.wait_stream(s_in)
         for ev in ready:  # each gradient, on the stream that made it
             s_upd.wait_event(ev)
+        done = torch.cuda.Event()
         try:
             with torch.cuda.stream(s_upd):
                 step(self._swaps(homes, bufs))
         finally:
             self._unwrap(homes)
-        s_out.wait_stream(s_upd)
-        with torch.cuda.stream(s_out):
-            for (_, _, _, t), b in zip(homes, bufs):
-                self.homes[t.data_ptr()].copy_(b, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(s_out)
-        self.inflight.append((done, size))
+            s_out.wait_stream(s_upd)
+            with torch.cuda.stream(s_out):
+                for (_, _, _, t), b in zip(homes, bufs):
+                    self.homes[t.data_ptr()].copy_(b, non_blocking=True)
+            done.record(s_out)
+            ring.done(done)  # whatever happened: the bytes are free after what was enqueued
         self.staged += len(items)
 
     def _swaps(self, homes, bufs):
@@ -269,20 +344,10 @@ class Staging:
             self.streams[dev] = tuple(torch.cuda.Stream(device=dev) for _ in range(3))
         return self.streams[dev]
 
-    def _throttle(self, size):
-        """At most `limit` bytes in flight: the buffers go back to the compute stream's cache
-        only when their copies are done, and the CPU may be far ahead of the GPU."""
-        while self.inflight and (self.inflight[0][0].query() or
-                                 sum(b for _, b in self.inflight) + size > self.limit):
-            t0 = time.perf_counter()
-            self.inflight.popleft()[0].synchronize()
-            self.wait_s += time.perf_counter() - t0
-
     def report(self):
         if self.staged and self.streams:  # staged on a GPU (the CPU path is for tests)
-            print(f"transit adapter: {self.staged} staged early updates; the CPU spent {self.cpu_s:.3f} s in them, "
-                  f"{self.wait_s:.3f} s of it waiting for copies (at most {self.limit / 2**20:.0f} MiB in flight)",
-                  file=sys.stderr, flush=True)
+            print(f"transit adapter: {self.staged} staged early updates; the CPU spent {self.cpu_s:.3f} s in them "
+                  f"(a {self.limit / 2**20:.0f} MiB ring of device memory on each GPU)", file=sys.stderr, flush=True)
 
     def wait(self, dev):
         """The step's stream waits for every staged update and copy home (pre_step)."""
