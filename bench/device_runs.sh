@@ -407,8 +407,27 @@ next-20)          # x2, about 10 minutes (close to the limit: GPU0's lane), CARR
     tail -3 "$OUT/gpu_tests.log"
     for f in zenflow twinflow; do echo "== $f"; cut -c1-300 "$OUT/$f.log"; done
     ;;
+ring)             # x2, about 7 minutes (issue 20): the staged step through a ring of plain device memory
+                  # (transit_device_alloc) against the zero-copy early updates. GPU0: the GPU tests of the
+                  # overlap (bit-identical), no recomputation at 3 and 1 microbatches, one staged step's
+                  # timeline; GPU1: recomputation at 3 and 1, then 12 microbatches
+    c="--set reference,advise-overlap,advise-staged,advise-staged512 --accum 3,1 --steps 10 --warmup 3 --timeout 70"
+    ( g0 timeout 130 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k overlapped > "$OUT/gpu_tests.log" 2>&1
+      g0 timeout 330 python3 bench/offload.py $c --model=--no-recompute --deadline 300 --gpu 0 \
+          --out "$OUT/ring_noac.json" > "$OUT/noac.log" 2>&1
+      TRANSIT_OVERLAP_STEP=staged g0 timeout 90 python3 -m transit_launch run --policy advise --gpu-budget 38903726080 \
+          -- python3 bench/step_timeline.py --step 6 --out "$OUT/timeline_ring.json" -- --seq-len 8192 --batch 2 \
+          --accum 1 --steps 7 --no-recompute > "$OUT/timeline_ring.log" 2>&1 ) &
+    ( g1 timeout 330 python3 bench/offload.py $c --deadline 300 --gpu 1 --out "$OUT/ring_ac.json" > "$OUT/ac.log" 2>&1
+      g1 timeout 200 python3 bench/offload.py --set reference,advise-staged --accum 12 --steps 8 --warmup 3 \
+          --timeout 90 --deadline 190 --gpu 1 --out "$OUT/ring_ac12.json" > "$OUT/ac12.log" 2>&1 ) &
+    wait
+    tail -3 "$OUT/gpu_tests.log"
+    grep -v '^{' "$OUT/timeline_ring.log" | tail -12
+    for f in "$OUT"/ring_*.json; do python3 bench/offload.py --report "$f" 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9,12,13,14,16; done
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring" >&2
     exit 2 ;;
 esac
 done

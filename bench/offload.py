@@ -41,8 +41,10 @@ TRANSIT = ("off", "base", "prefetch", "advise")
 VARIANTS = {"stage": {ENV["STAGE"]: "1"},              # experimental staging (docs/lifetime-policy.md)
             "overlap": {ENV["OVERLAP_STEP"]: "1"},     # the optimizer step overlapped with backward
             "staged": {ENV["OVERLAP_STEP"]: "staged"},  # its state staged through the copy engines
-            # staged with 16 GiB in flight: the CPU never waits for copies (a diagnostic)
+            # (before the ring: 16 GiB in flight, so the CPU never waited for copies; a diagnostic)
             "stagedwide": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(16 << 30)},
+            # staged through a ring of 512 MiB (the default 1 GiB comes out of the GPU budget)
+            "staged512": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(512 << 20)},
             # the early updates on a green context of 16 SMs (zero-copy kernels hold fewer SMs)
             "green16": {ENV["OVERLAP_STEP"]: "1", ENV["OVERLAP_SMS"]: "16"},
             "serial": {ENV["OVERLAP_STEP"]: "serial"}}  # its early updates without the side stream
@@ -194,6 +196,12 @@ def expand(sel):
             names += ["reference", "off", "advise", "advise-overlap", "prefetch", "base", *PEERS]
         elif s:
             names.append(s)
+    for n in names:  # a misspelt name would run the plain policy or the reference under its name
+        policy, _, suffix = n.partition("-")
+        if not (n == "reference" or n in PEERS or policy in TRANSIT and (n == policy or suffix in VARIANTS)):
+            print(f"offload: unknown run {n!r} (runs: reference, a policy of {sorted(TRANSIT)} with an optional "
+                  f"-{'/-'.join(VARIANTS)}, or a peer: {', '.join(PEERS)})", file=sys.stderr)
+            sys.exit(2)
     return names
 
 
