@@ -424,10 +424,26 @@ ring)             # x2, about 7 minutes (issue 20): the staged step through a ri
     wait
     tail -3 "$OUT/gpu_tests.log"
     grep -v '^{' "$OUT/timeline_ring.log" | tail -12
-    for f in "$OUT"/ring_*.json; do python3 bench/offload.py --report "$f" 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9,12,13,14,16; done
+    for f in "$OUT"/ring_*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9,12,13,14,16; done
+    ;;
+ring-2)           # x2, about 7 minutes (issue 20): the ring's size (512 and 256 MiB; it comes out of the GPU
+                  # budget, which every microbatch pays for) at the paper's ratio (12 microbatches) and the
+                  # points ring left open. GPU0 with recomputation, GPU1 without
+    c12="--accum 12 --steps 8 --warmup 3 --timeout 100"
+    ( g0 timeout 330 python3 bench/offload.py --set reference,advise-overlap,advise-staged256,advise-staged512 $c12 \
+          --deadline 250 --gpu 0 --out "$OUT/ring2_ac12.json" > "$OUT/ac12.log" 2>&1
+      g0 timeout 120 python3 bench/offload.py --set reference,advise-staged256,advise-staged512 --accum 1 --steps 10 \
+          --warmup 3 --timeout 45 --deadline 90 --gpu 0 --out "$OUT/ring2_ac.json" > "$OUT/ac.log" 2>&1 ) &
+    ( g1 timeout 250 python3 bench/offload.py --set reference,advise-staged256,advise-staged512 $c12 \
+          --model=--no-recompute --deadline 170 --gpu 1 --out "$OUT/ring2_noac12.json" > "$OUT/noac12.log" 2>&1
+      g1 timeout 180 python3 bench/offload.py --set reference,advise-staged256 --accum 3,1 --steps 10 --warmup 3 \
+          --timeout 60 --deadline 140 --model=--no-recompute --gpu 1 --out "$OUT/ring2_noac.json" > "$OUT/noac.log" 2>&1 ) &
+    wait
+    grep -h deadline "$OUT"/*.log
+    for f in "$OUT"/ring2_*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9; done
     ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2" >&2
     exit 2 ;;
 esac
 done
