@@ -442,8 +442,20 @@ ring-2)           # x2, about 7 minutes (issue 20): the ring's size (512 and 256
     grep -h deadline "$OUT"/*.log
     for f in "$OUT"/ring2_*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9; done
     ;;
+ring-3)           # x2, about 5 minutes (issue 20): the 256 MiB ring at the paper's ratio again with more steps
+                  # (ring-2's slowest steps were its first; warm-up 5 instead of 3), and with recomputation at 3
+    c12="--set reference,advise-staged256 --accum 12 --steps 12 --warmup 5 --timeout 110"
+    ( g0 timeout 190 python3 bench/offload.py $c12 --deadline 120 --gpu 0 --out "$OUT/ring3_ac12.json" > "$OUT/ac12.log" 2>&1
+      g0 timeout 100 python3 bench/offload.py --set reference,advise-staged256 --accum 3 --steps 10 --warmup 3 \
+          --timeout 60 --deadline 60 --gpu 0 --out "$OUT/ring3_ac.json" > "$OUT/ac.log" 2>&1 ) &
+    g1 timeout 200 python3 bench/offload.py $c12 --model=--no-recompute --deadline 120 --gpu 1 \
+        --out "$OUT/ring3_noac12.json" > "$OUT/noac12.log" 2>&1 &
+    wait
+    grep -h deadline "$OUT"/*.log
+    for f in "$OUT"/ring3_*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9; done
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2|ring-3" >&2
     exit 2 ;;
 esac
 done
