@@ -43,9 +43,10 @@ VARIANTS = {"stage": {ENV["STAGE"]: "1"},              # experimental staging (d
             "staged": {ENV["OVERLAP_STEP"]: "staged"},  # its state staged through the copy engines
             # (before the ring: 16 GiB in flight, so the CPU never waited for copies; a diagnostic)
             "stagedwide": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(16 << 30)},
-            # staged through a ring of 512 MiB (the default 1 GiB comes out of the GPU budget)
+            # staged through a ring of 512 MiB, 256 MiB (the default) or 1 GiB (the ring comes out of the GPU budget)
             "staged512": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(512 << 20)},
             "staged256": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(256 << 20)},
+            "staged1024": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(1 << 30)},
             # the early updates on a green context of 16 SMs (zero-copy kernels hold fewer SMs)
             "green16": {ENV["OVERLAP_STEP"]: "1", ENV["OVERLAP_SMS"]: "16"},
             "serial": {ENV["OVERLAP_STEP"]: "serial"}}  # its early updates without the side stream

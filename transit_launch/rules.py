@@ -34,7 +34,7 @@ ENV = {
     "COLD_TAIL": "TRANSIT_COLD_TAIL",
     # read by the framework adapter only (transit_overlap.py), not by the shim
     "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",
-    "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of state staged at once (transit_staging.py)
+    "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # SMs of the early updates' stream, a green context (transit_overlap.py)
 }
 

@@ -31,7 +31,7 @@ SMS_ENV = "TRANSIT_OVERLAP_SMS"  # rules.py ENV["OVERLAP_SMS"]: SMs of the early
 _GREEN = []  # green contexts made for side streams (kept alive with them)
 # "1": early updates on a side stream beside backward, reading the state where it is (over
 # PCIe under advise); "staged": their state staged through the copy engines instead
-# (transit_staging.py; an experiment, measured slower); "serial": the early updates on the
+# (transit_staging.py; the fastest measured, with a second host copy); "serial": the early updates on the
 # current stream (a diagnostic: the same order and bytes without concurrency)
 MODES = ("1", "staged", "serial")
 DIGEST_CHUNK = 1 << 20  # elements a checksum sums at once (its int64 temporary: 8 MiB)

@@ -1,5 +1,6 @@
-"""The overlapped step's state staging (TRANSIT_OVERLAP_STEP=staged; an experiment, measured
-slower than the plain overlap: bench/RESULTS.md), loaded by transit_overlap.py.
+"""The overlapped step's state staging (TRANSIT_OVERLAP_STEP=staged, opt-in; the fastest
+transit run measured on the H200, at the cost of a second host copy of the state:
+bench/RESULTS.md), loaded by transit_overlap.py.
 
 An early update that reads its AdamW state zero-copy holds SMs while it waits on PCIe: beside
 backward's kernels on an H200 it slowed them 1.55x and hid 0.024 s of its 0.206 s
@@ -37,7 +38,10 @@ import time
 import weakref
 
 INFLIGHT_ENV = "TRANSIT_OVERLAP_INFLIGHT"  # transit_launch/rules.py ENV["OVERLAP_INFLIGHT"]; a test keeps them equal
-STAGE_LIMIT = 1 << 30     # default bytes of the staging ring on each GPU (taken out of the GPU budget)
+# default bytes of the staging ring on each GPU. It comes out of the GPU budget, which every
+# microbatch pays for with hot data served from the host: on the H200 256 MiB beat 512 MiB in
+# 5 of 6 points and 1 GiB in all (bench/RESULTS.md, "The staged step through a device ring")
+STAGE_LIMIT = 256 << 20
 ALIGN = 512               # bytes: every buffer carved from the ring starts aligned for any dtype's kernels
 
 
