@@ -60,6 +60,7 @@ EXPORT int transit_write_stats(const char *path)
 
 EXPORT uintptr_t transit_device_alloc(size_t size)
 {
+    tr_runtime_once(); /* the real cudaMalloc, also when this comes before any CUDA call */
     if (!transit_active())
         return 0;
     pthread_mutex_lock(&tr_lock);

@@ -217,7 +217,7 @@ def test_device_buffer_comes_out_of_the_budget(built, tmp_path):
                           env={"TRANSIT_GPU_BUDGET": "4GB"})
     assert res.returncode == 0, res.stderr
     p, q, buf = (int(out[k], 16) for k in ("p", "q", "buf"))
-    assert buf and out["too_large"] == "0x0"
+    assert buf and out["too_large"] == "0x0" and out["last_error"] == "0"
     assert f"cudaMalloc 1500000000 0x{buf:x}" in calls  # plain device memory
     evict_q = f"cudaMemPrefetchAsync 0x{q:x} {GB} {LOC_HOST} 0 (nil)"
     assert calls.index(evict_q) < calls.index(f"cudaMalloc 1500000000 0x{buf:x}")  # room first
@@ -230,6 +230,40 @@ def test_device_buffer_comes_out_of_the_budget(built, tmp_path):
     assert s["device_placed_peak_bytes"] <= 4 * GB
     assert out["freed"] == "0" and out["freed_again"] == "-1"
     assert sum(c == f"cudaFree 0x{buf:x}" for c in calls) == 1
+
+
+@pytest.mark.parametrize("policy", ["base", "advise"])
+def test_device_buffer_demotes_no_more_than_it_needs(built, tmp_path, policy):
+    """3 GB and 1 GB placed under a 4 GB budget, a 1.5 GB buffer: demoting from the end takes
+    both, then the 1 GB goes back (under base nothing else would ever bring it back)."""
+    res, out, calls = run(built, "devbuf", 3 * GB, GB, 1_500_000_000, tmp_path / "s.json", policy=policy,
+                          env={"TRANSIT_GPU_BUDGET": "4GB"})
+    assert res.returncode == 0 and int(out["buf"], 16), res.stderr
+    s = stats_of(tmp_path / "s.json")
+    assert s["device_placed_bytes"] == GB and s["host_placed_bytes"] == 3 * GB and s["device_buffer_bytes"] == 1_500_000_000
+    assert out["table_check"].strip() == "0" and s["device_placed_peak_bytes"] <= 4 * GB
+
+
+@pytest.mark.parametrize("policy", ["base", "advise"])
+def test_device_buffer_the_runtime_refuses_loses_nothing(built, tmp_path, policy):
+    """The real cudaMalloc refuses the buffer (1 GB of plain memory on the card, the guard
+    lifted): 0 for the adapter, no error left for the application, nothing counted, and what
+    was demoted for it is back on the device."""
+    res, out, calls = run(built, "devbuf", 2_500_000_000, GB, 1_500_000_000, tmp_path / "s.json", policy=policy,
+                          env={"TRANSIT_GPU_BUDGET": "4GB", "FAKE_GPU_MEM": str(GB), "TRANSIT_ALLOW_OVERSUBSCRIBE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert out["buf"] == "0x0" and out["last_error"] == "0" and "cudaMalloc 1500000000 -> oom" in calls
+    s = stats_of(tmp_path / "s.json")
+    assert s["device_buffer_bytes"] == 0 and s["device_placed_bytes"] == 3_500_000_000 and s["host_placed_bytes"] == 0
+    assert out["table_check"].strip() == "0"
+
+
+def test_device_buffer_before_any_cuda_call(built):
+    """The adapter's first call may come before the application's first CUDA call: the
+    runtime is resolved then, not dereferenced unresolved (it crashed the process)."""
+    res, out, calls = run(built, "devbuf-first", GB, env={"TRANSIT_GPU_BUDGET": "4GB", "TRANSIT_ALLOW_OVERSUBSCRIBE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert int(out["buf"], 16) and out["freed"] == "0"
 
 
 def test_device_buffer_is_refused_when_the_shim_is_off(built, tmp_path):

@@ -450,6 +450,17 @@ int main(int argc, char **argv)
         cudaFree(p);
         return 0;
     }
+    if (!strcmp(argv[1], "devbuf-first") && argc >= 3) {
+        /* SIZE: a device buffer asked for before any CUDA call (the runtime not yet resolved) */
+        uintptr_t (*dalloc)(size_t) = (uintptr_t(*)(size_t))api("transit_device_alloc");
+        int (*dfree)(uintptr_t) = (int (*)(uintptr_t))api("transit_device_free");
+        if (!dalloc || !dfree)
+            return 1;
+        uintptr_t buf = dalloc(strtoull(argv[2], NULL, 10));
+        printf("buf=0x%llx\n", (unsigned long long)buf);
+        printf("freed=%d\n", buf ? dfree(buf) : -1);
+        return 0;
+    }
     if (!strcmp(argv[1], "devbuf") && argc >= 6) {
         /* HOT EXTRA BUF STATS: two allocations, then a plain device buffer of BUF bytes for
          * the adapter (transit_device_alloc), taken out of the budget; one too large for
@@ -467,6 +478,7 @@ int main(int argc, char **argv)
             return 1;
         uintptr_t buf = dalloc(size);
         printf("buf=0x%llx\n", (unsigned long long)buf);
+        printf("last_error=%d\n", (int)cudaGetLastError()); /* a refusal of the runtime's is the shim's own */
         printf("too_large=0x%llx\n", (unsigned long long)dalloc((size_t)1 << 62));
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
