@@ -743,17 +743,33 @@ def test_ring_never_hands_out_bytes_still_in_use(T, seed):
         ring.take(ring.size + 1)
 
 
-def test_staging_without_room_for_its_ring_reads_the_state_in_place(T, capsys):
+def test_staging_without_room_for_its_ring_reads_the_state_in_place(T, capsys, monkeypatch):
     """The shim refuses the ring (no room in the budget): said once, and no update is
-    staged (stageable is None), so the early updates read the state where it is."""
+    staged (stageable is None), so the early updates read the state where it is. The ring
+    is asked for on its own device (the shim allocates on the calling thread's)."""
+    import contextlib
     import torch
     st = T._staging_module()
+    entered = []
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext(entered.append(d)))
     asked = []
     s = st.Staging(device_memory=(lambda n: asked.append(n) or 0, lambda p: -1))
-    dev = torch.device("cuda", 0)
-    assert s._ring(dev) is None and s._ring(dev) is None and asked == [st.STAGE_LIMIT]
+    dev = torch.device("cuda", 1)
+    assert s._ring(dev) is None and s._ring(dev) is None and asked == [st.STAGE_LIMIT] and entered == [dev]
     err = capsys.readouterr().err
     assert err.count(f"no room in the GPU budget for a {st.STAGE_LIMIT >> 20} MiB staging ring") == 1
+
+
+def test_a_ring_smaller_than_one_buffer_is_not_made(T, capsys, monkeypatch):
+    """TRANSIT_OVERLAP_INFLIGHT below one aligned buffer: no ring (its size would be 0 and
+    every take a division by zero), said once, and the shim is not asked."""
+    import torch
+    st = T._staging_module()
+    monkeypatch.setenv(st.INFLIGHT_ENV, "100")
+    asked = []
+    s = st.Staging(device_memory=(lambda n: asked.append(n) or 1, lambda p: 0))
+    assert s._ring(torch.device("cuda", 0)) is None and asked == []
+    assert capsys.readouterr().err.count("less than one 512-byte staging buffer") == 1
 
 
 @pytest.mark.parametrize("raw", ["lots", "0", "-5", "1.5e9"])

@@ -106,3 +106,29 @@ def test_overlapped_step_is_bit_identical_on_the_gpu(reference, tmp_path, mode):
     if mode == "staged":
         assert "staged early updates" in err
     assert runmod.budget_held(stats[0]), stats[0]
+
+
+def test_staged_in_copies_wait_for_the_last_step():
+    """The staged step's in-copies read the state's pinned home on their own stream; the
+    application's step may still be writing it on the compute stream (the GPU behind the
+    CPU). They must wait for the step (a review found they did not): the compute stream
+    sleeps, then writes the state; the staged update must see what it wrote."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("transit_staging", inject.adapter_dir() / "transit_staging.py")
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    p = torch.nn.Parameter(torch.randn(1 << 20, device="cuda"))
+    opt = torch.optim.AdamW([p], fused=True)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    staging = st.Staging()  # no shim here: the ring is torch's plain device memory
+    assert staging.home(opt) > 0 and staging._ring(p.device) is not None
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the compute stream busy for a while (~0.1 s)
+    opt.state[p]["exp_avg"].fill_(7.0)  # the application's step writing the home, late
+    staging.stepped()
+    seen = {}
+    staging.update(opt, [(p, ["exp_avg", "exp_avg_sq"])],
+                   lambda swaps: seen.__setitem__("m", swaps[p]["exp_avg"].clone()))
+    torch.cuda.synchronize()
+    assert bool((seen["m"] == 7.0).all()), "the in-copy read the state before the step wrote it"

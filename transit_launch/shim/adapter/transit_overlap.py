@@ -317,6 +317,7 @@ class Overlap:
                 self._unhook(plan)  # here, not in a gradient hook: FSDP2 iterates the hook dict
             elif self.staging:
                 moved = self.staging.home(opt)  # new states (the first step, a loaded state_dict) go home
+                self.staging.stepped()  # the next in-copies read what this step wrote
                 if moved:
                     _say(f"{plan.name}'s state ({moved / 1e9:.2f} GB) moved to pinned host memory: its early "
                          "updates stage it through the copy engines")

@@ -25,6 +25,9 @@ cudaMemcpyBatchAsync asking for the copy engines, and 1.89x). So here:
   device memory gets the copy engines (44-50 GB/s, 1.04x; bench/state_paths.py). A buffer is
   reused only after its copy home: the in-copy stream waits for that on the GPU, so the CPU
   never blocks inside backward. TRANSIT_OVERLAP_INFLIGHT sets the ring's bytes (STAGE_LIMIT).
+  The in-copies of a step also wait, once, for the end of the previous optimizer step (the
+  application's step writes the homes of what was not updated early, and it runs after the
+  previous copies home), so they never read a state that is still being written.
 
 Bit-identical: the update is torch's step function on the same values (exact copies), only
 at other addresses; every verified kernel computes each element from its own inputs alone.
@@ -34,6 +37,7 @@ import atexit
 import collections
 import os
 import sys
+import threading
 import time
 import weakref
 
@@ -140,6 +144,8 @@ class Staging:
         self.batch = self.limit // 4    # state bytes of one staged step (several parameters)
         self.device_memory = device_memory
         self.rings = {}                 # device -> (Ring, its memory as a uint8 tensor), or None: none to be had
+        self.after_step = {}            # device -> event after the last optimizer step, not yet waited for
+        self.lock = threading.Lock()    # a ring's take and done in order (autograd's device threads)
         self.wrappers = {}              # id(DTensor state) -> (state, its wrapper for staged buffers)
         self.cpu_s = 0.0                # the CPU's time in staged updates
         atexit.register(self.report)
@@ -182,7 +188,30 @@ class Staging:
                         live.add(t.data_ptr())
         if moved:  # states replaced (load_state_dict): their pinned homes and wrappers go
             self._drop({q for q, o in self.owner.items() if o == id(opt) and q not in live})
+            for dev in {v.device for v in self._views(opt)}:
+                self._ring(dev)  # at a step boundary, not inside the next backward
         return moved
+
+    def _views(self, opt):
+        """The homed GPU states of opt as torch sees them."""
+        for group in opt.param_groups:
+            for p in group["params"]:
+                state = opt.state.get(p, {})
+                for k in self.staged_keys(state, p):
+                    t = _storage_tensor(state[k])
+                    if t.is_cuda and t.data_ptr() in self.homes:
+                        yield t
+
+    def stepped(self):
+        """After an optimizer step (post-step hook, on the step's stream): the next staged
+        in-copies on each device wait for it."""
+        import torch
+
+        for dev, ring in self.rings.items():
+            if ring is not None:
+                ev = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(dev))
+                self.after_step[dev] = ev
 
     def _drop(self, stale):
         for q in stale:
@@ -232,28 +261,37 @@ class Staging:
         return keys
 
     def _ring(self, dev):
-        """The device's staging ring, made at its first staged update; None (said once) when
-        the budget has no room for it: the early updates then read the state in place."""
+        """The device's staging ring, made after its optimizer's first step; None (said once)
+        when it cannot be had (no room in the GPU budget, a ring too small to hold a buffer):
+        the early updates then read the state in place."""
         if dev not in self.rings:
             self.rings[dev] = None
-            if self.device_memory is None:
-                import torch
-
-                mem = torch.empty(self.limit, dtype=torch.uint8, device=dev)
-            else:
-                ptr = self.device_memory[0](self.limit)
-                if not ptr:
-                    print(f"transit adapter: no room in the GPU budget for a {self.limit / 2**20:.0f} MiB staging "
-                          f"ring on {dev} ({INFLIGHT_ENV}): its early updates read the state in place",
-                          file=sys.stderr, flush=True)
-                    return None
-                import torch
-
-                mem = torch.as_tensor(_DeviceView(ptr, self.limit), device=dev)
-                # given back with this object; at exit the process's end does it (copies may be in flight)
-                weakref.finalize(self, self.device_memory[1], ptr).atexit = False
-            self.rings[dev] = (Ring(self.limit), mem)
+            why = self._make_ring(dev)
+            if why:
+                print(f"transit adapter: {why}: the early updates on {dev} read the state in place",
+                      file=sys.stderr, flush=True)
         return self.rings[dev]
+
+    def _make_ring(self, dev):
+        import torch
+
+        if self.limit < ALIGN:
+            return f"{INFLIGHT_ENV}={self.limit} is less than one {ALIGN}-byte staging buffer"
+        if self.device_memory is None:  # no shim (tests): torch's memory is plain device memory
+            self.rings[dev] = (Ring(self.limit), torch.empty(self.limit, dtype=torch.uint8, device=dev))
+            return None
+        with torch.cuda.device(dev):  # the shim allocates on the calling thread's device
+            ptr = self.device_memory[0](self.limit)
+        if not ptr:
+            return f"no room in the GPU budget for a {self.limit / 2**20:.0f} MiB staging ring ({INFLIGHT_ENV})"
+        mem = torch.as_tensor(_DeviceView(ptr, self.limit), device=dev)
+        if mem.data_ptr() != ptr:  # torch copied it (memory of another device): never stage through a copy
+            self.device_memory[1](ptr)
+            return f"the staging ring's memory is not on {dev}"
+        # given back with this object; at exit the process's end does it (copies may be in flight)
+        weakref.finalize(self, self.device_memory[1], ptr).atexit = False
+        self.rings[dev] = (Ring(self.limit), mem)
+        return None
 
     def nbytes(self, opt, p, keys):
         """The state bytes a staged update of p moves each way."""
@@ -270,8 +308,6 @@ class Staging:
             self.cpu_s += time.perf_counter() - t0
 
     def _update(self, opt, items, step, ready):
-        import torch
-
         homes = [(p, k, opt.state[p][k], _storage_tensor(opt.state[p][k])) for p, keys in items for k in keys]
         first = homes[0][3]
         if not first.is_cuda:  # CPU (tests): the same swap through plain copies
@@ -284,9 +320,18 @@ class Staging:
                 t.copy_(b)
             self.staged += len(items)
             return
-        dev = first.device
+        with self.lock:  # the ring hands out bytes in the order their done events are recorded
+            self._staged_update(homes, items, step, ready)
+
+    def _staged_update(self, homes, items, step, ready):
+        import torch
+
+        dev = homes[0][3].device
         s_in, s_upd, s_out = self._streams(dev)
         ring, mem = self._ring(dev)
+        after = self.after_step.pop(dev, None)
+        if after is not None:  # the homes hold the last step's values only after it
+            s_in.wait_event(after)
         offs, size = [], 0
         for _, _, _, t in homes:  # one buffer of the ring for the batch, each state aligned in it
             n = -(-_nbytes(t) // ALIGN) * ALIGN
