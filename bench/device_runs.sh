@@ -454,8 +454,14 @@ ring-3)           # x2, about 5 minutes (issue 20): the 256 MiB ring at the pape
     grep -h deadline "$OUT"/*.log
     for f in "$OUT"/ring3_*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9; done
     ;;
+scale-in-staged)  # issue 20, not yet run: N -> N/2 (x2: 2 -> 1) with the staged step (half-staged) against
+                  # half-advise, one global batch, both shapes, about 8 minutes
+    n=$(nvidia-smi -L | wc -l)
+    timeout 560 python3 bench/scale_in_matrix.py --gpus "$n" --configs ac:1,noac:1 --layouts full,half-advise,half-staged \
+        --repeats 1 --steps 10 --timeout 150 --deadline 430 --out "$OUT/scale_in_staged.json" 2>&1 | cut -c1-600
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2|ring-3" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2|ring-3|scale-in-staged" >&2
     exit 2 ;;
 esac
 done

@@ -10,6 +10,8 @@ global batch in all three:
               tokens cost on half the GPUs when memory is not short (no gap from offloading);
   half-advise N/2 GPUs, twice the microbatches, `transit-launch run --policy advise` under the
               emulated GPU: the scaled-in layout.
+  half-staged the same with the optimizer step overlapped with backward and its state staged
+              through the copy engines (TRANSIT_OVERLAP_STEP=staged; issue 20).
 So half-advise / full = (half-off / full) x (half-advise / half-off): the first factor is what
 scaling in costs without offloading (collectives that no longer overlap, launch gaps), the second
 what offloading costs. NVML's PCIe counters, sampled in a thread while each run trains, give the
@@ -38,6 +40,11 @@ from types import SimpleNamespace
 
 from common import ROOT, env, run, trainer_records, transit
 import scale_in
+from transit_launch.rules import ENV
+
+# layout -> (divisor of N for its GPUs, factor of the microbatches, policy, environment)
+LAYOUTS = {"full": (1, 1, "off", {}), "half-off": (2, 2, "off", {}), "half-advise": (2, 2, "advise", {}),
+           "half-staged": (2, 2, "advise", {ENV["OVERLAP_STEP"]: "staged"})}
 
 
 class PcieSampler:
@@ -87,7 +94,7 @@ class PcieSampler:
         return out
 
 
-def run_layout(a, cfg, name, ngpus, accum, policy, budget, sampler):
+def run_layout(a, cfg, name, ngpus, accum, policy, budget, sampler, extra_env=None):
     recompute, _ = cfg
     model = (a.model + (" --no-recompute" if recompute == "noac" else "")).strip()
     stats = tempfile.mkdtemp(prefix="scale-in-")
@@ -96,7 +103,8 @@ def run_layout(a, cfg, name, ngpus, accum, policy, budget, sampler):
                "--steps", str(a.steps), "--comm-profile", "2", "--device", a.device]
     cmd = transit(policy, trainer, stats, budget if policy != "off" else None)
     t_start = time.time()
-    out, err, rc = run(cmd, env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus))), a.timeout)
+    out, err, rc = run(cmd, env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus)), **(extra_env or {})),
+                       a.timeout)
     wall = time.time() - t_start
     recs, summ = trainer_records(out)
     summ = summ or {}
@@ -104,7 +112,7 @@ def run_layout(a, cfg, name, ngpus, accum, policy, budget, sampler):
     st = runmod.read_stats(stats)
     procs = runmod.summary(st)["processes"] if st else []
     spec = SimpleNamespace(model=model, seq_len=a.seq_len, batch=a.batch, gpus=ngpus)
-    r = {"layout": name, "recompute": recompute, "gpus": ngpus, "policy": policy,
+    r = {"layout": name, "recompute": recompute, "gpus": ngpus, "policy": policy, "env": extra_env or {},
          "budget_bytes": budget if policy != "off" else None, "emulated_gpu_bytes": budget, "accum": accum,
          "global_sequences": a.batch * accum * ngpus, "tokens_per_step_per_gpu": summ.get("tokens_per_step"),
          "rc": rc, "wall_s": round(wall, 1), "tflops_per_gpu": summ.get("tflops_per_gpu"),
@@ -134,7 +142,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=2, help="N: the full layout's GPUs (N/2 for the scaled-in ones)")
     ap.add_argument("--configs", default="ac:1,ac:2,noac:1,noac:2", help="RECOMPUTE:ACCUM,... (see the doc)")
-    ap.add_argument("--layouts", default="full,half-off,half-advise")
+    ap.add_argument("--layouts", default="full,half-off,half-advise", help=f"of {', '.join(LAYOUTS)}")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--half-off-repeats", type=int, default=1, help="repeats of the half-off layout (a reference)")
     ap.add_argument("--model", default="", help="trainer model flags (default: its 1.0 B-parameter model)")
@@ -153,6 +161,9 @@ def main():
     t_begin = time.time()
     cfgs = [(c.split(":")[0], int(c.split(":")[1])) for c in a.configs.split(",")]
     layouts = a.layouts.split(",")
+    if not set(layouts) <= set(LAYOUTS):
+        print(f"scale_in_matrix: unknown layout in {a.layouts!r} (layouts: {', '.join(LAYOUTS)})", file=sys.stderr)
+        return 2
     budgets = {}
     for rec, _ in cfgs:
         spec = SimpleNamespace(model=(a.model + (" --no-recompute" if rec == "noac" else "")).strip(),
@@ -182,9 +193,8 @@ def main():
             if a.deadline and time.time() - t_begin > a.deadline:
                 result["skipped"].append({"repeat": rep, "recompute": rec, "accum": accum, "layout": name})
                 continue
-            ngpus, acc, policy = {"full": (a.gpus, accum, "off"), "half-off": (a.gpus // 2, 2 * accum, "off"),
-                                  "half-advise": (a.gpus // 2, 2 * accum, "advise")}[name]
-            r = run_layout(a, cfg, name, ngpus, acc, policy, budgets[rec], sampler)
+            div, factor, policy, extra = LAYOUTS[name]
+            r = run_layout(a, cfg, name, a.gpus // div, factor * accum, policy, budgets[rec], sampler, extra)
             r["repeat"] = rep
             result["runs"].append(r)
             print(json.dumps({k: r.get(k) for k in ("repeat", "recompute", "layout", "gpus", "accum", "rc", "wall_s",
@@ -214,7 +224,7 @@ def report(paths):
     keys = sorted({(r["recompute"], r["accum"] if r["layout"] == "full" else r["accum"] // 2) for r in runs})
     for rec, acc in keys:
         base = {}
-        for name in ("full", "half-off", "half-advise"):
+        for name in LAYOUTS:
             rs = [r for r in runs if r["recompute"] == rec and r["layout"] == name and r["rc"] == 0
                   and (r["accum"] if name == "full" else r["accum"] // 2) == acc]
             if not rs:
@@ -230,12 +240,13 @@ def report(paths):
                   f"{avg(r['max_reserved_gb'] for r in rs):>11.2f} {avg(off):>16.2f} "
                   f"{avg(r['sent_gb_per_gpu_measured'] for r in rs):>16.2f} "
                   f"{(f'{statistics.mean(h2d):.2f}, {statistics.mean(d2h):.2f}' if h2d else '-'):>20}")
-        if "full" in base and "half-advise" in base:
-            line = f"  -> scaled-in {100 * base['half-advise'] / base['full']:.1f}% of full per GPU"
-            if "half-off" in base:
-                line += (f" = {100 * base['half-off'] / base['full']:.1f}% (half the GPUs, no offload) x "
-                         f"{100 * base['half-advise'] / base['half-off']:.1f}% (offloading)")
-            print(line)
+        for half in ("half-advise", "half-staged"):
+            if "full" in base and half in base:
+                line = f"  -> {half}: scaled-in {100 * base[half] / base['full']:.1f}% of full per GPU"
+                if "half-off" in base:
+                    line += (f" = {100 * base['half-off'] / base['full']:.1f}% (half the GPUs, no offload) x "
+                             f"{100 * base[half] / base['half-off']:.1f}% (offloading)")
+                print(line)
     return 0
 
 
