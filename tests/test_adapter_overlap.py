@@ -549,6 +549,7 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
     assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
     assert T.SMS_ENV == rules.ENV["OVERLAP_SMS"] == "TRANSIT_OVERLAP_SMS"
+    assert T.MODES == rules.OVERLAP_MODES  # the CLI's --overlap choices are the modes the adapter knows
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
     monkeypatch.delenv(T.OVERLAP_ENV, raising=False)

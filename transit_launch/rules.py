@@ -18,6 +18,11 @@ import re
 import sys
 
 POLICIES = ("off", "base", "prefetch", "advise")
+# TRANSIT_OVERLAP_STEP: "1" the optimizer step overlapped with backward, reading the state in
+# place; "staged" its state staged through the copy engines (the fastest measured, a second
+# host copy of the state); "serial" a diagnostic. The adapter keeps its own copy (a test
+# keeps them equal): it runs in the job's Python, which need not have transit_launch.
+OVERLAP_MODES = ("1", "staged", "serial")
 LOG_LEVELS = ("error", "warn", "info", "debug")
 
 # The shim's environment contract (shim/config.c reads these names from the header).
@@ -33,7 +38,7 @@ ENV = {
     "STAGE": "TRANSIT_STAGE",
     "COLD_TAIL": "TRANSIT_COLD_TAIL",
     # read by the framework adapter only (transit_overlap.py), not by the shim
-    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",
+    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (shim/adapter/transit_overlap.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # SMs of the early updates' stream, a green context (transit_overlap.py)
 }

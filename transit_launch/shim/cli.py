@@ -6,7 +6,7 @@ import json
 import sys
 
 from transit_launch.argtypes import size
-from transit_launch.rules import LOG_LEVELS, POLICIES
+from transit_launch.rules import LOG_LEVELS, OVERLAP_MODES, POLICIES
 
 
 def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
@@ -17,11 +17,16 @@ def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
                    help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU (e.g. 40GB)")
     g.add_argument("--stats", help=stats_help or "TRANSIT_STATS: directory (or file) for the shim's per-rank stats JSON")
     g.add_argument("--log", choices=LOG_LEVELS, help="TRANSIT_LOG level")
+    g.add_argument("--overlap", choices=OVERLAP_MODES,
+                   help="TRANSIT_OVERLAP_STEP: the optimizer step overlapped with backward (1: reading the state in "
+                        "place; staged: through the copy engines, the fastest measured, with a second host copy of "
+                        "the state); torch's Adam, AdamW and SGD, bit-identical, anything else falls back")
 
 
 def cmd_run(a, command):
-    from transit_launch.shim import run as runmod
-    rc, stats = runmod.run(command, a.policy, a.gpu_budget, a.stats, a.log)
+    from transit_launch.shim import inject, run as runmod
+    inject.check_overlap(a.policy, a.overlap)
+    rc, stats = runmod.run(command, a.policy, a.gpu_budget, a.stats, a.log, a.overlap)
     summ = runmod.summary(stats)
     if a.json:
         print(json.dumps(summ | {"returncode": rc}, indent=2))
@@ -32,7 +37,7 @@ def cmd_run(a, command):
 
 def register(sub):
     sp = sub.add_parser("run", help="run a command here with the shim injected, then summarize its stats",
-                        usage="transit-launch run [--policy P] [--gpu-budget SIZE] -- COMMAND...")
+                        usage="transit-launch run [--policy P] [--gpu-budget SIZE] [--overlap MODE] -- COMMAND...")
     add_shim_args(sp, default_policy="advise", policy_help="shim policy (default advise)",
                   stats_help="directory (or file) for the shim's stats JSON (default: a temporary directory)")
     sp.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

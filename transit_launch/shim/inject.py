@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from transit_launch.rules import POLICIES  # noqa: F401  (re-exported for callers)
+from transit_launch.rules import ENV, POLICIES  # noqa: F401  (POLICIES re-exported for callers)
 # PyTorch's expandable segments and its cudaMallocAsync backend allocate through
 # cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
 # would see nothing: force the native caching allocator without expandable segments.
@@ -43,11 +43,13 @@ def adapter_dir() -> Path | None:
 
 
 def shim_env(policy: str, gpu_budget: int | None = None, stats: str | None = None,
-             log: str | None = None, environ: dict | None = None) -> dict[str, str]:
+             log: str | None = None, environ: dict | None = None, overlap: str | None = None) -> dict[str, str]:
     """Variables to export (LD_PRELOAD and PYTHONPATH are prepended by the caller's shell
     or by `prepend`, so what the job already had is kept)."""
     environ = os.environ if environ is None else environ
     env = {"TRANSIT_POLICY": policy}
+    if overlap:
+        env[ENV["OVERLAP_STEP"]] = overlap
     if gpu_budget:
         env["TRANSIT_GPU_BUDGET"] = str(gpu_budget)
     if stats:
@@ -60,6 +62,14 @@ def shim_env(policy: str, gpu_budget: int | None = None, stats: str | None = Non
         if k in environ:
             env[k] = environ[k]
     return env
+
+
+def check_overlap(policy: str, overlap: str | None) -> None:
+    """The overlap runs in the hint adapter, which only the shim's active policies load."""
+    if overlap and policy == "off":
+        from transit_launch.errors import UsageError
+        raise UsageError(f"--overlap {overlap} needs a shim policy other than off (the adapter that runs it is "
+                         "loaded with the shim's policy)")
 
 
 def prepend(var: str, value: str, environ: dict) -> str:

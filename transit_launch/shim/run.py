@@ -20,9 +20,9 @@ from transit_launch.units import gb
 
 
 def launch_env(policy: str, gpu_budget: int | None, stats_dir: str, log: str | None,
-               environ: dict | None = None) -> dict:
+               environ: dict | None = None, overlap: str | None = None) -> dict:
     env = dict(os.environ if environ is None else environ)
-    env.update(inject.shim_env(policy, gpu_budget, stats_dir, log, environ=env))
+    env.update(inject.shim_env(policy, gpu_budget, stats_dir, log, environ=env, overlap=overlap))
     shim, adapter = inject.shim_path(), inject.adapter_dir()
     if shim is not None:  # off too: the shim's pass-through mode, for A/B runs
         env["LD_PRELOAD"] = inject.prepend("LD_PRELOAD", str(shim), env)
@@ -31,7 +31,8 @@ def launch_env(policy: str, gpu_budget: int | None, stats_dir: str, log: str | N
     return env
 
 
-def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | None, log: str | None) -> tuple[int, list[dict]]:
+def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | None, log: str | None,
+        overlap: str | None = None) -> tuple[int, list[dict]]:
     if not command:
         raise UsageError("run needs the command after --, e.g. -- python train.py")
     # what would stop the run is refused before the warnings and the start
@@ -44,7 +45,7 @@ def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | No
         from transit_launch.doctor import shim_missing_reason
         print(f"transit-launch: warning: libtransit.so is not available ({shim_missing_reason()}); "
               "running without it", file=sys.stderr)
-    env = launch_env(policy, gpu_budget, stats_dir, log)
+    env = launch_env(policy, gpu_budget, stats_dir, log, overlap=overlap)
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as e:
@@ -100,7 +101,8 @@ UVM_CACHE_NOTE = ("in use (cudaMemGetInfo) also counts chunks the UVM driver kee
 
 def budget_held(s: dict) -> bool:
     """The budget as the issue defines it: the managed bytes the shim let reside on the GPU,
-    by its own placement, never exceeded it. Physically checked by bench/uvm_residency_probe.py."""
+    by its own placement, with the adapter's plain device buffers (the staged step's ring),
+    never exceeded it. Physically checked by bench/uvm_residency_probe.py."""
     return s["device_placed_peak_bytes"] <= s["budget_bytes"]
 
 
@@ -112,7 +114,8 @@ def summary(stats: list[dict]) -> dict:
         procs.append({
             "pid": s["pid"], "policy": s["policy"], "passthrough": s["passthrough"],
             "budget_gb": gb(s["budget_bytes"]), "managed_peak_gb": gb(s["managed_peak_bytes"]),
-            "device_placed_peak_gb": gb(s["device_placed_peak_bytes"]),
+            "device_placed_peak_gb": gb(s["device_placed_peak_bytes"]),  # the device buffers included
+            "device_buffer_gb": gb(s.get("device_buffer_bytes", 0)),  # plain memory for the adapter, at exit
             "host_placed_peak_gb": gb(s["host_placed_peak_bytes"]),
             "zero_copy_peak_gb": gb(s["zero_copy_mapped_peak_bytes"]),
             "optimizer_hint_gb": gb(s["cold_hint_bytes"]["optimizer"]),

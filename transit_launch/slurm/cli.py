@@ -26,7 +26,7 @@ def add_job_args(sp):
 
 
 def _shim_opts(a) -> ShimOptions:
-    return ShimOptions(a.policy, a.gpu_budget, a.stats, a.log)
+    return ShimOptions(a.policy, a.gpu_budget, a.stats, a.log, a.overlap)
 
 
 def _job_opts(a) -> JobOptions:

@@ -55,6 +55,7 @@ class ShimOptions:
     gpu_budget: int | None = None
     stats: str | None = None
     log: str | None = None
+    overlap: str | None = None  # TRANSIT_OVERLAP_STEP (rules.OVERLAP_MODES)
 
     def __post_init__(self):
         if self.stats is not None and _CONTROL.search(self.stats):
@@ -74,9 +75,10 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     """The sbatch script (local: the torchrun line) for `nodes` nodes of plan p (or None)."""
     from transit_launch.planning import report
     policy = policy_for(p, nodes, shim_opts.policy)
+    inject.check_overlap(policy, shim_opts.overlap)  # also when the plan chose off for these nodes
     shim = inject.shim_path() if policy != "off" else None
     adapter = inject.adapter_dir() if shim else None
-    env = inject.shim_env(policy, shim_opts.gpu_budget, shim_opts.stats, shim_opts.log)
+    env = inject.shim_env(policy, shim_opts.gpu_budget, shim_opts.stats, shim_opts.log, overlap=shim_opts.overlap)
     ctx = dict(shim=shim, adapter=adapter, env=env, policy=policy, gpus_per_node=gpus_per_node, command=command)
     if policy != "off" and shim is None:
         from transit_launch.doctor import shim_missing_reason
