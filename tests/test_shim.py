@@ -443,6 +443,19 @@ def test_run_command_summarizes_stats(built, tmp_path):
     assert p["iterations"] == 5 and p["host_placed_peak_gb"] == 2.0 and p["budget_held"]
 
 
+def test_bindings_stage_nothing_with_an_older_shim(monkeypatch):
+    """A site's older libtransit.so (API version 2, no device buffers) under a newer adapter:
+    no ring (0), never a call of the missing symbol (it would end the adapter's hook)."""
+    from transit_launch.shim.adapter import transit_api
+
+    class OldShim:
+        def transit_api_version(self):
+            return 2
+    monkeypatch.setattr(transit_api, "_lib", OldShim())
+    monkeypatch.setattr(transit_api, "available", True)
+    assert transit_api.device_alloc(1 << 20) == 0 and transit_api.device_free(1) == -1
+
+
 def test_python_bindings_declare_what_the_header_declares():
     """transit_api.py carries its own copy of shim/transit_api.h's declarations (the header
     does not ship with the package, and cffi's cdef takes no preprocessor): they must agree."""

@@ -50,8 +50,9 @@ def _load():
     for f in ("transit_stage_in", "transit_stage_out"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [ctypes.c_size_t], ctypes.c_size_t
     lib.transit_stage_wait.argtypes = [ctypes.c_size_t]
-    lib.transit_device_alloc.argtypes, lib.transit_device_alloc.restype = [ctypes.c_size_t], ctypes.c_size_t
-    lib.transit_device_free.argtypes = [ctypes.c_size_t]
+    if lib.transit_api_version() >= 3:  # an older libtransit.so (a site's TRANSIT_SHIM) lacks them
+        lib.transit_device_alloc.argtypes, lib.transit_device_alloc.restype = [ctypes.c_size_t], ctypes.c_size_t
+        lib.transit_device_free.argtypes = [ctypes.c_size_t]
     return "ctypes", lib, None
 
 
@@ -90,13 +91,19 @@ def write_stats(path: str | None = None) -> int:
     return _lib.transit_write_stats(arg)
 
 
+def _devbuf() -> bool:
+    """Whether the loaded shim has the device buffers (API version 3): the adapter may meet
+    an older libtransit.so, and then stages nothing rather than failing."""
+    return bool(available and _lib.transit_api_version() >= 3)
+
+
 def device_alloc(size: int) -> int:
     """Plain device memory out of the GPU budget (transit_api.h); 0 when there is none."""
-    return _lib.transit_device_alloc(size) if available else 0
+    return _lib.transit_device_alloc(size) if _devbuf() else 0
 
 
 def device_free(ptr: int) -> int:
-    return _lib.transit_device_free(ptr) if available else -1
+    return _lib.transit_device_free(ptr) if _devbuf() else -1
 
 
 def stage_enabled() -> bool:
