@@ -454,6 +454,23 @@ ring-3)           # x2, about 5 minutes (issue 20): the 256 MiB ring at the pape
     grep -h deadline "$OUT"/*.log
     for f in "$OUT"/ring3_*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9; done
     ;;
+next-21)          # x2, about 7 minutes, CARRY .whl (issue 20, not yet run): what the 2026-11-30 sessions left. GPU0: the
+                  # staged step's GPU tests (bit-identical; the in-copies wait for the last step), then the peers
+                  # without recomputation at 3 microbatches; GPU1: ZenFlow at 3 and Twin-Flow at 12, recomputation
+    python3 -c "import deepspeed" 2>/dev/null || { echo "deepspeed missing: carry .whl (bench/fetch_wheels.sh)"; exit 2; }
+    ( g0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "overlapped or staged_in_copies" \
+          > "$OUT/gpu_tests.log" 2>&1
+      g0 timeout 330 python3 bench/offload.py --set reference,fsdp-cpu-offload,zero-offload,zero-twinflow,zero-infinity \
+          --accum 3 --steps 10 --warmup 3 --timeout 150 --deadline 280 --model=--no-recompute --gpu 0 \
+          --out "$OUT/peers_noac3.json" > "$OUT/peers_noac3.log" 2>&1 ) &
+    ( g1 timeout 260 python3 bench/offload.py --set reference,zenflow --accum 3 --steps 10 --warmup 3 --timeout 220 \
+          --gpu 1 --out "$OUT/zenflow_ac3.json" > "$OUT/zenflow.log" 2>&1
+      g1 timeout 200 python3 bench/offload.py --set reference,zero-twinflow --accum 12 --steps 8 --warmup 3 \
+          --timeout 170 --gpu 1 --out "$OUT/twinflow_ac12.json" > "$OUT/twinflow.log" 2>&1 ) &
+    wait
+    tail -3 "$OUT/gpu_tests.log"
+    for f in "$OUT"/*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9,16; done
+    ;;
 scale-in-staged)  # issue 20, not yet run: N -> N/2 (x2: 2 -> 1) with the staged step (half-staged) against
                   # half-advise, one global batch, both shapes, about 8 minutes
     n=$(nvidia-smi -L | wc -l)
@@ -461,7 +478,7 @@ scale-in-staged)  # issue 20, not yet run: N -> N/2 (x2: 2 -> 1) with the staged
         --repeats 1 --steps 10 --timeout 150 --deadline 430 --out "$OUT/scale_in_staged.json" 2>&1 | cut -c1-600
     ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2|ring-3|scale-in-staged" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2|ring-3|next-21|scale-in-staged" >&2
     exit 2 ;;
 esac
 done
