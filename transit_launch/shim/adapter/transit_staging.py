@@ -283,7 +283,8 @@ class Staging:
         with torch.cuda.device(dev):  # the shim allocates on the calling thread's device
             ptr = self.device_memory[0](self.limit)
         if not ptr:
-            return f"no room in the GPU budget for a {self.limit / 2**20:.0f} MiB staging ring ({INFLIGHT_ENV})"
+            return (f"no room in the GPU budget for a {self.limit / 2**20:.0f} MiB staging ring ({INFLIGHT_ENV}), "
+                    "or a libtransit.so without device buffers (API version 2)")
         mem = torch.as_tensor(_DeviceView(ptr, self.limit), device=dev)
         if mem.data_ptr() != ptr:  # torch copied it (memory of another device): never stage through a copy
             self.device_memory[1](ptr)
