@@ -154,3 +154,27 @@ def test_offload_report_takes_the_later_measurement_of_a_run(tmp_path):
     assert res.returncode == 0, res.stderr
     rows = [line for line in res.stdout.splitlines() if " zero-offload" in line and line.startswith("12")]
     assert len(rows) == 1 and "190.0" in rows[0] and "cut by timeout" not in rows[0]
+
+
+def test_issue20_goals_judged_from_the_recorded_curve():
+    """bench/offload.py --report judges issue 20's goals (>= 97% at the paper's ratio, >= 90%
+    at 4x it) at the nearest points, on the recorded 2026-11-30 curves: the staged step meets
+    both with recomputation and only the 4x goal without; the 2026-11-29 gate met neither."""
+    import subprocess
+    d = ROOT / "bench" / "results"
+
+    def goals(*names):
+        res = subprocess.run([sys.executable, str(ROOT / "bench" / "offload.py"), "--report",
+                              *[str(d / n) for n in names]], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return [line for line in res.stdout.splitlines() if line.startswith("issue 20:")]
+    D = "_2026-11-30.json"
+    ac = goals(f"offload_ring3_ac12{D}", f"offload_ring3_ac{D}")
+    assert ac == ["issue 20: >= 97% at 1x the paper's ratio: best transit advise-staged256 97.1% at 0.97x: met",
+                  "issue 20: >= 90% at 4x the paper's ratio: best transit advise-staged256 94.3% at 3.87x: met"]
+    noac = goals(f"offload_ring3_noac12{D}", f"offload_ring2_noac{D}")
+    assert noac[0].endswith("96.3% at 0.97x: NOT met") and noac[1].endswith("93.0% at 3.87x: met")
+    old = goals("offload_transit_2026-11-29.json")
+    assert old[0].endswith("95.0% at 0.97x: NOT met") and old[1].endswith("at 3.87x: NOT met")
+    only = goals(f"offload_ring2_noac{D}")  # 1 and 3 microbatches: no point near the paper's ratio
+    assert len(only) == 1 and "at 4x the paper's ratio" in only[0]
