@@ -7,8 +7,6 @@
  * bytes come out of the GPU budget: tr_budget() is the room left for managed data, and
  * managed data on the device is demoted to make room, so the budget still bounds
  * everything the shim holds on the GPU at every instant. Under tr_lock. */
-#include <stdlib.h>
-
 #include "transit.h"
 
 #define MAX_BUFS 64 /* an adapter holds a ring per device, not a pool per tensor */
@@ -22,43 +20,35 @@ uint64_t tr_devbuf_bytes(void) { return held; }
 /* Demote managed data until what is placed fits the room the buffers leave: cold data
  * first, and within a kind from the end of the table, which advise's ranking gives room
  * last (so its next boundary moves nothing back). Before the runtime is asked, so that
- * what is on the device never exceeds the budget. The regions demoted go into *out (NULL
- * when there is no memory to list them: then they stay demoted). */
-static int fit(struct tr_region ***out)
+ * what is on the device never exceeds the budget. Marks what it demoted. */
+static void fit(void)
 {
-    int n = 0, cap = 0;
-    *out = NULL;
     for (int kind = TR_COLD_OPT; kind >= TR_HOT; kind--)
         for (int i = tr_tab.n - 1; i >= 0 && tr_tab.dev_bytes > tr_budget(); i--)
             for (int j = tr_tab.a[i].nreg - 1; j >= 0 && tr_tab.dev_bytes > tr_budget(); j--) {
                 struct tr_region *r = &tr_tab.a[i].reg[j];
-                if (r->kind != kind || r->place != TR_DEV || r->stage != TR_HOME)
-                    continue;
-                tr_place_demote(r);
-                if (n == cap) {
-                    struct tr_region **g = realloc(*out, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *g);
-                    if (!g) {
-                        free(*out);
-                        *out = NULL;
-                        cap = -1; /* stop listing */
-                    } else
-                        *out = g;
+                if (r->kind == kind && r->place == TR_DEV && r->stage == TR_HOME) {
+                    tr_place_demote(r);
+                    r->for_buffer = 1;
                 }
-                if (*out)
-                    (*out)[n++] = r;
             }
-    return *out ? n : 0;
 }
 
-/* What was demoted and fits the room after all goes back, last demoted first: demoting
+/* What fit() demoted and fits the room after all goes back, last demoted first: demoting
  * whole regions from the end can free more than the buffer needs, and under base and
  * prefetch nothing would bring it back later. */
-static void refit(struct tr_region **demoted, int n)
+static void refit(void)
 {
-    for (int k = n - 1; k >= 0; k--)
-        if (tr_tab.dev_bytes + tr_region_bytes(demoted[k]) <= tr_budget())
-            tr_move_to_device(demoted[k], 0);
-    free(demoted);
+    for (int kind = TR_HOT; kind <= TR_COLD_OPT; kind++)
+        for (int i = 0; i < tr_tab.n; i++)
+            for (int j = 0; j < tr_tab.a[i].nreg; j++) {
+                struct tr_region *r = &tr_tab.a[i].reg[j];
+                if (r->kind != kind || !r->for_buffer)
+                    continue;
+                r->for_buffer = 0;
+                if (tr_tab.dev_bytes + tr_region_bytes(r) <= tr_budget())
+                    tr_move_to_device(r, 0);
+            }
 }
 
 uintptr_t tr_devbuf_alloc(size_t size)
@@ -69,18 +59,17 @@ uintptr_t tr_devbuf_alloc(size_t size)
     if (!tr_cfg.allow_oversubscribe && (size > tr_guard_room() || tr_tab.managed_bytes > tr_guard_room() - size))
         return 0; /* physically: the guard's limit (what was free at start-up) holds managed memory and buffers */
     void *p = NULL;
-    struct tr_region **demoted;
     held += size;
-    int n = fit(&demoted);
+    fit();
     cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.malloc(&p, size);
     if (err != cudaSuccess) {
         held -= size;
         tr_own_error(pending, err);
-        refit(demoted, n);
+        refit();
         return 0;
     }
-    refit(demoted, n);
+    refit();
     bufs[nbufs].ptr = (uintptr_t)p;
     bufs[nbufs++].size = size;
     tr_place_peaks();

@@ -92,6 +92,7 @@ struct tr_region {          /* page-aligned piece of one allocation */
     uint8_t evicted;        /* host region pushed off the GPU since it was placed there */
     uint8_t want;           /* rebalance: the placement it is given (enum tr_place) */
     uint8_t stage;          /* enum tr_stage: lent to the device for one step (stage.c) */
+    uint8_t for_buffer;     /* demoted for a device buffer in the call under way (devbuf.c) */
     uint32_t touches;       /* distinct launch positions seen migrating it (warm-up) */
 };
 
