@@ -173,7 +173,7 @@ class Staging:
         the bytes moved."""
         import torch
 
-        moved, live = 0, set()
+        moved, live, devices = 0, set(), set()
         if id(opt) not in self.finalizers:  # a discarded optimizer's homes go with it
             self.finalizers[id(opt)] = weakref.finalize(opt, self._forget, id(opt))
         with torch.no_grad():
@@ -185,22 +185,14 @@ class Staging:
                         if self._homeable(t) and t.data_ptr() not in self.homes:
                             self._home(t, opt)
                             moved += _nbytes(t)
+                            if t.is_cuda:
+                                devices.add(t.device)
                         live.add(t.data_ptr())
         if moved:  # states replaced (load_state_dict): their pinned homes and wrappers go
             self._drop({q for q, o in self.owner.items() if o == id(opt) and q not in live})
-            for dev in {v.device for v in self._views(opt)}:
-                self._ring(dev)  # at a step boundary, not inside the next backward
+        for dev in devices:
+            self._ring(dev)  # at a step boundary, not inside the next backward
         return moved
-
-    def _views(self, opt):
-        """The homed GPU states of opt as torch sees them."""
-        for group in opt.param_groups:
-            for p in group["params"]:
-                state = opt.state.get(p, {})
-                for k in self.staged_keys(state, p):
-                    t = _storage_tensor(state[k])
-                    if t.is_cuda and t.data_ptr() in self.homes:
-                        yield t
 
     def stepped(self):
         """After an optimizer step (post-step hook, on the step's stream): the next staged
