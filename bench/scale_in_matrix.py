@@ -22,6 +22,11 @@ seconds can be set against bytes / bandwidth.
         --out scale_in_matrix.json
     python3 bench/scale_in_matrix.py --report scale_in_matrix.json [more.json ...]
 
+The emulated GPU (`--emulated-gpu auto`) is bench/scale_in.py's planner size, raised to the full
+layout's measured peak reserved memory (rounded up to 256 MiB) when the planner predicts less: the
+full layout is what ran on that card, so it must fit it (the planner under-predicted this trainer
+with recomputation after issue 18: 16.91 GB against a measured 18.48).
+
 A configuration is RECOMPUTE:ACCUM (ac: full activation checkpointing, noac: none; ACCUM microbatches a step in the full
 layout). --deadline stops starting runs after that many seconds (the JSON is rewritten after
 every run, so a cut call keeps what finished). `--device cpu` runs the plumbing on gloo ranks.
@@ -196,6 +201,11 @@ def main():
             div, factor, policy, extra = LAYOUTS[name]
             r = run_layout(a, cfg, name, a.gpus // div, factor * accum, policy, budgets[rec], sampler, extra)
             r["repeat"] = rep
+            if name == "full" and a.emulated_gpu == "auto":
+                raised = fit_full(budgets, rec, r)
+                if raised:
+                    print(f"scale_in_matrix: {rec}: the full layout's peak ({r['max_reserved_gb']:.2f} GB) is over the "
+                          f"planner's emulated GPU; the later layouts get {raised / 1e9:.2f} GB", flush=True)
             result["runs"].append(r)
             print(json.dumps({k: r.get(k) for k in ("repeat", "recompute", "layout", "gpus", "accum", "rc", "wall_s",
                                                      "tflops_per_gpu", "median_step_s", "max_reserved_gb",
@@ -210,6 +220,17 @@ def main():
     return 0 if all(r["rc"] == 0 for r in result["runs"]) else 1
 
 
+def fit_full(budgets, rec, full_run):
+    """Raise the emulated GPU of `rec` to the full layout's measured peak (256 MiB steps) when
+    that run did not fit it; the new size, or None when it fitted (or did not run)."""
+    peak = full_run.get("max_reserved_gb")
+    if full_run.get("rc") or not peak or peak * 1e9 <= budgets[rec]:
+        return None
+    budgets.setdefault(rec + "_planner_size", budgets[rec])
+    budgets[rec] = -(-int(peak * 1e9) // 2**28) * 2**28
+    return budgets[rec]
+
+
 def avg(xs):
     xs = [x for x in xs if x is not None]
     return statistics.mean(xs) if xs else float("nan")
@@ -221,14 +242,19 @@ def report(paths):
         runs += json.loads(Path(p).read_text())["runs"]
     print(f"{'recompute':<9} {'accum':>5} {'layout':<12} {'reps':>4} {'TFLOPS/GPU':>18} {'step s':>7} "
           f"{'reserved GB':>11} {'offloaded GB/GPU':>16} {'sent GB/GPU/step':>16} {'PCIe GB/step h2d,d2h':>20}")
-    keys = sorted({(r["recompute"], r["accum"] if r["layout"] == "full" else r["accum"] // 2) for r in runs})
-    for rec, acc in keys:
+    # runs compare only under one emulated GPU (files from calls with another size stay apart)
+    keys = sorted({(r["recompute"], r["accum"] if r["layout"] == "full" else r["accum"] // 2,
+                    r.get("emulated_gpu_bytes") or 0) for r in runs})
+    for rec, acc, emu in keys:
         base = {}
+        over = False  # a full run over the emulated GPU it shared with a scaled-in one: not a scale-in
         for name in LAYOUTS:
             rs = [r for r in runs if r["recompute"] == rec and r["layout"] == name and r["rc"] == 0
-                  and (r["accum"] if name == "full" else r["accum"] // 2) == acc]
+                  and (r["accum"] if name == "full" else r["accum"] // 2) == acc
+                  and (r.get("emulated_gpu_bytes") or 0) == emu]
             if not rs:
                 continue
+            over |= name == "full" and any(r.get("fits_emulated_gpu") is False for r in rs)
             tf = [r["tflops_per_gpu"] for r in rs]
             base[name] = statistics.mean(tf)
             pc = [r.get("pcie_gb_per_step") or {} for r in rs]
@@ -242,10 +268,13 @@ def report(paths):
                   f"{(f'{statistics.mean(h2d):.2f}, {statistics.mean(d2h):.2f}' if h2d else '-'):>20}")
         for half in ("half-advise", "half-staged"):
             if "full" in base and half in base:
-                line = f"  -> {half}: scaled-in {100 * base[half] / base['full']:.1f}% of full per GPU"
+                line = (f"  -> {half}: scaled-in {100 * base[half] / base['full']:.1f}% of full per GPU "
+                        f"(emulated GPU {emu / 1e9:.2f} GB)")
                 if "half-off" in base:
                     line += (f" = {100 * base['half-off'] / base['full']:.1f}% (half the GPUs, no offload) x "
                              f"{100 * base[half] / base['half-off']:.1f}% (offloading)")
+                if over:
+                    line += " [the full layout's peak was over the emulated GPU: pass --emulated-gpu]"
                 print(line)
     return 0
 

@@ -91,3 +91,46 @@ def test_scale_in_matrix_runs_the_staged_layout_with_its_switch(monkeypatch):
     assert "TRANSIT_OVERLAP_STEP" not in matrix.LAYOUTS["half-advise"][3]
     monkeypatch.setattr(sys, "argv", ["scale_in_matrix.py", "--layouts", "full,half-stagd", "--device", "cpu"])
     assert matrix.main() == 2
+
+
+def test_scale_in_matrix_raises_the_emulated_gpu_to_the_full_layouts_peak(monkeypatch):
+    """The full layout ran on the emulated card, so `auto` must be at least its measured peak:
+    the planner's 16.91 GB against a measured 18.48 GB (issue 20's first half-staged run) made a
+    'scale-in' whose full layout did not fit. A fitting or failed run changes nothing."""
+    import importlib
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    matrix = importlib.import_module("scale_in_matrix")
+    budgets = {"ac": 16911433728}
+    assert matrix.fit_full(budgets, "ac", {"rc": 0, "max_reserved_gb": 16.0}) is None
+    assert matrix.fit_full(budgets, "ac", {"rc": 1, "max_reserved_gb": 30.0}) is None
+    assert budgets == {"ac": 16911433728}
+    raised = matrix.fit_full(budgets, "ac", {"rc": 0, "max_reserved_gb": 18.47590912})
+    assert raised == budgets["ac"] == 69 * 2**28 and raised >= 18.47590912e9 and raised - 2**28 < 18.47590912e9
+    assert budgets["ac_planner_size"] == 16911433728
+    assert matrix.fit_full(budgets, "ac", {"rc": 0, "max_reserved_gb": 18.47590912}) is None  # fits now
+
+
+def test_scale_in_matrix_report_marks_a_full_layout_over_the_emulated_gpu(tmp_path, monkeypatch, capsys):
+    import importlib
+    import json
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    matrix = importlib.import_module("scale_in_matrix")
+    run = {"recompute": "ac", "rc": 0, "median_step_s": 1.0, "max_reserved_gb": 18.5, "offloaded_gb_per_gpu": [0],
+           "sent_gb_per_gpu_measured": 0, "emulated_gpu_bytes": 16911433728}
+    runs = [dict(run, layout="full", accum=1, tflops_per_gpu=200.0, fits_emulated_gpu=False),
+            dict(run, layout="half-advise", accum=2, tflops_per_gpu=150.0),
+            # another call's runs under a larger emulated GPU: compared among themselves only
+            dict(run, layout="full", accum=1, tflops_per_gpu=210.0, fits_emulated_gpu=True, emulated_gpu_bytes=19595788288),
+            dict(run, layout="half-advise", accum=2, tflops_per_gpu=189.0, emulated_gpu_bytes=19595788288)]
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"runs": runs}))
+    matrix.report([str(f)])
+    out = capsys.readouterr().out
+    assert ("scaled-in 75.0% of full per GPU (emulated GPU 16.91 GB) [the full layout's peak was over the emulated GPU"
+            in out)
+    assert "scaled-in 90.0% of full per GPU (emulated GPU 19.60 GB)\n" in out
+    runs = runs[:2]
+    runs[0]["fits_emulated_gpu"] = True
+    f.write_text(json.dumps({"runs": runs}))
+    matrix.report([str(f)])
+    assert "over the emulated GPU" not in capsys.readouterr().out
