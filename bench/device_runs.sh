@@ -477,8 +477,52 @@ scale-in-staged)  # issue 20, not yet run: N -> N/2 (x2: 2 -> 1) with the staged
     timeout 560 python3 bench/scale_in_matrix.py --gpus "$n" --configs ac:1,noac:1 --layouts full,half-advise,half-staged \
         --repeats 1 --steps 10 --timeout 150 --deadline 430 --out "$OUT/scale_in_staged.json" 2>&1 | cut -c1-600
     ;;
+next-22)          # x2, about 8 minutes (issue 20): N -> N/2 with recomputation again at issue 19's emulated GPU
+                  # (19.60 GB, which the full layout fits; the planner's auto size of the first half-staged
+                  # run, 16.91 GB, did not), both global batches; then one step's GPU timeline at 12
+                  # microbatches without recomputation, the reference (GPU0) and the staged step under that
+                  # point's budget (GPU1): where the 0.14 s between them goes
+    n=$(nvidia-smi -L | wc -l)
+    timeout 400 python3 bench/scale_in_matrix.py --gpus "$n" --configs ac:1,ac:2 --layouts full,half-advise,half-staged \
+        --emulated-gpu 19595788288 --repeats 1 --steps 10 --timeout 110 --deadline 300 \
+        --out "$OUT/scale_in_staged_ac.json" 2>&1 | grep -v '^{' | cut -c1-300
+    t="--seq-len 8192 --batch 2 --accum 12 --steps 8 --no-recompute"
+    ( g0 timeout 150 python3 bench/step_timeline.py --step 7 --out "$OUT/timeline_ref_noac12.json" -- $t \
+          > "$OUT/timeline_ref_noac12.log" 2>&1 ) &
+    ( TRANSIT_OVERLAP_STEP=staged g1 timeout 170 python3 -m transit_launch run --policy advise --gpu-budget 39652409344 \
+          -- python3 bench/step_timeline.py --step 7 --out "$OUT/timeline_staged_noac12.json" -- $t \
+          > "$OUT/timeline_staged_noac12.log" 2>&1 ) &
+    wait
+    for f in "$OUT"/timeline_*noac12.log; do echo "== $f"; grep -v '^{' "$f" | tail -9 | cut -c1-300; done
+    ;;
+next-23)          # x2, about 2 minutes (issue 20): the staged step's timeline at 12 microbatches without
+                  # recomputation, which next-22 lost (torch.profiler: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED).
+                  # GPU0: the same run with the shim's info log (did its warm-up recorder hold CUPTI?); GPU1:
+                  # a shim built without CUPTI (-DTRANSIT_NO_CUPTI), so the profiler gets the subscriber slot
+    python3 -c "from transit_launch.shim import build as s; print(s.build('/tmp/nocupti', extra_cflags=['-DTRANSIT_NO_CUPTI']))"
+    t="--seq-len 8192 --batch 2 --accum 12 --steps 8 --no-recompute"
+    r="python3 -m transit_launch run --policy advise --gpu-budget 39652409344 -- python3 bench/step_timeline.py --step 7"
+    ( TRANSIT_LOG=info TRANSIT_OVERLAP_STEP=staged g0 timeout 170 $r --out "$OUT/timeline_staged_noac12_log.json" \
+          -- $t > "$OUT/timeline_staged_noac12_log.log" 2>&1 ) &
+    ( TRANSIT_SHIM=/tmp/nocupti/libtransit.so TRANSIT_OVERLAP_STEP=staged g1 timeout 170 $r \
+          --out "$OUT/timeline_staged_noac12.json" -- $t > "$OUT/timeline_staged_noac12.log" 2>&1 ) &
+    wait
+    grep -v '^{' "$OUT/timeline_staged_noac12_log.log" | grep -i "cupti\|warm-up\|boundar\|adapter\|window\|error" | cut -c1-300 | head -30
+    echo "== no CUPTI"; grep -v '^{' "$OUT/timeline_staged_noac12.log" | tail -12 | cut -c1-300
+    ;;
+peers-noac12)     # x2, about 5 minutes, CARRY .whl (issue 20): the peers at the paper's ratio (12 microbatches)
+                  # without recomputation, where none had run; each GPU with its own reference
+    python3 -c "import deepspeed" 2>/dev/null || { echo "deepspeed missing: carry .whl (bench/fetch_wheels.sh)"; exit 2; }
+    c="--accum 12 --steps 8 --warmup 3 --timeout 150 --deadline 200 --model=--no-recompute"
+    ( g0 timeout 320 python3 bench/offload.py --set reference,torchao-offload,zero-infinity $c --gpu 0 \
+          --out "$OUT/peers_noac12_a.json" > "$OUT/peers_noac12_a.log" 2>&1 ) &
+    ( g1 timeout 320 python3 bench/offload.py --set reference,zero-offload,zero-twinflow $c --gpu 1 \
+          --out "$OUT/peers_noac12_b.json" > "$OUT/peers_noac12_b.log" 2>&1 ) &
+    wait
+    for f in "$OUT"/peers_noac12_*.json; do python3 bench/offload.py --report "$f" --markdown 2>&1 | grep -E '^\| [0-9]' | cut -d'|' -f2,5,8,9,16; done
+    ;;
 *)
-    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2|ring-3|next-21|scale-in-staged" >&2
+    echo "usage: $0 PHASE...; phases: shim|offload|offload-transit|offload-peers|verify|offload-fsdp|offload-peers-rest|finish|next|next-peers|next-stage|stage-fixed|gpu-tests|peers-rerun|multigpu|netcheck|scale-in-matrix|rho-sockets|titan-memory|overlap|overlap-2|overlap-3|zenflow|peers-next|probe-next|paths|paths-2|staged|staged-2|staged-3|next-20|ring|ring-2|ring-3|next-21|scale-in-staged|next-22|next-23|peers-noac12" >&2
     exit 2 ;;
 esac
 done
