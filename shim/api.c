@@ -16,13 +16,27 @@ EXPORT const char *transit_policy(void)
     return tr_s.passthrough ? "off" : tr_policy_name(tr_cfg.policy);
 }
 
+/* Called with tr_lock held. */
+static void attach_locked(void)
+{
+    if (!tr_s.adapter && tr_st.boundary_source == 2)
+        tr_adapter_takeover(); /* boundaries guessed from kernels before: start over */
+    tr_s.adapter = 1;
+}
+
+EXPORT void transit_adapter_attach(void)
+{
+    tr_init_once();
+    pthread_mutex_lock(&tr_lock);
+    attach_locked();
+    pthread_mutex_unlock(&tr_lock);
+}
+
 EXPORT int transit_iteration(void)
 {
     tr_init_once();
     pthread_mutex_lock(&tr_lock);
-    if (!tr_s.adapter && tr_st.boundary_source == 2)
-        tr_adapter_takeover(); /* boundaries guessed from kernels before: start over */
-    tr_s.adapter = 1;
+    attach_locked();
     tr_iteration_boundary(1);
     int n = tr_st.iterations;
     pthread_mutex_unlock(&tr_lock);

@@ -192,7 +192,7 @@ struct tr_state {
     _Atomic int passthrough;  /* something needed is missing: behave like TRANSIT_POLICY=off */
     int device;
     uint64_t free_at_start, total_mem;
-    _Atomic int adapter;      /* the framework adapter reported a boundary */
+    _Atomic int adapter;      /* the framework adapter attached or reported a boundary */
     _Atomic int cupti;        /* recorder active */
     _Atomic int replay_ready; /* prefetch table built */
     _Atomic int defer_advice; /* warm-up: host regions stay unadvised (observable) */

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 3
+#define TRANSIT_API_VERSION 4
 enum { TRANSIT_HINT_HOT = 0, TRANSIT_HINT_MASTER = 1, TRANSIT_HINT_OPTIMIZER = 2 };
 
 int transit_api_version(void);
@@ -14,6 +14,11 @@ int transit_active(void);
 const char *transit_policy(void);
 /* An iteration ended (after the optimizer step); returns iterations seen. */
 int transit_iteration(void);
+/* The adapter will report iterations (an optimizer was made; version 4): from here the shim
+ * guesses no boundaries from kernel sequences. With gradient accumulation it guessed one
+ * before the first step and started a warm-up recording, which kept CUPTI's one subscriber
+ * slot from torch.profiler for the rest of the job. Boundaries guessed before are dropped. */
+void transit_adapter_attach(void);
 /* [ptr, ptr + size) holds data of the given kind; -1 if it is not shim-managed memory. */
 int transit_hint(uintptr_t ptr, size_t size, int kind);
 /* Apply placement for the hints given so far. */

@@ -454,6 +454,7 @@ def test_bindings_stage_nothing_with_an_older_shim(monkeypatch):
     monkeypatch.setattr(transit_api, "_lib", OldShim())
     monkeypatch.setattr(transit_api, "available", True)
     assert transit_api.device_alloc(1 << 20) == 0 and transit_api.device_free(1) == -1
+    assert transit_api.adapter_attach() is False  # API version 4's call, never made on an older shim
 
 
 def test_python_bindings_declare_what_the_header_declares():

@@ -127,6 +127,10 @@ SCENARIOS = {
                                   {"TRANSIT_GPU_BUDGET": "3GB", "TRANSIT_COLD_TAIL": "nan"}, True),
     "recording-period": (("loop", 70, 300, GiB), "prefetch", {}, True),
     "recording-refused": (("loop", 3, 20, GiB, "adapter"), "prefetch", {"FAKE_CUPTI_ERROR": "999"}, True),
+    # gradient accumulation: a guessed boundary starts the recorder, the adapter's first one drops it;
+    # attached first, neither happens
+    "accum-takeover": (("loop", 160, 300, GiB, "adapter", "accum=80"), "advise", {}, True),
+    "accum-attached": (("loop", 160, 300, GiB, "adapter", "accum=80", "attach"), "advise", {}, True),
 }
 
 

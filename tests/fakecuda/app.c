@@ -6,7 +6,10 @@
  *                                 codes, cudaGetLastError after each and cudaMemGetInfo, free
  *   app threads N ITERS SIZE [HOLD]   N threads allocate and free concurrently, each holding
  *                                 up to HOLD allocations; prints the fake runtime's tally
- *   app loop ITERS LAUNCHES SIZE [adapter]   training-like loop over fake kernels
+ *   app loop ITERS LAUNCHES SIZE [adapter]   training-like loop over fake kernels; accum=N: the
+ *                                 adapter's boundary every N loops (gradient accumulation), after
+ *                                 a hint of q as optimizer state; attach: transit_adapter_attach
+ *                                 first (an optimizer was made)
  *   app hint SIZE OFF LEN KIND    allocate, hint a sub-range, apply, print
  *   app fork SIZE                 allocate, fork a child that allocates too, wait
  *   app stage STEPS STATS         steps of a training loop with staging calls (TRANSIT_STAGE=1)
@@ -360,9 +363,12 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "loop")) {
         int iters = atoi(argv[2]), launches = atoi(argv[3]);
         size_t size = strtoull(argv[4], NULL, 10);
-        int adapter = 0, replay = 0, straddle = 0, refree = 0;
+        int adapter = 0, replay = 0, straddle = 0, refree = 0, accum = 1, attach = 0;
         for (int i = 5; i < argc; i++) {
             adapter |= !strcmp(argv[i], "adapter");
+            attach |= !strcmp(argv[i], "attach");
+            if (!strncmp(argv[i], "accum=", 6))
+                accum = atoi(argv[i] + 6);
             replay |= !strcmp(argv[i], "replay");
             straddle |= !strcmp(argv[i], "straddle");
             refree |= !strcmp(argv[i], "refree");
@@ -392,6 +398,10 @@ int main(int argc, char **argv)
             }
             finish();
         }
+        void (*attach_fn)(void) = (void (*)(void))api("transit_adapter_attach");
+        int (*hint_fn)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
+        if (attach && attach_fn)
+            attach_fn();
         for (int it = 0; it < iters; it++) {
             for (int k = 0; k < launches; k++) {
                 dim3 g = {1, 1, 1}, b = {1, 1, 1};
@@ -403,8 +413,11 @@ int main(int argc, char **argv)
                 else
                     cudaLaunchKernel((const void *)kerns[idx], g, b, NULL, 0, st);
             }
-            if (adapter && iteration)
+            if (adapter && iteration && (it + 1) % accum == 0) {
+                if (accum > 1 && hint_fn) /* what the adapter does after a step: the state's hint, then the boundary */
+                    hint_fn((uintptr_t)q, size, 2);
                 iteration();
+            }
             if (r && it == 0) {
                 cudaFree(r);
                 r = NULL;

@@ -8,6 +8,7 @@ With TRANSIT_OVERLAP_STEP=1 it also overlaps the optimizer step with backward
 (transit_overlap.py). Any failure here disables the adapter and leaves the job running. A
 site's own sitecustomize further down sys.path still runs."""
 
+import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -125,12 +126,34 @@ class _Hooks:
     def register(self, optimizer_module):
         """torch.optim.optimizer is loaded: the global step hooks go in."""
         optimizer_module.register_optimizer_step_post_hook(self.post_step)
+        self._attach_at_first_optimizer(optimizer_module.Optimizer)
         if self.overlap:
             try:
                 self.overlap.install()
             except Exception as e:
                 self.overlap = None
                 print(f"transit adapter: step overlap not installed: {e!r}", file=sys.stderr)
+
+    def _attach_at_first_optimizer(self, cls):
+        """When the first optimizer is made, the shim learns that this job's iterations come
+        from here (transit_adapter_attach) and stops guessing them from kernel sequences:
+        with gradient accumulation it guessed one before the first step and began a warm-up
+        recording that kept CUPTI from torch.profiler for good. Not at import: `import torch`
+        imports torch.optim, also in jobs that never step, whose iterations only the shim's
+        guess can find. Optimizer.__init__ is wrapped until its first call, then restored."""
+        init = cls.__init__
+        api = self.api
+
+        @functools.wraps(init)
+        def first_init(opt, *args, **kwargs):
+            if cls.__init__ is first_init:
+                cls.__init__ = init
+                try:
+                    api.adapter_attach()
+                except Exception as e:  # never the reason a job dies
+                    print(f"transit adapter: could not attach to the shim: {e!r}", file=sys.stderr)
+            return init(opt, *args, **kwargs)
+        cls.__init__ = first_init
 
     def post_step(self, opt, args, kwargs):
         if self.failed:

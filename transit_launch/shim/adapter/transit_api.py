@@ -12,6 +12,7 @@ int transit_api_version(void);
 int transit_active(void);
 const char *transit_policy(void);
 int transit_iteration(void);
+void transit_adapter_attach(void);
 int transit_hint(uintptr_t ptr, size_t size, int kind);
 void transit_apply(void);
 int transit_write_stats(const char *path);
@@ -53,6 +54,8 @@ def _load():
     if lib.transit_api_version() >= 3:  # an older libtransit.so (a site's TRANSIT_SHIM) lacks them
         lib.transit_device_alloc.argtypes, lib.transit_device_alloc.restype = [ctypes.c_size_t], ctypes.c_size_t
         lib.transit_device_free.argtypes = [ctypes.c_size_t]
+    if lib.transit_api_version() >= 4:
+        lib.transit_adapter_attach.restype = None
     return "ctypes", lib, None
 
 
@@ -73,6 +76,15 @@ def policy() -> str:
 
 def iteration() -> int:
     return _lib.transit_iteration() if available else 0
+
+
+def adapter_attach() -> bool:
+    """Tell the shim the adapter reports iterations (transit_api.h, API version 4); False
+    with an older libtransit.so, which then still guesses boundaries from kernels."""
+    if not (available and _lib.transit_api_version() >= 4):
+        return False
+    _lib.transit_adapter_attach()
+    return True
 
 
 def hint(ptr: int, size: int, kind: int) -> int:
