@@ -178,6 +178,15 @@ def test_adapter_attaches_to_the_shim_when_the_first_optimizer_is_made(monkeypat
     Sub([3]), Module.Optimizer([4], lr=0.2)
     assert api.attached == 1 and len(Module.hooks) == 1
 
+    class Wrapped:  # another library wraps __init__ after the adapter: it still attaches, once
+        def __init__(self, x):
+            self.x = x
+    again = AttachApi()
+    site._Hooks(again)._attach_at_first_optimizer(Wrapped)
+    ours = Wrapped.__init__
+    Wrapped.__init__ = lambda self, x: ours(self, x + 1)
+    assert Wrapped(1).x == 2 and Wrapped(2).x == 3 and again.attached == 1
+
     class Plain:
         def __init__(self, x):
             self.x = x

@@ -140,14 +140,18 @@ class _Hooks:
         with gradient accumulation it guessed one before the first step and began a warm-up
         recording that kept CUPTI from torch.profiler for good. Not at import: `import torch`
         imports torch.optim, also in jobs that never step, whose iterations only the shim's
-        guess can find. Optimizer.__init__ is wrapped until its first call, then restored."""
+        guess can find. Optimizer.__init__ is wrapped until its first call, then restored
+        (unless something wrapped it after us: then ours stays, a pass-through)."""
         init = cls.__init__
         api = self.api
+        attached = []
 
         @functools.wraps(init)
         def first_init(opt, *args, **kwargs):
-            if cls.__init__ is first_init:
-                cls.__init__ = init
+            if not attached:
+                attached.append(True)
+                if cls.__init__ is first_init:
+                    cls.__init__ = init
                 try:
                     api.adapter_attach()
                 except Exception as e:  # never the reason a job dies
