@@ -403,13 +403,15 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.8))
     names = sorted({x["name"] for x in rows if "status" not in x and x["name"] not in ("reference", "off")})
-    for n in names:
+    colors = plt.get_cmap("tab20").colors  # one colour per run: the default cycle repeats after 10
+    for i, n in enumerate(names):
         pts = sorted((x["offload_per_flop"], x["pct_ref"], x.get("within_budget") is False) for x in rows
                      if x.get("name") == n and x.get("pct_ref") is not None)
-        if pts:
-            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
+        if pts:  # transit's runs solid, the peers dashed
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n, color=colors[i % 20],
+                            ls="-" if variant(n)[0] else "--")
             over = [p for p in pts if p[2]]  # needed more GPU memory than the budget: open markers
             ax.plot([p[0] for p in over], [p[1] for p in over], "o", color="white", markeredgecolor=line.get_color())
     if any(x.get("within_budget") is False for x in rows if "status" not in x):
@@ -420,7 +422,7 @@ def plot(rows, path):
     ax.set_xlabel("offloaded bytes per GPU / model FLOPs per GPU per step")
     ax.set_ylabel("% of reference per-GPU TFLOPS")
     ax.set_ylim(0, 105)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, not on them
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
