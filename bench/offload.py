@@ -125,11 +125,12 @@ class GpuMeter(threading.Thread):
 
 def variant(name):
     """(the transit policy or None for a peer, the environment it adds) of a run name such
-    as advise, advise-stage or advise-overlap."""
+    as advise, advise-stage or advise-overlap; the environment is None for a suffix that is
+    no variant."""
     policy, _, suffix = name.partition("-")
     if policy not in TRANSIT:
         return None, {}
-    return policy, VARIANTS.get(suffix, {})
+    return policy, {} if name == policy else VARIANTS.get(suffix)
 
 
 def run_one(a, name, accum, budget, meter):
@@ -202,8 +203,8 @@ def expand(sel):
         elif s:
             names.append(s)
     for n in names:  # a misspelt name would run the plain policy or the reference under its name
-        policy, _, suffix = n.partition("-")
-        if not (n == "reference" or n in PEERS or policy in TRANSIT and (n == policy or suffix in VARIANTS)):
+        policy, extra = variant(n)
+        if not (n == "reference" or n in PEERS or policy and extra is not None):
             print(f"offload: unknown run {n!r} (runs: reference, a policy of {sorted(TRANSIT)} with an optional "
                   f"-{'/-'.join(VARIANTS)}, or a peer: {', '.join(PEERS)})", file=sys.stderr)
             sys.exit(2)

@@ -26,19 +26,17 @@ uint64_t tr_budget_total(void)
     return tr_guard_limit();
 }
 
-/* The room for managed data: the budget less the adapter's device buffers (devbuf.c). */
-uint64_t tr_budget(void)
+static uint64_t less_buffers(uint64_t bytes)
 {
-    uint64_t total = tr_budget_total(), bufs = tr_devbuf_bytes();
-    return total > bufs ? total - bufs : 0;
+    uint64_t bufs = tr_devbuf_bytes();
+    return bytes > bufs ? bytes - bufs : 0;
 }
 
+/* The room for managed data: the budget less the adapter's device buffers (devbuf.c). */
+uint64_t tr_budget(void) { return less_buffers(tr_budget_total()); }
+
 /* The guard's limit for managed allocations, likewise. */
-uint64_t tr_guard_room(void)
-{
-    uint64_t limit = tr_guard_limit(), bufs = tr_devbuf_bytes();
-    return limit > bufs ? limit - bufs : 0;
-}
+uint64_t tr_guard_room(void) { return less_buffers(tr_guard_limit()); }
 
 uint64_t tr_guard_limit(void)
 {

@@ -51,10 +51,11 @@ def _load():
     for f in ("transit_stage_in", "transit_stage_out"):
         getattr(lib, f).argtypes, getattr(lib, f).restype = [ctypes.c_size_t], ctypes.c_size_t
     lib.transit_stage_wait.argtypes = [ctypes.c_size_t]
-    if lib.transit_api_version() >= 3:  # an older libtransit.so (a site's TRANSIT_SHIM) lacks them
+    version = lib.transit_api_version()  # an older libtransit.so (a site's TRANSIT_SHIM) lacks the newer calls
+    if version >= 3:
         lib.transit_device_alloc.argtypes, lib.transit_device_alloc.restype = [ctypes.c_size_t], ctypes.c_size_t
         lib.transit_device_free.argtypes = [ctypes.c_size_t]
-    if lib.transit_api_version() >= 4:
+    if version >= 4:
         lib.transit_adapter_attach.restype = None
     return "ctypes", lib, None
 
@@ -78,10 +79,16 @@ def iteration() -> int:
     return _lib.transit_iteration() if available else 0
 
 
+def _since(version: int) -> bool:
+    """Whether the loaded shim has the calls of this API version: the adapter may meet an
+    older libtransit.so, and then does without them rather than failing."""
+    return bool(available and _lib.transit_api_version() >= version)
+
+
 def adapter_attach() -> bool:
     """Tell the shim the adapter reports iterations (transit_api.h, API version 4); False
     with an older libtransit.so, which then still guesses boundaries from kernels."""
-    if not (available and _lib.transit_api_version() >= 4):
+    if not _since(4):
         return False
     _lib.transit_adapter_attach()
     return True
@@ -103,19 +110,14 @@ def write_stats(path: str | None = None) -> int:
     return _lib.transit_write_stats(arg)
 
 
-def _devbuf() -> bool:
-    """Whether the loaded shim has the device buffers (API version 3): the adapter may meet
-    an older libtransit.so, and then stages nothing rather than failing."""
-    return bool(available and _lib.transit_api_version() >= 3)
-
-
 def device_alloc(size: int) -> int:
-    """Plain device memory out of the GPU budget (transit_api.h); 0 when there is none."""
-    return _lib.transit_device_alloc(size) if _devbuf() else 0
+    """Plain device memory out of the GPU budget (transit_api.h, API version 3); 0 when there
+    is none, also with an older shim (the adapter then stages nothing)."""
+    return _lib.transit_device_alloc(size) if _since(3) else 0
 
 
 def device_free(ptr: int) -> int:
-    return _lib.transit_device_free(ptr) if _devbuf() else -1
+    return _lib.transit_device_free(ptr) if _since(3) else -1
 
 
 def stage_enabled() -> bool:

@@ -601,8 +601,7 @@ class Overlap:
 
         def entering():
             for rec, _, _, _ in batch:
-                rec.done = True
-                self.early += 1
+                self._entering(rec)
 
         def step(swaps):
             self._step_only(plan, group, ps, swaps, entering)
