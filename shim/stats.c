@@ -1,10 +1,15 @@
 /* TRANSIT_STATS: a JSON report at exit (and on demand through transit_write_stats).
  * A path naming a directory gets transit-<rank or pid>.json inside it; "%p" in a path
  * is replaced by the pid and "%r" by $RANK, so every rank of a job writes its own. */
+#define _GNU_SOURCE /* fdopen, getrandom */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transit.h"
@@ -50,17 +55,49 @@ static int expand(const char *in, char *out, size_t len)
     return 0;
 }
 
+/* A new file next to full, made with O_EXCL|O_NOFOLLOW under a name nobody can guess
+ * (the directory may be shared: a link or a file planted under a predictable name would
+ * be written through or clobbered); its name in tmp. NULL when none can be made. */
+static FILE *create_tmp(const char *full, char *tmp, size_t len)
+{
+    static _Atomic unsigned long long writes;
+    for (int tries = 0; tries < 16; tries++) {
+        unsigned long long r;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+            /* no getrandom (an old kernel, a seccomp filter): O_EXCL|O_NOFOLLOW still keep
+             * the write safe; the name only makes planting a file in the way harder */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            r = ((unsigned long long)ts.tv_nsec << 20) ^ (unsigned long long)ts.tv_sec ^
+                ((unsigned long long)getpid() << 40) ^ atomic_fetch_add(&writes, 1) * 0x9e3779b97f4a7c15ull;
+        }
+        snprintf(tmp, len, "%s.tmp%016llx", full, r);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666); /* the umask applies */
+        if (fd >= 0) {
+            FILE *f = fdopen(fd, "w");
+            if (!f) {
+                close(fd);
+                unlink(tmp);
+            }
+            return f;
+        }
+        if (errno != EEXIST)
+            return NULL;
+    }
+    return NULL;
+}
+
 int tr_write_stats(const char *path)
 {
-    static _Atomic unsigned writes; /* threads writing at once each have their own temporary file */
     char full[PATH_LEN], tmp[PATH_LEN + 48];
     if (expand(path, full, sizeof full) != 0) {
         tr_log(TR_WARN, "cannot write stats: the path (TRANSIT_STATS or transit_write_stats) is too long once %%p, "
                         "%%r (RANK) or the directory's file name are filled in: %.60s...", path);
         return -1;
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp%d.%u", full, (int)getpid(), atomic_fetch_add(&writes, 1));
-    FILE *f = fopen(tmp, "w");
+    /* written under a new name, then renamed over full: rename replaces a link planted
+     * at full instead of writing through it, and a reader never sees half a report */
+    FILE *f = create_tmp(full, tmp, sizeof tmp);
     if (!f) {
         tr_log(TR_WARN, "cannot write stats to %s", full);
         return -1;

@@ -7,23 +7,32 @@
 SPANK_PLUGIN(transit, 1);
 
 /* The option callbacks: on the submit host from the command line, on the node from what
- * Slurm forwards; both check the value through args.c. */
+ * Slurm forwards; both check the value through args.c. On the node a refused value does
+ * not fail the callback: Slurm would log the raw value ("spank: failed to process option
+ * NAME=VALUE"), and a value with a newline (--export-file carries one) would forge a line
+ * of slurmd's log. There only the check's own line is logged (it repeats a value only
+ * when short and plain) and the value is ignored, as if the option had not been given. */
+static int on_node(int rc, int remote)
+{
+    return remote ? 0 : rc;
+}
+
 static int opt_policy(int val, const char *arg, int remote)
 {
-    (void)val; (void)remote;
-    return tr_opt_policy(arg);
+    (void)val;
+    return on_node(tr_opt_policy(arg), remote);
 }
 
 static int opt_budget(int val, const char *arg, int remote)
 {
-    (void)val; (void)remote;
-    return tr_opt_budget(arg);
+    (void)val;
+    return on_node(tr_opt_budget(arg), remote);
 }
 
 static int opt_stats(int val, const char *arg, int remote)
 {
-    (void)val; (void)remote;
-    return tr_opt_stats(arg);
+    (void)val;
+    return on_node(tr_opt_stats(arg), remote);
 }
 
 static struct spank_option options[] = {

@@ -227,7 +227,7 @@ def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
 
 @pytest.mark.parametrize("args,env,needle", [
     (["spank", "build", "--include", "/nonexistent"], {}, "--include /nonexistent: no spank.h there"),
-    (["spank", "build"], {"CC": "no-such-cc"}, "no C compiler (no-such-cc) found"),
+    (["spank", "build"], {"CC": "no-such-cc"}, "no C compiler ($CC no-such-cc) found"),
 ])
 def test_spank_build_errors(cli, tmp_path, args, env, needle):
     rc, out, err = cli(*args, "--out", str(tmp_path), env=env) if args[1] == "build" else cli(*args, env=env)

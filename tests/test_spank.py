@@ -177,6 +177,37 @@ def test_check_accepts_root_only_paths(check_tool, tree):
         assert rc == 0 and err == "", (args, err)
 
 
+PARITY = [arg for arg, _ in PATHS if not any(c in arg for c in " :$") and "={t}/" in arg] + [
+    "shim={t}/good/libtransit.so", "shim={t}/good-link", "shim={t}/sticky/root/libtransit.so",
+    "shim={t}/good/./libtransit.so", "adapter={t}/good/adapter"]
+
+
+@pytest.mark.parametrize("arg", PARITY)
+def test_installer_walk_agrees_with_the_plugins(check_tool, tree, arg):
+    """One rule: the installer's check of its sources and destinations (trust.py, on
+    descriptors) and the plugin's check at load (args.c) give the same verdict on the same
+    path, and name the same entry and reason."""
+    from transit_launch.slurm import trust
+    if not (tree / "good-link").exists():
+        (tree / "good-link").symlink_to("good/libtransit.so")
+    key, path = arg.format(t=tree).split("=", 1)
+    want_dir = key == "adapter"
+    args = [f"shim={path}"] if not want_dir else [f"shim={tree}/good/libtransit.so", f"adapter={path}"]
+    rc, err = _check(check_tool, *args)
+    try:
+        trust.walk(key, path, want_dir=want_dir).close()
+        ours = None
+    except trust.Untrusted as e:
+        ours = str(e)
+    if want_dir and rc != 0 and ours is None:  # the plugin also checks what the directory holds
+        assert "sitecustomize.py" in err or "is writable" in err, err
+        return
+    assert (rc == 0) == (ours is None), (err, ours)
+    if ours:
+        c_reason = err.split(": ", 2)[2].split(" (it must")[0]
+        assert ours.split(": ", 1)[1].split(" (it must")[0] == c_reason, (err, ours)
+
+
 # --- spank install refuses before it writes --------------------------------------------
 
 
@@ -218,8 +249,7 @@ def test_install_refuses_a_prefix_others_can_write(cli, built, tmp_path):
     # the include directory: whoever can write it can rewrite the line
     rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "p"), "--plugstack-dir", str(ww / "conf"),
                        env=env)
-    assert rc == 2 and f"include directory is not safe: transit: plugstack include={ww}/conf: {ww} is writable" \
-        in err, err
+    assert rc == 2 and f"--plugstack-dir {ww}/conf: {ww} is writable by group or others" in err, err
     assert not (ww / "conf" / "transit.conf").exists()
     assert not (tmp_path / "p" / "lib" / "slurm" / "transit_spank.so").exists()
     # the plugin's own directory, there already and a user's: they could swap the plugin
@@ -229,8 +259,7 @@ def test_install_refuses_a_prefix_others_can_write(cli, built, tmp_path):
     os.chown(slurm_dir, NOBODY, NOBODY)
     rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "q"), "--plugstack-dir", str(tmp_path / "conf"),
                        env=env)
-    assert rc == 2 and f"installed plugin is not safe: transit: plugstack plugin={slurm_dir}/transit_spank.so: " \
-        f"{slurm_dir} is not owned by root" in err, err
+    assert rc == 2 and f"--prefix {slurm_dir}: {slurm_dir} is not owned by root" in err, err
     assert not (tmp_path / "conf" / "transit.conf").exists()
     rc, out, err = cli("spank", "install", "--prefix", str(tmp_path / "$LIB"), "--plugstack-dir",
                        str(tmp_path / "conf"), env=env)

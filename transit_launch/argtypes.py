@@ -146,28 +146,43 @@ def _probe(directory: Path, text: str) -> str | None:
 def write_text_atomically(path: str, text: str) -> None:
     """Write through a temporary file in the same directory and rename it into place, so a
     failure leaves no partial file behind (and an old one untouched)."""
-    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+    write_atomically(path, lambda f: f.write(text.encode()))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_atomically(path: str, write) -> None:
-    """write(tmp_path) fills a temporary file next to `path`, which then replaces `path`."""
+    """write(f) fills a new file (binary, open) next to `path`, which then replaces `path`.
+    The file is made with O_EXCL under a random name (mkstemp), so a link or a file someone
+    planted in a shared directory is neither written through nor reused; the rename
+    replaces a link at `path` instead of following it."""
     target = Path(path)
-    # keeps the suffix: matplotlib picks the format from it
-    tmp = target.with_name(f".{target.stem}.tmp{os.getpid()}{target.suffix}")
     try:
-        write(str(tmp))
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given
         os.replace(tmp, target)
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def save_figure(fig, path: str, dpi: int) -> None:
     """A matplotlib figure to `path`, laid out, written atomically, then released."""
     import matplotlib.pyplot as plt
     fig.tight_layout()
-    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi))
+    fmt = Path(path).suffix.lstrip(".").lower() or None  # matplotlib takes the format from the name
+    write_atomically(path, lambda f: fig.savefig(f, dpi=dpi, format=fmt))
     plt.close(fig)
 
 

@@ -4,6 +4,7 @@ tests work from a wheel), else beside the package in a source checkout."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -20,3 +21,10 @@ def shim() -> Path:
 
 def spank() -> Path:
     return root() / "spank"
+
+
+def first_error(output: str, rc: int) -> str:
+    """The line of a C compiler's output that says what went wrong first (its last line
+    is often only a caret under the code)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return next((ln for ln in lines if re.search(r"\b(error|fatal error)\b", ln)), lines[0] if lines else f"exit {rc}")

@@ -64,7 +64,9 @@ def build(out_dir: Path, cc: str | None = None, src: Path = SRC, extra_cflags: l
            *sorted(str(p) for p in src.glob("*.c")), "-ldl", "-lpthread"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        reason = f"compiling the shim failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
+        log = out_dir / "build.log"
+        log.write_text(" ".join(cmd) + "\n" + res.stdout + res.stderr)
+        reason = f"compiling the shim failed: {csrc.first_error(res.stderr, res.returncode)} (the compiler's output: {log})"
         (out_dir / "BUILD_SKIPPED").write_text(reason + "\n")
         return None, reason
     (out_dir / "BUILD_SKIPPED").unlink(missing_ok=True)

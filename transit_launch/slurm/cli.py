@@ -115,12 +115,16 @@ def cmd_cancel(a, command):
 def cmd_spank(a, command):
     from transit_launch.slurm import spank
     if a.spank_cmd == "build":
-        print(f"built {spank.build(a.out, a.include)}")
+        print(f"built {spank.build(a.out, a.include, a.cc)}")
         return 0
-    plugin, conf = spank.install(a.prefix, a.plugstack_dir, a.include, a.default, a.allowed, a.oversubscribe)
+    plugin, conf = spank.install(a.prefix, a.plugstack_dir, a.include, a.default, a.allowed, a.oversubscribe, a.cc)
     print(f"installed {plugin}\nwrote {conf}: add `include {conf.parent}/*.conf` to plugstack.conf "
           "if it is not there")
     return 0
+
+
+CC_HELP = ("the C compiler (default: $CC, else cc on the system's PATH); as root it must be root's and "
+           "changeable by root only, like every other input")
 
 
 def register(sub):
@@ -161,10 +165,12 @@ def register(sub):
     b = ssub.add_parser("build", help="compile the plugin against the installed spank.h")
     b.add_argument("--out", type=output_dir, default=".", help="directory for transit_spank.so (default .)")
     b.add_argument("--include", help="directory holding spank.h")
+    b.add_argument("--cc", help=CC_HELP)
     i = ssub.add_parser("install", help="build, install and write the plugstack include file")
     i.add_argument("--prefix", default="/usr/local", help="the plugin goes to PREFIX/lib/slurm (default /usr/local)")
     i.add_argument("--plugstack-dir", default="/etc/slurm/plugstack.conf.d")
-    i.add_argument("--include", help="directory holding spank.h")
+    i.add_argument("--include", help="directory holding spank.h (checked like the compiler)")
+    i.add_argument("--cc", help=CC_HELP)
     i.add_argument("--default", choices=POLICIES, default="off", help="policy when a job asks for none")
     i.add_argument("--allowed", default=",".join(POLICIES), help="policies users may choose")
     i.add_argument("--oversubscribe", choices=("allow", "deny"), default="deny",

@@ -2,9 +2,13 @@
 site's spank.h, install it with the shim and the adapter under a prefix, and write a
 plugstack include file that points at them.
 
-The installer refuses what the plugin would refuse at load: before it writes the line
-it runs the plugin's own parser on it (spank/tools/check.c links spank/args.c), so a
-line that would fail every sbatch on the cluster is never written."""
+Root runs this, and slurmstepd loads what it installs: every input (the shim, the
+adapter, the plugin's sources, spank.h, the compiler) must be root's and changeable by
+root only, checked on open descriptors (trust.py), and the compiler runs in a private
+tree with none of the caller's environment. The installer refuses what the plugin would
+refuse at load: it runs the plugin's own parser (spank/tools/check.c links
+spank/args.c) on the line before it writes anything, so a line that would fail every
+sbatch on the cluster is never written."""
 
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ import tempfile
 from pathlib import Path
 
 from transit_launch import csrc
-from transit_launch.shim import inject
 from transit_launch.errors import UsageError
+from transit_launch.shim import inject
+from transit_launch.slurm import trust
 
 SRC = csrc.spank()
 # Hardened like pyxis: stack protector, fortify, full RELRO; exports limited by the map.
@@ -28,73 +33,139 @@ CHECK = "transit_spank_check"
 LIBSRC = ("args.c", "env.c")  # what the check tool and the fuzz harness link from the plugin
 
 SPANK_H_DIRS = ("/usr/include/slurm", "/usr/local/include/slurm")
+# Where the compiler is looked up, and all of its environment: CPATH, C_INCLUDE_PATH,
+# GCC_EXEC_PREFIX, COMPILER_PATH, LD_PRELOAD and the like would add headers or programs
+# that nobody checked.
+SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+BUILD_ENV = {"PATH": ":".join(SYSTEM_PATH), "LC_ALL": "C"}
+# What the plugin's sources include beside themselves (transit_spank.h, args.c).
+SHIM_HEADERS = ("transit_rules.h", "transit_size.h")
 
 
 def locate_spank_h() -> Path | None:
     """The directory of the installed spank.h: $SLURM_HOME or $SLURM_PREFIX first, then
     the usual system places; None when there is none."""
-    dirs = [os.path.join(os.environ[v], "include", "slurm") for v in ("SLURM_HOME", "SLURM_PREFIX")
-            if os.environ.get(v)]
-    return next((Path(d) for d in [*dirs, *SPANK_H_DIRS] if Path(d, "spank.h").is_file()), None)
+    return next((Path(d) for _, d in _spank_h_candidates() if Path(d, "spank.h").is_file()), None)
 
 
-def find_spank_h(include: str | None = None) -> Path:
-    if include:  # an explicit directory is not second-guessed
+def _spank_h_candidates() -> list[tuple[str, str]]:
+    return [*((f"${v}", os.path.join(os.environ[v], "include", "slurm")) for v in ("SLURM_HOME", "SLURM_PREFIX")
+              if os.environ.get(v)), *(("spank.h", d) for d in SPANK_H_DIRS)]
+
+
+def find_spank_h(include: str | None = None) -> tuple[str, Path]:
+    """(where the directory came from, the directory holding spank.h)."""
+    if include:  # an explicit directory is not second-guessed, only checked
         if Path(include, "spank.h").is_file():
-            return Path(include)
+            return "--include", Path(os.path.abspath(include))
         raise UsageError(f"--include {include}: no spank.h there")
-    found = locate_spank_h()
-    if found is None:
-        raise UsageError("spank.h not found (Debian/Ubuntu: apt install libslurm-dev; RHEL: slurm-devel; "
-                         "or give --include DIR)")
-    return found
+    for source, d in _spank_h_candidates():
+        if Path(d, "spank.h").is_file():
+            return source, Path(d)
+    raise UsageError("spank.h not found (Debian/Ubuntu: apt install libslurm-dev; RHEL: slurm-devel; "
+                     "or give --include DIR)")
 
 
-def _compile(target: Path, sources: list[Path], include: str | None, cc: str | None, flags: list[str]) -> Path:
-    inc = find_spank_h(include)
-    cc = cc or os.environ.get("CC") or "cc"
-    if not shutil.which(cc) and not shutil.which("gcc" if cc == "cc" else cc):
-        raise UsageError(f"no C compiler ({cc}) found: install gcc (or set CC) to build the SPANK plugin")
-    cc = shutil.which(cc) or shutil.which("gcc")
-    if not (SRC / "plugin.c").is_file():
-        raise UsageError(f"the SPANK plugin sources are not at {SRC} (install transit-launch from its source tree)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # spank.h includes <slurm/spank.h>-relative headers: add the directory above slurm/.
-    cmd = [cc, *CFLAGS, f"-I{inc.parent}", *flags, "-o", str(target), *map(str, sources)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
-        raise UsageError(f"compiling the SPANK plugin failed: {last}")
-    return target
+def find_cc(cc: str | None = None) -> tuple[str, str]:
+    """(where the name came from, the compiler's path): --cc, else $CC, else cc or gcc on
+    the system's PATH (not the caller's)."""
+    source, name = ("--cc", cc) if cc else ("$CC", os.environ["CC"]) if os.environ.get("CC") else ("cc", "cc")
+    if "/" in name:
+        path = os.path.abspath(name)
+        if os.path.isfile(path):
+            return source, path
+    else:
+        for prog in (name, "gcc") if name == "cc" else (name,):
+            for d in SYSTEM_PATH:
+                if os.path.isfile(os.path.join(d, prog)):
+                    return source, os.path.join(d, prog)
+    raise UsageError(f"no C compiler ({source} {name}) found in {':'.join(SYSTEM_PATH)}: install gcc "
+                     "(or give --cc PATH) to build the SPANK plugin")
+
+
+class _Build:
+    """A private build tree (0700, under a directory only root can change when we are
+    root) holding copies of the plugin's sources and Slurm's headers, each read from a
+    descriptor that passed trust.walk; the compiler is checked the same way and runs with
+    BUILD_ENV only. check=False (a build by a user, for that user) copies without checking."""
+
+    def __init__(self, tmp: str, include: str | None, cc: str | None, check: bool):
+        self.dir, self.check = Path(tmp), check
+        if check:  # the tree itself: an attacker who can rename it could swap what is compiled
+            trust.walk("the build directory", str(self.dir), want_dir=True).close()
+        if not (SRC / "plugin.c").is_file():
+            raise UsageError(f"the SPANK plugin sources are not at {SRC} (install transit-launch from its source tree)")
+        self.src = self.dir / "src"
+        self._copy_dir(f"the plugin's sources", str(SRC), self.src / "spank", (".c", ".h", ".map"))
+        self._copy_dir(f"the plugin's sources", str(SRC / "tools"), self.src / "spank" / "tools", (".c",))
+        shim_dir = SRC.parent / "shim"
+        self._copy_dir(f"the plugin's sources", str(shim_dir), self.src / "shim", SHIM_HEADERS)
+        source, inc = find_spank_h(include)
+        self._copy_dir(f"spank.h's directory ({source})", str(inc), self.dir / "include" / "slurm", (".h",))
+        source, path = find_cc(cc)
+        opened = trust.walk(f"the C compiler ({source})", path, want_dir=False, check=check)
+        opened.close()
+        if not os.access(opened.path, os.X_OK):
+            raise UsageError(f"the C compiler ({source}) {opened.path} is not executable")
+        self.cc = opened.path
+
+    def _copy_dir(self, what: str, src: str, dst: Path, suffixes: tuple[str, ...]) -> None:
+        d = trust.walk(what, src, want_dir=True, check=self.check)
+        try:
+            files = trust.entries(d, what, suffixes, check=self.check)
+            dst.mkdir(parents=True, exist_ok=True)
+            for name, f in files.items():
+                (dst / name).write_bytes(trust.read_all(f.fd))
+                f.close()
+        finally:
+            d.close()
+
+    def compile(self, target: Path, sources: list[str], flags: list[str]) -> Path:
+        spank = self.src / "spank"
+        cmd = [self.cc, *CFLAGS, f"-I{self.dir / 'include'}", *flags, "-o", str(target),
+               *(str(spank / s) for s in sources)]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=BUILD_ENV)
+        if res.returncode != 0:
+            fd, log = tempfile.mkstemp(prefix="transit-spank-build-", suffix=".log")
+            with os.fdopen(fd, "w") as f:
+                f.write(" ".join(cmd) + "\n" + res.stdout + res.stderr)
+            raise UsageError(f"compiling the SPANK plugin failed: {csrc.first_error(res.stderr, res.returncode)} "
+                             f"(the compiler's output: {log})")
+        return target
+
+    def plugin(self, out_dir: Path) -> Path:
+        names = sorted(p.name for p in (self.src / "spank").glob("*.c"))
+        return self.compile(out_dir / PLUGIN, names,
+                            [*LDFLAGS, f"-Wl,--version-script={self.src / 'spank' / 'transit_spank.map'}"])
+
+    def check_tool(self, out_dir: Path) -> Path:
+        return self.compile(out_dir / CHECK, ["tools/check.c", *LIBSRC], [])
+
+
+def _trusted() -> bool:
+    """Root builds what root loads: then every input is checked."""
+    return os.geteuid() == 0
 
 
 def build(out_dir: str | Path, include: str | None = None, cc: str | None = None) -> Path:
-    """The plugin, out_dir/transit_spank.so."""
-    return _compile(Path(out_dir) / PLUGIN, sorted(SRC.glob("*.c")), include, cc,
-                    [*LDFLAGS, f"-Wl,--version-script={SRC / 'transit_spank.map'}"])
+    """The plugin, out_dir/transit_spank.so (from checked inputs when we are root)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="transit-spank-") as tmp:
+        built = _Build(tmp, include, cc, check=_trusted()).plugin(Path(tmp))
+        dst = out / PLUGIN
+        tmp_dst = out / f".{PLUGIN}.{os.getpid()}"
+        shutil.copyfile(built, tmp_dst)
+        os.chmod(tmp_dst, 0o755)
+        os.replace(tmp_dst, dst)
+    return dst
 
 
-def build_check(out_dir: str | Path, include: str | None = None, cc: str | None = None) -> Path:
-    """out_dir/transit_spank_check: the plugin's plugstack parser as a program."""
-    return _compile(Path(out_dir) / CHECK, [SRC / "tools" / "check.c", *(SRC / s for s in LIBSRC)], include, cc, [])
-
-
-def check_args(args: list[str], include: str | None = None, conf_dir: Path | None = None,
-               plugin: Path | None = None) -> None:
-    """Refuse, with the plugin's own message, the arguments the plugin would refuse at load
-    (and an include directory, or an installed plugin, that others could change)."""
-    checks = [(args, "the plugin would refuse this line")] if args else []
-    if conf_dir:
-        checks.append((["--dir", str(conf_dir)], "the plugstack include directory is not safe"))
-    if plugin:
-        checks.append((["--file", str(plugin)], "the installed plugin is not safe"))
-    with tempfile.TemporaryDirectory() as d:
-        exe = build_check(d, include)
-        for argv, what in checks:
-            res = subprocess.run([str(exe), *argv], capture_output=True, text=True)
-            if res.returncode != 0:
-                lines = res.stderr.strip().splitlines()
-                raise UsageError(f"{what}: {lines[-1] if lines else f'exit {res.returncode}'}")
+def _run_check(exe: Path, argv: list[str], what: str) -> None:
+    res = subprocess.run([str(exe), *argv], capture_output=True, text=True, env=BUILD_ENV)
+    if res.returncode != 0:
+        lines = res.stderr.strip().splitlines()
+        raise UsageError(f"{what}: {lines[-1] if lines else f'exit {res.returncode}'}")
 
 
 # Slurm splits a plugstack line at spaces, tabs and newlines and cuts it at '#', with no
@@ -130,72 +201,110 @@ def plugstack_args(shim: Path | None, adapter: Path | None, default: str = "off"
     return args
 
 
-def _put(src: Path, dst: Path, mode: int) -> None:
-    """Copy src to dst by rename (a running job that maps the old file keeps it intact),
-    owned by root when we are root, mode as given."""
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out)
-            os.fchmod(out.fileno(), mode)
-            if os.geteuid() == 0:
-                os.fchown(out.fileno(), 0, 0)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
-def _mkdir(d: Path) -> None:
-    """d and the directories above it that we create: 0755, root's when we are root."""
-    missing = [p for p in [d, *d.parents] if not p.exists()]
-    d.mkdir(parents=True, exist_ok=True)
-    for p in missing:
-        os.chmod(p, 0o755)
-        if os.geteuid() == 0:
-            os.chown(p, 0, 0)
-
-
-def install(prefix: str, plugstack_dir: str, include: str | None = None, default: str = "off",
-            allowed: str = "off,base,prefetch,advise", oversubscribe: str = "deny") -> tuple[Path, Path]:
-    """PREFIX/lib/slurm/transit_spank.so, PREFIX/lib/transit-launch/{libtransit.so,adapter/}
-    and PLUGSTACK_DIR/transit.conf pointing at them; refused before anything is written
-    when the plugin would refuse the line."""
+def _read_shim() -> tuple[bytes, str]:
+    """libtransit.so as it will be installed: ($TRANSIT_SHIM or this installation's),
+    read from a descriptor that passed the check."""
     shim = inject.shim_path()
+    source = "$TRANSIT_SHIM" if os.environ.get("TRANSIT_SHIM") else "this installation's libtransit.so"
     if shim is None or not shim.is_file():
         raise UsageError("libtransit.so is not built in this installation (see `transit-launch doctor`); "
                          "the plugin would have nothing to inject")
+    f = trust.walk(f"the shim to install ({source})", os.path.abspath(shim), want_dir=False)
+    try:
+        return trust.read_all(f.fd), f.path
+    finally:
+        f.close()
+
+
+def _read_adapter() -> dict[str, bytes] | None:
+    """The hint adapter's modules ($TRANSIT_ADAPTER_DIR or this installation's), each read
+    from a checked descriptor; None when there is no adapter."""
     adapter = inject.adapter_dir()
-    if adapter is not None and not (adapter / "sitecustomize.py").is_file():
-        raise UsageError(f"the hint adapter is not at {adapter} (no sitecustomize.py there)")
+    if adapter is None:
+        return None
+    source = "$TRANSIT_ADAPTER_DIR" if os.environ.get("TRANSIT_ADAPTER_DIR") else "this installation's adapter"
+    what = f"the adapter to install ({source})"
+    d = trust.walk(what, os.path.abspath(adapter), want_dir=True)
+    try:
+        files = trust.entries(d, what, (".py",))
+    finally:
+        d.close()
+    try:
+        if "sitecustomize.py" not in files:
+            raise UsageError(f"the hint adapter is not at {adapter} (no sitecustomize.py there)")
+        return {name: trust.read_all(f.fd) for name, f in files.items()}
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def install(prefix: str, plugstack_dir: str, include: str | None = None, default: str = "off",
+            allowed: str = "off,base,prefetch,advise", oversubscribe: str = "deny",
+            cc: str | None = None) -> tuple[Path, Path]:
+    """PREFIX/lib/slurm/transit_spank.so, PREFIX/lib/transit-launch/{libtransit.so,adapter/}
+    and PLUGSTACK_DIR/transit.conf pointing at them.
+
+    Everything is checked before anything is written: the values, every source (the shim,
+    the adapter, the plugin's sources, spank.h, the compiler: root's and changeable by root
+    only, read from checked descriptors), every destination directory that exists, and the
+    line, by the plugin's own parser on staged copies. Then the files go in through
+    descriptors, the plugin's parser checks the line again on the files as installed, and
+    the include file that makes Slurm load the plugin is written last."""
     prefix_p = Path(os.path.abspath(prefix))
     lib = prefix_p / "lib" / "transit-launch"
-    dest_shim, dest_adapter = lib / "libtransit.so", lib / "adapter" if adapter else None
     plugin_dst = prefix_p / "lib" / "slurm" / PLUGIN
     conf_dir = Path(os.path.abspath(plugstack_dir))
+    shim_bytes, shim_src = _read_shim()
+    adapter = _read_adapter()
+    dest_shim, dest_adapter = lib / "libtransit.so", lib / "adapter" if adapter is not None else None
     args = plugstack_args(dest_shim, dest_adapter, default, allowed, oversubscribe)  # refuses bad paths first
     _line_path("plugin", plugin_dst)
     _line_path("--plugstack-dir", conf_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        built = build(tmp, include)
-        for d in (lib, plugin_dst.parent, conf_dir, *([dest_adapter] if dest_adapter else [])):
-            _mkdir(d)
-        _put(shim, dest_shim, 0o755)
-        if adapter and dest_adapter:
-            for f in sorted(adapter.glob("*.py")):
-                _put(f, dest_adapter / f.name, 0o644)
-        check_args(args, include, conf_dir)  # the plugin's parser, on the files as installed
-        _put(built, plugin_dst, 0o755)
-        # whoever can change the plugin (or a directory above it) runs code in every
-        # slurmstepd as root: checked as installed, before the line points at it
-        check_args([], include, plugin=plugin_dst)
-    conf = conf_dir / "transit.conf"
-    text = ("# transit-launch SPANK plugin: sbatch --transit=advise job.sh\n"
-            f"# include it from plugstack.conf: include {conf_dir}/*.conf\n"
-            f"required {plugin_dst} {' '.join(args)}\n")
-    fd, tmpconf = tempfile.mkstemp(dir=conf_dir, prefix=".transit.conf.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        os.fchmod(f.fileno(), 0o644)
-    os.replace(tmpconf, conf)
-    return plugin_dst, conf
+    dirs = {"--prefix": [lib, *([dest_adapter] if dest_adapter else []), plugin_dst.parent],
+            "--plugstack-dir": [conf_dir]}
+    for opt, ds in dirs.items():
+        for d in ds:
+            trust.check_dir_to_make(opt, str(d))
+    with tempfile.TemporaryDirectory(prefix="transit-spank-") as tmp:
+        b = _Build(tmp, include, cc, check=True)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        plugin_bytes = b.plugin(out).read_bytes()
+        checker = b.check_tool(out)
+        stage = Path(tmp) / "stage"  # the line as it will be, on root-only copies
+        stage.mkdir()
+        (stage / "libtransit.so").write_bytes(shim_bytes)
+        staged_args = plugstack_args(stage / "libtransit.so", stage / "adapter" if adapter is not None else None,
+                                     default, allowed, oversubscribe)
+        if adapter is not None:
+            (stage / "adapter").mkdir()
+            for name, data in adapter.items():
+                (stage / "adapter" / name).write_bytes(data)
+        _run_check(checker, staged_args, "the plugin would refuse this line")
+        # --- nothing was written before this point -------------------------------------
+        opened = {}
+        try:
+            for opt, ds in dirs.items():
+                for d in ds:
+                    opened[d] = trust.walk(opt, str(d), want_dir=True, create=True)
+            trust.put(opened[lib].fd, "libtransit.so", shim_bytes, 0o755)
+            for name, data in (adapter or {}).items():
+                trust.put(opened[dest_adapter].fd, name, data, 0o644)
+            trust.put(opened[plugin_dst.parent].fd, PLUGIN, plugin_bytes, 0o755)
+            # whoever can change the plugin (or a directory above it) runs code in every
+            # slurmstepd as root: the plugin's parser on what was installed, before the
+            # line that loads it exists
+            _run_check(checker, args, "the plugin would refuse this line")
+            _run_check(checker, ["--dir", str(conf_dir)], "the plugstack include directory is not safe")
+            _run_check(checker, ["--file", str(plugin_dst)], "the installed plugin is not safe")
+            text = ("# transit-launch SPANK plugin: sbatch --transit=advise job.sh\n"
+                    f"# include it from plugstack.conf: include {conf_dir}/*.conf\n"
+                    f"# shim installed from {shim_src}\n"
+                    f"required {plugin_dst} {' '.join(args)}\n")
+            trust.put(opened[conf_dir].fd, "transit.conf", text.encode(), 0o644)
+        finally:
+            for o in opened.values():
+                o.close()
+    return plugin_dst, conf_dir / "transit.conf"
