@@ -9,43 +9,80 @@ from transit_launch.argtypes import finite_float, fractions, output_file, positi
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.scheduler import STRATEGIES
+from transit_launch.sim.efficiency import NAMES as EFFICIENCY_NAMES
+from transit_launch.sim.synth import PRESETS
 from transit_launch.sim.trace import FORMATS
 
 
 def cmd_simulate(a, command):
+    from transit_launch.sim import compare
+    from transit_launch.sim import efficiency
     from transit_launch.sim import run as simrun
+    from transit_launch.sim import synth
     from transit_launch.sim import trace as tr
     from transit_launch.sim.progress import Progress
     from transit_launch.sim.scheduler import Factors
     if bool(a.trace) == bool(a.synthetic):
         raise UsageError("simulate needs exactly one of --trace FILE or --synthetic N")
+    if a.trace and (a.preset or a.seeds > 1 or a.median_duration is not None):
+        raise UsageError("--preset, --seeds and --median-duration shape synthetic traces; --trace replays one as it is")
+    if a.preset and a.median_duration is not None:
+        raise UsageError(f"--preset {a.preset} sets its own durations; leave out --median-duration")
     # Everything that can be refused is refused before the work: the scenarios, the
     # synthetic distributions, the job count and the plot's backend (its path was checked
     # when the options were parsed).
     reductions = [0.0] + [f for f in a.reductions if f > 0]
     scs = simrun.scenarios(a.racks, reductions, a.reduced_racks, rack_gpus=a.rack_gpus,
                            gpus_per_node=a.gpus_per_node, strategy=a.placement,
-                           factors=Factors(a.speedup, a.slowdown, a.unchanged))
+                           factors=Factors(a.speedup, a.slowdown, a.unchanged),
+                           efficiency=efficiency.parse(a.efficiency))
+    seeds = list(range(a.seed, a.seed + a.seeds))
     if a.synthetic:
-        spec = tr.SynthSpec(load=a.load, cluster_gpus=a.racks * a.rack_gpus, median_duration=a.median_duration)
-        tr.check_jobs(a.synthetic)
+        gpus = a.racks * a.rack_gpus
+        median = 1800.0 if a.median_duration is None else a.median_duration
+        spec = (synth.preset(a.preset, a.load, gpus) if a.preset else
+                synth.SynthSpec(load=a.load, cluster_gpus=gpus, median_duration=median))
+        synth.check_jobs(a.synthetic)
+        if max(g for g, _ in spec.sizes) > min(sc.racks for sc in scs) * a.rack_gpus:
+            raise UsageError(f"--preset {a.preset} has jobs of {max(g for g, _ in spec.sizes)} GPUs, more than "
+                             f"{min(sc.racks for sc in scs)} racks of {a.rack_gpus} hold; use more racks")
     if a.plot:
         require_matplotlib("--plot")
     # generating a trace costs about a sixth of one scenario's replay (measured on 1M jobs)
-    first = (f"generating {a.synthetic:,} jobs" if a.synthetic else f"reading {a.trace}", 0.15)
-    progress = Progress([first] + [(sc.name, 1.0) for sc in scs], enabled=not a.quiet)
-    progress.phase(0)
+    first = f"generating {a.synthetic:,} jobs" if a.synthetic else f"reading {a.trace}"
+    phases = []
+    for s in seeds:
+        phases += [(first + (f", seed {s}" if len(seeds) > 1 else ""), 0.15)] + [(sc.name, 1.0) for sc in scs]
+    progress = Progress(phases, enabled=not a.quiet)
+    runs = []
     try:
-        trace = (tr.load_csv(a.trace, a.format, progress.update) if a.trace else
-                 tr.synthetic(a.synthetic, a.seed, spec, progress.update))
-        results = simrun.run_all(trace, scs, progress)
+        for s in seeds:
+            progress.phase(progress.k + 1)
+            trace = (tr.load_csv(a.trace, a.format, progress.update) if a.trace else
+                     synth.synthetic(a.synthetic, s, spec, progress.update))
+            runs.append(simrun.run_all(trace, scs, progress))
     finally:
         progress.close()
     if a.plot:
-        simrun.plot(results, a.plot)
+        simrun.plot(runs[0], a.plot)
         print(f"transit-launch: wrote {a.plot}", file=sys.stderr)
-    out = {"trace": {"source": trace.source, "jobs": len(trace), "dropped": trace.dropped}, "scenarios": results}
-    print(json.dumps(out, indent=2) if a.json else simrun.text(results, trace))
+    if len(seeds) > 1:  # the last seed's trace stands for all of them
+        trace.source = trace.source.replace(f"seed={seeds[-1]}", f"seeds={seeds[0]}-{seeds[-1]}")
+    comparisons = compare.compare(runs, a.racks)
+    means = [compare.mean_report(list(rs)) for rs in zip(*runs)]
+    if a.json:
+        refs = {}
+        for c in comparisons:
+            refs.setdefault(c["scenario"], c["reference"])
+        out = {"trace": {"source": trace.source, "jobs": len(trace), "dropped": trace.dropped}, "seeds": seeds,
+               "efficiency": scs[0].efficiency.name,
+               "scenarios": [{"scenario": m["scenario"], "racks": m["racks"], "reduction": m["reduction"],
+                              "reference": refs.get(m["scenario"]), "mean": m, "runs": list(rs)}
+                             for m, rs in zip(means, zip(*runs))],
+               "comparisons": comparisons}
+        print(json.dumps(out, indent=2))
+    else:
+        print(simrun.text(means, comparisons, trace, seeds))
     return 0
 
 
@@ -53,25 +90,39 @@ def register(sub):
     sp = sub.add_parser("simulate", help="replay a GPU job trace with and without scale-in")
     src = sp.add_argument_group("trace")
     src.add_argument("--trace", help="ACME Seren/Kalos CSV, or a generic CSV with submit_time,duration,gpus")
-    src.add_argument("--format", choices=FORMATS, default="auto")
+    src.add_argument("--format", choices=FORMATS, default="auto",
+                     help="--trace's format; auto tells them apart by the header (default auto)")
     src.add_argument("--synthetic", type=positive_int("--synthetic"), help="generate N jobs instead")
-    src.add_argument("--seed", type=int, default=0)
+    src.add_argument("--seed", type=int, default=0, help="synthetic: the generator's seed (default 0)")
+    src.add_argument("--seeds", type=positive_int("--seeds"), default=1,
+                     help="synthetic: run seeds --seed .. --seed+N-1 and report means and the range of each change "
+                          "(default 1)")
+    src.add_argument("--preset", choices=PRESETS,
+                     help="synthetic: sizes, durations tied to size, and failure shares shaped like a published trace "
+                          "(ACME's cluster_summary.csv); the jobs go up to 1024 GPUs (helios 2048, philly 128)")
     src.add_argument("--load", type=finite_float("--load"), default=0.8,
                      help="synthetic: offered load on the full cluster, in (0, 10] (default 0.8)")
-    src.add_argument("--median-duration", type=finite_float("--median-duration"), default=1800.0,
-                     help="synthetic: median job duration in seconds (default 1800)")
+    src.add_argument("--median-duration", type=finite_float("--median-duration"), default=None,
+                     help="synthetic without --preset: median job duration in seconds (default 1800)")
     cl = sp.add_argument_group("cluster")
-    cl.add_argument("--racks", type=positive_int("--racks"), default=72)
-    cl.add_argument("--rack-gpus", type=positive_int("--rack-gpus"), default=32)
+    cl.add_argument("--racks", type=positive_int("--racks"), default=72, help="racks in the cluster (default 72)")
+    cl.add_argument("--rack-gpus", type=positive_int("--rack-gpus"), default=32,
+                    help="GPUs per rack, a multiple of --gpus-per-node (default 32)")
     cl.add_argument("--gpus-per-node", type=int, choices=(4, 8), default=DEFAULT_GPUS_PER_NODE,
                     help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE}, as in plan, render and submit; "
                          "the ACME clusters' nodes have 8)")
-    cl.add_argument("--placement", choices=STRATEGIES, default="pack")
+    cl.add_argument("--placement", choices=STRATEGIES, default="pack",
+                    help="pack: a job goes to the node or rack with the least free room that fits it; spread: the "
+                         "most (default pack)")
     cl.add_argument("--reduced-racks", type=positive_int("--reduced-racks"),
                     help="also run every scenario on a cluster of this many racks")
     sc = sp.add_argument_group("scale-in")
     sc.add_argument("--reductions", type=fractions("--reductions", allow_zero=True), default=[0.25, 0.5],
-                    help="node-count reductions for eligible (multi-node) jobs (default 0.25,0.5)")
+                    help="node-count reductions for eligible jobs (multi-node training jobs; default 0.25,0.5)")
+    sc.add_argument("--efficiency", default="planner", metavar="CURVE",
+                    help=f"per-GPU efficiency of a scaled-in job by the reduction it took: {' or '.join(EFFICIENCY_NAMES)}"
+                         " (1.0, time inversely proportional to nodes) or pairs like 0.5:0.9 (default planner: the "
+                         "planner's prediction for Llama3-70B FSDP on H100-80GB)")
     sc.add_argument("--speedup", type=finite_float("--speedup"), default=0.5,
                     help="inter-rack -> intra-rack speed-up (paper: 0-1.37; default 0.5)")
     sc.add_argument("--slowdown", type=finite_float("--slowdown"), default=0.275,
@@ -83,5 +134,5 @@ def register(sub):
     sp.add_argument("--quiet", action="store_true",
                     help="no progress on stderr (otherwise: a line redrawn on a terminal, a line per phase elsewhere, "
                          "for runs longer than 2 s)")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=cmd_simulate)

@@ -1,10 +1,11 @@
 """`transit-launch simulate`: scenarios side by side (baseline and reductions, on the full
-cluster and optionally on a reduced one), as a table, --json, and an optional plot."""
+cluster and optionally on a reduced one) and their changes against their references
+(sim/compare.py), as tables, --json, and an optional plot."""
 
 from __future__ import annotations
 
 from transit_launch.errors import UsageError
-from transit_launch.sim import metrics
+from transit_launch.sim import compare, metrics
 from transit_launch.sim.progress import Progress
 from transit_launch.sim.scheduler import Scenario, simulate
 from transit_launch.sim.trace import Trace
@@ -12,17 +13,16 @@ from transit_launch.table import table
 
 
 def scenarios(racks: int, reductions: list[float], reduced_racks: int | None, **kw) -> list[Scenario]:
+    """Every reduction (0: the baseline) on the full cluster, then on the reduced one."""
     out = []
     for r in ([racks] + ([reduced_racks] if reduced_racks else [])):
         for f in reductions:
-            out.append(Scenario(name=f"{r} racks, {'baseline' if f == 0 else f'scale-in {f:.0%}'}", racks=r,
+            out.append(Scenario(name=compare.baseline_name(r) if f == 0 else f"{r} racks, scale-in {f:.0%}", racks=r,
                                 reduction=f, **kw))
     return out
 
 
-def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None) -> list[dict]:
-    """Every scenario on the trace; progress (its phases after the current one are the
-    scenarios) is told how far each is."""
+def check_fits(trace: Trace, scs: list[Scenario]) -> None:
     if not len(trace):
         why = ("; dropped: " + ", ".join(f"{n} {w}" for w, n in sorted(trace.dropped.items()))) if trace.dropped else ""
         raise UsageError(f"the trace has no jobs left after filtering{why}")
@@ -33,58 +33,76 @@ def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None)
             skipped = sum(1 for g in trace.gpus if g > cap)
             raise UsageError(f"{skipped} job(s) ask for more GPUs (up to {biggest}) than {sc.name} has ({cap}); "
                              "use more --racks or drop them from the trace")
+
+
+def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None) -> list[dict]:
+    """Every scenario on the trace, each scale-in's placement transitions judged against
+    the baseline of its own cluster size (run first when it is in scs); progress (its
+    phases after the current one are the scenarios) is told how far each is."""
+    check_fits(trace, scs)
     first = progress.k + 1 if progress else 0
-    results, baseline = [], None
+    results, baselines = [], {}
     for i, sc in enumerate(scs):
         if progress:
             progress.phase(first + i)
-        res = simulate(trace, sc, baseline=baseline, progress=progress.update if progress else None)
-        if sc.reduction == 0 and baseline is None:
-            baseline = res  # transitions compare against the first (full-cluster) baseline
+        res = simulate(trace, sc, baseline=baselines.get(sc.racks), progress=progress.update if progress else None)
+        if sc.reduction == 0:
+            baselines.setdefault(sc.racks, res)
         results.append(metrics.scenario_report(res, trace.submit))
-    base = results[0]
-    for r in results:
-        b, a = base["all"], r["all"]
-        r["vs_baseline"] = {
-            "rack_traversals": _ratio(a["rack_traversals"], b["rack_traversals"]),
-            "traversal_hours": _ratio(a["traversal_hours"], b["traversal_hours"]),
-            "inter_rack_gpu_hours": _ratio(a["inter_rack_gpu_hours"], b["inter_rack_gpu_hours"]),
-            "queue_mean": _ratio(a["queue_mean_min"], b["queue_mean_min"]),
-            "eligible_queue_mean": _ratio(r["eligible"].get("queue_mean_min"), base["eligible"].get("queue_mean_min")),
-            "eligible_throughput": _ratio(r["eligible"].get("throughput_jobs_per_h"),
-                                          base["eligible"].get("throughput_jobs_per_h")),
-        }
     return results
 
 
-def _ratio(a, b):
-    if a is None or not b:
-        return None
-    return round(a / b - 1, 4)
+def _fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if unit == "%":
+        return f"{v:.1%}"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 1 or v == 0 else f"{v:.2f}"
 
 
-def text(results: list[dict], trace: Trace) -> str:
+def _change(m: dict | None, key: str) -> str:
+    """'-560 (-26%)', over seeds '-560 (-26%, -28..-24%)'; utilisation in points."""
+    if m is None:
+        return "-"
+    d = m["change"]
+    absolute = f"{d * 100:+.1f} pt" if key == "gpu_utilization" else (f"{d:+,.0f}" if abs(d) >= 100 else f"{d:+.1f}")
+    if m["change_pct"] is None:
+        return absolute
+    lo, hi = m["change_pct_range"]
+    spread = f", {_pct(lo)}..{_pct(hi)}" if hi - lo >= 0.005 else ""
+    return f"{absolute} ({_pct(m['change_pct'])}{spread})"
+
+
+def _pct(p: float) -> str:
+    """A change as a percentage; from +1000% on, as a multiple (from 0.4 to 4000 minutes)."""
+    return f"{p:+.0%}" if p < 10 else f"{1 + p:.0f}x"
+
+
+def text(means: list[dict], comparisons: list[dict], trace: Trace, seeds: list[int]) -> str:
     rows = []
-    for r in results:
-        a, e, v = r["all"], r["eligible"], r["vs_baseline"]
-        rows.append([r["scenario"], a["jobs"], f"{a['throughput_jobs_per_h']:.1f}", f"{a['makespan_h']:.1f}",
-                     f"{a['queue_mean_min']:.1f}", f"{a['queue_median_min']:.1f}", f"{a['queue_p95_min']:.1f}",
-                     f"{e.get('queue_mean_min', 0):.1f}", a["rack_traversals"], _pctfmt(v["rack_traversals"]),
-                     f"{a['traversal_hours']:.0f}", f"{a['inter_rack_gpu_hours']:.0f}", f"{a['gpu_utilization']:.1%}",
-                     f"{a['idle_gpu_hours']:.0f}", f"{e.get('collapsed_to_one_node', 0):.0%}"])
-    head = [f"trace: {trace.source}, {len(trace)} GPU jobs"]
+    for r in means:
+        a, e = r["all"], r["eligible"]
+        rows.append([r["scenario"], f"{a['jobs']:.0f}", _fmt(a["gpu_utilization"], "%"), _fmt(a["idle_gpu_hours"]),
+                     _fmt(a["throughput_jobs_per_h"]), _fmt(a["queue_mean_min"]), _fmt(a["queue_p95_min"]),
+                     _fmt(e.get("queue_mean_min")), _fmt(e.get("throughput_jobs_per_h")), _fmt(a["rack_traversals"]),
+                     _fmt(a["traversal_hours"]), f"{e.get('collapsed_to_one_node', 0):.0%}", _fmt(a["makespan_h"])])
+    shown = ("rack_traversals", "queue_mean_min", "eligible_queue_mean_min", "idle_gpu_hours", "gpu_utilization",
+             "eligible_throughput_jobs_per_h")
+    labels = {k: label for k, _, label in compare.METRICS}
+    crow = [[c["scenario"], c["reference"]] + [_change(c["metrics"][k], k) for k in shown] for c in comparisons]
+    several = len(seeds) > 1
+    head = [f"trace: {trace.source}, {len(trace)} GPU jobs" + (f" each; means over {len(seeds)} seeds" if several else "")]
     if trace.dropped:
         head.append("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(trace.dropped.items())))
-    return "\n".join(head + ["", table(
-        ["scenario", "jobs", "jobs/h", "makespan h", "queue mean min", "median", "p95", "eligible queue mean",
-         "rack traversals", "vs base", "traversal-h", "inter-rack GPU-h", "GPU util", "idle GPU-h",
-         "eligible on 1 node"], rows, "lrrrrrrrrrrrrrr"),
-        "", "rack traversals (racks spanned - 1, summed over jobs) is the inter-rack traffic proxy; traversal-h",
-        "weights it by run time; eligible = multi-node jobs; queue times in minutes."])
-
-
-def _pctfmt(v):
-    return "-" if v is None else f"{v:+.1%}"
+    return "\n".join(head + [
+        "", table(["scenario", "jobs", "GPU util", "idle GPU-h", "jobs/h", "queue mean min", "p95", "eligible queue min",
+                   "eligible jobs/h", "rack traversals", "traversal-h", "eligible on 1 node", "makespan h"],
+                  rows, "lrrrrrrrrrrrr"),
+        "", table(["scenario", "against"] + [labels[k] for k in shown], crow, "llrrrrrr"),
+        "", "GPU util, idle GPU-h and jobs/h: over the submission window (first to last submission); rack",
+        "traversals (racks spanned - 1, summed over jobs) is the inter-rack traffic proxy; eligible = multi-node",
+        "training jobs; queue times in minutes; a change is absolute (percent" + (
+            ", then its range over the seeds)." if several else ").")])
 
 
 def plot(results: list[dict], path: str) -> None:

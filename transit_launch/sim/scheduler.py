@@ -4,19 +4,24 @@ Variant: the queue is served in submission order; when its head cannot start, th
 gets a reservation at the earliest time enough GPUs will be free (from the running jobs'
 known end times: traces give actual durations), and the next BACKFILL_DEPTH queued jobs
 (Slurm's bf_max_job_test plays this role) may start now if they end before that time or
-only use GPUs the head will not need then. The reservation counts GPUs, not nodes, so
-node fragmentation can still delay the head; it is recomputed when its time passes.
+only use what the head will not need then. A multi-node head takes whole nodes, so its
+reservation counts whole free nodes (freeing a few GPUs on busy nodes does not start it)
+and a backfilled job running past it costs its nodes (a single-node job, one); a
+single-node head's counts GPUs. It is recomputed when its time passes.
 
 Why not SimPy: measured on this 2-core machine, SimPy 4 needs 5.3 s for the bare
 arrival and finish events of one million jobs against 0.6 s for a heapq loop, and the
 scheduler must run once per timestamp after all of its events, which a plain loop does
 directly. The replay of one million jobs must take under 60 s (bench/RESULTS.md).
 
-Scale-in (a scenario's `reduction` f): a job of n > 1 nodes runs on max(1, ceil(n (1-f)))
-nodes for n/n' times its duration, then a placement-transition factor applies, against
-the job's placement in the baseline run (or, without one, whether it needed more than
-a rack): inter-rack -> intra-rack divides the duration by (1 + speedup), intra -> inter
-multiplies it by (1 + slowdown), unchanged divides by (1 + unchanged)."""
+Scale-in (a scenario's `reduction` f): an eligible job (sim/jobs.py: more than one node,
+a training type) of n nodes runs on n' = jobs.scaled_nodes(n, f). If it ran to
+completion its duration becomes d n / n' / efficiency(1 - n'/n) (sim/efficiency.py), and
+then a placement-transition factor applies, against the job's placement in the baseline
+run of the same cluster (or, without one, whether it needed more than a rack):
+inter-rack -> intra-rack divides the duration by (1 + speedup), intra -> inter multiplies
+it by (1 + slowdown), unchanged divides by (1 + unchanged). A job that ended at a failure,
+a cancellation or its time limit keeps its recorded duration on n' nodes."""
 
 from __future__ import annotations
 
@@ -28,7 +33,9 @@ from dataclasses import dataclass
 from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
+from transit_launch.sim import jobs
 from transit_launch.sim.cluster import Cluster
+from transit_launch.sim.efficiency import Curve, planner
 from transit_launch.sim.trace import Trace
 
 BACKFILL_DEPTH = 50
@@ -71,6 +78,7 @@ class Scenario:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     strategy: str = "pack"
     factors: Factors = Factors()
+    efficiency: Curve | None = None  # None: the planner's curve
 
     def __post_init__(self):
         if not (integer(self.racks) and self.racks > 0) or self.racks > MAX_RACKS:
@@ -85,6 +93,10 @@ class Scenario:
             raise UsageError(f"placement {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
         if not isinstance(self.factors, Factors):
             raise UsageError(f"factors must be Factors, got {self.factors!r}")
+        if self.efficiency is None:
+            object.__setattr__(self, "efficiency", planner())
+        if not isinstance(self.efficiency, Curve):
+            raise UsageError(f"efficiency must be a Curve, got {self.efficiency!r}")
 
 
 @dataclass
@@ -97,6 +109,7 @@ class Result:
     orig_nodes: list
     racks: list
     total_gpus: int
+    eligible: list       # bool a job: scale-in applies to it (whether or not it lost a node)
 
 
 def demand(g: int, gpn: int) -> tuple[int, int]:
@@ -111,14 +124,19 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     gpn, N = sc.gpus_per_node, len(trace)
     submit, dur0, g0 = trace.submit, trace.duration, trace.gpus
     nodes, gpus, dur, orig = [0] * N, [0] * N, [0.0] * N, [0] * N
+    eligible, adjust = [False] * N, [False] * N  # adjust: the transition factor applies at start
     for i in range(N):
         n, g = demand(g0[i], gpn)
         orig[i] = n
         d = dur0[i]
-        if n > 1 and sc.reduction > 0:
-            n2 = max(1, math.ceil(n * (1 - sc.reduction) - 1e-9))
-            d = d * n / n2
-            n, g = (n2, n2 * gpn) if n2 > 1 else (1, gpn)
+        eligible[i] = n > 1 and jobs.eligible_type(trace.job_type(i))
+        if eligible[i] and sc.reduction > 0:
+            n2 = jobs.scaled_nodes(n, sc.reduction)
+            if n2 < n:
+                if jobs.stretches(trace.state(i)):
+                    d = d * n / n2 / sc.efficiency(1 - n2 / n)
+                    adjust[i] = True
+                n, g = (n2, n2 * gpn) if n2 > 1 else (1, gpn)
         nodes[i], gpus[i], dur[i] = n, g, d
         if g > cl.total_gpus:
             raise ValueError(f"job {trace.ids[i]} needs {g} GPUs, more than the {cl.total_gpus} of {sc.name}")
@@ -137,7 +155,7 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
             return False
         alloc[i], racks[i] = placed
         d = dur[i]
-        if orig[i] > 1 and sc.reduction > 0:
+        if adjust[i]:
             was_inter = (baseline.racks[i] > 1) if baseline is not None else orig[i] * gpn > sc.rack_gpus
             now_inter = racks[i] > 1
             if was_inter and not now_inter:
@@ -151,8 +169,20 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         return True
 
     def reserve(h: int, now: float) -> tuple[float, int]:
+        """(when the head can start, what is left over then): whole nodes for a
+        multi-node head, GPUs for a single-node one."""
+        ordered = sorted(running)
+        if nodes[h] > 1:
+            free, whole = cl.free[:], cl.whole
+            for e, j in ordered:
+                for node, g in alloc[j]:
+                    free[node] += g
+                    whole += free[node] == gpn
+                if whole >= nodes[h]:
+                    return max(e, now), whole - nodes[h]
+            return math.inf, 0
         avail = cl.free_gpus
-        for e, j in sorted(running):
+        for e, j in ordered:
             avail += gpus[j]
             if avail >= gpus[h]:
                 return max(e, now), avail - gpus[h]
@@ -178,17 +208,19 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         if shadow_for != head or t >= shadow:
             shadow, extra = reserve(head, t)
             shadow_for = head
+        by_nodes = nodes[head] > 1  # extra counts whole nodes, else GPUs
         # EASY backfill over the next jobs
         i = 1
         limit = min(len(queue), 1 + BACKFILL_DEPTH)
         while i < limit and cl.free_gpus > 0:
             j = queue[i]
-            ok = gpus[j] <= cl.free_gpus and (t + dur[j] <= shadow or gpus[j] <= extra)
+            cost = nodes[j] if by_nodes else gpus[j]
+            ok = gpus[j] <= cl.free_gpus and (t + dur[j] <= shadow or cost <= extra)
             if ok and begin(j, t):
                 if end[j] > shadow:
-                    extra -= gpus[j]
+                    extra -= cost
                 del queue[i]
                 limit = min(len(queue), 1 + BACKFILL_DEPTH)
             else:
                 i += 1
-    return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus)
+    return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible)

@@ -1,6 +1,7 @@
-"""Job traces: the ACME CSVs (Seren and Kalos column sets), a minimal generic CSV, and a
-synthetic generator. A trace is a list of jobs (submit seconds, duration seconds, GPUs,
-job id) sorted by submit time, plus the count of rows dropped for each reason.
+"""Job traces: the ACME CSVs (Seren and Kalos column sets) and a minimal generic CSV
+(synthetic ones: sim/synth.py). A trace is a list of jobs (submit seconds, duration
+seconds, GPUs, job id, and where the source says so its type and end state) sorted by
+submit time, plus the count of rows dropped for each reason.
 
 Filtering follows the paper: only GPU jobs with a positive duration are kept; rows that
 cannot be parsed (bad numbers, bytes that are not UTF-8, broken CSV quoting, times
@@ -11,7 +12,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -32,11 +32,6 @@ GENERIC_REQUIRED = ("submit_time", "duration", "gpus")
 # replayed for centuries.
 MIN_TIME, MAX_TIME = -62135596800.0, 253402300799.0
 MAX_DURATION = 365 * 86400.0
-# synthetic(): the ACME traces hold about a million GPU jobs a cluster, and one million
-# replay in about 25 s a scenario here (300 MB); ten million take over 20 minutes for
-# simulate's six default scenarios and several GB. A larger count is a typo, not a study:
-# refused at once rather than left to run for hours or exhaust memory.
-MAX_SYNTHETIC_JOBS = 10_000_000
 
 
 @dataclass
@@ -46,6 +41,8 @@ class Trace:
     gpus: list = field(default_factory=list)
     ids: list = field(default_factory=list)
     dropped: dict = field(default_factory=dict)   # reason -> rows
+    types: list = field(default_factory=list)     # ACME's Pretrain, SFT, Evaluation...; empty: not recorded
+    states: list = field(default_factory=list)    # COMPLETED, FAILED, CANCELLED...; empty: not recorded
     source: str = ""
     epoch: datetime | None = None                 # wall time of submit == 0
 
@@ -59,6 +56,16 @@ class Trace:
             raise UsageError(f"trace durations must lie in (0, {MAX_DURATION:.0f}] seconds")
         if not all(integer(g) and g > 0 for g in self.gpus):
             raise UsageError("trace GPU counts must be positive integers")
+        for name in ("types", "states"):
+            v = getattr(self, name)
+            if v and (len(v) != n or not all(isinstance(x, str) for x in v)):
+                raise UsageError(f"trace {name} must be empty or one string a job")
+
+    def job_type(self, i: int) -> str:
+        return self.types[i] if self.types else ""
+
+    def state(self, i: int) -> str:
+        return self.states[i] if self.states else ""
 
     def __len__(self):
         return len(self.submit)
@@ -71,8 +78,10 @@ def _finish(rows: list, dropped: dict, source: str, tz) -> Trace:
         epoch = datetime.fromtimestamp(t0, tz) if rows else None
     except (ValueError, OverflowError, OSError):  # the calendar's edge, shifted by the zone
         epoch = None
+    typed = any(r[4] for r in rows) or any(r[5] for r in rows)
     return Trace(submit=[r[0] - t0 for r in rows], duration=[r[1] for r in rows], gpus=[r[2] for r in rows],
-                 ids=[r[3] for r in rows], dropped=dropped, source=source, epoch=epoch)
+                 ids=[r[3] for r in rows], dropped=dropped, source=source, epoch=epoch,
+                 types=[r[4] for r in rows] if typed else [], states=[r[5] for r in rows] if typed else [])
 
 
 def detect_format(header: list[str]) -> str:
@@ -160,6 +169,7 @@ def _parse(path: Path, fmt: str, rows_in) -> Trace:
         i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpus"], col.get("job_id"), timezone.utc
     else:
         i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpu_num"], col["job_id"], TIMEZONES[found]
+    i_type, i_state = col.get("type"), col.get("state")  # optional in generic CSVs
     rows, dropped = [], {}
 
     def drop(reason):
@@ -197,78 +207,6 @@ def _parse(path: Path, fmt: str, rows_in) -> Trace:
         if dur > MAX_DURATION:
             drop("duration over a year")
             continue
-        rows.append((submit, dur, gpus, row[i_id] if i_id is not None else str(n - 1)))
+        rows.append((submit, dur, gpus, row[i_id] if i_id is not None else str(n - 1),
+                     row[i_type].strip() if i_type is not None else "", row[i_state].strip() if i_state is not None else ""))
     return _finish(rows, dropped, f"{path} ({found})", tz)
-
-
-# --- synthetic traces ------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SynthSpec:
-    """Documented distributions (defaults shaped like ACME Seren: mostly small jobs,
-    a heavy tail of multi-node ones).
-
-    sizes: GPU counts and their probabilities.
-    duration: lognormal with this median (seconds) and sigma, capped at max_duration.
-    arrivals: Poisson; the rate makes the offered load (GPU-seconds asked per second
-    over the cluster's GPUs) equal `load` for a cluster of `cluster_gpus`.
-    """
-    sizes: tuple = ((1, 0.45), (2, 0.10), (4, 0.12), (8, 0.15), (16, 0.08), (32, 0.05), (64, 0.03), (128, 0.02))
-    median_duration: float = 1800.0
-    sigma: float = 1.5
-    max_duration: float = 7 * 86400.0
-    load: float = 0.8
-    cluster_gpus: int = 72 * 32
-
-    def __post_init__(self):  # the CLI's flags name the fields users set
-        if not real(self.load) or not 0 < self.load <= 10:
-            # offered load: 0 asks for no work (no arrival rate); above 1 the queue grows without
-            # bound, and far above it a simulation only measures that queue
-            raise UsageError(f"--load must lie in (0, 10], got {self.load!r}")
-        if not real(self.max_duration) or not 1 <= self.max_duration <= MAX_DURATION:
-            raise UsageError(f"max_duration must lie in [1, {MAX_DURATION:.0f}] seconds, got {self.max_duration!r}")
-        if not real(self.median_duration) or not 1 <= self.median_duration <= self.max_duration:
-            raise UsageError(f"--median-duration must lie in [1, {self.max_duration:.0f}] seconds, "
-                             f"got {self.median_duration!r}")
-        if not real(self.sigma) or not 0 <= self.sigma <= 10:
-            raise UsageError(f"sigma must lie in [0, 10], got {self.sigma!r}")
-        if not integer(self.cluster_gpus) or self.cluster_gpus < 1:
-            raise UsageError(f"cluster_gpus must be a positive integer, got {self.cluster_gpus!r}")
-        if not self.sizes or not all(integer(g) and g > 0 and real(w) and w >= 0 for g, w in self.sizes) \
-                or not sum(w for _, w in self.sizes) > 0:
-            raise UsageError("sizes must be (GPUs, weight) pairs with positive GPU counts and weights")
-
-
-def check_jobs(n) -> None:
-    """The synthetic job count's limit (MAX_SYNTHETIC_JOBS), checked before any work."""
-    if not integer(n) or not 1 <= n <= MAX_SYNTHETIC_JOBS:
-        raise UsageError(f"--synthetic takes 1 to {MAX_SYNTHETIC_JOBS:,} jobs (the ACME traces hold about a "
-                         f"million; more would replay for hours), got {n!r}")
-
-
-def synthetic(n: int, seed: int, spec: SynthSpec = SynthSpec(), progress=None) -> Trace:
-    """n jobs drawn from spec; progress(fraction) is told now and then (for 10M jobs this
-    takes about a minute)."""
-    check_jobs(n)
-    tick = progress or (lambda f: None)
-    rng = random.Random(seed)
-    values = [s for s, _ in spec.sizes]
-    weights = [w for _, w in spec.sizes]
-    gpus = rng.choices(values, weights, k=n)
-    tick(0.1)
-    mu = math.log(spec.median_duration)
-    dur = []
-    for i in range(n):
-        dur.append(min(spec.max_duration, max(1.0, rng.lognormvariate(mu, spec.sigma))))
-        if i % 262144 == 0:
-            tick(0.1 + 0.5 * i / n)
-    mean_work = sum(g * d for g, d in zip(gpus, dur)) / n
-    rate = spec.load * spec.cluster_gpus / mean_work  # jobs per second
-    t, submit = 0.0, []
-    for i in range(n):
-        submit.append(t)
-        t += rng.expovariate(rate)
-        if i % 262144 == 0:
-            tick(0.6 + 0.4 * i / n)
-    return Trace(submit=submit, duration=dur, gpus=gpus, ids=[str(i) for i in range(n)],
-                 source=f"synthetic n={n} seed={seed} load={spec.load}")
