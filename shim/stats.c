@@ -55,10 +55,90 @@ static int expand(const char *in, char *out, size_t len)
     return 0;
 }
 
-/* A new file next to full, made with O_EXCL|O_NOFOLLOW under a name nobody can guess
- * (the directory may be shared: a link or a file planted under a predictable name would
- * be written through or clobbered); its name in tmp. NULL when none can be made. */
-static FILE *create_tmp(const char *full, char *tmp, size_t len)
+/* Another user cannot have changed this: it is root's or ours. */
+static int owner_trusted(uid_t uid) { return uid == 0 || uid == geteuid(); }
+
+/* Only a trusted owner can add, remove or rename the directory's entries. */
+static int dir_protects(const struct stat *d)
+{
+    return owner_trusted(d->st_uid) && !(d->st_mode & (S_IWGRP | S_IWOTH));
+}
+
+/* The directory that holds path's last component, opened by walking the path one entry at
+ * a time with O_NOFOLLOW (from / or from the working directory); the last component goes to
+ * leaf. A link on the way is followed only when no other user can have put it there: its
+ * directory is protected (dir_protects), or it is sticky (/tmp) and the link is ours or
+ * root's (the kernel's protected_symlinks rule). So a root job's stats do not follow a link
+ * another user planted in /tmp into root's directories. The directory itself may be shared:
+ * the file is made in it with O_EXCL|O_NOFOLLOW and renamed within it. -1 with why set. */
+static int open_parent(const char *path, char *leaf, size_t leaf_len, const char **why)
+{
+    char rest[2 * PATH_LEN], lnk[PATH_LEN];
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    size_t dir_len = slash ? (size_t)(slash - path) : 0;
+    *why = "the path is too long";
+    if (!*name || strlen(name) >= leaf_len || dir_len >= sizeof rest)
+        return -1;
+    strcpy(leaf, name);
+    memcpy(rest, path, dir_len);
+    rest[dir_len] = 0;
+    int fd = open(path[0] == '/' ? "/" : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), links = 0;
+    char *p = rest;
+    while (fd >= 0 && *p) {
+        while (*p == '/')
+            p++;
+        char *end = strchrnul(p, '/');
+        char comp[PATH_LEN];
+        size_t n = (size_t)(end - p);
+        if (n == 0)
+            break;
+        if (n >= sizeof comp)
+            goto fail;
+        memcpy(comp, p, n);
+        comp[n] = 0;
+        p = end;
+        if (!strcmp(comp, "."))
+            continue;
+        int next = openat(fd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat ls, ds;
+        if (next < 0 && (errno == ELOOP || errno == ENOTDIR) && !fstatat(fd, comp, &ls, AT_SYMLINK_NOFOLLOW) &&
+            S_ISLNK(ls.st_mode)) {
+            *why = "a directory on the way is a link that another user could have made";
+            if (fstat(fd, &ds) || !(dir_protects(&ds) || ((ds.st_mode & S_ISVTX) && owner_trusted(ls.st_uid))))
+                goto fail;
+            *why = "a directory on the way is a link that cannot be followed";
+            ssize_t len = readlinkat(fd, comp, lnk, sizeof lnk - 1);
+            if (len <= 0 || ++links > 40 || (size_t)len + strlen(p) + 2 > sizeof rest)
+                goto fail;
+            lnk[len] = 0;
+            char tail[2 * PATH_LEN];
+            snprintf(tail, sizeof tail, "%s%s", lnk, p); /* p is "" or starts with '/' */
+            strcpy(rest, tail);
+            p = rest;
+            if (lnk[0] == '/') {
+                close(fd);
+                fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            }
+            continue;
+        }
+        *why = "a directory on the way cannot be opened";
+        if (next < 0)
+            goto fail;
+        close(fd);
+        fd = next;
+    }
+    return fd;
+fail:
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* A new file in the directory dfd, made with O_EXCL|O_NOFOLLOW under a name nobody can
+ * guess (the directory may be shared: a link or a file planted under a predictable name
+ * would be written through or clobbered); its name in tmp. NULL when none can be made. */
+static FILE *create_tmp(int dfd, const char *leaf, char *tmp, size_t len)
 {
     static _Atomic unsigned long long writes;
     for (int tries = 0; tries < 16; tries++) {
@@ -71,13 +151,14 @@ static FILE *create_tmp(const char *full, char *tmp, size_t len)
             r = ((unsigned long long)ts.tv_nsec << 20) ^ (unsigned long long)ts.tv_sec ^
                 ((unsigned long long)getpid() << 40) ^ atomic_fetch_add(&writes, 1) * 0x9e3779b97f4a7c15ull;
         }
-        snprintf(tmp, len, "%s.tmp%016llx", full, r);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666); /* the umask applies */
+        if (snprintf(tmp, len, ".%s.tmp%016llx", leaf, r) >= (int)len)
+            return NULL;
+        int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666); /* the umask applies */
         if (fd >= 0) {
             FILE *f = fdopen(fd, "w");
             if (!f) {
                 close(fd);
-                unlink(tmp);
+                unlinkat(dfd, tmp, 0);
             }
             return f;
         }
@@ -89,17 +170,26 @@ static FILE *create_tmp(const char *full, char *tmp, size_t len)
 
 int tr_write_stats(const char *path)
 {
-    char full[PATH_LEN], tmp[PATH_LEN + 48];
+    char full[PATH_LEN], tmp[300];
     if (expand(path, full, sizeof full) != 0) {
         tr_log(TR_WARN, "cannot write stats: the path (TRANSIT_STATS or transit_write_stats) is too long once %%p, "
                         "%%r (RANK) or the directory's file name are filled in: %.60s...", path);
         return -1;
     }
-    /* written under a new name, then renamed over full: rename replaces a link planted
-     * at full instead of writing through it, and a reader never sees half a report */
-    FILE *f = create_tmp(full, tmp, sizeof tmp);
+    /* written under a new name, then renamed over full within its directory: rename
+     * replaces a link planted at full instead of writing through it, and a reader never
+     * sees half a report */
+    char leaf[256];
+    const char *why = NULL;
+    int dfd = open_parent(full, leaf, sizeof leaf, &why);
+    if (dfd < 0) {
+        tr_log(TR_WARN, "cannot write stats to %s: %s", full, why);
+        return -1;
+    }
+    FILE *f = create_tmp(dfd, leaf, tmp, sizeof tmp);
     if (!f) {
         tr_log(TR_WARN, "cannot write stats to %s", full);
+        close(dfd);
         return -1;
     }
     pthread_mutex_lock(&tr_lock);
@@ -156,10 +246,12 @@ int tr_write_stats(const char *path)
     fprintf(f, "]\n}\n");
     pthread_mutex_unlock(&tr_lock);
     int bad = fclose(f) != 0;
-    if (bad || rename(tmp, full) != 0) {
+    if (bad || renameat(dfd, tmp, dfd, leaf) != 0) {
         tr_log(TR_WARN, "cannot write stats to %s", full);
-        unlink(tmp);
+        unlinkat(dfd, tmp, 0);
+        close(dfd);
         return -1;
     }
+    close(dfd);
     return 0;
 }

@@ -458,3 +458,163 @@ def test_files_the_cli_writes_go_through_no_planted_link(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o666 & ~umask
+
+
+# --- found by the second attack review ------------------------------------------------------
+
+
+def _wrapper(tmp_path, name, body):
+    """A root-owned compiler wrapper in a root-only directory (it passes the compiler's own
+    check) that answers some questions itself and hands the rest to gcc."""
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    w = tools / name
+    w.write_text("#!/bin/sh\n" + body + 'exec /usr/bin/gcc "$@"\n')
+    w.chmod(0o755)
+    return w
+
+
+def test_install_refuses_a_toolchain_directory_a_user_can_write(cli, shim_env, tmp_path):
+    """GCC takes as/ld from its program directories and headers from its include list
+    (/usr/local/bin and /usr/local/include first): a compiler whose search directories
+    include one a user can write is refused, before it compiles anything."""
+    _need_root()
+    _need_build()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    _own(theirs)
+    calls = tmp_path / "calls"
+    progs = _wrapper(tmp_path, "cc-progs", f'echo "$*" >> {calls}\n'
+                                           f'[ "$1" = -print-search-dirs ] && {{ echo "programs: ={theirs}/"; exit 0; }}\n')
+    rc, out, err, prefix = _install(cli, tmp_path, shim_env, "--cc", str(progs))
+    assert rc == 2 and f"the compiler's search directory {theirs}: {theirs} is not owned by root" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not [c for c in calls.read_text().splitlines() if "-shared" in c], "it compiled before refusing"
+    _nothing_written(tmp_path, prefix)
+    incs = _wrapper(tmp_path, "cc-incs", f'case "$*" in *"-E -v"*) printf "#include <...> search starts here:\\n '
+                                          f'{theirs}\\nEnd of search list.\\n" >&2; exit 0;; esac\n')
+    rc, out, err, prefix = _install(cli, tmp_path, shim_env, "--cc", str(incs))
+    assert rc == 2 and f"the compiler's search directory {theirs}" in err, err
+
+
+def test_the_compilers_path_keeps_only_directories_root_alone_can_change(tmp_path, monkeypatch):
+    from transit_launch.slurm import toolchain
+    _need_root()
+    ww = tmp_path / "ww"
+    ww.mkdir()
+    ww.chmod(0o777)
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    ok.chmod(0o755)
+    monkeypatch.setattr(toolchain, "SYSTEM_PATH", (str(ww), str(ok), str(tmp_path / "missing")))
+    assert toolchain.safe_path() == str(ok)
+
+
+def test_every_header_the_build_includes_is_checked(tmp_path):
+    """The compiler's own dependency list (-M) names the headers a build reads; one another
+    user owns is refused, wherever it lies."""
+    from transit_launch.slurm import toolchain, trust
+    _need_root()
+    _need_build()
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "theirs.h").write_text("#define X 1\n")
+    os.chown(d / "theirs.h", NOBODY, NOBODY)
+    (d / "a.c").write_text('#include <stdio.h>\n#include "theirs.h"\nint x = X;\n')
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    with pytest.raises(trust.Untrusted, match=f"a header the plugin includes {d}/theirs.h: {d}/theirs.h is not owned"):
+        toolchain.check_headers("/usr/bin/gcc", env, [], [str(d / "a.c")])
+    os.chown(d / "theirs.h", 0, 0)
+    toolchain.check_headers("/usr/bin/gcc", env, [], [str(d / "a.c")])  # stdio.h and the rest pass
+
+
+def test_build_out_writes_through_no_planted_link(cli, tmp_path):
+    """`spank build --out DIR` as root into a directory a user owns: links planted under
+    the names a temporary file could have had, and at the plugin's own name, are neither
+    written through nor chmodded; the plugin replaces the link."""
+    _need_root()
+    _need_build()
+    rootfile = tmp_path / "rootfile"
+    rootfile.write_text("root's\n")
+    rootfile.chmod(0o600)
+    out = tmp_path / "ubuild"
+    out.mkdir()
+    pid = int(Path("/proc/sys/kernel/ns_last_pid").read_text()) if Path("/proc/sys/kernel/ns_last_pid").exists() else 0
+    for n in range(pid, pid + 200):
+        (out / f".transit_spank.so.{n}").symlink_to(rootfile)
+    (out / "transit_spank.so").symlink_to(rootfile)
+    _own(out)
+    rc, o, err = cli("spank", "build", "--out", str(out))
+    assert rc == 0, err
+    assert rootfile.read_text() == "root's\n" and stat.S_IMODE(rootfile.stat().st_mode) == 0o600
+    plugin = out / "transit_spank.so"
+    assert not plugin.is_symlink() and plugin.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_root_stats_follow_no_link_another_user_made(built, tmp_path):
+    """A root job's TRANSIT_STATS names a directory through a link that another user made
+    in a sticky, world-writable directory (/tmp): not followed (the kernel's
+    protected_symlinks rule, applied by the shim itself); root's own link there is."""
+    _need_root()
+    base = Path(tempfile.mkdtemp(prefix="transit-stats-"))
+    try:
+        base.chmod(0o755)
+        sticky = base / "tmp"
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        rootonly = base / "rootonly"
+        rootonly.mkdir()
+        rootonly.chmod(0o700)
+        (sticky / "teamstats").symlink_to(rootonly)
+        os.lchown(sticky / "teamstats", NOBODY, NOBODY)
+        (sticky / "mine").symlink_to(rootonly)  # root's own link: followed
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
+        for link, followed in (("teamstats", False), ("mine", True)):
+            env = dict(e, LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", RANK="0",
+                       TRANSIT_STATS=str(sticky / link))
+            res = subprocess.run([str(built["app"]), "alloc", "1048576"], env=env, capture_output=True, text=True,
+                                 timeout=60)
+            assert res.returncode == 0, res.stderr
+            written = (rootonly / "transit-rank0.json").exists()
+            assert written == followed, (link, res.stderr)
+            if not followed:
+                assert "a link that another user could have made" in res.stderr, res.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_installed_adapter_has_roots_own_bytecode(cli, built, shim_env, tmp_path):
+    """The installer compiles the adapter into a __pycache__ of root's: a root job with
+    umask 000 importing it makes no directory or file others can write (it made a 0777
+    __pycache__, after which the plugin refused every job)."""
+    _need_root()
+    _need_build()
+    from transit_launch.shim import inject
+    rc, out, err, prefix = _install(cli, tmp_path, dict(shim_env, TRANSIT_ADAPTER_DIR=str(inject._PKG / "adapter")))
+    assert rc == 0, err
+    adapter = prefix / "lib" / "transit-launch" / "adapter"
+    cache = adapter / "__pycache__"
+    assert (cache.stat().st_uid, stat.S_IMODE(cache.stat().st_mode)) == (0, 0o755)
+    assert any(p.name.startswith("sitecustomize.") for p in cache.iterdir())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    res = subprocess.run(["/bin/sh", "-c", f"umask 000; exec python3 -c 'import sys; sys.path.insert(0, \"{adapter}\"); "
+                          "import transit_api, transit_overlap, transit_staging, transit_state_pool'"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    loose = [str(p) for p in [adapter, *adapter.rglob("*")] if p.stat().st_mode & 0o022]
+    assert loose == [], loose
+
+
+def test_a_race_while_a_directory_is_made_is_one_line(tmp_path, monkeypatch):
+    """Someone makes the directory between the walk's look and its mkdir: a refusal, not
+    a FileExistsError traceback."""
+    _need_root()
+    from transit_launch.slurm import trust
+    real_mkdir = os.mkdir
+
+    def raced(name, mode=0o777, *, dir_fd=None):
+        real_mkdir(name, mode, dir_fd=dir_fd)
+        real_mkdir(name, mode, dir_fd=dir_fd)  # the second one loses the race
+    monkeypatch.setattr(os, "mkdir", raced)
+    with pytest.raises(trust.Untrusted, match="changed while it was checked"):
+        trust.walk("--prefix", str(tmp_path / "new"), want_dir=True, create=True)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+import transit_launch
 from transit_launch import csrc
 from transit_launch.errors import UsageError
 from transit_launch.shim import inject
-from transit_launch.slurm import trust
+from transit_launch.slurm import toolchain, trust
 
 SRC = csrc.spank()
 # Hardened like pyxis: stack protector, fortify, full RELRO; exports limited by the map.
@@ -33,11 +33,10 @@ CHECK = "transit_spank_check"
 LIBSRC = ("args.c", "env.c")  # what the check tool and the fuzz harness link from the plugin
 
 SPANK_H_DIRS = ("/usr/include/slurm", "/usr/local/include/slurm")
-# Where the compiler is looked up, and all of its environment: CPATH, C_INCLUDE_PATH,
-# GCC_EXEC_PREFIX, COMPILER_PATH, LD_PRELOAD and the like would add headers or programs
-# that nobody checked.
-SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-BUILD_ENV = {"PATH": ":".join(SYSTEM_PATH), "LC_ALL": "C"}
+# Where the compiler is looked up. Its environment is a PATH and LC_ALL alone: CPATH,
+# C_INCLUDE_PATH, GCC_EXEC_PREFIX, COMPILER_PATH, LD_PRELOAD and the like would add
+# headers or programs that nobody checked.
+SYSTEM_PATH = toolchain.SYSTEM_PATH
 # What the plugin's sources include beside themselves (transit_spank.h, args.c).
 SHIM_HEADERS = ("transit_rules.h", "transit_size.h")
 
@@ -86,8 +85,8 @@ def find_cc(cc: str | None = None) -> tuple[str, str]:
 class _Build:
     """A private build tree (0700, under a directory only root can change when we are
     root) holding copies of the plugin's sources and Slurm's headers, each read from a
-    descriptor that passed trust.walk; the compiler is checked the same way and runs with
-    BUILD_ENV only. check=False (a build by a user, for that user) copies without checking."""
+    descriptor that passed trust.walk; the compiler and its toolchain are checked the same
+    way (toolchain.py) and run with a PATH and LC_ALL only. check=False (a build by a user, for that user) copies without checking."""
 
     def __init__(self, tmp: str, include: str | None, cc: str | None, check: bool):
         self.dir, self.check = Path(tmp), check
@@ -108,6 +107,9 @@ class _Build:
         if not os.access(opened.path, os.X_OK):
             raise UsageError(f"the C compiler ({source}) {opened.path} is not executable")
         self.cc = opened.path
+        self.env = {"PATH": toolchain.safe_path() if check else ":".join(SYSTEM_PATH), "LC_ALL": "C"}
+        if check:  # its programs, libraries and header directories, not only its own file
+            toolchain.check(self.cc, self.env)
 
     def _copy_dir(self, what: str, src: str, dst: Path, suffixes: tuple[str, ...]) -> None:
         d = trust.walk(what, src, want_dir=True, check=self.check)
@@ -122,9 +124,11 @@ class _Build:
 
     def compile(self, target: Path, sources: list[str], flags: list[str]) -> Path:
         spank = self.src / "spank"
-        cmd = [self.cc, *CFLAGS, f"-I{self.dir / 'include'}", *flags, "-o", str(target),
-               *(str(spank / s) for s in sources)]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=BUILD_ENV)
+        paths = [str(spank / s) for s in sources]
+        if self.check:
+            toolchain.check_headers(self.cc, self.env, [*CFLAGS, f"-I{self.dir / 'include'}"], paths)
+        cmd = [self.cc, *CFLAGS, f"-I{self.dir / 'include'}", *flags, "-o", str(target), *paths]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
         if res.returncode != 0:
             fd, log = tempfile.mkstemp(prefix="transit-spank-build-", suffix=".log")
             with os.fdopen(fd, "w") as f:
@@ -152,17 +156,19 @@ def build(out_dir: str | Path, include: str | None = None, cc: str | None = None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="transit-spank-") as tmp:
-        built = _Build(tmp, include, cc, check=_trusted()).plugin(Path(tmp))
-        dst = out / PLUGIN
-        tmp_dst = out / f".{PLUGIN}.{os.getpid()}"
-        shutil.copyfile(built, tmp_dst)
-        os.chmod(tmp_dst, 0o755)
-        os.replace(tmp_dst, dst)
-    return dst
+        data = _Build(tmp, include, cc, check=_trusted()).plugin(Path(tmp)).read_bytes()
+    # into a directory that may be anyone's: through its descriptor, a new O_EXCL file under
+    # a random name, renamed into place (no name in it is followed or reused)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        trust.put(fd, PLUGIN, data, 0o755)
+    finally:
+        os.close(fd)
+    return out / PLUGIN
 
 
 def _run_check(exe: Path, argv: list[str], what: str) -> None:
-    res = subprocess.run([str(exe), *argv], capture_output=True, text=True, env=BUILD_ENV)
+    res = subprocess.run([str(exe), *argv], capture_output=True, text=True, env={"LC_ALL": "C"})
     if res.returncode != 0:
         lines = res.stderr.strip().splitlines()
         raise UsageError(f"{what}: {lines[-1] if lines else f'exit {res.returncode}'}")
@@ -252,6 +258,39 @@ def install(prefix: str, plugstack_dir: str, include: str | None = None, default
     line, by the plugin's own parser on staged copies. Then the files go in through
     descriptors, the plugin's parser checks the line again on the files as installed, and
     the include file that makes Slurm load the plugin is written last."""
+    try:
+        return _install(prefix, plugstack_dir, include, default, allowed, oversubscribe, cc)
+    except OSError as e:  # a race with another process on the way: refused, not a traceback
+        raise UsageError(f"spank install: {e.filename or ''}: {e.strerror or e} (nothing was activated: "
+                         "transit.conf is written last)") from None
+
+
+def _pycs(adapter: dict[str, bytes], tmp: Path) -> dict[str, bytes]:
+    """The adapter's modules compiled for this Python, checked by their sources' hash (not
+    their mtime, which the copy changes): with __pycache__ made by root, a job never makes
+    it itself (with a root job's umask 000 it was 0777, which users could fill and which
+    the plugin then refused for every job)."""
+    import importlib.util
+    import py_compile
+    out = {}
+    tmp.mkdir(exist_ok=True)
+    for name, data in adapter.items():
+        src = tmp / name
+        src.write_bytes(data)
+        cfile = Path(importlib.util.cache_from_source(str(src)))
+        py_compile.compile(str(src), cfile=str(cfile), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+        out[cfile.name] = cfile.read_bytes()
+    return out
+
+
+def _install(prefix, plugstack_dir, include, default, allowed, oversubscribe, cc):
+    pkg = str(Path(transit_launch.__file__).resolve().parent)
+    try:
+        trust.walk("transit-launch itself", pkg, want_dir=True).close()
+    except trust.Untrusted as e:
+        raise UsageError(f"{e}; its code has already run as root: install transit-launch where only root can "
+                         "change it, then install the plugin from there") from None
     prefix_p = Path(os.path.abspath(prefix))
     lib = prefix_p / "lib" / "transit-launch"
     plugin_dst = prefix_p / "lib" / "slurm" / PLUGIN
@@ -278,10 +317,13 @@ def install(prefix: str, plugstack_dir: str, include: str | None = None, default
         (stage / "libtransit.so").write_bytes(shim_bytes)
         staged_args = plugstack_args(stage / "libtransit.so", stage / "adapter" if adapter is not None else None,
                                      default, allowed, oversubscribe)
+        pycs = _pycs(adapter, Path(tmp) / "compile") if adapter is not None else {}
         if adapter is not None:
-            (stage / "adapter").mkdir()
+            (stage / "adapter" / "__pycache__").mkdir(parents=True)
             for name, data in adapter.items():
                 (stage / "adapter" / name).write_bytes(data)
+            for name, data in pycs.items():
+                (stage / "adapter" / "__pycache__" / name).write_bytes(data)
         _run_check(checker, staged_args, "the plugin would refuse this line")
         # --- nothing was written before this point -------------------------------------
         opened = {}
@@ -292,6 +334,13 @@ def install(prefix: str, plugstack_dir: str, include: str | None = None, default
             trust.put(opened[lib].fd, "libtransit.so", shim_bytes, 0o755)
             for name, data in (adapter or {}).items():
                 trust.put(opened[dest_adapter].fd, name, data, 0o644)
+            if adapter is not None:
+                cache = trust.walk("--prefix", str(dest_adapter / "__pycache__"), want_dir=True, create=True)
+                try:
+                    for name, data in pycs.items():
+                        trust.put(cache.fd, name, data, 0o644)
+                finally:
+                    cache.close()
             trust.put(opened[plugin_dst.parent].fd, PLUGIN, plugin_bytes, 0o755)
             # whoever can change the plugin (or a directory above it) runs code in every
             # slurmstepd as root: the plugin's parser on what was installed, before the

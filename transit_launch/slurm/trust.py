@@ -96,7 +96,10 @@ def walk(what: str, path: str, *, want_dir: bool, create: bool = False, missing_
                     return None
                 if not create or (final and not want_dir):
                     refuse(here, "does not exist")
-                os.mkdir(name, 0o700, dir_fd=cur_fd)  # 0700 until it is root's and 0755
+                try:
+                    os.mkdir(name, 0o700, dir_fd=cur_fd)  # 0700 until it is root's and 0755
+                except OSError as e:  # made or removed by someone else in between
+                    refuse(here, f"changed while it was checked ({e.strerror})")
                 created.append(here)
                 lst = None
             except OSError as e:
@@ -107,7 +110,10 @@ def walk(what: str, path: str, *, want_dir: bool, create: bool = False, missing_
                 links += 1
                 if links > MAX_LINKS:
                     refuse(here, "has too many links")
-                target = os.readlink(name, dir_fd=cur_fd)
+                try:
+                    target = os.readlink(name, dir_fd=cur_fd)
+                except OSError as e:
+                    refuse(here, f"changed while it was checked ({e.strerror})")
                 if target.startswith("/"):
                     while len(stack) > 1:
                         os.close(stack.pop()[0])

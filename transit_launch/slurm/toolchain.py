@@ -1,0 +1,89 @@
+"""What the C compiler reads and runs when root builds the SPANK plugin, checked with
+trust.py's rule: not only the compiler's own file, but the directories it takes programs
+(cc1, as, ld, collect2), libraries and headers from, and every header a build includes.
+
+A directory on the search paths that another user can write lets them add an `as` or a
+`string.h` that the compiler would prefer (GCC looks in /usr/local/bin and
+/usr/local/include first); the PATH the compiler gets holds only the system directories
+that pass, and any other directory it searches must pass, or the build is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from transit_launch.slurm import trust
+
+SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def safe_path() -> str:
+    """The system directories of SYSTEM_PATH that exist and only root can change."""
+    keep = []
+    for d in SYSTEM_PATH:
+        try:
+            trust.walk("PATH", d, want_dir=True).close()
+            keep.append(d)
+        except (trust.Untrusted, OSError):
+            continue  # left out of the compiler's PATH: it cannot find a program there
+    return ":".join(keep)
+
+
+def _run(cmd: list[str], env: dict) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return res.stdout + res.stderr
+
+
+def search_dirs(cc: str, env: dict) -> list[str]:
+    """The directories the compiler takes programs, libraries and <headers> from."""
+    dirs = []
+    for line in _run([cc, "-print-search-dirs"], env).splitlines():
+        key, _, value = line.partition(": ")
+        if key in ("install", "programs", "libraries"):
+            dirs += value.lstrip("=").split(":")
+    lines = _run([cc, "-E", "-v", "-x", "c", "/dev/null", "-o", "/dev/null"], env).splitlines()
+    if "#include <...> search starts here:" in lines:
+        start = lines.index("#include <...> search starts here:") + 1
+        end = next((i for i in range(start, len(lines)) if lines[i].startswith("End of search list")), len(lines))
+        dirs += [ln.strip().split(" (")[0] for ln in lines[start:end]]
+    out = []
+    for d in dirs:
+        d = os.path.normpath(d) if d else ""
+        if d and os.path.isdir(d) and d not in out:
+            out.append(d)
+    return out
+
+
+def programs(cc: str, env: dict) -> list[str]:
+    """The programs the compiler runs, as it resolves them (absolute, or found on env's PATH)."""
+    out = []
+    for prog in ("cc1", "as", "ld", "collect2", "lto-wrapper"):
+        name = _run([cc, f"-print-prog-name={prog}"], env).strip().splitlines()[-1:] or [""]
+        path = name[0]
+        if path and "/" not in path:
+            path = next((os.path.join(d, path) for d in env["PATH"].split(":") if os.path.isfile(os.path.join(d, path))),
+                        "")
+        if path and os.path.isfile(path) and path not in out:
+            out.append(path)
+    return out
+
+
+def check(cc: str, env: dict) -> None:
+    """Refuse (trust.Untrusted, one line) a toolchain with any part another user can change."""
+    for d in search_dirs(cc, env):
+        trust.walk("the compiler's search directory", d, want_dir=True).close()
+    for p in programs(cc, env):
+        trust.walk("a program the compiler runs", p, want_dir=False).close()
+
+
+def check_headers(cc: str, env: dict, flags: list[str], sources: list[str]) -> None:
+    """Every header the build includes (the compiler's own list, -M) passes the check."""
+    res = subprocess.run([cc, *flags, "-M", *sources], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        return  # the build itself reports what fails
+    deps = res.stdout.replace("\\\n", " ").split()
+    for dep in deps:
+        if dep.endswith(":") or not dep.endswith(".h"):
+            continue
+        trust.walk("a header the plugin includes", os.path.abspath(dep), want_dir=False).close()
+
