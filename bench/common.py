@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # an installed transit_launch wins over the checkout
 
+from transit_launch.rules import format_size  # noqa: E402
 from transit_launch.shim.inject import MULTICAST_OFF  # noqa: E402
 from transit_launch.netcap.sweep import stop_group  # noqa: E402
 
@@ -25,9 +26,10 @@ def env(**extra) -> dict:
 
 
 def transit(policy: str, cmd: list, stats: str | None = None, budget: int | None = None) -> list:
-    """cmd under `transit-launch run --policy POLICY [--stats DIR] [--gpu-budget BYTES]`."""
+    """cmd under `transit-launch run --policy POLICY [--stats DIR] [--gpu-budget SIZE]` (budget
+    in bytes, passed with its unit: a bare number is not a size)."""
     return [sys.executable, "-m", "transit_launch", "run", "--policy", policy, *(["--stats", stats] if stats else []),
-            *(["--gpu-budget", str(budget)] if budget else []), "--", *cmd]
+            *(["--gpu-budget", format_size(budget)] if budget else []), "--", *cmd]
 
 
 def run(cmd: list, run_env: dict, timeout: float, preexec_fn=None) -> tuple[str, str, int | str]:

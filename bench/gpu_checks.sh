@@ -19,5 +19,5 @@ peak=$(python3 examples/train_llama.py --steps 6 | python3 -c "import sys,json; 
 [ -n "$peak" ] || { echo "the trainer failed"; exit 1; }
 half=$(python3 -c "print(int($peak * 1e9 / 2))")
 echo "trainer peak reserved: $peak GB; budget: $half bytes"
-python3 -m transit_launch run --policy advise --gpu-budget "$half" --stats "$OUT/acceptance" -- \
+python3 -m transit_launch run --policy advise --gpu-budget "${half}B" --stats "$OUT/acceptance" -- \
     python3 examples/train_llama.py --steps 20 2>&1 | tail -8 | tee "$OUT/acceptance.log"

@@ -29,6 +29,8 @@ static const char *env(const char *name)
     return v && *v ? v : NULL;
 }
 
+/* A size in the grammar of transit_size.h. A value outside it, a bare number included
+ * (TRANSIT_GPU_BUDGET=70 is not 70 bytes), gets the warning and the default: the job runs. */
 static uint64_t env_size(const char *name, uint64_t dflt, const char *dflt_text)
 {
     const char *v = env(name);
@@ -124,9 +126,9 @@ void tr_config_load(void)
     tr_cfg.allow_oversubscribe = env_flag(TR_ENV_ALLOW_OVERSUBSCRIBE);
     /* The guard keeps 1 GiB of the start-up free memory for what does not go through
      * cudaMalloc: context growth, cuBLAS/cuDNN handles, NCCL's cuMem buffers. */
-    tr_cfg.reserve = env_size(TR_ENV_RESERVE, 1ull << 30, "1073741824");
+    tr_cfg.reserve = env_size(TR_ENV_RESERVE, 1ull << 30, "1GiB");
     tr_cfg.warmup_iters = env_warmup();
-    tr_cfg.merge_gap = env_size(TR_ENV_MERGE_GAP, 128 * 1024, "131072");
+    tr_cfg.merge_gap = env_size(TR_ENV_MERGE_GAP, 128 * 1024, "128KiB");
     tr_cfg.stage = env_flag(TR_ENV_STAGE);
     tr_cfg.cold_tail_ppm = env_cold_tail();
     const char *v = env(TR_ENV_STATS);

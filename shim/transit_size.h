@@ -12,7 +12,7 @@
 
 #include "transit_rules.h"
 
-enum { TR_SIZE_OK = 0, TR_SIZE_BAD = -1, TR_SIZE_TOO_SMALL = -2, TR_SIZE_TOO_LARGE = -3 };
+enum { TR_SIZE_OK = 0, TR_SIZE_BAD = -1, TR_SIZE_TOO_SMALL = -2, TR_SIZE_TOO_LARGE = -3, TR_SIZE_NO_UNIT = -4 };
 
 static inline int tr_size_digit(char c) { return c >= '0' && c <= '9'; }
 static inline int tr_size_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
@@ -46,6 +46,8 @@ static inline int tr_size_parse(const char *s, uint64_t *out)
     if (*s == ' ' && tr_size_alpha(s[1]))
         s++;
     size_t len = strlen(s);
+    if (len == 0) /* a bare number: refused, not read as bytes (4096B is bytes) */
+        return TR_SIZE_NO_UNIT;
     if (len > 3)
         return TR_SIZE_BAD;
     for (size_t i = 0; i < len; i++)
@@ -58,7 +60,11 @@ static inline int tr_size_parse(const char *s, uint64_t *out)
         return TR_SIZE_BAD;
     if (whole > TR_SIZE_MAX || whole > TR_SIZE_MAX / mult)
         return TR_SIZE_TOO_LARGE;
-    uint64_t v = whole * mult + frac * mult / scale; /* frac < 1e6, mult <= 2^40: no wrap */
+    /* frac * mult / scale without the product, which wraps for PiB (frac < 1e6, mult 2^50):
+     * mult = q * scale + r, so it is frac * q + frac * r / scale; frac * q < mult and
+     * frac * r < scale^2 <= 1e12, and the floor is the same. */
+    uint64_t q = mult / scale, r = mult % scale;
+    uint64_t v = whole * mult + frac * q + frac * r / scale;
     if (v < 1)
         return TR_SIZE_TOO_SMALL;
     if (v > TR_SIZE_MAX)
@@ -71,6 +77,7 @@ static inline const char *tr_size_reason(int rc)
 {
     return rc == TR_SIZE_TOO_SMALL ? "must be at least one byte"
          : rc == TR_SIZE_TOO_LARGE ? "is larger than 1 PiB"
+         : rc == TR_SIZE_NO_UNIT ? "has no unit (a size needs one: 40GB, 40GiB, or 40B for bytes)"
          : "is not a size (examples: " TR_SIZE_EXAMPLES ")";
 }
 

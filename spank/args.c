@@ -80,10 +80,21 @@ int tr_opt_policy(const char *arg)
     return 0;
 }
 
+/* The rule of the CLI's --gpu-budget: a size with its unit (a bare 70 is refused, not 70
+ * bytes) and at least TR_GPU_BUDGET_MIN, about a CUDA context (rules.py). The GPU's own
+ * size is not known here. */
 int tr_opt_budget(const char *arg)
 {
-    if (!arg || strlen(arg) >= sizeof tr_job.budget || !tr_size_valid(arg)) {
-        slurm_error("transit: --transit-budget=%s: expected a size such as 40GB or 64GiB", echo(arg));
+    uint64_t v = 0;
+    int rc = arg && strlen(arg) < sizeof tr_job.budget ? tr_size_parse(arg, &v) : TR_SIZE_BAD;
+    if (rc != TR_SIZE_OK) {
+        slurm_error("transit: --transit-budget=%s: expected a size such as 40GB or 64GiB%s", echo(arg),
+                    rc == TR_SIZE_NO_UNIT ? " (a number needs its unit; B for bytes)" : "");
+        return -1;
+    }
+    if (v < TR_GPU_BUDGET_MIN) {
+        slurm_error("transit: --transit-budget=%s is below " TR_GPU_BUDGET_MIN_TEXT
+                    ", the least GPU budget (about what a CUDA context alone takes)", echo(arg));
         return -1;
     }
     strcpy(tr_job.budget, arg);

@@ -141,7 +141,8 @@ ROWS = [
     # --- plan: sizes, degrees, batches, hardware ------------------------------------------
     ([*PLAN, "--gpu-mem", "eighty"], "--gpu-mem: cannot parse 'eighty'"),
     ([*PLAN, "--gpu-mem", "-5GB"], "--gpu-mem: cannot parse '-5GB' as a size"),
-    ([*PLAN, "--gpu-mem", "0.5"], "'0.5' must be at least one byte"),
+    ([*PLAN, "--gpu-mem", "0.5"], "'0.5' has no unit"),
+    ([*PLAN, "--gpu-mem", "0.5B"], "'0.5B' must be at least one byte"),
     ([*PLAN, "--gpu-mem", "1KB"], "GPU memory (--gpu-mem) must be from 1GiB"),
     ([*PLAN, "--gpu-mem", "1e9"], "cannot parse '1e9'"),
     ([*PLAN, "--gpu-mem", "inf"], "cannot parse 'inf'"),
@@ -206,7 +207,7 @@ ROWS = [
     ([*RENDER, "--nodes", "0", *CMD], "--nodes must be a positive integer"),
     ([*RENDER, "--nodes", "abc", *CMD], "--nodes must be a positive integer"),
     ([*RENDER, "--nodes", "1000000", *CMD], "--nodes must be a positive integer of at most 100000"),
-    ([*RENDER, "--gpu-budget", "0", *CMD], "must be at least one byte"),
+    ([*RENDER, "--gpu-budget", "0GB", *CMD], "must be at least one byte"),
     ([*RENDER, "--policy", "turbo", *CMD], "invalid choice"),
     ([*RENDER, "--log", "chatty", *CMD], "invalid choice"),
     # --- submit ------------------------------------------------------------------------------
@@ -217,6 +218,38 @@ ROWS = [
     (SUBMIT, "submit needs the training command"),
     (["submit", "--dry-run", *CMD], "the following arguments are required: --model"),
     (["submit", "--model", "llama3-70b", *CMD], "sinfo failed: sinfo: error: Unable to contact slurm controller"),
+    # --- issue 28: a bare number is no size; a budget fits the GPU; options that did nothing --
+    ([*PLAN, "--gpu-mem", "80"], "'80' has no unit: a size needs one (e.g. 80GB, 80GiB, or 80B for bytes)"),
+    ([*PLAN, "--host-mem", "512"], "'512' has no unit"),
+    ([*RENDER, "--gpu-budget", "70", *CMD], "--gpu-budget: '70' has no unit"),
+    (["run", "--gpu-budget", "70", "--", "true"], "--gpu-budget: '70' has no unit"),
+    ([*RENDER, "--gpu-budget", "100MB", *CMD], "'100MB' is below 512MiB, the least GPU budget"),
+    ([*RENDER, "--policy", "advise", "--gpu-budget", "100GB", *CMD],
+     "--gpu-budget 100GB is more than the GPU has: h100-80gb has 85.52 GB"),
+    (["render", "--nodes", "1", "--gpu", "a100-40gb", "--policy", "advise", "--gpu-budget", "41GiB", *CMD],
+     "a100-40gb has 42.95 GB"),
+    ([*RENDER, "--gpu-mem", "40GB", "--policy", "advise", "--gpu-budget", "41GB", *CMD], "has 40.00 GB"),
+    ([*RENDER, "--policy", "off", "--gpu-budget", "40GB", *CMD], "--gpu-budget 40GB needs a shim policy other than off"),
+    (["run", "--policy", "off", "--gpu-budget", "40GB", "--", "true"], "needs a shim policy other than off"),
+    ([*PLAN, "--gpu-mem", "1.5PiB"], "'1.5PiB' is larger than 1 PiB"),
+    ([*PLAN, "--measure-layers", "2"], "--measure-layers 2 sets the depth --measure runs at; add --measure"),
+    ([*RENDER, "--local", "--partition", "gpu", *CMD], "--partition is for sbatch (leave out --local)"),
+    ([*RENDER, "--local", "--time", "10", "--port", "1234", *CMD], "--time, --port are for sbatch"),
+    ([*RENDER, "--stats", "", *CMD], "--stats: the stats path is empty"),
+    (["run", "--stats", " ", "--", "true"], "--stats: the stats path is empty"),
+    (["sweep", "--restore", "--bandwidths", "100"], "--bandwidths would do nothing with it"),
+    (["sweep", "--restore", "--journal", f"{D}/j.json", "--cap", "tc", "--", "true"],
+     "--cap, a command after -- would do nothing with it"),
+    (["sweep", "--cap", "tc", "--iface", "lo", "--bandwidths", "100", "--journal", f"{D}/j.json", "--",
+      "/nonexistent/cmd"], "cannot start '/nonexistent/cmd': no such program"),
+    (["sweep", "--cap", "tc", "--iface", "lo", "--bandwidths", "100", "--journal", f"{D}/j.json", "--", D],
+     "no such program (or not executable)"),
+    (["sweep", "--cap", "tc", "--iface", "lo", "--bandwidths", "100", "--journal", f"{D}/no/j.json", "--", "true"],
+     f"journal directory {D}/no does not exist"),
+    (["sweep", "--cap", "tc", "--iface", "lo", "--bandwidths", "100", "--plot", f"{D}/x.jpg", "--", "true"],
+     "must end in .png"),
+    (["plan", "--modle", "llama3-70b"], "unrecognized arguments: --modle llama3-70b (did you mean --model?)"),
+    (["render", "--nodes", "1", "--partiton", "gpu", *CMD], "unrecognized arguments: --partiton gpu (did you mean"),
     # --- simulate ----------------------------------------------------------------------------
     (["simulate"], "exactly one of --trace FILE or --synthetic N"),
     ([*SYN, "--trace", f"{D}/header.csv"], "exactly one of"),
@@ -330,6 +363,12 @@ ISSUE = ["heads0.json", "archlist.json", "strhidden.toml", "layers0.toml", "negh
          "--racks 1000000", "--synthetic 99999999999", "--gpu-mem 0.5", "--gpu-mem 1KB", "--gpu-mem -5GB",
          "--model  ", "--nodes 0"]
 ISSUE_ROWS = [next(r for r in ROWS if case in " ".join(r[0]) + " ") for case in ISSUE]
+# issue 28's, the same way
+ISSUE_28 = ["--gpu-mem 80", "render --model llama3-70b --gpu-budget 70", "run --gpu-budget 70",
+            "--measure-layers 2", "sweep --restore --bandwidths 100", "--local --partition gpu", "--stats  ",
+            "/nonexistent/cmd", "{d}/no/j.json", "--gpu-mem 1.5PiB", "--modle"]
+ISSUE_ROWS += [next(r for r in ROWS if case in " ".join(r[0]) + " ") for case in ISSUE_28]
+ISSUE += ISSUE_28
 
 
 @pytest.mark.parametrize("args,needle", ISSUE_ROWS, ids=ISSUE)

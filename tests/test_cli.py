@@ -1,5 +1,6 @@
 """The CLI as a user runs it: real subprocesses, exit codes, one-line errors."""
 
+import argparse
 import json
 import os
 
@@ -209,6 +210,63 @@ def test_command_without_its_double_dash_gets_a_hint(cli):
 def test_one_node_is_singular(cli):
     rc, out, err = cli("plan", "--model", "llama3-8b", "--global-batch", "4")
     assert rc == 0 and "on 1 node." in out and "Recommended: 1 node (" in out and "1 nodes" not in out
+    # the recommendation that names the best option below the no-offload minimum (issue 28)
+    rc, out, err = cli("plan", "--model", "qwen3-32b")
+    assert rc == 0 and "(the best, 1 node, " in out and "1 nodes" not in out, out
+
+
+# --- issue 28 ------------------------------------------------------------------------------
+
+def _options(parser, path=()):
+    """(subcommand path, its parser, action) of every option and positional of the CLI."""
+    for act in parser._actions:
+        if isinstance(act, argparse._SubParsersAction):
+            for name, sub in act.choices.items():
+                yield from _options(sub, (*path, name))
+        elif not isinstance(act, argparse._HelpAction):
+            yield path, parser, act
+
+
+def _shown(v) -> str:
+    """A default as help writes it: 0.9, 1800 (not 1800.0), 0.25,0.5."""
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(_shown, v))
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def test_every_option_has_help_and_shows_its_default():
+    """`--help` of every subcommand says what each option does; an option with a default
+    (other than off/None) says which, as "default VALUE"."""
+    from transit_launch.cli import build_parser
+    missing, hidden_default = [], []
+    for path, parser, act in _options(build_parser()):
+        name = " ".join([*path, act.option_strings[-1] if act.option_strings else act.dest])
+        text = act.help % {**vars(act), "prog": parser.prog} if act.help else ""
+        if not text.strip():
+            missing.append(name)
+        elif act.default not in (None, False, argparse.SUPPRESS) and f"default {_shown(act.default)}" not in text:
+            hidden_default.append(f"{name} (default {act.default!r}): {text}")
+    assert not missing, f"options without help: {missing}"
+    assert not hidden_default, hidden_default
+
+
+def test_the_largest_size_is_accepted_as_written(cli):
+    """The range message says "to 1PiB": 1PiB itself is a size, and a GPU of it plans."""
+    rc, out, err = cli("plan", "--model", "llama3-8b", "--gpu-mem", "1PiB")
+    assert rc == 0 and "custom-1125899.91GB" in out, err
+    rc, out, err = cli("plan", "--model", "llama3-70b", "--gpu-mem", "512MiB")
+    assert rc == 2 and "must be from 1GiB to 1PiB" in err, err
+
+
+def test_a_budget_in_bytes_needs_its_b_and_reaches_the_job_with_its_unit(cli):
+    """--gpu-budget 70 used to export TRANSIT_GPU_BUDGET=70 (bytes); bytes are written with B,
+    and the job gets the size in the grammar the shim reads, exactly."""
+    rc, out, err = cli("render", "--local", "--nodes", "1", "--policy", "advise", "--gpu-budget", "9766436864B",
+                       "--", "python", "t.py")
+    assert rc == 0 and " TRANSIT_GPU_BUDGET=9314MiB " in out, (out, err)
+    rc, out, err = cli("render", "--local", "--nodes", "1", "--policy", "advise", "--gpu-budget", "70", "--",
+                       "python", "t.py")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "'70' has no unit" in err
 
 
 def test_every_output_shows_the_same_efficiency(cli):

@@ -5,6 +5,8 @@ README promises from outside any source tree."""
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -86,3 +88,23 @@ def test_sources_found():
     from transit_launch import csrc
     assert (csrc.shim() / "transit.h").is_file() and (csrc.spank() / "plugin.c").is_file()
     assert resources.files("transit_launch.planning.cards").joinpath("llama3-70b.toml").is_file()
+
+
+def test_the_suite_collects_without_torch(tmp_path):
+    """The README's test command on a machine without PyTorch (issue 28: a module called
+    torch at import, so collection stopped before its skip could apply). Here a torch that
+    fails to import shadows the real one, for the collection and every process it starts
+    (the modules' skip conditions ask a subprocess)."""
+    fake = tmp_path / "hide" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch' (hidden by the test)\", "
+                                      "name='torch')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "--import-mode=append", "--rootdir", str(ROOT), str(ROOT / "tests")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    last = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    assert res.returncode == 0 and "collected" in last and "error" not in last, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "test_adapter_overlap.py::test_overlapped_step_is_bit_identical" in res.stdout
+    check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert check.returncode != 0 and "hidden by the test" in check.stderr  # the hiding works

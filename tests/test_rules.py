@@ -12,10 +12,15 @@ from transit_launch import rules
 
 CASES = [
     # (text, bytes or None for a refusal)
-    ("80GB", 80 * 10**9), ("141GiB", 141 * 2**30), ("512MiB", 512 * 2**20), ("4096", 4096),
+    ("80GB", 80 * 10**9), ("141GiB", 141 * 2**30), ("512MiB", 512 * 2**20), ("4096B", 4096),
     ("1.5TB", 1_500_000_000_000), ("1.5 TB", 1_500_000_000_000), ("40 GB", 40 * 10**9), ("40gb", 40 * 10**9),
-    ("1b", 1), ("1", 1), ("0.5KiB", 512), ("1.000001k", 1000), ("1024PiB", None), ("1k", 1000),
-    ("1125899906842624", 2**50), ("1125899906842625", None), ("1024TiB", 2**50), ("1025TiB", None),
+    ("1b", 1), ("0.5KiB", 512), ("1.000001k", 1000), ("1024PiB", None), ("1k", 1000),
+    ("1125899906842624B", 2**50), ("1125899906842625b", None), ("1024TiB", 2**50), ("1025TiB", None),
+    # a bare number is no size (it used to be bytes: `--gpu-budget 70` gave the job 70 bytes)
+    ("4096", None), ("1", None), ("70", None), ("1125899906842624", None),
+    # the largest size can be written in its own unit; fractions of PiB stay exact in C
+    ("1PiB", 2**50), ("1 pib", 2**50), ("1PB", 10**15), ("1P", 10**15), ("0.5PiB", 2**49), ("1.1PiB", None),
+    ("0.999999PiB", 999999 * 2**50 // 10**6), ("1.125899PB", 1_125_899 * 10**9), ("1.1259PB", None),
     ("1e9", None), ("1E9GB", None), ("inf", None), ("nan", None), ("-5GB", None), ("+5GB", None),
     ("0", None), ("0GB", None), ("0.5", None), ("0.0000001TB", None), ("0x10GB", None), ("1e99", None),
     ("1e-300", None), ("", None), (" ", None), (" 40GB", None), ("40GB ", None), ("40  GB", None),
@@ -48,6 +53,13 @@ SPANK = dict(decl="int tr_size_valid(const char *s);\n#include <stdarg.h>\n"
              body='puts(tr_size_valid(line) ? "ok" : "-");')
 
 
+# The plugin's --transit-budget check itself (spank/args.c: tr_opt_budget), with its message.
+SPANK_BUDGET = dict(decl="int tr_opt_budget(const char *arg);\n#include <stdarg.h>\n"
+                         "void slurm_error(const char *fmt, ...) { va_list ap; va_start(ap, fmt); "
+                         "vprintf(fmt, ap); va_end(ap); putchar('\\n'); }",
+                    body='printf("rc %d\\n", tr_opt_budget(line));')
+
+
 def python_verdict(text):
     try:
         return rules.parse_size(text)
@@ -75,8 +87,8 @@ def _compile(tmp_path, name, driver, sources, flags=()):
     return exe
 
 
-def _feed(exe):
-    out = subprocess.run([str(exe), *(t for t, _ in CASES)], capture_output=True, text=True, check=True,
+def _feed(exe, inputs=None):
+    out = subprocess.run([str(exe), *(inputs or [t for t, _ in CASES])], capture_output=True, text=True, check=True,
                          timeout=30)
     assert out.stderr == ""
     return out.stdout.splitlines()
@@ -99,3 +111,31 @@ def test_spank_parser_agrees(tmp_path):
     got = _feed(exe)
     assert got == ["ok" if w is not None else "-" for _, w in CASES]
 
+
+
+@pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
+def test_spank_budget_has_the_cli_rules(tmp_path):
+    """--transit-budget=70 gave the job TRANSIT_GPU_BUDGET=70 (issue 28): a bare number is
+    refused and says why, and so is a budget below rules.GPU_BUDGET_MIN, like --gpu-budget."""
+    inc = spank_include()
+    if inc is None:
+        pytest.skip("needs Slurm's spank.h (apt install libslurm-dev)")
+    exe = _compile(tmp_path, "spank_budget", SPANK_BUDGET, [C_SOURCES / "spank" / "args.c"], [f"-I{inc.parent}"])
+    low = rules.GPU_BUDGET_MIN
+    got = _feed(exe, ["70", "100MB", f"{low - 1}B", f"{low}B", "40GB"])
+    assert got == [
+        "transit: --transit-budget=70: expected a size such as 40GB or 64GiB (a number needs its unit; B for bytes)",
+        "rc -1",
+        f"transit: --transit-budget=100MB is below {rules.format_size(low)}, the least GPU budget (about what a "
+        "CUDA context alone takes)", "rc -1",
+        f"transit: --transit-budget={low - 1}B is below {rules.format_size(low)}, the least GPU budget (about "
+        "what a CUDA context alone takes)", "rc -1",
+        "rc 0", "rc 0"]
+
+
+@pytest.mark.parametrize("nbytes,text", [(40 * 10**9, "40GB"), (141 * 2**30, "141GiB"), (9766436864, "9314MiB"),
+                                         (817889280, "780MiB"), (12345, "12345B"), (2**50, "1PiB"), (10**15, "1PB"),
+                                         (rules.GPU_BUDGET_MIN, "512MiB")])
+def test_format_size_is_exact_in_the_grammar(nbytes, text):
+    """What TRANSIT_GPU_BUDGET is exported as: the shim parses it back to the same bytes."""
+    assert rules.format_size(nbytes) == text and rules.parse_size(text) == nbytes

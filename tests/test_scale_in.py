@@ -85,7 +85,7 @@ def test_scale_in_matrix_runs_the_staged_layout_with_its_switch(monkeypatch):
     r = matrix.run_layout(a, ("ac", 1), "half-staged", a.gpus // div, factor * 1, policy, 10**9, None, extra)
     assert seen["env"]["TRANSIT_OVERLAP_STEP"] == "staged" and seen["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     cmd = seen["cmd"]
-    assert cmd[cmd.index("--policy") + 1] == "advise" and cmd[cmd.index("--gpu-budget") + 1] == str(10**9)
+    assert cmd[cmd.index("--policy") + 1] == "advise" and cmd[cmd.index("--gpu-budget") + 1] == "1GB"
     assert cmd[cmd.index("--nproc-per-node") + 1] == "1" and cmd[cmd.index("--accum") + 1] == "2"
     assert r["env"] == {"TRANSIT_OVERLAP_STEP": "staged"} and r["rc"] == 1
     assert "TRANSIT_OVERLAP_STEP" not in matrix.LAYOUTS["half-advise"][3]

@@ -155,7 +155,7 @@ def test_replay_window_forgets_freed_memory(built, tmp_path):
     launch 5, half of r before launch 10 (q's half leaves first); r is freed after the
     first iteration, while its half is in the window."""
     res, out, calls = run(built, "loop", 3, 20, GiB, "adapter", "replay", "refree", policy="prefetch",
-                          env={"TRANSIT_GPU_BUDGET": str(3 * GiB // 2), "TRANSIT_STATS": str(tmp_path / "s.json")})
+                          env={"TRANSIT_GPU_BUDGET": f"{3 * GiB // 2}B", "TRANSIT_STATS": str(tmp_path / "s.json")})
     assert res.returncode == 0 and out["last_error"] == "0", res.stderr
     r = out["r"]
     freed = calls.index(f"cudaFree {r}")
@@ -249,9 +249,12 @@ BAD_SETTINGS = [
     ("TRANSIT_GPU_BUDGET", "inf", "using no budget"),
     ("TRANSIT_GPU_BUDGET", "nan", "using no budget"),
     ("TRANSIT_GPU_BUDGET", "-5GB", "using no budget"),
-    ("TRANSIT_RESERVE", "lots", f"using {RESERVE}"),
-    ("TRANSIT_RESERVE", "0", f"using {RESERVE}"),
-    ("TRANSIT_MERGE_GAP", "1e3", "using 131072"),
+    ("TRANSIT_GPU_BUDGET", "70", "using no budget"),  # a bare number is no size, not 70 bytes
+    ("TRANSIT_RESERVE", "lots", "using 1GiB"),
+    ("TRANSIT_RESERVE", "0", "using 1GiB"),
+    ("TRANSIT_RESERVE", "1073741824", "using 1GiB"),
+    ("TRANSIT_MERGE_GAP", "1e3", "using 128KiB"),
+    ("TRANSIT_MERGE_GAP", "4096", "using 128KiB"),
     ("TRANSIT_COLD_TAIL", "nan", "using 0.02"),
     ("TRANSIT_COLD_TAIL", "1.5", "using 0.02"),
     ("TRANSIT_COLD_TAIL", "0", "using 0.02"),
@@ -271,10 +274,21 @@ def test_a_setting_the_shim_cannot_honour_gets_one_line(built, var, value, used)
         assert int(out["total"]) == 80 * GB
 
 
+def test_a_bare_number_is_refused_by_name_not_read_as_bytes(built):
+    """TRANSIT_GPU_BUDGET=70 was a budget of 70 bytes; now the warning says why it is not
+    honoured, and the job runs without a budget (the shim never stops the job)."""
+    res, out, _ = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", "TRANSIT_GPU_BUDGET": "70"})
+    assert res.returncode == 0 and out["alloc0"] == "0" and int(out["total"]) == 80 * GB
+    [line] = res.stderr.splitlines()
+    assert "TRANSIT_GPU_BUDGET=70 has no unit (a size needs one: 40GB, 40GiB, or 40B for bytes): using no budget" \
+        in line, line
+
+
 @pytest.mark.parametrize("var,value", [
     ("TRANSIT_LOG", "ERROR"), ("TRANSIT_WARMUP_ITERS", "3"), ("TRANSIT_ALLOW_OVERSUBSCRIBE", "0"),
     ("TRANSIT_ALLOW_OVERSUBSCRIBE", "1"), ("TRANSIT_STAGE", "1"), ("TRANSIT_STAGE", "0"), ("TRANSIT_GPU_BUDGET", "40GB"),
-    ("TRANSIT_GPU_BUDGET", "40 GB"), ("TRANSIT_RESERVE", "512MiB"), ("TRANSIT_COLD_TAIL", "0.05"),
+    ("TRANSIT_GPU_BUDGET", "40 GB"), ("TRANSIT_GPU_BUDGET", "40000000000B"), ("TRANSIT_RESERVE", "512MiB"),
+    ("TRANSIT_MERGE_GAP", "4096B"), ("TRANSIT_COLD_TAIL", "0.05"),
     ("TRANSIT_COLD_TAIL", ".1"), ("TRANSIT_GPU_BUDGET", ""), ("TRANSIT_WARMUP_ITERS", ""),
 ])
 def test_a_good_setting_is_silent(built, var, value):

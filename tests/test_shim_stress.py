@@ -35,7 +35,7 @@ def stress(built, tmp_path, name, seed, threads=8, ops=50000, seconds=3.0, env=N
     numbers (ops, peaks) for the report."""
     policy, extra, scenario_env = SCENARIOS[name]
     stats = tmp_path / f"stress-{name}-{seed}.json"
-    e = {"FAKE_GPU_MEM": str(GUARD + RESERVE), "TRANSIT_GPU_BUDGET": str(BUDGET), "TRANSIT_LOG": "error",
+    e = {"FAKE_GPU_MEM": str(GUARD + RESERVE), "TRANSIT_GPU_BUDGET": f"{BUDGET}B", "TRANSIT_LOG": "error",
          "FAKE_CUDART_LOG": "",  # no call log: millions of lines
          **scenario_env, **(env or {})}
     res, out, _ = run(built, "stress", seed, threads, ops, seconds, stats, *extra, policy=policy, env=e)

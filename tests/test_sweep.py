@@ -147,7 +147,9 @@ def test_configured_root_qdisc_is_refused_untouched(pair, tmp_path):
     (["--bandwidths", "100", "--iface", "lo", "--metric-regex", "tokens"], "needs one group"),
 ])
 def test_refused_before_anything_changes(cli, tmp_path, args, needle):
-    rc, out, err = cli("sweep", "--journal", str(tmp_path / "j.json"), *args, "--", "true")
+    env, _ = standins(tmp_path)  # mlnx_qos: a machine without iproute2 refuses the same way
+    rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--journal", str(tmp_path / "j.json"), *args, "--", "true",
+                       env=env)
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "j.json").exists()
 
@@ -226,6 +228,40 @@ def test_failing_set_still_restores_and_other_bandwidths_run(cli, tmp_path):
     assert "netlink error" in rep["bandwidths"][0]["failures"][0]
     assert rep["bandwidths"][1]["ok"] == 1  # the next bandwidth still ran
     assert rc == 1 and not rep["restore_errors"] and not (tmp_path / "j.json").exists()
+
+
+def test_a_job_that_cannot_start_is_refused_before_any_cap(cli, tmp_path):
+    """Issue 28: a missing program was a traceback after the cap was set (and restored); a
+    --journal in a missing directory created it. Both are refused before anything changes."""
+    env, log = standins(tmp_path)
+    for job, journal, needle in (
+            (["/nonexistent/cmd"], tmp_path / "j.json", "cannot start '/nonexistent/cmd': no such program"),
+            (JOB, tmp_path / "missing" / "j.json", f"journal directory {tmp_path / 'missing'} does not exist")):
+        rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "100", "--journal",
+                           str(journal), "--", *job, env=env)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+        assert not log.exists() or " -r " not in log.read_text()  # no cap was set
+        assert not journal.exists() and not (tmp_path / "missing").exists()
+
+
+def test_a_sweep_without_one_good_run_exits_1(cli, tmp_path):
+    """Issue 28: every run failed and the sweep exited 0. The caps are still restored."""
+    env, log = standins(tmp_path)
+    rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "100", "--journal",
+                       str(tmp_path / "j.json"), "--json", "--", sys.executable, "-c", "import sys; sys.exit(3)", env=env)
+    rep = json.loads(out)
+    assert rc == 1 and rep["bandwidths"][0]["ok"] == 0 and rep["bandwidths"][0]["failures"] == ["run 1: exit 3"]
+    assert log.read_text().splitlines()[-1] == "mlnx_qos -i lo -r 0,25,0,0,0,0,100,0"  # restored
+    # good runs at other bandwidths (rho between them) do not hide one without any: the job
+    # reads its cap from the stand-in's log and fails under 100 Gbit/s only
+    job = [sys.executable, "-c", "import sys; cap = open(sys.argv[1]).read().splitlines()[-1]; "
+           "sys.exit(3) if ' -r 100,' in cap else print('throughput: 42.0')", str(log)]
+    rc, out, err = cli("sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "100,200,400", "--journal",
+                       str(tmp_path / "j.json"), "--json", "--metric-regex", r"throughput: ([0-9.]+)", "--", *job,
+                       env=env)
+    rep = json.loads(out)
+    assert [b["ok"] for b in rep["bandwidths"]] == [0, 1, 1] and len(rep["rho"]) == 1
+    assert rc == 1 and not rep["restore_errors"]
 
 
 def test_mlnx_qos_needs_whole_gbits(cli, tmp_path):

@@ -6,9 +6,12 @@ checks of output paths that must run before any work (a run of minutes must not 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,9 +28,47 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\.?[0-9]|inf|nan)", re.IGNORECASE)
 
     def error(self, message):  # one line, exit 2 (argparse would print usage + message)
-        if message.startswith("unrecognized arguments"):  # most often a command without its --
-            message += " (a command to run goes after --, e.g. -- python train.py)"
+        if message.startswith("unrecognized arguments: ") and not message.split()[2].startswith("-"):
+            message += " (a command to run goes after --, e.g. -- python train.py)"  # most often so
         raise UsageError(message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """An unknown option is reported first, by this parser (which knows the options to
+        suggest): argparse reports missing required options before unknown ones, so
+        `plan --modle x` said "required: --model" instead of naming the misspelt flag."""
+        args = list(sys.argv[1:] if args is None else args)
+        try:
+            ns, extras = super().parse_known_args(args, namespace)
+        except UsageError as e:
+            if not str(e).startswith("the following arguments are required"):
+                raise
+            extras = self._extras_without_required(args)
+            if not extras:
+                raise
+            ns = None
+        if extras and extras[0].startswith("-"):
+            self._unknown_option(extras)
+        if ns is None:  # only extras that are no options (a command without --): the top parser says so
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+    def _extras_without_required(self, args: list[str]) -> list[str]:
+        """What parsing would leave over if no option were required."""
+        required = [a for a in self._actions if a.required]
+        for a in required:
+            a.required = False
+        try:
+            return super().parse_known_args(list(args), None)[1]
+        except UsageError:
+            return []
+        finally:
+            for a in required:
+                a.required = True
+
+    def _unknown_option(self, extras: list[str]):
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        close = difflib.get_close_matches(extras[0].split("=", 1)[0], known, n=1, cutoff=0.7)
+        self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" (did you mean {close[0]}?)" if close else ""))
 
 
 def number(cast, what, minimum, desc, maximum=None):
@@ -63,6 +104,17 @@ def size(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def gpu_budget(text):
+    """argparse type of --gpu-budget: a size of at least rules.GPU_BUDGET_MIN (about a CUDA
+    context; the SPANK plugin's --transit-budget has the same floor). Whether it fits the
+    GPU is checked where the GPU is known (inject.check_budget)."""
+    v = size(text)
+    if v < rules.GPU_BUDGET_MIN:
+        raise argparse.ArgumentTypeError(f"{text!r} is below {rules.format_size(rules.GPU_BUDGET_MIN)}, the least "
+                                         "GPU budget (about what a CUDA context alone takes)")
+    return v
+
+
 def fractions(flag, allow_zero=False):
     """Comma-separated fractions: in (0, 1), or [0, 1) with allow_zero."""
     def conv(text):
@@ -76,6 +128,13 @@ def fractions(flag, allow_zero=False):
             raise argparse.ArgumentTypeError(f"{flag} {span}, got {text!r}")
         return vals
     return conv
+
+
+def check_program(command: list[str]) -> None:
+    """The program a command starts is there and executable (PATH lookup as exec does):
+    run and sweep refuse it before they change or start anything."""
+    if shutil.which(command[0]) is None:
+        raise UsageError(f"cannot start {command[0]!r}: no such program (or not executable)")
 
 
 # --- output paths ------------------------------------------------------------------

@@ -188,5 +188,5 @@ def cmd_doctor(a, command):
 
 def register(sub):
     sp = sub.add_parser("doctor", help="what this machine has: GPU, managed memory, host memory, shim, Slurm")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=cmd_doctor)

@@ -6,10 +6,12 @@ The C side reads them from shim/transit_rules.h, which this module writes
 committed header differs, and a table test feeds the same inputs to the three size
 parsers (this one, the shim's and the plugin's, both in shim/transit_size.h).
 
-Size grammar: DIGITS[.DIGITS][ ]UNIT, e.g. 80GB, 141GiB, 1.5 TB, 4096. Decimal units
+Size grammar: DIGITS[.DIGITS][ ]UNIT, e.g. 80GB, 141GiB, 1.5 TB, 4096B. Decimal units
 (GB = 1e9) are what GPU and DRAM vendors print and the paper reports; binary units
-(GiB = 2**30) are accepted too; a bare number is bytes. No exponents, signs, hex, inf
-or nan: a value must be an exact, positive byte count of at most 1 PiB.
+(GiB = 2**30) are accepted too. The unit is required: a bare number is refused, not read
+as bytes (`--gpu-budget 70` meant 70 GB, not 70 bytes); bytes are written 4096B. No
+exponents, signs, hex, inf or nan: a value must be an exact, positive byte count of at
+most 1 PiB (1PiB itself is accepted).
 """
 
 from __future__ import annotations
@@ -41,19 +43,27 @@ ENV = {
     "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (shim/adapter/transit_overlap.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # SMs of the early updates' stream, a green context (transit_overlap.py)
+    "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
 }
 
 SIZE_UNITS = {
-    "": 1, "b": 1,
+    "b": 1,
     "k": 10**3, "kb": 10**3, "kib": 2**10,
     "m": 10**6, "mb": 10**6, "mib": 2**20,
     "g": 10**9, "gb": 10**9, "gib": 2**30,
     "t": 10**12, "tb": 10**12, "tib": 2**40,
+    "p": 10**15, "pb": 10**15, "pib": 2**50,  # so that the largest size, 1PiB, can be written
 }
 SIZE_MAX = 2**50          # 1 PiB: larger than any GPU or node's DRAM, small enough to be exact
+# The least GPU budget (run/render/submit --gpu-budget, the SPANK plugin's --transit-budget):
+# about what the CUDA context of a training process takes (0.3-0.6 GB with its cuBLAS
+# handles), so a smaller GPU emulates none that exists: a typo (70MB for 70GB). Not 1 GiB:
+# tiny models are checked at budgets below that (the TorchTitan debug model at 0.82 GB,
+# bench/RESULTS.md). The shim itself takes any size (its tests emulate small GPUs).
+GPU_BUDGET_MIN = 512 * 2**20
 SIZE_INT_DIGITS = 16      # digits before the point (more is a typo, not a size)
 SIZE_FRAC_DIGITS = 6      # digits after it (keeps digits x unit inside 64 bits in C)
-SIZE_EXAMPLES = "80GB, 141GiB, 512MiB, 1.5TB"
+SIZE_EXAMPLES = "80GB, 141GiB, 512MiB, 1.5TB, 4096B"
 
 _SIZE_RE = re.compile(r"([0-9]{1,%d})(?:\.([0-9]{1,%d}))?(?: ?([A-Za-z]{1,3}))?" % (SIZE_INT_DIGITS, SIZE_FRAC_DIGITS),
                       re.ASCII)
@@ -67,6 +77,8 @@ def parse_size(text: str) -> int:
     """'80GB' -> 80_000_000_000, exactly as shim/transit_size.h's tr_size_parse."""
     m = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
     unit = (m.group(3) or "").lower() if m else None
+    if unit == "":
+        raise SizeError(f"{text!r} has no unit: a size needs one (e.g. {text}GB, {text}GiB, or {text}B for bytes)")
     if unit not in SIZE_UNITS:
         raise SizeError(f"cannot parse {text!r} as a size (examples: {SIZE_EXAMPLES})")
     mult = SIZE_UNITS[unit]
@@ -79,6 +91,21 @@ def parse_size(text: str) -> int:
     if value > SIZE_MAX:
         raise SizeError(f"{text!r} is larger than 1 PiB")
     return value
+
+
+# format_size's spellings, largest first; at each magnitude the decimal unit first (what
+# users type), so 40 GB comes back as 40GB and 141 GiB as 141GiB.
+_FORMAT_UNITS = (("PB", 10**15), ("PiB", 2**50), ("TB", 10**12), ("TiB", 2**40), ("GB", 10**9), ("GiB", 2**30),
+                 ("MB", 10**6), ("MiB", 2**20), ("KB", 10**3), ("KiB", 2**10))
+
+
+def format_size(nbytes: int) -> str:
+    """A byte count in the grammar, exactly (parse_size gives nbytes back): the largest
+    unit that divides it, else bytes with B. What TRANSIT_GPU_BUDGET is exported as."""
+    for unit, mult in _FORMAT_UNITS:
+        if nbytes % mult == 0:
+            return f"{nbytes // mult}{unit}"
+    return f"{nbytes}B"
 
 
 def c_header() -> str:
@@ -102,6 +129,8 @@ def c_header() -> str:
         f"#define TR_SIZE_INT_DIGITS {SIZE_INT_DIGITS}",
         f"#define TR_SIZE_FRAC_DIGITS {SIZE_FRAC_DIGITS}",
         f'#define TR_SIZE_EXAMPLES "{SIZE_EXAMPLES}"',
+        f"#define TR_GPU_BUDGET_MIN {GPU_BUDGET_MIN}ull",
+        f'#define TR_GPU_BUDGET_MIN_TEXT "{format_size(GPU_BUDGET_MIN)}"',
         f"#define TR_SIZE_UNITS {{{units}}}",
         "",
         "#endif",

@@ -17,7 +17,7 @@ head_node=${head_node:-${nodes[0]}}
 
 # libtransit.so is not installed here (see `transit-launch doctor`): the job runs without the shim.
 export TRANSIT_POLICY=prefetch
-export TRANSIT_GPU_BUDGET=40000000000
+export TRANSIT_GPU_BUDGET=40GB
 export TRANSIT_STATS=/scratch/stats
 export TRANSIT_LOG=info
 export PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False

@@ -62,6 +62,12 @@ class Iface:
         return ["ip", "netns", "exec", self.netns, *cmd] if self.netns else cmd
 
     def exists(self) -> bool:
+        if not self.netns:  # this namespace: asked of the kernel, so mlnx_qos needs no iproute2
+            try:
+                socket.if_nametoindex(self.name)
+                return True
+            except OSError:
+                return False
         res = subprocess.run(self.wrap(["ip", "link", "show", "dev", self.name]), capture_output=True,
                              start_new_session=True)
         return res.returncode == 0

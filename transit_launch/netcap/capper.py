@@ -22,7 +22,8 @@ import time
 from transit_launch.errors import UsageError
 from transit_launch.netcap import counters
 from transit_launch.netcap.backends import Backend, CapError, Iface, backend, parse_bandwidth
-from transit_launch.netcap.journal import Journal, journal_path, node_name, restore_journal
+from transit_launch.netcap.journal import Journal, node_name, open_journal, restore_journal
+from transit_launch.units import n_nodes
 
 
 def ifaces_for_node(spec: str, node: str | None = None) -> list[Iface]:
@@ -84,9 +85,9 @@ class Capper:
 def check_ready(be: Backend, ifaces: list, bws: list[float], journal: Journal, node: str | None = None) -> None:
     """Before anything is changed: every interface takes the caps, and no earlier sweep left
     caps here (node: the name said in a per-node helper's message)."""
+    journal.check()  # first: it needs no tool, and a --journal typo is the likelier mistake
     for i in ifaces:
         be.check(i, bws)
-    journal.check()
     if journal.entries():
         where, there = (f"{node}: ", " there") if node else ("", "")
         raise UsageError(f"{where}a previous sweep left caps in {journal.path}: run `transit-launch sweep "
@@ -109,7 +110,7 @@ class SlurmCapper:
         self.lines: queue.Queue = queue.Queue()
 
     def names(self) -> list[str]:
-        return [f"{self.spec} on {self.nodes} nodes"]
+        return [f"{self.spec} on {n_nodes(self.nodes)}"]
 
     def job_started(self, pgid: int | None) -> None:
         """The job runs in this batch step: Slurm ends it with the job."""
@@ -255,7 +256,7 @@ def node_action(action: str, cap: str, iface_spec: str, bandwidth: str | None, j
     be = backend(cap)
     node = node_name()
     ifaces = ifaces_for_node(iface_spec, node)
-    journal = Journal(journal_path(journal_spec))
+    journal = open_journal(journal_spec)
     row = {"node": node, "ifaces": [str(i) for i in ifaces]}
     if action == "check":
         check_ready(be, ifaces, [parse_bandwidth(b) for b in (bandwidth or "1gbit").split(",")], journal, node)

@@ -44,6 +44,13 @@ def journal_path(spec: str | None) -> Path:
     return Path((spec or str(state_dir() / DEFAULT_SPEC)).replace("%n", node_name()))
 
 
+def open_journal(spec: str | None) -> "Journal":
+    """The journal of --journal SPEC on this node. Only the default's directory is created
+    (our own state directory); a --journal in a directory that does not exist is refused
+    rather than made (a typo would otherwise create /nonexistent as root)."""
+    return Journal(journal_path(spec), make_dir=spec is None)
+
+
 def journal_paths(spec: str | None) -> list[Path]:
     """Every journal a --journal SPEC names: with '%n', the journal of each node (a sweep
     under Slurm leaves one per node)."""
@@ -66,8 +73,9 @@ def _process_start(pid: int) -> str | None:
 class Journal:
     """What was changed and how it looked before, written before each change."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, make_dir: bool = False):
         self.path = Path(path)
+        self.make_dir = make_dir  # create the directory (mode 0700) when it is missing
 
     def _load(self) -> dict:
         try:
@@ -95,9 +103,12 @@ class Journal:
         """The journal's directory, opened; refused when anyone but its owner (us or root)
         can write it, or when it is a link."""
         d = self.path.parent
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.make_dir:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise UsageError(f"journal directory {d} does not exist (--journal {self.path})") from None
         except OSError as e:
             raise UsageError(f"journal directory {d}: {e.strerror}") from None
         st = os.fstat(fd)

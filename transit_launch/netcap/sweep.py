@@ -92,8 +92,11 @@ def run_one(command: list[str], timeout: float | None, sig: Signals | None = Non
             started=None) -> tuple[int | None, str, str]:
     """Run the job in its own process group; whatever happens, the group is ended before
     this returns (started(pgid) and started(None) bracket its life)."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as e:  # cmd_sweep checked the program; it may have gone since (a failed run, not a crash)
+        return None, "", f"cannot start {command[0]!r}: {e.strerror or e}"
     if started:
         started(proc.pid)
     force = (lambda: len(sig.received) > 1) if sig else None
@@ -161,9 +164,9 @@ def sweep(capper: Capper, bandwidths: list[float], command: list[str], repeat: i
                         run.rc, out, err = run_one(command, timeout, sig, capper.job_started)
                         run.traffic = counters.delta(before, capper.sample())
                         run.throughput = throughput(out, metric_regex)
-                        if run.rc != 0:
+                        if run.rc != 0:  # None: it did not finish, or did not start (err says which)
                             tail = err.strip().splitlines()[-1:] if err.strip() else []
-                            run.failure = f"exit {run.rc}" + (f": {tail[0]}" if tail else "")
+                            run.failure = ": ".join(([] if run.rc is None else [f"exit {run.rc}"]) + tail) or "no exit"
                         elif run.throughput is None:
                             run.failure = "no throughput in the job's output"
                     except CapError as e:
@@ -250,17 +253,11 @@ def text(report: dict) -> str:
 
 
 def plot(report: dict, path: str) -> None:
-    from transit_launch.errors import UsageError
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib (pip install 'transit-launch[plot]')") from None
+    from transit_launch.argtypes import require_matplotlib, save_figure
+    plt = require_matplotlib("--plot")
     bws = report["bandwidths"]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar([b["bandwidth"] for b in bws], [b["throughput_median"] or 0 for b in bws])
     ax.set_ylabel("throughput")
     ax.set_title(", ".join(f"rho({r['b1']},{r['b2']})={r['rho']:.2f}" for r in report["rho"]) or "sweep")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)  # written atomically: a failed write leaves no partial file

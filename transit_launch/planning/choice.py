@@ -38,8 +38,8 @@ def recommend(req, baseline, options) -> tuple[object, str]:
             return baseline, (f"no fewer nodes fit host DRAM ({gb(req.host_mem):.0f} GB per node) without pushing "
                               "hot data off the GPU: run without offloading")
         best = max(ok, key=lambda c: (c.efficiency, -c.nodes))
-        return baseline, (f"no fewer nodes keep predicted per-GPU efficiency >= {floor} (the best, {best.nodes} "
-                          f"nodes, {best.efficiency:.0%}): run without offloading")
+        return baseline, (f"no fewer nodes keep predicted per-GPU efficiency >= {floor} (the best, "
+                          f"{n_nodes(best.nodes)}, {best.efficiency:.0%}): run without offloading")
     best = max(ok, key=lambda c: (c.efficiency, -c.nodes))
     return best, (f"nothing fits without offloading and no option reaches predicted efficiency >= {floor}; "
                   f"this one is predicted fastest ({best.efficiency:.0%})")
@@ -99,8 +99,8 @@ def no_fit(req, valid: list, free_minimum, pp_hint) -> str:
     need, and what would fit otherwise (the global batch, the pipeline's local batch or
     the node limit are what stand in the way)."""
     big = valid[-1]
-    text = (f"No node count up to {req.max_nodes} serves {_serves(req)} without offloading: at {big.nodes} "
-            f"nodes a GPU needs {gb(big.est.total):.1f} of its {gb(req.gpu.memory):.1f} GB.")
+    text = (f"No node count up to {req.max_nodes} serves {_serves(req)} without offloading: at "
+            f"{n_nodes(big.nodes)} a GPU needs {gb(big.est.total):.1f} of its {gb(req.gpu.memory):.1f} GB.")
     if pp_hint:
         return text + " " + _pp_advice(pp_hint)[0].upper() + _pp_advice(pp_hint)[1:] + "."
     if free_minimum is not None:

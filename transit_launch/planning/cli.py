@@ -17,19 +17,29 @@ def add_plan_args(p, model_required=True):
                    help="catalog name (see `transit-launch models`), a model card .toml or a HF config.json")
     g.add_argument("--parallel", choices=PRESETS, default=None,
                    help="parallelism preset (default fsdp; explicit --tp/--pp/--ep refine it)")
-    g.add_argument("--tp", type=positive_int("--tp"))
-    g.add_argument("--pp", type=positive_int("--pp"))
-    g.add_argument("--ep", type=positive_int("--ep"))
-    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=8192)
+    g.add_argument("--tp", type=positive_int("--tp"), metavar="N",
+                   help="tensor-parallel degree (default: 1, or under fsdp+tp and tp+pp the largest that divides "
+                        "the heads and the GPUs per node); without --parallel it means fsdp+tp")
+    g.add_argument("--pp", type=positive_int("--pp"), metavar="N",
+                   help="pipeline stages (default: 1, or under tp+pp every GPU left after tp); without --parallel "
+                        "it means tp+pp")
+    g.add_argument("--ep", type=positive_int("--ep"), metavar="N",
+                   help="expert-parallel degree of an MoE model (default: 1, or under fsdp+ep the largest that "
+                        "divides the experts and dp x tp, at most the GPUs per node); without --parallel it means "
+                        "fsdp+ep")
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=8192, metavar="TOKENS",
+                   help="tokens per sequence (default 8192)")
     g.add_argument("--local-batch", type=positive_int("--local-batch"), default=1,
-                   help="sequences per data-parallel rank per microstep (microbatches under PP)")
+                   help="sequences per data-parallel rank per microstep (microbatches under PP; default 1)")
     g.add_argument("--global-batch", type=positive_int("--global-batch"),
                    help="sequences per optimizer step; only node counts whose data-parallel degree divides it are valid")
     g.add_argument("--precision", choices=PRECISIONS, default="mixed",
                    help="mixed: fp32 params/grads/Adam with bf16 compute (TorchTitan default; TorchTitan runs "
                         "it as fp32 for TP/PP without FSDP, and the plan says so); bf16: everything bf16; "
-                        "fp32: no mixed precision")
-    g.add_argument("--recompute", choices=RECOMPUTE, default="full")
+                        "fp32: no mixed precision (default mixed)")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="full",
+                   help="activation checkpointing: full keeps one checkpoint per layer and recomputes the rest in "
+                        "backward; none keeps every saved tensor (default full)")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", default=None, help=f"GPU profile: {', '.join(GPUS)} (default h100-80gb)")
     h.add_argument("--gpu-mem", type=size, help="GPU memory size, overriding the profile's (e.g. 40GB)")
@@ -60,6 +70,8 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
 def cmd_plan(a, command):
     from transit_launch.planning import report
     from transit_launch.planning.plan import plan
+    if a.measure_layers and not a.measure:  # it would change nothing: the formula has no layer count to cut
+        raise UsageError(f"--measure-layers {a.measure_layers} sets the depth --measure runs at; add --measure")
     if a.plot:
         report.require_plot_backend()  # before the work, like the path check at parsing
     p = plan(request(a))
@@ -109,5 +121,5 @@ def register(sub):
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("models", help="the model catalog")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=cmd_models)

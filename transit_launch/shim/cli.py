@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
-from transit_launch.argtypes import size
-from transit_launch.rules import LOG_LEVELS, OVERLAP_MODES, POLICIES
+from transit_launch.argtypes import gpu_budget
+from transit_launch.rules import GPU_BUDGET_MIN, LOG_LEVELS, OVERLAP_MODES, POLICIES, format_size
+
+
+def _stats_path(text: str) -> str:
+    """argparse type of --stats: the shim reads an empty TRANSIT_STATS as unset, so '' would
+    silently write no stats."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the stats path is empty: give a directory (or file) for the shim's stats")
+    return text
 
 
 def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
     g = sp.add_argument_group("shim")
     g.add_argument("--policy", choices=POLICIES, default=default_policy,
                    help=policy_help or "shim policy (default: advise below the no-offload minimum, off otherwise)")
-    g.add_argument("--gpu-budget", type=size,
-                   help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU (e.g. 40GB)")
-    g.add_argument("--stats", help=stats_help or "TRANSIT_STATS: directory (or file) for the shim's per-rank stats JSON")
+    g.add_argument("--gpu-budget", type=gpu_budget, metavar="SIZE",
+                   help="TRANSIT_GPU_BUDGET: managed bytes the shim lets reside on each GPU, with a unit (e.g. "
+                        f"40GB, 64GiB); at least {format_size(GPU_BUDGET_MIN)} and at most the GPU's memory "
+                        "(default: no budget)")
+    g.add_argument("--stats", type=_stats_path,
+                   help=stats_help or "TRANSIT_STATS: directory (or file) for the shim's per-rank stats JSON")
     g.add_argument("--log", choices=LOG_LEVELS, help="TRANSIT_LOG level")
     g.add_argument("--overlap", choices=OVERLAP_MODES,
                    help="TRANSIT_OVERLAP_STEP: the optimizer step overlapped with backward (1: reading the state in "
@@ -25,7 +37,7 @@ def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
 
 def cmd_run(a, command):
     from transit_launch.shim import inject, run as runmod
-    inject.check_overlap(a.policy, a.overlap)
+    inject.check_off(a.policy, a.overlap, a.gpu_budget)
     rc, stats = runmod.run(command, a.policy, a.gpu_budget, a.stats, a.log, a.overlap)
     summ = runmod.summary(stats)
     if a.json:

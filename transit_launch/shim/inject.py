@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from transit_launch.rules import ENV, POLICIES  # noqa: F401  (POLICIES re-exported for callers)
+from transit_launch.rules import ENV, POLICIES, format_size  # noqa: F401  (POLICIES re-exported for callers)
 # PyTorch's expandable segments and its cudaMallocAsync backend allocate through
 # cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
 # would see nothing: force the native caching allocator without expandable segments.
@@ -50,8 +50,8 @@ def shim_env(policy: str, gpu_budget: int | None = None, stats: str | None = Non
     env = {"TRANSIT_POLICY": policy}
     if overlap:
         env[ENV["OVERLAP_STEP"]] = overlap
-    if gpu_budget:
-        env["TRANSIT_GPU_BUDGET"] = str(gpu_budget)
+    if gpu_budget:  # with its unit: the shim refuses a bare number (rules.py)
+        env["TRANSIT_GPU_BUDGET"] = format_size(gpu_budget)
     if stats:
         env["TRANSIT_STATS"] = stats
     if log:
@@ -64,12 +64,29 @@ def shim_env(policy: str, gpu_budget: int | None = None, stats: str | None = Non
     return env
 
 
-def check_overlap(policy: str, overlap: str | None) -> None:
-    """The overlap runs in the hint adapter, which only the shim's active policies load."""
-    if overlap and policy == "off":
+def check_budget(gpu_budget: int | None, gpu) -> None:
+    """A budget emulates a smaller GPU: more than the GPU the job is planned for (a
+    hardware.GPU: --gpu, --gpu-mem or the default profile) is a typo. The floor is the
+    argument type's (argtypes.gpu_budget)."""
+    if gpu_budget and gpu is not None and gpu_budget > gpu.memory:
         from transit_launch.errors import UsageError
+        raise UsageError(f"--gpu-budget {format_size(gpu_budget)} is more than the GPU has: {gpu.name} has "
+                         f"{gpu.memory / 1e9:.2f} GB (a budget emulates a smaller GPU; --gpu names the GPU)")
+
+
+def check_off(policy: str, overlap: str | None, gpu_budget: int | None = None) -> None:
+    """Under policy off what the shim would do is not done, so an option for it would be
+    ignored: the overlap runs in the hint adapter, which only the active policies load, and
+    the budget is kept by the shim's placement, which off passes through."""
+    if policy != "off":
+        return
+    from transit_launch.errors import UsageError
+    if overlap:
         raise UsageError(f"--overlap {overlap} needs a shim policy other than off (the adapter that runs it is "
                          "loaded with the shim's policy)")
+    if gpu_budget:
+        raise UsageError(f"--gpu-budget {format_size(gpu_budget)} needs a shim policy other than off (off passes "
+                         "every allocation through, so no budget is kept): give --policy")
 
 
 def prepend(var: str, value: str, environ: dict) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from transit_launch.argtypes import check_program
 from transit_launch.shim import inject
 from transit_launch.errors import UsageError
 from transit_launch.table import table
@@ -36,8 +36,7 @@ def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | No
     if not command:
         raise UsageError("run needs the command after --, e.g. -- python train.py")
     # what would stop the run is refused before the warnings and the start
-    if shutil.which(command[0]) is None:
-        raise UsageError(f"cannot start {command[0]!r}: no such program (or not executable)")
+    check_program(command)
     stats_dir = stats or tempfile.mkdtemp(prefix="transit-stats-")
     _stats_dir(stats_dir)
     shim = inject.shim_path()

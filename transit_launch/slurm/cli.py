@@ -17,12 +17,13 @@ from transit_launch.slurm.script import JobOptions, ShimOptions, job_script
 
 def add_job_args(sp):
     g = sp.add_argument_group("job")
-    g.add_argument("--job-name")
-    g.add_argument("--partition")
-    g.add_argument("--account")
+    g.add_argument("--job-name", help="Slurm job name (default transit-MODEL, or transit without --model)")
+    g.add_argument("--partition", help="Slurm partition (default: the cluster's default partition)")
+    g.add_argument("--account", help="Slurm account to charge (default: the user's default account)")
     g.add_argument("--time", help="Slurm time limit, e.g. 04:00:00")
     g.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
-    g.add_argument("--port", type=positive_int("--port"), default=29500, help="rendezvous port on the head node")
+    g.add_argument("--port", type=positive_int("--port"), default=29500,
+                   help="torchrun's rendezvous port on the head node (default 29500)")
 
 
 def _shim_opts(a) -> ShimOptions:
@@ -31,6 +32,14 @@ def _shim_opts(a) -> ShimOptions:
 
 def _job_opts(a) -> JobOptions:
     return JobOptions(a.job_name, a.partition, a.account, a.time, a.output, a.port)
+
+
+def _job_flags(job: JobOptions) -> list[tuple[str, object, object]]:
+    """(flag, value, default) of each job option: what sbatch is told."""
+    d = JobOptions()
+    return [("--job-name", job.name, d.name), ("--partition", job.partition, d.partition),
+            ("--account", job.account, d.account), ("--time", job.time, d.time),
+            ("--output", job.output, d.output), ("--port", job.port, d.port)]
 
 
 # No GPU cluster has this many nodes (the largest have about 10-25 thousand): more is a typo
@@ -65,6 +74,18 @@ def cmd_render(a, command):
     if a.local and (a.nodes or 1) != 1:
         raise UsageError(f"--local renders a command for this one machine; --nodes {a.nodes} needs sbatch "
                          "(leave out --local)")
+    if a.local:  # the torchrun command has no #SBATCH lines and a standalone rendezvous: they would be lost
+        sbatch_only = [flag for flag, v, default in _job_flags(_job_opts(a)) if v != default]
+        if sbatch_only:
+            raise UsageError(f"--local renders a torchrun command for this machine; {', '.join(sbatch_only)} "
+                             f"{'is' if len(sbatch_only) == 1 else 'are'} for sbatch (leave out --local)")
+    if a.gpu_budget:  # against the plan's GPU; without a plan, the one --gpu or --gpu-mem names (if any)
+        from transit_launch.planning.hardware import gpu_profile
+        from transit_launch.shim import inject
+        gpu = p.req.gpu if p else None
+        if gpu is None and (a.gpu or a.gpu_mem):
+            gpu = gpu_profile(a.gpu, a.gpu_mem)
+        inject.check_budget(a.gpu_budget, gpu)  # before the warnings below: one line on bad input
     # --local is one node whatever the plan recommends: it is explained (and warned about) as asked
     nodes = 1 if a.local else a.nodes or (p.recommended.nodes if p else 1)
     if p and (a.nodes or a.local):
@@ -152,11 +173,11 @@ def register(sub):
     sp.set_defaults(func=cmd_submit, takes_command=True)
 
     sp = sub.add_parser("status", help="a Slurm job's state")
-    sp.add_argument("job")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("job", help="the Slurm job id")
+    sp.add_argument("--json", action="store_true", help="every field Slurm reports, as JSON")
     sp.set_defaults(func=cmd_status)
     sp = sub.add_parser("cancel", help="cancel a Slurm job")
-    sp.add_argument("job")
+    sp.add_argument("job", help="the Slurm job id")
     sp.set_defaults(func=cmd_cancel)
 
     sp = sub.add_parser("spank", help="build or install the SPANK plugin (sbatch --transit=POLICY)")
@@ -168,10 +189,13 @@ def register(sub):
     b.add_argument("--cc", help=CC_HELP)
     i = ssub.add_parser("install", help="build, install and write the plugstack include file")
     i.add_argument("--prefix", default="/usr/local", help="the plugin goes to PREFIX/lib/slurm (default /usr/local)")
-    i.add_argument("--plugstack-dir", default="/etc/slurm/plugstack.conf.d")
+    i.add_argument("--plugstack-dir", default="/etc/slurm/plugstack.conf.d",
+                   help="directory for transit.conf; plugstack.conf must include it (default %(default)s)")
     i.add_argument("--include", help="directory holding spank.h (checked like the compiler)")
     i.add_argument("--cc", help=CC_HELP)
-    i.add_argument("--default", choices=POLICIES, default="off", help="policy when a job asks for none")
-    i.add_argument("--allowed", default=",".join(POLICIES), help="policies users may choose")
+    i.add_argument("--default", choices=POLICIES, default="off", help="policy when a job asks for none (default off)")
+    i.add_argument("--allowed", default=",".join(POLICIES),
+                   help="policies users may choose, comma-separated (default %(default)s)")
     i.add_argument("--oversubscribe", choices=("allow", "deny"), default="deny",
-                   help="allow: real UVM oversubscription (TRANSIT_ALLOW_OVERSUBSCRIBE=1)")
+                   help="allow: jobs may use real UVM oversubscription (TRANSIT_ALLOW_OVERSUBSCRIBE=1); deny: the "
+                        "plugin removes it from every step (default deny)")

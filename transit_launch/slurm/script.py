@@ -75,7 +75,9 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     """The sbatch script (local: the torchrun line) for `nodes` nodes of plan p (or None)."""
     from transit_launch.planning import report
     policy = policy_for(p, nodes, shim_opts.policy)
-    inject.check_overlap(policy, shim_opts.overlap)  # also when the plan chose off for these nodes
+    inject.check_off(policy, shim_opts.overlap, shim_opts.gpu_budget)  # also when the plan chose off for these nodes
+    if p:
+        inject.check_budget(shim_opts.gpu_budget, p.req.gpu)
     shim = inject.shim_path() if policy != "off" else None
     adapter = inject.adapter_dir() if shim else None
     env = inject.shim_env(policy, shim_opts.gpu_budget, shim_opts.stats, shim_opts.log, overlap=shim_opts.overlap)
