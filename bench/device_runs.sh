@@ -209,6 +209,17 @@ rho-sockets)      # issue 19: rho over NCCL sockets between network namespaces, 
         --global-batch $((2 * n)) --micro-batch 2 --model "--seq-len 8192" --steps 5 --repeat 2 \
         --single-rank-repeat 1 --timeout 120 --out "$OUT/rho_sockets.json" 2>&1 | tail -n 8
     ;;
+titan-steps)      # one GPU, about 7 minutes, CARRY .whl: TorchTitan unchanged at Llama3-8B dimensions, 16 layers,
+                  # TITAN_ACCUM microbatches: every step's time without offloading and under advise, with and
+                  # without the optimizer state's own pool (the steps before steady state); the pool's GPU test
+    python3 -m pytest -q -rs tests/test_gpu.py -k state_pool 2>&1 | tail -5 | tee "$OUT/gpu_state_pool.log"
+    # a build that does not populate new device-placed allocations at once, as before 2026-12-01
+    # (TITAN_RUNS can name it as advise:TRANSIT_SHIM=/tmp/nopopulate/libtransit.so)
+    python3 -c "from transit_launch.shim import build as s; print(s.build('/tmp/nopopulate', extra_cflags=['-DTRANSIT_NO_POPULATE']))"
+    timeout 520 python3 bench/titan_steps.py --model llama3-8b --layers 16 --accum ${TITAN_ACCUM:-8} --steps 6 \
+        --timeout 200 --runs ${TITAN_RUNS:-ref,advise,advise:TRANSIT_STATE_POOL=0} --out "$OUT/titan_steps${TITAN_TAG:-}.json" 2>&1 \
+        | grep -v '^\[' | cut -c1-600 | tail -40
+    ;;
 titan-memory)     # issue 18: TorchTitan's memory on the catalog models at truncated depth (TITAN_MATRIX,
                   # TITAN_DEADLINE seconds; 1-GPU runs two at a time, one per GPU)
     timeout ${TITAN_TIMEOUT:-560} python3 bench/titan_memory.py --matrix "$TITAN_MATRIX" --lanes 2 --timeout ${TITAN_RUN_TIMEOUT:-200} \
@@ -386,7 +397,7 @@ next-20)          # x2, about 10 minutes (close to the limit: GPU0's lane), CARR
           > "$OUT/state_paths_3.log" 2>&1
       for v in advise overlap staged; do
           ov=$(case $v in overlap) echo 1;; staged) echo staged;; esac)
-          TRANSIT_OVERLAP_STEP=$ov g0 timeout 100 python3 -m transit_launch run --policy advise --gpu-budget 38903726080 \
+          TRANSIT_OVERLAP_STEP=$ov g0 timeout 100 python3 -m transit_launch run --policy advise --gpu-budget 38903726080B \
               -- python3 bench/step_timeline.py --step 6 --out "$OUT/timeline_$v.json" -- --seq-len 8192 --batch 2 \
               --accum 1 --steps 7 --no-recompute > "$OUT/timeline_$v.log" 2>&1
       done
@@ -415,7 +426,7 @@ ring)             # x2, about 7 minutes (issue 20): the staged step through a ri
     ( g0 timeout 130 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k overlapped > "$OUT/gpu_tests.log" 2>&1
       g0 timeout 330 python3 bench/offload.py $c --model=--no-recompute --deadline 300 --gpu 0 \
           --out "$OUT/ring_noac.json" > "$OUT/noac.log" 2>&1
-      TRANSIT_OVERLAP_STEP=staged g0 timeout 90 python3 -m transit_launch run --policy advise --gpu-budget 38903726080 \
+      TRANSIT_OVERLAP_STEP=staged g0 timeout 90 python3 -m transit_launch run --policy advise --gpu-budget 38903726080B \
           -- python3 bench/step_timeline.py --step 6 --out "$OUT/timeline_ring.json" -- --seq-len 8192 --batch 2 \
           --accum 1 --steps 7 --no-recompute > "$OUT/timeline_ring.log" 2>&1 ) &
     ( g1 timeout 330 python3 bench/offload.py $c --deadline 300 --gpu 1 --out "$OUT/ring_ac.json" > "$OUT/ac.log" 2>&1
@@ -489,7 +500,7 @@ next-22)          # x2, about 8 minutes (issue 20): N -> N/2 with recomputation 
     t="--seq-len 8192 --batch 2 --accum 12 --steps 8 --no-recompute"
     ( g0 timeout 150 python3 bench/step_timeline.py --step 7 --out "$OUT/timeline_ref_noac12.json" -- $t \
           > "$OUT/timeline_ref_noac12.log" 2>&1 ) &
-    ( TRANSIT_OVERLAP_STEP=staged g1 timeout 170 python3 -m transit_launch run --policy advise --gpu-budget 39652409344 \
+    ( TRANSIT_OVERLAP_STEP=staged g1 timeout 170 python3 -m transit_launch run --policy advise --gpu-budget 39652409344B \
           -- python3 bench/step_timeline.py --step 7 --out "$OUT/timeline_staged_noac12.json" -- $t \
           > "$OUT/timeline_staged_noac12.log" 2>&1 ) &
     wait
@@ -501,7 +512,7 @@ next-23)          # x2, about 2 minutes (issue 20): the staged step's timeline a
                   # a shim built without CUPTI (-DTRANSIT_NO_CUPTI), so the profiler gets the subscriber slot
     python3 -c "from transit_launch.shim import build as s; print(s.build('/tmp/nocupti', extra_cflags=['-DTRANSIT_NO_CUPTI']))"
     t="--seq-len 8192 --batch 2 --accum 12 --steps 8 --no-recompute"
-    r="python3 -m transit_launch run --policy advise --gpu-budget 39652409344 -- python3 bench/step_timeline.py --step 7"
+    r="python3 -m transit_launch run --policy advise --gpu-budget 39652409344B -- python3 bench/step_timeline.py --step 7"
     ( TRANSIT_LOG=info TRANSIT_OVERLAP_STEP=staged g0 timeout 170 $r --out "$OUT/timeline_staged_noac12_log.json" \
           -- $t > "$OUT/timeline_staged_noac12_log.log" 2>&1 ) &
     ( TRANSIT_SHIM=/tmp/nocupti/libtransit.so TRANSIT_OVERLAP_STEP=staged g1 timeout 170 $r \

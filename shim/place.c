@@ -156,17 +156,22 @@ void tr_move_settled(struct tr_region *r)
  * new segments (the caching allocator grows after the first optimizer step has taken
  * blocks it used for activations) then need that room. Measured on the H200 at 12
  * microbatches: served zero-copy instead, they made that step 20x slower. So a new
- * allocation that does not fit takes the room of optimizer state first. */
+ * allocation that does not fit takes the room of optimizer state first, then of master
+ * weights (advise's own ranking, hot data above both): in the first step, before any
+ * boundary has ranked, the last activations of a working set a little larger than the
+ * budget otherwise ran zero-copy to the step's end (the adapter reports the master
+ * weights when the optimizer is made, so they are known by then). */
 static void make_room(uint64_t need)
 {
     struct tr_region *r;
     if (tr_cfg.policy != TR_ADVISE)
         return;
-    for (struct tr_cursor c = {0, 0}; tr_tab.dev_bytes + need > tr_budget() && (r = tr_region_next(&c));)
-        if (r->kind == TR_COLD_OPT && r->place == TR_DEV && r->stage == TR_HOME) {
-            to_host(r, 1);
-            tr_st.room_demotions++;
-        }
+    for (int kind = TR_COLD_OPT; kind >= TR_COLD_MASTER; kind--)
+        for (struct tr_cursor c = {0, 0}; tr_tab.dev_bytes + need > tr_budget() && (r = tr_region_next(&c));)
+            if (r->kind == kind && r->place == TR_DEV && r->stage == TR_HOME) {
+                to_host(r, 1);
+                tr_st.room_demotions++;
+            }
 }
 
 void tr_place_new(struct tr_alloc *a)
@@ -179,9 +184,15 @@ void tr_place_new(struct tr_alloc *a)
     if (tr_tab.dev_bytes + a->size <= tr_budget()) {
         tr_tab.dev_bytes += a->size;
         tr_stage_placed((int64_t)a->size);
-        /* Staging makes the framework allocate again every step; populate the new pages
-         * on the device now rather than by a storm of first-touch faults. */
+        /* Populate the new pages on the device now rather than by a storm of first-touch
+         * faults: the caching allocator grows through the first step (and, with staging,
+         * allocates again every step). Not during prefetch's warm-up, whose faults must be
+         * observable. TRANSIT_NO_POPULATE: a build without it, for bench/titan_steps.py. */
+#ifndef TRANSIT_NO_POPULATE
+        if (!tr_s.defer_advice)
+#else
         if (tr_stage_enabled() && !tr_s.defer_advice && tr_st.iterations > 0)
+#endif
             tr_prefetch((void *)a->ptr, a->size, TR_LOC_DEVICE, tr_s.device, 0);
     } else {
         tr_stage_overflowed(); /* lent state pushed the application's memory to the host */

@@ -107,8 +107,13 @@ def overlapped(T, make_opt, staged=False, **kw):
 
 
 def optim(name, **kw):
-    import torch
-    return lambda ps: getattr(torch.optim, name)(ps, **kw)
+    """A factory of torch.optim.NAME(params, **kw). torch is imported when the factory runs,
+    not here: PATHS below is built at import, and without torch the module must still
+    import so that its skip applies."""
+    def make(ps):
+        import torch
+        return getattr(torch.optim, name)(ps, **kw)
+    return make
 
 
 PATHS = {
@@ -556,7 +561,8 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert site._Hooks(Api()).overlap is None
     monkeypatch.setenv(T.OVERLAP_ENV, "1")
     hooks = site._Hooks(Api())
-    assert type(hooks.overlap).__name__ == "Overlap" and hooks.overlap.ours == [hooks.post_step]
+    assert type(hooks.overlap).__name__ == "Overlap"
+    assert hooks.overlap.ours == [hooks.post_step, hooks.pool.pre_step, hooks.pool.post_step]
     assert hooks.overlap.side_stream and hooks.overlap.staging is None  # reading the state where it is
     monkeypatch.setenv(T.OVERLAP_ENV, "staged")  # the experiment: the state staged through the copy engines
     ov = site._Hooks(Api()).overlap

@@ -132,3 +132,51 @@ def test_staged_in_copies_wait_for_the_last_step():
                    lambda swaps: seen.__setitem__("m", swaps[p]["exp_avg"].clone()))
     torch.cuda.synchronize()
     assert bool((seen["m"] == 7.0).all()), "the in-copy read the state before the step wrote it"
+
+
+def test_state_pool_gets_the_state_and_nothing_else():
+    """The optimizer state's private pool with PyTorch's real pools: after the first step
+    every AdamW state tensor lies in a segment of the adapter's pool (the allocator's own
+    snapshot says which pool each segment belongs to), the step's temporaries do not, and
+    the results equal the plain optimizer's bit for bit."""
+    import importlib.util
+    from torch.optim import optimizer as o
+    spec = importlib.util.spec_from_file_location("transit_state_pool", inject.adapter_dir() / "transit_state_pool.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True)  # temporaries the size of the params
+
+    def train(m, opt):
+        for i in range(3):
+            torch.manual_seed(i)
+            m(torch.randn(64, 1024, device="cuda")).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    ref_model, ref_opt = make()
+    train(ref_model, ref_opt)
+    sp = mod.StatePool()
+    handles = [o.register_optimizer_step_pre_hook(sp.pre_step), o.register_optimizer_step_post_hook(sp.post_step)]
+    try:
+        model, opt = make()
+        train(model, opt)
+    finally:
+        for h in handles:
+            h.remove()
+    assert sp.routed == 1
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(p, q)
+    pool_id = tuple(sp.pools[next(model.parameters()).device].id)
+    segs = [s for s in torch.cuda.memory._snapshot()["segments"] if tuple(s["segment_pool_id"]) == pool_id]
+    state = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.is_cuda and t.numel() > 1]
+    assert len(state) == 8
+    for t in state:
+        assert any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"] for s in segs), "state outside the pool"
+    # foreach AdamW's temporaries are as large as the parameters: had they gone to the pool,
+    # it would hold that much more than the state (allowing each segment its 2 MiB rounding)
+    state_bytes = sum(t.numel() * t.element_size() for t in state)
+    assert sum(s["total_size"] for s in segs) <= state_bytes + (2 << 20) * len(segs)

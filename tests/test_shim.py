@@ -154,11 +154,50 @@ def test_optimizer_range_stays_on_the_gpu_while_the_budget_has_room(built, tmp_p
     res, out, calls = run(built, "place", 4 * GB, 0, tmp_path / "s.json", f"1000000:{2 * GB}:2",
                           env={"TRANSIT_GPU_BUDGET": "8GB"})
     assert out["hint0"] == "0" and out["stats"] == "0", res.stderr
-    assert not [c for c in calls if c.startswith(("cudaMemAdvise", "cudaMemPrefetchAsync"))], calls
+    populate = f"cudaMemPrefetchAsync {out['ptr']} {4 * GB} {LOC_DEVICE} 0 (nil)"  # at allocation, see below
+    assert [c for c in calls if c.startswith(("cudaMemAdvise", "cudaMemPrefetchAsync"))] == [populate], calls
     s = stats_of(tmp_path / "s.json")
     start, end = aligned(int(out["ptr"], 16), 1_000_000, 2 * GB)
     assert s["cold_hint_bytes"]["optimizer"] == end - start and s["zero_copy_mapped_bytes"] == 0
     assert s["device_placed_bytes"] == 4 * GB
+
+
+def test_a_new_device_allocation_is_populated_at_once(built, tmp_path):
+    """A new allocation placed on the GPU is prefetched there right after cudaMallocManaged,
+    once, on the legacy stream: its pages are made at once, not by a storm of first-touch
+    faults as the caching allocator grows through the first step (measured on the H200:
+    TorchTitan's first step under advise 47.6 s, 37.6 s so, bench/RESULTS.md). One placed on
+    the host is not (advice only); nor is anything during prefetch's warm-up."""
+    res, out, calls = run(built, "alloc", GB, 2 * GB, env={"TRANSIT_GPU_BUDGET": "2GB"})
+    assert res.returncode == 0, res.stderr
+    mallocs = [c.split()[2] for c in calls if c.startswith("cudaMallocManaged")]
+    assert len(mallocs) == 2
+    first = calls.index(f"cudaMallocManaged {GB} {mallocs[0]}")
+    assert calls[first + 1] == f"cudaMemPrefetchAsync {mallocs[0]} {GB} {LOC_DEVICE} 0 (nil)"
+    assert not [c for c in calls if c.startswith(f"cudaMemPrefetchAsync {mallocs[1]}")], calls  # the host's
+    assert sum(c.startswith("cudaMemPrefetchAsync") for c in calls) == 1
+    res, out, calls = run(built, "alloc", GB, policy="prefetch")
+    assert res.returncode == 0 and not [c for c in calls if c.startswith("cudaMemPrefetchAsync")], calls
+
+
+def test_a_new_allocation_takes_the_room_of_master_weights_when_no_state_is_on_the_gpu(built, tmp_path):
+    """advise's ranking in the first step, before any boundary: a 4 GB allocation holding a
+    1 GB optimizer range and a 1 GB master-weight range leaves 2 GB of the 6 GB budget; a new 3.2 GB
+    segment takes the optimizer range's room first, then the master weights' (hot data
+    stays), and lands on the GPU instead of being served zero-copy to the step's end."""
+    res, out, calls = run(built, "place", 4 * GB, 0, tmp_path / "s.json", f"1000000:{GB}:2",
+                          f"{1_000_000 + 2 * GB}:{GB}:1", f"late:{3200 * 10**6}", env={"TRANSIT_GPU_BUDGET": "6GB"})
+    assert out["hint0"] == out["hint1"] == "0" and out["stats"] == "0", res.stderr
+    o0, o1 = aligned(int(out["ptr"], 16), 1_000_000, GB)
+    m0, m1 = aligned(int(out["ptr"], 16), 1_000_000 + 2 * GB, GB)
+    host = [c.split()[1] for c in calls if c.startswith("cudaMemPrefetchAsync") and f" {LOC_HOST} " in c]
+    assert host == [f"0x{o0:x}", f"0x{m0:x}"], calls  # the optimizer range first, then the master weights
+    late = out["late"]
+    assert [c for c in calls if c.startswith(("cudaMemAdvise " + late, "cudaMemPrefetchAsync " + late))] == [
+        f"cudaMemPrefetchAsync {late} {3200 * 10**6} {LOC_DEVICE} 0 (nil)"]
+    s = stats_of(tmp_path / "s.json")
+    assert s["room_demotions"] == 2 and s["zero_copy_mapped_bytes"] == (o1 - o0) + (m1 - m0)
+    assert s["device_placed_peak_bytes"] <= s["budget_bytes"]
 
 
 def test_a_new_allocation_takes_the_room_of_optimizer_state_kept_on_the_gpu(built, tmp_path):
@@ -171,12 +210,15 @@ def test_a_new_allocation_takes_the_room_of_optimizer_state_kept_on_the_gpu(buil
     assert out["hint0"] == "0" and out["stats"] == "0", res.stderr
     start, end = aligned(int(out["ptr"], 16), 1_000_000, GB)
     opt, late = f"0x{start:x} {end - start}", out["late"]
-    moves = [c for c in calls if c.startswith(("cudaMemAdvise", "cudaMemPrefetchAsync"))]
+    moves = [c for c in calls if c.startswith(("cudaMemAdvise", "cudaMemPrefetchAsync"))
+             and not c.endswith(f"{LOC_DEVICE} 0 (nil)")]  # less the new allocations' populating
     assert moves == [f"cudaMemAdvise {opt} {ADV_PREFERRED} {LOC_HOST} 0",
                      f"cudaMemAdvise {opt} {ADV_ACCESSED_BY} {LOC_DEVICE} 0",
                      f"cudaMemPrefetchAsync {opt} {LOC_HOST} 0 (nil)"], moves
-    # the late segment was never advised to the host: it went to the GPU once the room was free
-    assert not [c for c in calls if c.startswith(("cudaMemAdvise " + late, "cudaMemPrefetchAsync " + late))]
+    # the late segment was never advised to the host: it went to the GPU (populated there)
+    # once the room was free
+    assert [c for c in calls if c.startswith(("cudaMemAdvise " + late, "cudaMemPrefetchAsync " + late))] == [
+        f"cudaMemPrefetchAsync {late} {2500 * 10**6} {LOC_DEVICE} 0 (nil)"]
     s = stats_of(tmp_path / "s.json")
     assert s["room_demotions"] >= 1 and s["zero_copy_mapped_bytes"] == end - start
     assert s["device_placed_bytes"] == 4 * GB - (end - start) + 2500 * 10**6 <= s["budget_bytes"]
@@ -483,7 +525,7 @@ def test_staging_lends_optimizer_state_for_the_end_of_each_step(built, tmp_path)
     before the optimizer, it goes home after the optimizer, and the next step's activations
     wait for that copy instead of landing on the host. Placement never exceeds the budget."""
     res, out, calls = run(built, "stage", 3, tmp_path / "s.json",
-                          env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1"})
+                          env={"TRANSIT_GPU_BUDGET": f"{11 * GiB // 2}B", "TRANSIT_STAGE": "1"})
     assert out.get("stats") == "0", res.stderr
     assert [int(out[f"staged{i}"]) for i in (1, 2, 3)] == [0, GiB, GiB]
     assert [int(out[f"waited{i}"]) for i in (1, 2, 3)] == [0, 1, 1]
@@ -501,11 +543,9 @@ def test_staging_lends_optimizer_state_for_the_end_of_each_step(built, tmp_path)
     sync = calls.index(f"cudaEventSynchronize {ev_out}")
     mallocs = [i for i, c in enumerate(calls) if c.startswith(f"cudaMallocManaged {GiB} ")]
     assert mallocs[2] < sync < mallocs[2] + 2
-    # allocations after the first boundary are populated on the device at once, not by faults
+    # allocations are populated on the device at once, not by faults
     t3 = calls[mallocs[2]].split()[2]
     assert calls[sync + 1] == f"cudaMemPrefetchAsync {t3} {GiB} {LOC_DEVICE} 0 (nil)"
-    t1 = calls[mallocs[0]].split()[2]
-    assert not [c for c in calls if c.startswith(f"cudaMemPrefetchAsync {t1} {GiB} {LOC_DEVICE}")]
     s = stats_of(tmp_path / "s.json")
     st = s["staging"]
     assert st == {"enabled": 1, "in_bytes": 2 * GiB, "out_bytes": 2 * GiB, "steps": 2, "syncs": 1,
@@ -520,7 +560,7 @@ def test_staging_stops_when_a_step_outgrows_what_it_learned(built, tmp_path):
     served zero-copy made a step 16x slower), what was lent still goes home after the
     optimizer, and step 4 lends nothing; the job goes on."""
     res, out, calls = run(built, "stage", 4, tmp_path / "s.json", "grow",
-                          env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1"})
+                          env={"TRANSIT_GPU_BUDGET": f"{11 * GiB // 2}B", "TRANSIT_STAGE": "1"})
     assert out.get("stats") == "0" and out["last_error"] == "0", res.stderr
     assert "staging: an allocation overflowed the budget while optimizer state was lent" in res.stderr
     assert [int(out[f"staged{i}"]) for i in (1, 2, 3, 4)] == [0, GiB, GiB, 0]
@@ -531,7 +571,7 @@ def test_staging_stops_when_a_step_outgrows_what_it_learned(built, tmp_path):
 
 
 def test_staging_is_off_unless_asked(built, tmp_path):
-    res, out, calls = run(built, "stage", 2, tmp_path / "s.json", env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2)})
+    res, out, calls = run(built, "stage", 2, tmp_path / "s.json", env={"TRANSIT_GPU_BUDGET": f"{11 * GiB // 2}B"})
     assert out.get("stats") == "0", res.stderr
     assert [out["staged1"], out["staged2"], out["out2"], out["waited2"]] == ["0", "0", "0", "0"]
     assert not [c for c in calls if c.startswith(("cudaStreamCreate", "cudaEvent", "cudaStreamWaitEvent"))]
@@ -543,7 +583,7 @@ def test_a_failing_staging_call_stops_staging_and_stays_hidden(built, tmp_path):
     home (after a device synchronization, the safe order), and the application never sees
     the error."""
     res, out, calls = run(built, "stage", 3, tmp_path / "s.json",
-                          env={"TRANSIT_GPU_BUDGET": str(11 * GiB // 2), "TRANSIT_STAGE": "1", "FAKE_EVENT_FAIL": "1"})
+                          env={"TRANSIT_GPU_BUDGET": f"{11 * GiB // 2}B", "TRANSIT_STAGE": "1", "FAKE_EVENT_FAIL": "1"})
     assert out.get("stats") == "0", res.stderr
     assert "staging: cudaEventRecord failed" in res.stderr
     assert [int(out[f"staged{i}"]) for i in (1, 2, 3)] == [0, GiB, 0]

@@ -3,7 +3,9 @@ launcher puts this directory on PYTHONPATH. The application is never changed.
 
 When torch.optim is imported it registers torch's global optimizer-step post hook; after
 each step it reports the optimizer states (and fp32 parameters, the master weights under
-FSDP2 mixed precision) to libtransit.so as cold ranges and marks the iteration boundary.
+FSDP2 mixed precision; those also when the first optimizer is made) to libtransit.so as
+cold ranges and marks the iteration boundary. Each optimizer's first step makes its state
+in a memory pool of its own (transit_state_pool.py).
 With TRANSIT_OVERLAP_STEP=1 it also overlaps the optimizer step with backward
 (transit_overlap.py). Any failure here disables the adapter and leaves the job running. A
 site's own sitecustomize further down sys.path still runs."""
@@ -121,10 +123,21 @@ class _Hooks:
         self.first = None
         self.failed = False
         self.stager = None
+        self.pool = _state_pool()
         self.overlap = _overlap(api, self)
+
+    def ours(self):
+        """The adapter's own step hooks (not foreign to the overlap's checks)."""
+        return [self.post_step, *([self.pool.pre_step, self.pool.post_step] if self.pool else [])]
 
     def register(self, optimizer_module):
         """torch.optim.optimizer is loaded: the global step hooks go in."""
+        if self.pool:
+            try:
+                self.pool.install(optimizer_module)
+            except Exception as e:
+                self.pool = None
+                print(f"transit adapter: the optimizer state's own pool not installed: {e!r}", file=sys.stderr)
         optimizer_module.register_optimizer_step_post_hook(self.post_step)
         self._attach_at_first_optimizer(optimizer_module.Optimizer)
         if self.overlap:
@@ -144,11 +157,13 @@ class _Hooks:
         (unless something wrapped it after us: then ours stays, a pass-through)."""
         init = cls.__init__
         api = self.api
+        hooks = self
         attached = []
 
         @functools.wraps(init)
         def first_init(opt, *args, **kwargs):
-            if not attached:
+            first = not attached
+            if first:
                 attached.append(True)
                 if cls.__init__ is first_init:
                     cls.__init__ = init
@@ -156,8 +171,26 @@ class _Hooks:
                     api.adapter_attach()
                 except Exception as e:  # never the reason a job dies
                     print(f"transit adapter: could not attach to the shim: {e!r}", file=sys.stderr)
-            return init(opt, *args, **kwargs)
+            out = init(opt, *args, **kwargs)
+            if first:
+                # the master weights are known before the first forward: the first step's
+                # new segments can take their room (advise's ranking) instead of the host's
+                try:
+                    hooks._hint_masters(opt)
+                except Exception as e:
+                    print(f"transit adapter: could not report the master weights: {e!r}", file=sys.stderr)
+            return out
         cls.__init__ = first_init
+
+    def _hint_masters(self, opt):
+        """fp32 parameters on the GPU: the master weights under mixed precision."""
+        import torch
+
+        for group in opt.param_groups:
+            for p in group["params"]:
+                local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 DTensor shard
+                if local.is_cuda and local.dtype == torch.float32:
+                    self._hint(local, self.api.MASTER)
 
     def post_step(self, opt, args, kwargs):
         if self.failed:
@@ -174,9 +207,7 @@ class _Hooks:
                             v = v.to_local() if hasattr(v, "to_local") else v  # FSDP2: DTensor states
                             if v.is_cuda and v.numel() > 1:
                                 self._hint(v, self.api.OPTIMIZER)
-                    local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 DTensor shard
-                    if local.is_cuda and local.dtype == torch.float32:
-                        self._hint(local, self.api.MASTER)
+            self._hint_masters(opt)
             # One boundary per training step, also when several optimizers step in turn.
             if opt is self.first:
                 self.api.iteration()
@@ -197,6 +228,18 @@ class _Hooks:
             self.api.hint(ptr, size, kind)
 
 
+def _state_pool():
+    """The optimizer state's private pool (transit_state_pool.py, on unless
+    TRANSIT_STATE_POOL=0), else None."""
+    try:
+        import transit_state_pool
+
+        return transit_state_pool.StatePool() if transit_state_pool.enabled() else None
+    except Exception as e:
+        print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)
+        return None
+
+
 def _overlap(api, hooks):
     """TRANSIT_OVERLAP_STEP=1 (opt-in): the driver of transit_overlap.py, else None."""
     try:
@@ -205,7 +248,7 @@ def _overlap(api, hooks):
         mode = os.environ.get(transit_overlap.OVERLAP_ENV)
         if mode not in transit_overlap.MODES:
             return None
-        return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=[hooks.post_step],
+        return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=hooks.ours(),
                                        side_stream=mode != "serial", staged=mode == "staged",
                                        device_memory=(api.device_alloc, api.device_free))
     except Exception as e:
