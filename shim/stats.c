@@ -67,8 +67,9 @@ static int dir_protects(const struct stat *d)
 /* The directory that holds path's last component, opened by walking the path one entry at
  * a time with O_NOFOLLOW (from / or from the working directory); the last component goes to
  * leaf. A link on the way is followed only when no other user can have put it there: its
- * directory is protected (dir_protects), or it is sticky (/tmp) and the link is ours or
- * root's (the kernel's protected_symlinks rule). So a root job's stats do not follow a link
+ * directory is protected (dir_protects), or it is a sticky directory (/tmp) of root's or
+ * ours and the link is ours or root's (the owner of a sticky directory can still move
+ * any entry in it). So a root job's stats do not follow a link
  * another user planted in /tmp into root's directories. The directory itself may be shared:
  * the file is made in it with O_EXCL|O_NOFOLLOW and renamed within it. -1 with why set. */
 static int open_parent(const char *path, char *leaf, size_t leaf_len, const char **why)
@@ -105,7 +106,8 @@ static int open_parent(const char *path, char *leaf, size_t leaf_len, const char
         if (next < 0 && (errno == ELOOP || errno == ENOTDIR) && !fstatat(fd, comp, &ls, AT_SYMLINK_NOFOLLOW) &&
             S_ISLNK(ls.st_mode)) {
             *why = "a directory on the way is a link that another user could have made";
-            if (fstat(fd, &ds) || !(dir_protects(&ds) || ((ds.st_mode & S_ISVTX) && owner_trusted(ls.st_uid))))
+            if (fstat(fd, &ds) ||
+                !(dir_protects(&ds) || ((ds.st_mode & S_ISVTX) && owner_trusted(ds.st_uid) && owner_trusted(ls.st_uid))))
                 goto fail;
             *why = "a directory on the way is a link that cannot be followed";
             ssize_t len = readlinkat(fd, comp, lnk, sizeof lnk - 1);
@@ -171,6 +173,11 @@ static FILE *create_tmp(int dfd, const char *leaf, char *tmp, size_t len)
 int tr_write_stats(const char *path)
 {
     char full[PATH_LEN], tmp[300];
+    const char *rank = getenv("RANK");
+    if (rank && strchr(rank, '/')) { /* it names a file: a '/' would name another directory */
+        tr_log(TR_WARN, "cannot write stats: RANK holds a '/'");
+        return -1;
+    }
     if (expand(path, full, sizeof full) != 0) {
         tr_log(TR_WARN, "cannot write stats: the path (TRANSIT_STATS or transit_write_stats) is too long once %%p, "
                         "%%r (RANK) or the directory's file name are filled in: %.60s...", path);

@@ -522,33 +522,113 @@ def test_every_header_the_build_includes_is_checked(tmp_path):
     os.chown(d / "theirs.h", NOBODY, NOBODY)
     (d / "a.c").write_text('#include <stdio.h>\n#include "theirs.h"\nint x = X;\n')
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
-    with pytest.raises(trust.Untrusted, match=f"a header the plugin includes {d}/theirs.h: {d}/theirs.h is not owned"):
+    with pytest.raises(trust.Untrusted, match=f"a file the plugin.s build reads {d}/theirs.h: {d}/theirs.h is not owned"):
         toolchain.check_headers("/usr/bin/gcc", env, [], [str(d / "a.c")])
     os.chown(d / "theirs.h", 0, 0)
     toolchain.check_headers("/usr/bin/gcc", env, [], [str(d / "a.c")])  # stdio.h and the rest pass
 
 
 def test_build_out_writes_through_no_planted_link(cli, tmp_path):
-    """`spank build --out DIR` as root into a directory a user owns: links planted under
-    the names a temporary file could have had, and at the plugin's own name, are neither
-    written through nor chmodded; the plugin replaces the link."""
+    """`spank build --out DIR` as root: into a directory a user owns (links planted under
+    the names a temporary file could have had, and at the plugin's own name), or through
+    a link a user made, it is refused before anything is written; into root's directory
+    the plugin goes in through the descriptor, replacing a link at its name."""
     _need_root()
     _need_build()
     rootfile = tmp_path / "rootfile"
     rootfile.write_text("root's\n")
     rootfile.chmod(0o600)
+    rootonly = tmp_path / "rootonly"
+    rootonly.mkdir(mode=0o700)
     out = tmp_path / "ubuild"
     out.mkdir()
     pid = int(Path("/proc/sys/kernel/ns_last_pid").read_text()) if Path("/proc/sys/kernel/ns_last_pid").exists() else 0
     for n in range(pid, pid + 200):
         (out / f".transit_spank.so.{n}").symlink_to(rootfile)
     (out / "transit_spank.so").symlink_to(rootfile)
+    (out / "link").symlink_to(rootonly)
     _own(out)
-    rc, o, err = cli("spank", "build", "--out", str(out))
-    assert rc == 0, err
+    for target, needle in ((out, f"--out {out}: {out} is not owned by root"),
+                           (out / "link", f"--out {out}/link: {out} is not owned by root"),
+                           (out / "link" / "new" / "sub", f"{out} is not owned by root")):
+        rc, o, err = cli("spank", "build", "--out", str(target))
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
     assert rootfile.read_text() == "root's\n" and stat.S_IMODE(rootfile.stat().st_mode) == 0o600
-    plugin = out / "transit_spank.so"
-    assert not plugin.is_symlink() and plugin.read_bytes()[:4] == b"\x7fELF"
+    assert list(rootonly.iterdir()) == []
+    (rootonly / "transit_spank.so").symlink_to(rootfile)
+    rc, o, err = cli("spank", "build", "--out", str(rootonly))
+    assert rc == 0, err
+    plugin = rootonly / "transit_spank.so"
+    assert not plugin.is_symlink() and plugin.read_bytes()[:4] == b"\x7fELF" and rootfile.read_text() == "root's\n"
+
+
+def test_a_header_that_fails_only_when_listed_is_refused(cli, shim_env, tmp_path):
+    """The header check fails closed: a compiler run that cannot list what the build reads
+    (-M) refuses the build, instead of compiling unchecked headers (a header served one
+    way to -M and another to the compile ran its constructor as root)."""
+    _need_root()
+    _need_build()
+    calls = tmp_path / "calls"
+    cc = _wrapper(tmp_path, "cc-nolist", f'echo "$*" >> {calls}\ncase " $* " in *" -M "*) '
+                                         'echo "spank.h:1:2: error: #error served to -M" >&2; exit 1;; esac\n')
+    rc, out, err, prefix = _install(cli, tmp_path, shim_env, "--cc", str(cc))
+    assert rc == 2 and "compiling the SPANK plugin failed: spank.h:1:2: error: #error served to -M" in err, err
+    assert not [c for c in calls.read_text().splitlines() if "-shared" in c or " -o " in f" {c} " and "-M" not in c
+                and "-E" not in c], "it compiled after the listing failed"
+    _nothing_written(tmp_path, prefix)
+
+
+def test_the_linkers_own_directories_are_checked():
+    """GNU ld searches its script's SEARCH_DIRs and loads LTO plugins from bfd-plugins by
+    itself: those are among the directories the toolchain check walks."""
+    from transit_launch.slurm import toolchain
+    _need_build()
+    env = {"PATH": toolchain.safe_path(), "LC_ALL": "C"}
+    script = subprocess.run(["ld", "--verbose"], capture_output=True, text=True, env=env).stdout
+    wanted = {d.split('"')[1].lstrip("=") for d in script.split("SEARCH_DIR(")[1:]}
+    wanted = {os.path.normpath(d) for d in wanted if os.path.isdir(d)}
+    dirs = set(toolchain.search_dirs("/usr/bin/gcc", env))
+    assert wanted and wanted <= dirs, wanted - dirs
+    assert all(d in dirs for d in toolchain.LD_PLUGIN_DIRS if os.path.isdir(d))
+
+
+def test_stats_follow_no_link_in_another_users_sticky_directory(built, tmp_path):
+    """The owner of a sticky directory can move any entry in it: a root-owned link in a
+    sticky directory that another user owns is not followed by a root job."""
+    _need_root()
+    base = Path(tempfile.mkdtemp(prefix="transit-stats-"))
+    try:
+        base.chmod(0o755)
+        theirs = base / "theirs"
+        theirs.mkdir()
+        rootonly = base / "rootonly"
+        rootonly.mkdir(mode=0o700)
+        (theirs / "link").symlink_to(rootonly)
+        os.chown(theirs, NOBODY, NOBODY)
+        theirs.chmod(0o1755)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
+        env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", RANK="0", TRANSIT_STATS=str(theirs / "link"))
+        res = subprocess.run([str(built["app"]), "alloc", "1048576"], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0 and not list(rootonly.iterdir()), res.stderr
+        assert "a link that another user could have made" in res.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_rank_with_a_slash_names_no_other_directory(built, tmp_path):
+    """RANK fills the file's name (%r, or transit-rank<RANK>.json in a directory): a '/' in it
+    would reach another directory, so nothing is written and the shim says why."""
+    d = tmp_path / "stats"
+    d.mkdir()
+    (tmp_path / "other").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
+    for stats in (str(d), str(d / "s-%r.json")):
+        env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", RANK="../other/x", TRANSIT_STATS=stats)
+        res = subprocess.run([str(built["app"]), "alloc", "1048576"], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0 and "RANK holds a '/'" in res.stderr, res.stderr
+    assert list((tmp_path / "other").iterdir()) == [] and list(d.iterdir()) == []
 
 
 def test_root_stats_follow_no_link_another_user_made(built, tmp_path):

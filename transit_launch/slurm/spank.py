@@ -125,17 +125,28 @@ class _Build:
     def compile(self, target: Path, sources: list[str], flags: list[str]) -> Path:
         spank = self.src / "spank"
         paths = [str(spank / s) for s in sources]
-        if self.check:
-            toolchain.check_headers(self.cc, self.env, [*CFLAGS, f"-I{self.dir / 'include'}"], paths)
+        if self.check:  # what the compile will read, first; a listing that fails refuses the build
+            cmd = [self.cc, *CFLAGS, f"-I{self.dir / 'include'}", "-M", *paths]
+            self._failed(cmd, toolchain.check_headers(self.cc, self.env, [*CFLAGS, f"-I{self.dir / 'include'}"], paths))
         cmd = [self.cc, *CFLAGS, f"-I{self.dir / 'include'}", *flags, "-o", str(target), *paths]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
-        if res.returncode != 0:
-            fd, log = tempfile.mkstemp(prefix="transit-spank-build-", suffix=".log")
-            with os.fdopen(fd, "w") as f:
-                f.write(" ".join(cmd) + "\n" + res.stdout + res.stderr)
-            raise UsageError(f"compiling the SPANK plugin failed: {csrc.first_error(res.stderr, res.returncode)} "
-                             f"(the compiler's output: {log})")
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=toolchain.TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise UsageError(f"compiling the SPANK plugin took over {toolchain.TIMEOUT} s (a header that blocks?)") \
+                from None
+        self._failed(cmd, res)
         return target
+
+    @staticmethod
+    def _failed(cmd: list[str], res: subprocess.CompletedProcess) -> None:
+        """One line with the compiler's first error and where its whole output is."""
+        if res.returncode == 0:
+            return
+        fd, log = tempfile.mkstemp(prefix="transit-spank-build-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(" ".join(cmd) + "\n" + res.stdout + res.stderr)
+        raise UsageError(f"compiling the SPANK plugin failed: {csrc.first_error(res.stderr, res.returncode)} "
+                         f"(the compiler's output: {log})")
 
     def plugin(self, out_dir: Path) -> Path:
         names = sorted(p.name for p in (self.src / "spank").glob("*.c"))
@@ -153,17 +164,19 @@ def _trusted() -> bool:
 
 def build(out_dir: str | Path, include: str | None = None, cc: str | None = None) -> Path:
     """The plugin, out_dir/transit_spank.so (from checked inputs when we are root)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(os.path.abspath(out_dir))
+    check = _trusted()
+    if check:  # root writes only where no one else can redirect it (a link on the way, a swapped directory)
+        trust.check_dir_to_make("--out", str(out))
     with tempfile.TemporaryDirectory(prefix="transit-spank-") as tmp:
-        data = _Build(tmp, include, cc, check=_trusted()).plugin(Path(tmp)).read_bytes()
-    # into a directory that may be anyone's: through its descriptor, a new O_EXCL file under
-    # a random name, renamed into place (no name in it is followed or reused)
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        data = _Build(tmp, include, cc, check=check).plugin(Path(tmp)).read_bytes()
+    # through the directory's descriptor, a new O_EXCL file under a random name, renamed
+    # into place: no name in it is followed or reused
+    d = trust.walk("--out", str(out), want_dir=True, create=True, check=check)
     try:
-        trust.put(fd, PLUGIN, data, 0o755)
+        trust.put(d.fd, PLUGIN, data, 0o755)
     finally:
-        os.close(fd)
+        d.close()
     return out / PLUGIN
 
 

@@ -10,11 +10,15 @@ that pass, and any other directory it searches must pass, or the build is refuse
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from transit_launch.slurm import trust
 
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+TIMEOUT = 300  # seconds a compiler query or build may take (a FIFO among the headers blocks it)
+# where GNU ld loads plugins from by itself (LTO), besides its SEARCH_DIRs
+LD_PLUGIN_DIRS = ("/usr/lib/bfd-plugins", "/usr/local/lib/bfd-plugins")
 
 
 def safe_path() -> str:
@@ -30,7 +34,10 @@ def safe_path() -> str:
 
 
 def _run(cmd: list[str], env: dict) -> str:
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
     return res.stdout + res.stderr
 
 
@@ -46,6 +53,13 @@ def search_dirs(cc: str, env: dict) -> list[str]:
         start = lines.index("#include <...> search starts here:") + 1
         end = next((i for i in range(start, len(lines)) if lines[i].startswith("End of search list")), len(lines))
         dirs += [ln.strip().split(" (")[0] for ln in lines[start:end]]
+    ld = _run([cc, "-print-prog-name=ld"], env).strip().splitlines()[-1:] or ["ld"]
+    ld_path = ld[0] if "/" in ld[0] else next((os.path.join(d, ld[0]) for d in env["PATH"].split(":")
+                                                 if os.path.isfile(os.path.join(d, ld[0]))), "")
+    if ld_path:  # the linker's own library directories (SEARCH_DIR in its script) and plugins
+        script = _run([ld_path, "--verbose"], env)
+        dirs += [m.lstrip("=") for m in re.findall(r'SEARCH_DIR\("([^"]+)"\)', script)]
+        dirs += list(LD_PLUGIN_DIRS)
     out = []
     for d in dirs:
         d = os.path.normpath(d) if d else ""
@@ -76,14 +90,17 @@ def check(cc: str, env: dict) -> None:
         trust.walk("a program the compiler runs", p, want_dir=False).close()
 
 
-def check_headers(cc: str, env: dict, flags: list[str], sources: list[str]) -> None:
-    """Every header the build includes (the compiler's own list, -M) passes the check."""
-    res = subprocess.run([cc, *flags, "-M", *sources], capture_output=True, text=True, env=env)
+def check_headers(cc: str, env: dict, flags: list[str], sources: list[str]) -> subprocess.CompletedProcess:
+    """Every file the build reads (the compiler's own list, -M: sources and headers) passes
+    the check. Returns the -M run; one that failed is the caller's to refuse (it fails
+    closed: a header that fails only under -M would otherwise go unchecked)."""
+    res = subprocess.run([cc, *flags, "-M", *sources], capture_output=True, text=True, env=env, timeout=TIMEOUT)
     if res.returncode != 0:
-        return  # the build itself reports what fails
+        return res
     deps = res.stdout.replace("\\\n", " ").split()
     for dep in deps:
-        if dep.endswith(":") or not dep.endswith(".h"):
+        if dep.endswith(":"):
             continue
-        trust.walk("a header the plugin includes", os.path.abspath(dep), want_dir=False).close()
+        trust.walk("a file the plugin's build reads", os.path.abspath(dep), want_dir=False).close()
+    return res
 
