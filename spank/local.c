@@ -4,6 +4,7 @@
  * sbatch and salloc set all three, empty when not given, so that a SLURM_SPANK_TRANSIT_*
  * the user exported is overwritten (the node checks the values again in any case). srun
  * inside a job sets only what it was given: its steps inherit the job's choice. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "transit_spank.h"
@@ -17,8 +18,44 @@ static const struct {
     {"TRANSIT_STATS", tr_job.stats},
 };
 
+/* Whether srun's value of an option is the job's own (SLURM_SPANK_<var>): srun inside an
+ * allocation takes the allocation's options again, and sbatch or salloc already warned. */
+static int inherited(int allocator, const char *var, const char *val)
+{
+    const char *job = allocator ? NULL : getenv(var);
+    return job && strcmp(job, val) == 0;
+}
+
+/* --transit-budget and --transit-stats only reach the shim: under a policy of off no shim
+ * is loaded and they change nothing. Say so in one line on the user's terminal (this runs
+ * in sbatch, salloc or srun; slurm_info reaches their stderr), without the values. The
+ * policy is the one the node will use: --transit, else for srun inside a job the job's
+ * (SLURM_SPANK_TRANSIT_POLICY, which sbatch and salloc always set; the node checks it
+ * again), else the site default. */
+static void warn_unused(int allocator)
+{
+    int budget = tr_job.budget[0] && !inherited(allocator, "SLURM_SPANK_TRANSIT_GPU_BUDGET", tr_job.budget);
+    int stats = tr_job.stats[0] && !inherited(allocator, "SLURM_SPANK_TRANSIT_STATS", tr_job.stats);
+    if (!budget && !stats)
+        return;
+    const char *policy = tr_job.policy, *why = "--transit=off loads no shim";
+    const char *job = allocator || policy[0] ? NULL : getenv("SLURM_SPANK_TRANSIT_POLICY");
+    if (!policy[0] && job && job[0]) {
+        policy = job;
+        why = "the job's --transit=off loads no shim";
+    } else if (!policy[0]) {
+        policy = tr_site.dflt;
+        why = "without --transit this cluster's policy is off and loads no shim (add --transit=advise)";
+    }
+    if (strcmp(policy, "off") != 0)
+        return;
+    slurm_info("transit: warning: %s%s%s do%s nothing: %s", budget ? "--transit-budget" : "",
+               budget && stats ? " and " : "", stats ? "--transit-stats" : "", budget && stats ? "" : "es", why);
+}
+
 int tr_local_post_opt(spank_t sp, int allocator)
 {
+    warn_unused(allocator);
     for (size_t i = 0; i < sizeof job_vars / sizeof job_vars[0]; i++) {
         if (!allocator && !job_vars[i].val[0])
             continue;

@@ -69,3 +69,9 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     (void)ac; (void)av;
     return spank_remote(sp) ? tr_remote_user_init(sp) : 0;
 }
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+    (void)ac; (void)av;
+    return spank_remote(sp) ? tr_remote_task_init(sp) : 0;
+}

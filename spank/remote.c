@@ -6,6 +6,7 @@
  * (SLURM_SPANK_TRANSIT_*, which survives --export=NONE), checked again here. A policy of
  * off (asked for, or the site's default) injects nothing. Under oversubscribe=deny no
  * step keeps a TRANSIT_ALLOW_OVERSUBSCRIBE, whoever set it. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,31 @@ static int set(spank_t sp, const char *var, const char *val)
     return spank_setenv(sp, var, val, 1) == ESPANK_SUCCESS ? 0 : -1;
 }
 
+/* TRANSIT_OVERLAP_STEP asks the shim's adapter to overlap the optimizer step; a step that
+ * --transit=off leaves without libtransit.so does not run it. Found here (in slurmstepd,
+ * whose log is slurmd's), said by tr_remote_task_init in the task, whose stderr is the
+ * step's. */
+static int overlap_unused;
+
+static void check_overlap(spank_t sp)
+{
+    char *v = get(sp, "TRANSIT_OVERLAP_STEP");
+    char *pre = v && v[0] ? get(sp, "LD_PRELOAD") : NULL;
+    overlap_unused = v && v[0] && !(pre && strstr(pre, "libtransit")); /* a shim of the user's own still runs it */
+    free(v);
+    free(pre);
+}
+
+/* In each task just before exec, after Slurm connected its stdio: task 0 of the step
+ * writes the line to the step's stderr (the value is not repeated). */
+int tr_remote_task_init(spank_t sp)
+{
+    uint32_t id = 1;
+    if (overlap_unused && spank_get_item(sp, S_TASK_GLOBAL_ID, &id) == ESPANK_SUCCESS && id == 0)
+        slurm_error("transit: warning: TRANSIT_OVERLAP_STEP does nothing: --transit=off loads no shim");
+    return 0;
+}
+
 int tr_remote_user_init(spank_t sp)
 {
     if (!tr_site.oversubscribe && spank_unsetenv(sp, TR_ENV_ALLOW_OVERSUBSCRIBE) != ESPANK_SUCCESS) {
@@ -82,6 +108,7 @@ int tr_remote_user_init(spank_t sp)
         if (edit(sp, "LD_PRELOAD", tr_site.shim, LD_SEPS, 0, 0) ||
             (tr_site.adapter[0] && edit(sp, "PYTHONPATH", tr_site.adapter, ":", 1, 0)))
             goto fail;
+        check_overlap(sp);
         return 0;
     }
     if (set(sp, TR_ENV_POLICY, policy) ||

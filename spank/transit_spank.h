@@ -50,5 +50,6 @@ char *tr_list_remove(const char *old, const char *item, const char *seps, int ke
 
 int tr_local_post_opt(spank_t sp, int allocator);
 int tr_remote_user_init(spank_t sp);
+int tr_remote_task_init(spank_t sp);
 
 #endif

@@ -223,7 +223,7 @@ def test_spank_install_writes_plugin_and_plugstack(cli, built, tmp_path):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(plugin)], capture_output=True, text=True).stdout
     assert sorted(line.split()[-1] for line in syms.splitlines()) == [
         "plugin_name", "plugin_type", "plugin_version", "slurm_spank_init", "slurm_spank_init_post_opt",
-        "slurm_spank_user_init"]
+        "slurm_spank_task_init", "slurm_spank_user_init"]
 
 
 @pytest.mark.parametrize("args,env,needle", [

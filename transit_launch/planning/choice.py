@@ -141,3 +141,53 @@ def unservable(req, valid: list, pp_hint) -> str:
 def _layout(c) -> str:
     from transit_launch.planning.report import layout_str  # report imports plan, which imports this module
     return layout_str(c.layout)
+
+
+# --- what else the plan should say ---------------------------------------------------------
+
+def meets_floor(req, c, offloads: bool) -> bool:
+    """Whether candidate c is a good answer: it fits without offloading, or offloading serves
+    it at predicted efficiency >= --min-efficiency (what recommend looks for)."""
+    return not offloads or (servable(c) and c.efficiency >= req.min_efficiency)
+
+
+def other_layout(p):
+    """(preset, candidate) of another parallelism preset whose fewest good nodes beat this
+    plan's recommendation, or None. Better means: it keeps --min-efficiency where this
+    recommendation does not, or it does so on fewer nodes. Each preset is searched with
+    its default degrees (no --tp/--pp/--ep) from 1 node up, stopping at the first node
+    count that fits without offloading or is served at the floor: that is the count its
+    own plan would recommend (without --scale-in)."""
+    from dataclasses import replace
+    from transit_launch.errors import UsageError
+    from transit_launch.planning.plan import PRESETS, evaluate, invalid, layout_for  # plan imports this module
+    req, cur = p.req, p.recommended
+    ok_here = meets_floor(req, cur, p.needs_offload(cur.nodes))
+    limit = cur.nodes - 1 if ok_here else req.max_nodes  # only fewer nodes can beat a good answer
+    best = None
+    for preset in PRESETS:
+        if preset == req.parallel or (preset == "fsdp+ep" and not req.card.moe):
+            continue
+        alt = replace(req, parallel=preset, tp=None, pp=None, ep=None)
+        for n in range(1, (best[1].nodes - 1 if best else limit) + 1):
+            try:
+                lay = layout_for(alt, n)
+                if invalid(alt, lay):
+                    continue
+                c = evaluate(alt, n, lay)
+            except UsageError:
+                break  # this preset cannot lay the model out at all
+            if meets_floor(req, c, c.est.total > req.gpu.memory):
+                best = (preset, c)
+                break
+    return best
+
+
+def layout_warnings(req) -> list[str]:
+    """What the plan's numbers do not show about the layout asked for."""
+    g, tp = req.gpus_per_node, req.tp or 1
+    if tp > g:  # plan() allows a multiple of the node's GPUs
+        return [f"--tp {tp} spans {tp // g} nodes of {g} GPUs: every layer's tensor-parallel collectives cross "
+                f"the network (the traffic column counts them, pred. eff does not); --tp {g} or less keeps them "
+                "inside a node"]
+    return []

@@ -68,18 +68,20 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
 
 
 def cmd_plan(a, command):
-    from transit_launch.planning import report
+    from transit_launch.planning import choice, report
     from transit_launch.planning.plan import plan
     if a.measure_layers and not a.measure:  # it would change nothing: the formula has no layer count to cut
         raise UsageError(f"--measure-layers {a.measure_layers} sets the depth --measure runs at; add --measure")
     if a.plot:
         report.require_plot_backend()  # before the work, like the path check at parsing
     p = plan(request(a))
+    for w in choice.layout_warnings(p.req):  # also under --json (its "warnings"): a person runs it too
+        print(f"transit-launch: WARNING: {w}", file=sys.stderr)
     if a.measure:
         rc = cmd_measure(a, p)
     else:
         rc = 0
-        print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p))
+        print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p, all_rows=a.all))
     if a.plot:
         report.plot(report.plan_json(p), a.plot)
         print(f"transit-launch: wrote {a.plot}", file=sys.stderr)
@@ -108,9 +110,13 @@ def cmd_models(a, command):
 
 
 def register(sub):
+    from transit_launch.planning import report
     sp = sub.add_parser("plan", help="per-GPU memory, minimum nodes without offloading, scale-in options")
     add_plan_args(sp)
-    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (every row)")
+    sp.add_argument("--all", action="store_true",
+                    help=f"show every node count in the table (without it, a plan of more than "
+                         f"{report.MAX_FULL_ROWS} rows shows the rows to decide between and says how many it left out)")
     sp.add_argument("--plot", type=output_file((".png",)), metavar="FILE.png",
                     help="also draw each option's per-GPU memory terms against the GPU (needs matplotlib)")
     sp.add_argument("--measure", action="store_true",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from transit_launch.planning import memory
+import textwrap
+
+from transit_launch.planning import choice, memory
 from transit_launch.planning import plan as planmod
 from transit_launch.planning.plan import Candidate, Plan
 from transit_launch.table import table
@@ -19,6 +21,11 @@ TERM_NOTES = {
     "comm": "NCCL buffers",
     "overhead": "CUDA context + allocator",
 }
+
+
+# A table of more rows shows only the rows to decide between (--all shows every row): a
+# long search (Llama4-Scout under fsdp: 1,024 rows, 900 of them under 5%) buries the answer.
+MAX_FULL_ROWS = 12
 
 
 def layout_str(lay: memory.Layout) -> str:
@@ -68,8 +75,18 @@ def _option_json(p: Plan, c: Candidate) -> dict:
     }
 
 
+def _other_json(p: Plan) -> dict | None:
+    alt = choice.other_layout(p)
+    if alt is None:
+        return None
+    preset, c = alt
+    return {"parallel": preset, "nodes": c.nodes, "gpus": c.layout.gpus, "layout": layout_json(c.layout),
+            "offload": c.est.total > p.req.gpu.memory, "predicted_efficiency": c.efficiency}
+
+
 def plan_json(p: Plan) -> dict:
-    """Everything the table shows, for programs (and for the plot, which draws from this)."""
+    """Everything the table shows, for programs (and for the plot, which draws from this):
+    every row, whatever the table leaves out."""
     req, b, ref = p.req, p.baseline, p.reference
     return {
         "model": req.card.name,
@@ -99,10 +116,46 @@ def plan_json(p: Plan) -> dict:
         "assumptions": {"mfu": planmod.ASSUMED_MFU, "host_bytes_per_rank_gb": gb(planmod.HOST_BYTES_PER_RANK),
                         "host_usable_fraction": planmod.HOST_USABLE_FRACTION,
                         "host_link_gb_s": gb(req.gpu.host_link)},
+        # another preset that keeps --min-efficiency where this plan does not, or on fewer nodes
+        "other_layout": _other_json(p),
+        "warnings": choice.layout_warnings(req),
     }
 
 
-def plan_text(p: Plan) -> str:
+def decision_rows(p: Plan) -> tuple[list[Candidate], list[str]]:
+    """(rows, why): the rows the table shows by default, in table order, and what each kind
+    of row is, for the line under the table. Every row when there are few (or --scale-in
+    chose them); else the minimum without offloading (or, without one, the row the traffic
+    column compares with), the fewest nodes predicted as fast as without offloading, the
+    recommendation and its neighbours, the fewest that keep hot data on the GPU, and the
+    last (fewest nodes) that fits host DRAM."""
+    rows = p.rows
+    if len(rows) <= MAX_FULL_ROWS or p.req.scale_in is not None:
+        return rows, []
+    picked, why = set(), []
+
+    def pick(what: str, cands: list) -> None:
+        cands = [c for c in cands if c is not None]
+        if cands:
+            picked.update(id(c) for c in cands)
+            why.append(f"{what} ({', '.join(str(c.nodes) for c in cands)})")
+
+    def fewest(cond):
+        return min((c for c in p.options if cond(c)), key=lambda c: c.nodes, default=None)
+
+    pick("the minimum without offloading" if p.baseline else "the most nodes, what traffic compares with",
+         [p.reference])
+    pick("the fewest predicted as fast as without offloading",
+         [fewest(lambda c: choice.servable(c) and c.efficiency >= choice.AS_FAST)])
+    i = next(k for k, c in enumerate(rows) if c is p.recommended)
+    pick("the recommendation and its neighbours", rows[max(0, i - 1):i + 2])
+    pick("the fewest that keep hot data on the GPU", [fewest(choice.servable)])
+    pick("the last that fits host DRAM", [fewest(lambda c: c.fits_host)])
+    return [c for c in rows if id(c) in picked], why
+
+
+def plan_text(p: Plan, all_rows: bool = False) -> str:
+    """The plan for people; all_rows (--all) shows every row, else decision_rows picks."""
     req, b, card, ref = p.req, p.baseline, p.req.card, p.reference
     head = [
         f"{card.name}: {card.params / 1e9:.2f} B parameters"
@@ -126,8 +179,9 @@ def plan_text(p: Plan) -> str:
     out = head + [table(["term", "GB", ""], rows, "lrl"), ""]
     if b:
         out += [f"Minimum without offloading: {b.layout.gpus} GPUs on {n_nodes(b.nodes)}.", ""]
+    shown, why = (p.rows, []) if all_rows else decision_rows(p)
     rows = []
-    for c in p.rows:
+    for c in shown:
         rows.append([
             c.nodes, c.layout.gpus, layout_str(c.layout), f"{gb(c.est.total):.1f}",
             f"{c.est.total / req.gpu.memory:.2f}", f"{gb(c.offload):.1f}",
@@ -142,12 +196,34 @@ def plan_text(p: Plan) -> str:
                    "Options with offloading (host DRAM as GPU memory, advise policy):")
     out.append(table(["nodes", "GPUs", "layout", "GB/GPU", "oversub", "offload GB/GPU", "host GB/node",
                       "traffic", "pred. eff", "note"], rows, "rrlrrrrrrl"))
+    if why:
+        out += textwrap.wrap(f"{len(p.rows) - len(shown)} of {len(p.rows)} rows left out (--all shows every row); "
+                             f"shown, by nodes: {'; '.join(why)}.", 100)
     out += ["",
             f"Recommended: {n_nodes(p.recommended.nodes)} ({p.recommended.layout.gpus} GPUs): {p.reason}.",
+            *_other_text(p),
             f"traffic = per-node inter-node bytes per microstep relative to {'the baseline' if b else f'{n_nodes(ref.nodes)}'}"
             "; pred. eff = predicted",
             "per-GPU TFLOPS relative to no offloading (compute vs. PCIe only). --json for programs."]
     return "\n".join(out)
+
+
+def _other_text(p: Plan) -> list[str]:
+    """One line when another preset serves the job better (choice.other_layout)."""
+    alt = choice.other_layout(p)
+    if alt is None:
+        return []
+    preset, c = alt
+    req, cur = p.req, p.recommended
+
+    def how(cand, offloads):
+        return f"at {cand.efficiency:.0%} predicted efficiency" if offloads else "without offloading"
+
+    there = f"--parallel {preset} on {n_nodes(c.nodes)} ({layout_str(c.layout)}) {how(c, c.est.total > req.gpu.memory)}"
+    here = f"{req.parallel}'s {n_nodes(cur.nodes)} {how(cur, p.needs_offload(cur.nodes))}"
+    if choice.meets_floor(req, cur, p.needs_offload(cur.nodes)):
+        return [f"Fewer nodes with another layout: {there}, against {here}."]
+    return [f"Another layout keeps --min-efficiency {choice._pct(req.min_efficiency)}: {there}, against {here}."]
 
 
 def plan_comment(p: Plan, nodes: int) -> list[str]:
