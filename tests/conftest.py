@@ -47,10 +47,13 @@ def run_cli(*args, env=None, timeout=60):
 
 
 def check_golden(name: str, text: str) -> None:
-    """Compare with tests/golden/NAME; TRANSIT_UPDATE_GOLDEN=1 rewrites the file."""
+    """Compare with tests/golden/NAME. TRANSIT_UPDATE_GOLDEN=1 rewrites the file and fails the
+    test: the new golden counts only once its diff was reviewed and the suite runs without
+    the switch (a rewrite that passed would compare the output with itself)."""
     path = GOLDEN / name
     if os.environ.get("TRANSIT_UPDATE_GOLDEN") == "1":
         path.write_text(text)
+        pytest.fail(f"rewrote {path}: review `git diff {path.name}`, then run again without TRANSIT_UPDATE_GOLDEN")
     assert path.exists(), f"missing golden file {path} (run with TRANSIT_UPDATE_GOLDEN=1 once)"
     assert text == path.read_text()
 

@@ -16,12 +16,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.test_sweep import NETNS_SCRIPT, netns_only, pair, qdiscs, standins, sweep_cmd  # noqa: F401 (fixture)
 
 TC = "/usr/sbin/tc"
@@ -50,7 +50,7 @@ def _alive(pid):
 
 def _restore(journal_spec, env=None):
     return subprocess.run([sys.executable, "-m", "transit_launch", "sweep", "--restore", "--journal", journal_spec],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+                          capture_output=True, text=True, cwd=tempfile.gettempdir(), env=env, timeout=60)
 
 
 # --- local sweeps ------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_signals_end_the_job_and_never_interrupt_the_restore(pair, tmp_path):
     job = ["bash", "-c", f"trap '' TERM; echo $$ > {pidfile}; sleep 120 & child=$!; echo $child >> {pidfile}; "
                          "while :; do wait; done"]
     journal = tmp_path / "j.json"
-    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=env, cwd=ROOT,
+    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait(lambda: capped(pair["NS_A"], "veth-a") and pidfile.exists() and len(pidfile.read_text().split()) == 2,
@@ -103,7 +103,7 @@ def test_restore_ends_the_job_a_killed_sweep_left(pair, tmp_path):
     journal = tmp_path / "j.json"
     pidfile = tmp_path / "job.pid"
     job = ["bash", "-c", f"echo $$ > {pidfile}; exec sleep 120"]
-    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=pair, cwd=ROOT,
+    proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=pair, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait(lambda: capped(pair["NS_A"], "veth-a") and pidfile.exists() and pidfile.read_text().strip(),

@@ -77,10 +77,34 @@ def test_small_host_memory_blocks_deep_scale_in():
     assert p.recommended.nodes > 2
 
 
+def _cand(nodes, eff, fits=True, spill=0.0):
+    """A candidate with hand-chosen numbers: the rule is tested apart from the planner's."""
+    from types import SimpleNamespace
+    return SimpleNamespace(nodes=nodes, efficiency=eff, fits_host=fits, spill=spill, host_per_node=100e9)
+
+
+def test_recommendation_rule_on_hand_made_options():
+    """The fewest nodes at or above the floor, among those that fit host DRAM and keep hot
+    data on the GPU; else the no-offload baseline; else, with no baseline, the fastest."""
+    from transit_launch.planning.choice import recommend
+    base = _cand(6, 1.0)
+    opts = [_cand(5, 0.97), _cand(4, 0.93), _cand(3, 0.91, fits=False), _cand(2, 0.95, spill=1e9), _cand(1, 0.4)]
+    assert recommend(req(min_efficiency=0.9), base, opts)[0].nodes == 4  # 3 misses host DRAM, 2 spills hot data
+    assert recommend(req(min_efficiency=0.95), base, opts)[0].nodes == 5
+    assert recommend(req(min_efficiency=0.3), base, opts)[0].nodes == 1
+    c, why = recommend(req(min_efficiency=0.99), base, opts)
+    assert c is base and "the best, 5 nodes, 97%" in why
+    c, why = recommend(req(min_efficiency=0.99), None, opts)
+    assert c.nodes == 5 and "predicted fastest (97%)" in why
+
+
 def test_recommendation_is_fewest_good_nodes():
+    """On the planner's own llama3-70b options: the recommendation is at or above the floor
+    and every fewer node count is not (the rule itself: the hand-made test above); a floor
+    nothing reaches falls back to the baseline."""
     p = plan(req())
-    good = [c for c in p.options if c.fits_host and c.efficiency >= 0.9]
-    assert p.recommended.nodes == min(c.nodes for c in good)
+    assert p.recommended.efficiency >= 0.9 and p.recommended.fits_host
+    assert all(o.efficiency < 0.9 or not o.fits_host for o in p.options if o.nodes < p.recommended.nodes)
     strict = plan(req(min_efficiency=0.9999))
     assert strict.recommended is strict.baseline
 

@@ -23,13 +23,15 @@ def _why_no_netns():
         return "needs root (network namespaces and tc)"
     if not (shutil.which("ip") and shutil.which("tc")):
         return "needs iproute2 (ip, tc)"
-    if not torch_importable():
-        return NEEDS_TORCH
     return None
 
 
 _NO_NETNS = _why_no_netns()
+# real namespaces and tc; the restore tests' jobs are sleep, true or bash
 netns_only = pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
+# ... and the example trainer as the job (PyTorch on gloo between the namespaces)
+_NO_TRAINER = _NO_NETNS or (None if torch_importable() else NEEDS_TORCH)
+netns_trainer = pytest.mark.skipif(_NO_TRAINER is not None, reason=str(_NO_TRAINER))
 
 
 @pytest.fixture
@@ -57,11 +59,11 @@ def sweep_cmd(env, journal, *extra, job=None):
             "--journal", str(journal), *extra, "--", *job]
 
 
-@netns_only
+@netns_trainer
 def test_tc_sweep_over_netns(pair, tmp_path):
     before = {d: qdiscs(pair[ns], d) for ns, d in (("NS_A", "veth-a"), ("NS_B", "veth-b"))}
     res = subprocess.run(sweep_cmd(pair, tmp_path / "j.json", "--bandwidths", "1000mbit,100mbit", "--json"),
-                         capture_output=True, text=True, env=pair, timeout=300, cwd=ROOT)
+                         capture_output=True, text=True, env=pair, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     rep = json.loads(res.stdout)
     fast, slow = rep["bandwidths"]
@@ -98,7 +100,7 @@ def test_restore_after_a_crash(pair, tmp_path):
     journal = tmp_path / "j.json"
     before = qdiscs(pair["NS_A"], "veth-a")
     proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=["sleep", "60"]), env=pair,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         assert _wait_for_tbf(pair["NS_A"], "veth-a")
     finally:
@@ -106,7 +108,7 @@ def test_restore_after_a_crash(pair, tmp_path):
         proc.wait()
     assert any(q["kind"] == "tbf" for q in qdiscs(pair["NS_A"], "veth-a")) and journal.exists()
     res = subprocess.run([sys.executable, "-m", "transit_launch", "sweep", "--restore", "--journal", str(journal)],
-                         capture_output=True, text=True, cwd=ROOT)
+                         capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert f"tc {pair['NS_A']}/veth-a" in res.stdout
     assert qdiscs(pair["NS_A"], "veth-a") == before and not journal.exists()
@@ -117,7 +119,7 @@ def test_sigterm_restores_and_reports(pair, tmp_path):
     journal = tmp_path / "j.json"
     before = qdiscs(pair["NS_B"], "veth-b")
     proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit,20mbit", job=["sleep", "60"]), env=pair,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert _wait_for_tbf(pair["NS_B"], "veth-b")
     proc.send_signal(signal.SIGTERM)  # what Slurm sends at the end of a job
     out, err = proc.communicate(timeout=60)
@@ -133,7 +135,7 @@ def test_configured_root_qdisc_is_refused_untouched(pair, tmp_path):
                    check=True)
     before = qdiscs(ns, "veth-a")
     res = subprocess.run(sweep_cmd(pair, tmp_path / "j.json", "--bandwidths", "100mbit", job=["true"]),
-                         capture_output=True, text=True, cwd=ROOT)
+                         capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 2 and "has a configured root qdisc (htb 1:)" in res.stderr
     assert qdiscs(ns, "veth-a") == before
 
@@ -270,7 +272,7 @@ def test_mlnx_qos_needs_whole_gbits(cli, tmp_path):
     assert rc == 2 and "mlnx_qos caps whole Gbit/s" in err
 
 
-@netns_only
+@netns_trainer
 def test_sweep_caps_every_node_of_a_slurm_allocation(lab, pair, tmp_path):
     """Inside a 2-node allocation the sweep caps each node's interface through one task
     per node (here n1 owns one end of the veth pair and n2 the other)."""
@@ -308,7 +310,7 @@ def veth_tx_bytes(ns, dev):
     return json.loads(out)[0]["stats64"]["tx"]["bytes"]
 
 
-@netns_only
+@netns_trainer
 def test_ranks_behind_a_bridge_carry_the_allreduce(tmp_path):
     """examples/netns_ranks.sh (issue 8's rho over several namespaces): three ranks, one per
     namespace, joined by a bridge. The run completes; rank 0's profile of one step counts

@@ -1,0 +1,102 @@
+"""A small mutation check: each entry breaks one rule the product's safety or numbers rest on
+(in a copy of the installed package), runs the tests that guard that rule against the
+copy, and expects those very tests to fail. A control run of the unbroken copy on the same
+tests must pass, so a failure means the breakage was caught, not that the copy is broken.
+
+The breakages: the planner's optimizer-state term, the plugin's policy check, the tc
+restore, the shim's guard against more managed memory than the GPU has free, the
+installer's trust rule, and the stats writer's rule for links on the way.""" 
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import transit_launch
+
+TESTS = Path(__file__).resolve().parent
+PKG = Path(transit_launch.__file__).resolve().parent
+
+# (id, file in the package, text, replacement, tests that must catch it)
+MUTANTS = [
+    ("planner-optimizer-term", "planning/memory.py", "params, optim = shard * bp, shard * 2 * bp",
+     "params, optim = shard * bp, shard * 1 * bp", ["test_memory.py::test_states_mixed_and_bf16"]),
+    ("plugin-policy-check", "_csrc/spank/args.c",
+     "int tr_policy_allowed(const char *p) { return *p && in_list(p, tr_site.allowed); }",
+     "int tr_policy_allowed(const char *p) { return *p != 0; }",
+     ["test_spank.py::test_check_refuses_what_the_plugin_refuses"]),
+    ("tc-restore", "netcap/backends.py",
+     'run(iface.wrap(["tc", "qdisc", "del", "dev", iface.name, "root"]), "removing tc tbf")',
+     "pass  # mutant: the cap stays", ["test_sweep.py::test_restore_after_a_crash"]),
+    ("shim-guard", "_csrc/shim/place.c",
+     "uint64_t tr_guard_room(void) { return less_buffers(tr_guard_limit()); }",
+     "uint64_t tr_guard_room(void) { return UINT64_MAX / 2; }",
+     ["test_shim.py::test_guard_refuses_beyond_free_memory"]),
+    ("installer-trust-rule", "slurm/trust.py", 'if st.st_uid != 0:\n        return "is not owned by root"',
+     "if False:\n        return None", ["test_spank.py::test_installer_walk_agrees_with_the_plugins"]),
+    ("stats-link-rule", "_csrc/shim/stats.c",
+     "if (fstat(fd, &ds) ||\n                !(dir_protects(&ds) || ((ds.st_mode & S_ISVTX) && owner_trusted(ds.st_uid) && "
+     "owner_trusted(ls.st_uid))))", "if (fstat(fd, &ds))", ["test_root_trust.py::test_root_stats_follow_no_link_another_user_made"]),
+]
+
+
+def _copy(tmp_path: Path) -> Path:
+    """The installed package copied under an import root, with the C sources inside it as
+    a wheel has them (in a checkout they lie beside the package)."""
+    root = tmp_path / "site"
+    pkg = root / "transit_launch"
+    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    if not (pkg / "_csrc").is_dir():
+        for d in ("shim", "spank"):
+            shutil.copytree(PKG.parent / d, pkg / "_csrc" / d)
+    return root
+
+
+def _run(root: Path, tests: list[str]) -> subprocess.CompletedProcess:
+    """pytest on the given tests, importing transit_launch from root (the copy)."""
+    env = dict(os.environ, PYTHONPATH=str(root), TRANSIT_TEST_INSTALLED="0", PYTHONDONTWRITEBYTECODE="1")
+    ids = [str(TESTS / t.split("::")[0]) + ("::" + t.split("::")[1] if "::" in t else "") for t in tests]
+    # a test id without parameters selects every parametrization of it
+    # --import-mode=append: the copy on PYTHONPATH wins over a checkout beside the tests
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs",
+                           "--import-mode=append", "--rootdir", str(TESTS.parent), *ids], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=root)
+
+
+def _skipped_all(res) -> bool:
+    return " passed" not in res.stdout and " failed" not in res.stdout and " skipped" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory):
+    """The unbroken copy on every guarding test: green (or, where the machine lacks what a
+    test needs, skipped), so the mutants' failures are theirs."""
+    tmp = tmp_path_factory.mktemp("control")
+    root = _copy(tmp)
+    where = subprocess.run([sys.executable, "-c", "import transit_launch; print(transit_launch.__file__)"],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(root)), cwd=root)
+    assert where.stdout.strip().startswith(str(root)), where.stdout  # the tests will import the copy
+    res = _run(root, sorted({t for *_, tests in MUTANTS for t in tests}))
+    assert res.returncode in (0, 5) and " failed" not in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
+    return res.stdout
+
+
+@pytest.mark.parametrize("name,path,old,new,tests", MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_the_suite_catches_the_breakage(control, tmp_path, name, path, old, new, tests):
+    root = _copy(tmp_path)
+    f = root / "transit_launch" / path
+    text = f.read_text()
+    assert text.count(old) == 1, f"{name}: the code it breaks moved ({path}); update the mutant"
+    f.write_text(text.replace(old, new))
+    res = _run(root, tests)
+    if _skipped_all(res):
+        pytest.skip(f"the guarding tests skip here: {res.stdout.strip().splitlines()[-1]}")
+    failed = [ln for ln in res.stdout.splitlines() if ln.startswith("FAILED")]
+    wanted = [t.split("::")[-1] for t in tests]
+    assert res.returncode == 1 and any(w in ln for ln in failed for w in wanted), \
+        f"{name} was not caught:\n{res.stdout[-3000:]}{res.stderr[-1500:]}"
