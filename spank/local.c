@@ -13,9 +13,9 @@ static const struct {
     const char *name;
     const char *val;
 } job_vars[] = {
-    {"TRANSIT_POLICY", tr_job.policy},
-    {"TRANSIT_GPU_BUDGET", tr_job.budget},
-    {"TRANSIT_STATS", tr_job.stats},
+    {TR_ENV_POLICY, tr_job.policy},
+    {TR_ENV_GPU_BUDGET, tr_job.budget},
+    {TR_ENV_STATS, tr_job.stats},
 };
 
 /* Whether srun's value of an option is the job's own (SLURM_SPANK_<var>): srun inside an
@@ -34,12 +34,12 @@ static int inherited(int allocator, const char *var, const char *val)
  * again), else the site default. */
 static void warn_unused(int allocator)
 {
-    int budget = tr_job.budget[0] && !inherited(allocator, "SLURM_SPANK_TRANSIT_GPU_BUDGET", tr_job.budget);
-    int stats = tr_job.stats[0] && !inherited(allocator, "SLURM_SPANK_TRANSIT_STATS", tr_job.stats);
+    int budget = tr_job.budget[0] && !inherited(allocator, "SLURM_SPANK_" TR_ENV_GPU_BUDGET, tr_job.budget);
+    int stats = tr_job.stats[0] && !inherited(allocator, "SLURM_SPANK_" TR_ENV_STATS, tr_job.stats);
     if (!budget && !stats)
         return;
     const char *policy = tr_job.policy, *why = "--transit=off loads no shim";
-    const char *job = allocator || policy[0] ? NULL : getenv("SLURM_SPANK_TRANSIT_POLICY");
+    const char *job = allocator || policy[0] ? NULL : getenv("SLURM_SPANK_" TR_ENV_POLICY);
     if (!policy[0] && job && job[0]) {
         policy = job;
         why = "the job's --transit=off loads no shim";

@@ -12,7 +12,6 @@
 
 #include "transit_spank.h"
 
-#define ALLOC_CONF "backend:native,expandable_segments:False"
 #define LD_SEPS " :" /* ld.so splits LD_PRELOAD at spaces and colons */
 #define ENV_MAX (8u << 20)
 
@@ -74,7 +73,7 @@ static int overlap_unused;
 
 static void check_overlap(spank_t sp)
 {
-    char *v = get(sp, "TRANSIT_OVERLAP_STEP");
+    char *v = get(sp, TR_ENV_OVERLAP_STEP);
     char *pre = v && v[0] ? get(sp, "LD_PRELOAD") : NULL;
     overlap_unused = v && v[0] && !(pre && strstr(pre, "libtransit")); /* a shim of the user's own still runs it */
     free(v);
@@ -87,7 +86,7 @@ int tr_remote_task_init(spank_t sp)
 {
     uint32_t id = 1;
     if (overlap_unused && spank_get_item(sp, S_TASK_GLOBAL_ID, &id) == ESPANK_SUCCESS && id == 0)
-        slurm_error("transit: warning: TRANSIT_OVERLAP_STEP does nothing: --transit=off loads no shim");
+        slurm_error("transit: warning: " TR_ENV_OVERLAP_STEP " does nothing: --transit=off loads no shim");
     return 0;
 }
 
@@ -97,9 +96,9 @@ int tr_remote_user_init(spank_t sp)
         slurm_error("transit: cannot remove %s (oversubscribe=deny)", TR_ENV_ALLOW_OVERSUBSCRIBE);
         return -1;
     }
-    job_value(sp, "TRANSIT_POLICY", tr_job.policy, tr_opt_policy);
-    job_value(sp, "TRANSIT_GPU_BUDGET", tr_job.budget, tr_opt_budget);
-    job_value(sp, "TRANSIT_STATS", tr_job.stats, tr_opt_stats);
+    job_value(sp, TR_ENV_POLICY, tr_job.policy, tr_opt_policy);
+    job_value(sp, TR_ENV_GPU_BUDGET, tr_job.budget, tr_opt_budget);
+    job_value(sp, TR_ENV_STATS, tr_job.stats, tr_opt_stats);
     const char *policy = tr_job.policy[0] ? tr_job.policy : tr_site.dflt;
     if (strcmp(policy, "off") == 0) {
         if (!tr_job.policy[0])
@@ -115,7 +114,7 @@ int tr_remote_user_init(spank_t sp)
         (tr_job.budget[0] && set(sp, TR_ENV_GPU_BUDGET, tr_job.budget)) ||
         (tr_job.stats[0] && set(sp, TR_ENV_STATS, tr_job.stats)) ||
         (tr_site.oversubscribe && set(sp, TR_ENV_ALLOW_OVERSUBSCRIBE, "1")) ||
-        set(sp, "PYTORCH_ALLOC_CONF", ALLOC_CONF) || set(sp, "PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF) ||
+        set(sp, "PYTORCH_ALLOC_CONF", TR_ALLOC_CONF) || set(sp, "PYTORCH_CUDA_ALLOC_CONF", TR_ALLOC_CONF) ||
         edit(sp, "LD_PRELOAD", tr_site.shim, LD_SEPS, 0, 1) ||
         (tr_site.adapter[0] && edit(sp, "PYTHONPATH", tr_site.adapter, ":", 1, 1)))
         goto fail;

@@ -139,3 +139,33 @@ def test_spank_budget_has_the_cli_rules(tmp_path):
 def test_format_size_is_exact_in_the_grammar(nbytes, text):
     """What TRANSIT_GPU_BUDGET is exported as: the shim parses it back to the same bytes."""
     assert rules.format_size(nbytes) == text and rules.parse_size(text) == nbytes
+
+
+def test_the_plugin_and_the_launcher_spell_no_variable_themselves():
+    """Every TRANSIT_* name the plugin and the launcher's injection use comes from rules.ENV
+    (the C side through TR_ENV_* in the generated header), and the allocator setting both
+    give jobs is one string (TR_ALLOC_CONF): a literal of its own could drift."""
+    import re
+    from transit_launch.shim import inject
+    sources = {p: p.read_text() for p in sorted((C_SOURCES / "spank").glob("*.c"))}
+    sources[Path(inject.__file__)] = Path(inject.__file__).read_text()
+    for path, text in sources.items():
+        code = re.sub(r"/\*.*?\*/|#[^\n]*|\"\"\".*?\"\"\"", "", text, flags=re.S)  # not comments or docstrings
+        assert not re.findall(r"[\"']TRANSIT_[A-Z_]+[\"']", code), path
+        assert "expandable_segments" not in code, path
+    assert f'#define TR_ALLOC_CONF "{rules.ALLOC_CONF}"' in rules.c_header()
+    assert inject.ALLOC_CONF is rules.ALLOC_CONF
+
+
+def test_the_adapter_imports_nothing_of_transit_launch():
+    """The adapter runs inside the job's own Python (PYTHONPATH), where transit_launch may not
+    be installed at all: none of its modules may import it, at any depth of the module."""
+    import ast
+    from transit_launch.shim import inject
+    mods = sorted(inject.adapter_dir().glob("*.py"))
+    assert {m.name for m in mods} >= {"sitecustomize.py", "transit_api.py", "transit_overlap.py"}
+    for m in mods:
+        for node in ast.walk(ast.parse(m.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.split(".")[0] == "transit_launch"], (m.name, names)

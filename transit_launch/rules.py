@@ -44,7 +44,16 @@ ENV = {
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # SMs of the early updates' stream, a green context (transit_overlap.py)
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
+    # read by the launcher only (shim/inject.py): where libtransit.so and the adapter are
+    "SHIM": "TRANSIT_SHIM",
+    "ADAPTER_DIR": "TRANSIT_ADAPTER_DIR",
 }
+# PyTorch's expandable segments and its cudaMallocAsync backend allocate through
+# cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
+# would see nothing: every job with the shim gets the native caching allocator without
+# expandable segments (PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF for PyTorch < 2.9),
+# from the launcher and from the SPANK plugin alike.
+ALLOC_CONF = "backend:native,expandable_segments:False"
 
 SIZE_UNITS = {
     "b": 1,
@@ -124,6 +133,7 @@ def c_header() -> str:
         f'#define TR_LOG_LEVEL_NAMES {{{", ".join(f"{chr(34)}{lv}{chr(34)}" for lv in LOG_LEVELS)}}}',
         f"#define TR_N_LOG_LEVELS {len(LOG_LEVELS)}",
         *(f'#define TR_ENV_{k} "{v}"' for k, v in ENV.items()),
+        f'#define TR_ALLOC_CONF "{ALLOC_CONF}"',
         "",
         f"#define TR_SIZE_MAX {SIZE_MAX}ull",
         f"#define TR_SIZE_INT_DIGITS {SIZE_INT_DIGITS}",

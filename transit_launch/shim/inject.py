@@ -1,9 +1,10 @@
 """The environment that loads the shim into a training process.
 
 Used by `render` (sbatch scripts and local torchrun commands) and `run`. The shim is
-found at $TRANSIT_SHIM, else inside the installed package (transit_launch/lib/); the
+found at $TRANSIT_SHIM, else inside the installed package (transit_launch/shim/lib/); the
 framework hint adapter (a sitecustomize module) at $TRANSIT_ADAPTER_DIR, else
-transit_launch/adapter/. The adapter is only injected together with the shim.
+transit_launch/shim/adapter/, which runs inside the job's own Python and imports nothing
+of transit_launch (tests/test_rules.py checks). The adapter is only injected together with the shim.
 """
 
 from __future__ import annotations
@@ -11,12 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from transit_launch.rules import ENV, POLICIES, format_size  # noqa: F401  (POLICIES re-exported for callers)
-# PyTorch's expandable segments and its cudaMallocAsync backend allocate through
-# cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
-# would see nothing: force the native caching allocator without expandable segments.
-# PYTORCH_CUDA_ALLOC_CONF is the name PyTorch < 2.9 reads.
-ALLOC_CONF = "backend:native,expandable_segments:False"
+from transit_launch.rules import ALLOC_CONF, ENV, POLICIES, format_size  # noqa: F401  (re-exported for callers)
 # NVLink multicast (NVLS) must stay off on shared machines: these values turn it off in
 # NCCL, PyTorch and NVSHMEM; the job's own settings of them are passed through.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -28,14 +24,14 @@ _PKG = Path(__file__).resolve().parent
 def shim_path() -> Path | None:
     """$TRANSIT_SHIM wins and is not checked (a site path on the compute nodes may not
     exist where the script is rendered); set empty it disables the shim."""
-    if "TRANSIT_SHIM" in os.environ:
-        return Path(os.environ["TRANSIT_SHIM"]) if os.environ["TRANSIT_SHIM"] else None
+    if ENV["SHIM"] in os.environ:
+        return Path(os.environ[ENV["SHIM"]]) if os.environ[ENV["SHIM"]] else None
     built = _PKG / "lib" / "libtransit.so"
     return built if built.is_file() else None
 
 
 def adapter_dir() -> Path | None:
-    env = os.environ.get("TRANSIT_ADAPTER_DIR")
+    env = os.environ.get(ENV["ADAPTER_DIR"])
     if env:
         return Path(env)
     d = _PKG / "adapter"
@@ -47,15 +43,15 @@ def shim_env(policy: str, gpu_budget: int | None = None, stats: str | None = Non
     """Variables to export (LD_PRELOAD and PYTHONPATH are prepended by the caller's shell
     or by `prepend`, so what the job already had is kept)."""
     environ = os.environ if environ is None else environ
-    env = {"TRANSIT_POLICY": policy}
+    env = {ENV["POLICY"]: policy}
     if overlap:
         env[ENV["OVERLAP_STEP"]] = overlap
     if gpu_budget:  # with its unit: the shim refuses a bare number (rules.py)
-        env["TRANSIT_GPU_BUDGET"] = format_size(gpu_budget)
+        env[ENV["GPU_BUDGET"]] = format_size(gpu_budget)
     if stats:
-        env["TRANSIT_STATS"] = stats
+        env[ENV["STATS"]] = stats
     if log:
-        env["TRANSIT_LOG"] = log
+        env[ENV["LOG"]] = log
     env["PYTORCH_ALLOC_CONF"] = ALLOC_CONF
     env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
     for k in PASS_THROUGH:
