@@ -24,6 +24,15 @@ def add_job_args(sp):
     g.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
     g.add_argument("--port", type=positive_int("--port"), default=29500,
                    help="torchrun's rendezvous port on the head node (default 29500)")
+    g.add_argument("--cpus-per-task", type=positive_int("--cpus-per-task"),
+                   help="CPUs for each node's torchrun (default: the partition's)")
+    g.add_argument("--mem", help="host memory per node, sbatch's syntax: 500G, 256000M, 0 for all (default: the "
+                                 "partition's)")
+    g.add_argument("--exclusive", action="store_true", help="whole nodes, shared with no other job")
+    g.add_argument("--constraint", help="node features the job needs, sbatch's syntax (e.g. h100)")
+    g.add_argument("--sbatch-arg", action="append", metavar="OPTION",
+                   help="one more #SBATCH line, e.g. --sbatch-arg=--qos=high (repeatable; the options the script "
+                        "sets itself are refused)")
 
 
 def _shim_opts(a) -> ShimOptions:
@@ -31,7 +40,8 @@ def _shim_opts(a) -> ShimOptions:
 
 
 def _job_opts(a) -> JobOptions:
-    return JobOptions(a.job_name, a.partition, a.account, a.time, a.output, a.port)
+    return JobOptions(a.job_name, a.partition, a.account, a.time, a.output, a.port, a.cpus_per_task, a.mem,
+                      a.exclusive, a.constraint, tuple(a.sbatch_arg or ()))
 
 
 def _job_flags(job: JobOptions) -> list[tuple[str, object, object]]:
@@ -39,7 +49,10 @@ def _job_flags(job: JobOptions) -> list[tuple[str, object, object]]:
     d = JobOptions()
     return [("--job-name", job.name, d.name), ("--partition", job.partition, d.partition),
             ("--account", job.account, d.account), ("--time", job.time, d.time),
-            ("--output", job.output, d.output), ("--port", job.port, d.port)]
+            ("--output", job.output, d.output), ("--port", job.port, d.port),
+            ("--cpus-per-task", job.cpus_per_task, d.cpus_per_task), ("--mem", job.mem, d.mem),
+            ("--exclusive", job.exclusive, d.exclusive), ("--constraint", job.constraint, d.constraint),
+            ("--sbatch-arg", job.sbatch_args, d.sbatch_args)]
 
 
 # No GPU cluster has this many nodes (the largest have about 10-25 thousand): more is a typo

@@ -18,6 +18,13 @@ from transit_launch.slurm.render import render
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE)
 # what an #SBATCH line cannot hold: it would end the line, or split or quote the value
 _SBATCH_UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
+_SLURM_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
+_SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[^\s\"'\x00-\x1f\x7f]+)?")
+# what the rendered script decides itself: a site line must not contradict the plan
+_OURS = {"--nodes": "--nodes, from the plan", "--ntasks-per-node": "one torchrun per node",
+         "--gpus-per-node": "--gpus-per-node", "--job-name": "--job-name", "--output": "--output",
+         "--partition": "--partition", "--account": "--account", "--time": "--time", "--mem": "--mem",
+         "--cpus-per-task": "--cpus-per-task", "--exclusive": "--exclusive", "--constraint": "--constraint"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -32,6 +39,11 @@ class JobOptions:
     time: str | None = None
     output: str = "%x-%j.out"
     port: int = 29500
+    cpus_per_task: int | None = None
+    mem: str | None = None          # sbatch's --mem: a number with K, M, G or T (M when none); 0: all
+    exclusive: bool = False
+    constraint: str | None = None
+    sbatch_args: tuple[str, ...] = ()  # the site's own #SBATCH lines, each one option
 
     def __post_init__(self):  # sbatch would refuse these only once the job is submitted
         for flag, v in (("--partition", self.partition), ("--account", self.account), ("--output", self.output)):
@@ -46,6 +58,21 @@ class JobOptions:
             raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
         if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
             raise UsageError(f"--time {self.time!r} is not a Slurm time limit (e.g. 30, 04:00:00, 2-00:00:00)")
+        if self.cpus_per_task is not None and (not integer(self.cpus_per_task) or self.cpus_per_task < 1):
+            raise UsageError(f"--cpus-per-task must be a positive whole number, got {self.cpus_per_task!r}")
+        if self.mem is not None and not _SLURM_MEM.fullmatch(self.mem):
+            raise UsageError(f"--mem {self.mem!r} is not sbatch's memory size (e.g. 500G, 256000M, or 0 for all of "
+                             "a node's memory)")
+        if self.constraint is not None and (not self.constraint or _SBATCH_UNSAFE.search(self.constraint)):
+            raise UsageError(f"--constraint {self.constraint!r}: an #SBATCH value cannot be empty or hold "
+                             "whitespace, quotes or control characters")
+        for arg in self.sbatch_args:
+            opt = arg.split("=", 1)[0]
+            if not _SBATCH_OPTION.fullmatch(arg):
+                raise UsageError(f"--sbatch-arg {arg!r}: give one sbatch option as --name or --name=value, with no "
+                                 "whitespace, quotes or control characters")
+            if opt in _OURS:
+                raise UsageError(f"--sbatch-arg {opt}: transit-launch sets {opt} itself ({_OURS[opt]})")
 
 
 @dataclass(frozen=True)
@@ -91,4 +118,6 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     summary = f"{p.req.card.name} on {nodes} node(s), policy {policy}" if p else f"{nodes} node(s), policy {policy}"
     return render("sbatch.j2", nodes=nodes, job_name=job_name(p, job), partition=job.partition,
                   account=job.account, time=job.time, output=job.output, port=job.port,
+                  cpus_per_task=job.cpus_per_task, mem=job.mem, exclusive=job.exclusive, constraint=job.constraint,
+                  sbatch_args=job.sbatch_args,
                   plan_lines=report.plan_comment(p, nodes) if p else [], summary=summary, **ctx)
