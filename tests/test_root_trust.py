@@ -70,6 +70,14 @@ def _nothing_written(tmp_path, prefix):
     assert not Path(prefix).exists(), f"{prefix} was made"
 
 
+def _app_stats(built, stats, rank="0"):
+    """The fake CUDA program under the shim (advise), as this process's user, writing its
+    stats to `stats` at exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
+    env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", RANK=rank, TRANSIT_STATS=str(stats))
+    return subprocess.run([str(built["app"]), "alloc", "1048576"], env=env, capture_output=True, text=True, timeout=60)
+
+
 @pytest.fixture
 def shim_env(built):
     return {"TRANSIT_SHIM": str(built["shim"]), "TRANSIT_ADAPTER_DIR": None, "SLURM_HOME": None,
@@ -606,10 +614,7 @@ def test_stats_follow_no_link_in_another_users_sticky_directory(built, tmp_path)
         (theirs / "link").symlink_to(rootonly)
         os.chown(theirs, NOBODY, NOBODY)
         theirs.chmod(0o1755)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
-        env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", RANK="0", TRANSIT_STATS=str(theirs / "link"))
-        res = subprocess.run([str(built["app"]), "alloc", "1048576"], env=env, capture_output=True, text=True,
-                             timeout=60)
+        res = _app_stats(built, theirs / "link")
         assert res.returncode == 0 and not list(rootonly.iterdir()), res.stderr
         assert "a link that another user could have made" in res.stderr
     finally:
@@ -622,11 +627,8 @@ def test_a_rank_with_a_slash_names_no_other_directory(built, tmp_path):
     d = tmp_path / "stats"
     d.mkdir()
     (tmp_path / "other").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
-    for stats in (str(d), str(d / "s-%r.json")):
-        env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", RANK="../other/x", TRANSIT_STATS=stats)
-        res = subprocess.run([str(built["app"]), "alloc", "1048576"], env=env, capture_output=True, text=True,
-                             timeout=60)
+    for stats in (d, d / "s-%r.json"):
+        res = _app_stats(built, stats, rank="../other/x")
         assert res.returncode == 0 and "RANK holds a '/'" in res.stderr, res.stderr
     assert list((tmp_path / "other").iterdir()) == [] and list(d.iterdir()) == []
 
@@ -648,12 +650,8 @@ def test_root_stats_follow_no_link_another_user_made(built, tmp_path):
         (sticky / "teamstats").symlink_to(rootonly)
         os.lchown(sticky / "teamstats", NOBODY, NOBODY)
         (sticky / "mine").symlink_to(rootonly)  # root's own link: followed
-        e = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
         for link, followed in (("teamstats", False), ("mine", True)):
-            env = dict(e, LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", RANK="0",
-                       TRANSIT_STATS=str(sticky / link))
-            res = subprocess.run([str(built["app"]), "alloc", "1048576"], env=env, capture_output=True, text=True,
-                                 timeout=60)
+            res = _app_stats(built, sticky / link)
             assert res.returncode == 0, res.stderr
             written = (rootonly / "transit-rank0.json").exists()
             assert written == followed, (link, res.stderr)

@@ -21,6 +21,7 @@ from pathlib import Path
 import transit_launch
 from transit_launch import csrc
 from transit_launch.errors import UsageError
+from transit_launch.rules import ENV
 from transit_launch.shim import inject
 from transit_launch.slurm import toolchain, trust
 
@@ -75,9 +76,8 @@ def find_cc(cc: str | None = None) -> tuple[str, str]:
             return source, path
     else:
         for prog in (name, "gcc") if name == "cc" else (name,):
-            for d in SYSTEM_PATH:
-                if os.path.isfile(os.path.join(d, prog)):
-                    return source, os.path.join(d, prog)
+            if (path := toolchain.which(prog, SYSTEM_PATH)):
+                return source, path
     raise UsageError(f"no C compiler ({source} {name}) found in {':'.join(SYSTEM_PATH)}: install gcc "
                      "(or give --cc PATH) to build the SPANK plugin")
 
@@ -86,7 +86,8 @@ class _Build:
     """A private build tree (0700, under a directory only root can change when we are
     root) holding copies of the plugin's sources and Slurm's headers, each read from a
     descriptor that passed trust.walk; the compiler and its toolchain are checked the same
-    way (toolchain.py) and run with a PATH and LC_ALL only. check=False (a build by a user, for that user) copies without checking."""
+    way (toolchain.py) and run with a PATH and LC_ALL only. check=False (a build by a
+    user, for that user) copies without checking."""
 
     def __init__(self, tmp: str, include: str | None, cc: str | None, check: bool):
         self.dir, self.check = Path(tmp), check
@@ -95,10 +96,10 @@ class _Build:
         if not (SRC / "plugin.c").is_file():
             raise UsageError(f"the SPANK plugin sources are not at {SRC} (install transit-launch from its source tree)")
         self.src = self.dir / "src"
-        self._copy_dir(f"the plugin's sources", str(SRC), self.src / "spank", (".c", ".h", ".map"))
-        self._copy_dir(f"the plugin's sources", str(SRC / "tools"), self.src / "spank" / "tools", (".c",))
-        shim_dir = SRC.parent / "shim"
-        self._copy_dir(f"the plugin's sources", str(shim_dir), self.src / "shim", SHIM_HEADERS)
+        what = "the plugin's sources"
+        self._copy_dir(what, str(SRC), self.src / "spank", (".c", ".h", ".map"))
+        self._copy_dir(what, str(SRC / "tools"), self.src / "spank" / "tools", (".c",))
+        self._copy_dir(what, str(SRC.parent / "shim"), self.src / "shim", SHIM_HEADERS)
         source, inc = find_spank_h(include)
         self._copy_dir(f"spank.h's directory ({source})", str(inc), self.dir / "include" / "slurm", (".h",))
         source, path = find_cc(cc)
@@ -123,28 +124,26 @@ class _Build:
             d.close()
 
     def compile(self, target: Path, sources: list[str], flags: list[str]) -> Path:
-        spank = self.src / "spank"
-        paths = [str(spank / s) for s in sources]
-        if self.check:  # what the compile will read, first; a listing that fails refuses the build
-            cmd = [self.cc, *CFLAGS, f"-I{self.dir / 'include'}", "-M", *paths]
-            self._failed(cmd, toolchain.check_headers(self.cc, self.env, [*CFLAGS, f"-I{self.dir / 'include'}"], paths))
-        cmd = [self.cc, *CFLAGS, f"-I{self.dir / 'include'}", *flags, "-o", str(target), *paths]
+        paths = [str(self.src / "spank" / s) for s in sources]
+        base = [*CFLAGS, f"-I{self.dir / 'include'}"]
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=toolchain.TIMEOUT)
+            if self.check:  # what the compile will read, first; a listing that fails refuses the build
+                self._failed(toolchain.check_headers(self.cc, self.env, base, paths))
+            self._failed(subprocess.run([self.cc, *base, *flags, "-o", str(target), *paths], capture_output=True,
+                                        text=True, env=self.env, timeout=toolchain.TIMEOUT))
         except subprocess.TimeoutExpired:
             raise UsageError(f"compiling the SPANK plugin took over {toolchain.TIMEOUT} s (a header that blocks?)") \
                 from None
-        self._failed(cmd, res)
         return target
 
     @staticmethod
-    def _failed(cmd: list[str], res: subprocess.CompletedProcess) -> None:
+    def _failed(res: subprocess.CompletedProcess) -> None:
         """One line with the compiler's first error and where its whole output is."""
         if res.returncode == 0:
             return
         fd, log = tempfile.mkstemp(prefix="transit-spank-build-", suffix=".log")
         with os.fdopen(fd, "w") as f:
-            f.write(" ".join(cmd) + "\n" + res.stdout + res.stderr)
+            f.write(" ".join(res.args) + "\n" + res.stdout + res.stderr)
         raise UsageError(f"compiling the SPANK plugin failed: {csrc.first_error(res.stderr, res.returncode)} "
                          f"(the compiler's output: {log})")
 
@@ -226,7 +225,7 @@ def _read_shim() -> tuple[bytes, str]:
     """libtransit.so as it will be installed: ($TRANSIT_SHIM or this installation's),
     read from a descriptor that passed the check."""
     shim = inject.shim_path()
-    source = "$TRANSIT_SHIM" if os.environ.get("TRANSIT_SHIM") else "this installation's libtransit.so"
+    source = f"${ENV['SHIM']}" if os.environ.get(ENV["SHIM"]) else "this installation's libtransit.so"
     if shim is None or not shim.is_file():
         raise UsageError("libtransit.so is not built in this installation (see `transit-launch doctor`); "
                          "the plugin would have nothing to inject")
@@ -243,7 +242,7 @@ def _read_adapter() -> dict[str, bytes] | None:
     adapter = inject.adapter_dir()
     if adapter is None:
         return None
-    source = "$TRANSIT_ADAPTER_DIR" if os.environ.get("TRANSIT_ADAPTER_DIR") else "this installation's adapter"
+    source = f"${ENV['ADAPTER_DIR']}" if os.environ.get(ENV["ADAPTER_DIR"]) else "this installation's adapter"
     what = f"the adapter to install ({source})"
     d = trust.walk(what, os.path.abspath(adapter), want_dir=True)
     try:

@@ -33,6 +33,19 @@ def safe_path() -> str:
     return ":".join(keep)
 
 
+def which(name: str, dirs) -> str:
+    """The first dirs/name that is a file, or ''."""
+    return next((os.path.join(d, name) for d in dirs if os.path.isfile(os.path.join(d, name))), "")
+
+
+def prog_path(cc: str, prog: str, env: dict) -> str:
+    """A program the compiler runs (cc1, as, ld, ...) as it resolves it: absolute, or found
+    on env's PATH; '' when it has none."""
+    name = (_run([cc, f"-print-prog-name={prog}"], env).strip().splitlines() or [""])[-1]
+    path = name if "/" in name else which(name, env["PATH"].split(":")) if name else ""
+    return path if path and os.path.isfile(path) else ""
+
+
 def _run(cmd: list[str], env: dict) -> str:
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT)
@@ -53,9 +66,7 @@ def search_dirs(cc: str, env: dict) -> list[str]:
         start = lines.index("#include <...> search starts here:") + 1
         end = next((i for i in range(start, len(lines)) if lines[i].startswith("End of search list")), len(lines))
         dirs += [ln.strip().split(" (")[0] for ln in lines[start:end]]
-    ld = _run([cc, "-print-prog-name=ld"], env).strip().splitlines()[-1:] or ["ld"]
-    ld_path = ld[0] if "/" in ld[0] else next((os.path.join(d, ld[0]) for d in env["PATH"].split(":")
-                                                 if os.path.isfile(os.path.join(d, ld[0]))), "")
+    ld_path = prog_path(cc, "ld", env)
     if ld_path:  # the linker's own library directories (SEARCH_DIR in its script) and plugins
         script = _run([ld_path, "--verbose"], env)
         dirs += [m.lstrip("=") for m in re.findall(r'SEARCH_DIR\("([^"]+)"\)', script)]
@@ -69,17 +80,9 @@ def search_dirs(cc: str, env: dict) -> list[str]:
 
 
 def programs(cc: str, env: dict) -> list[str]:
-    """The programs the compiler runs, as it resolves them (absolute, or found on env's PATH)."""
-    out = []
-    for prog in ("cc1", "as", "ld", "collect2", "lto-wrapper"):
-        name = _run([cc, f"-print-prog-name={prog}"], env).strip().splitlines()[-1:] or [""]
-        path = name[0]
-        if path and "/" not in path:
-            path = next((os.path.join(d, path) for d in env["PATH"].split(":") if os.path.isfile(os.path.join(d, path))),
-                        "")
-        if path and os.path.isfile(path) and path not in out:
-            out.append(path)
-    return out
+    """The programs the compiler runs, as it resolves them."""
+    return list(dict.fromkeys(p for p in (prog_path(cc, prog, env) for prog in ("cc1", "as", "ld", "collect2",
+                                                                               "lto-wrapper")) if p))
 
 
 def check(cc: str, env: dict) -> None:

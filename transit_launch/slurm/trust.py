@@ -17,7 +17,7 @@ import os
 import secrets
 import stat
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from transit_launch.errors import UsageError
 
@@ -47,7 +47,6 @@ class Opened:
     """An entry that passed, open: fd is what was checked (read from it, not from path)."""
     fd: int
     path: str  # the physical path, for messages and for compilers that need a name
-    created: list[str] = field(default_factory=list)  # directories this walk made
 
     def close(self) -> None:
         os.close(self.fd)
@@ -74,7 +73,6 @@ def walk(what: str, path: str, *, want_dir: bool, create: bool = False, missing_
 
     root = os.open("/", _DIR)
     stack: list[tuple[int, str]] = [(root, "")]
-    created: list[str] = []
     todo, links = _parts(path), 0
     try:
         st = os.fstat(root)
@@ -100,7 +98,6 @@ def walk(what: str, path: str, *, want_dir: bool, create: bool = False, missing_
                     os.mkdir(name, 0o700, dir_fd=cur_fd)  # 0700 until it is root's and 0755
                 except OSError as e:  # made or removed by someone else in between
                     refuse(here, f"changed while it was checked ({e.strerror})")
-                created.append(here)
                 lst = None
             except OSError as e:
                 refuse(here, f"cannot be read ({e.strerror})")
@@ -148,7 +145,7 @@ def walk(what: str, path: str, *, want_dir: bool, create: bool = False, missing_
         if why:
             os.close(fd)
             refuse(where, why)
-        return Opened(fd, where or "/", created)
+        return Opened(fd, where or "/")
     finally:
         for fd, _ in stack:
             os.close(fd)
@@ -157,7 +154,9 @@ def walk(what: str, path: str, *, want_dir: bool, create: bool = False, missing_
 def check_dir_to_make(what: str, path: str) -> None:
     """The dry run for a directory the installer will make or use: everything that exists
     on the way passes (nothing is made). Raises Untrusted."""
-    walk(what, path, want_dir=True, missing_ok=True)
+    opened = walk(what, path, want_dir=True, missing_ok=True)
+    if opened is not None:
+        opened.close()
 
 
 def entries(d: Opened, what: str, suffixes: tuple[str, ...], check: bool = True) -> dict[str, Opened]:
