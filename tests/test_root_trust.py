@@ -696,3 +696,14 @@ def test_a_race_while_a_directory_is_made_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "mkdir", raced)
     with pytest.raises(trust.Untrusted, match="changed while it was checked"):
         trust.walk("--prefix", str(tmp_path / "new"), want_dir=True, create=True)
+
+
+def test_a_compiler_that_writes_nothing_is_one_line(cli, tmp_path):
+    """--cc naming a program that exits 0 without compiling (true): one line, not a
+    traceback from reading the plugin it never wrote."""
+    _need_build()
+    out = tmp_path / "out"
+    out.mkdir(mode=0o755)
+    rc, o, err = cli("spank", "build", "--out", str(out), "--cc", "/bin/true")
+    assert rc == 2 and "exited 0 but wrote no transit_spank.so" in err and len(err.strip().splitlines()) == 1, err
+    assert list(out.iterdir()) == []

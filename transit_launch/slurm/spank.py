@@ -134,6 +134,8 @@ class _Build:
         except subprocess.TimeoutExpired:
             raise UsageError(f"compiling the SPANK plugin took over {toolchain.TIMEOUT} s (a header that blocks?)") \
                 from None
+        if not target.is_file():  # a "compiler" that succeeds without output (--cc /usr/bin/true)
+            raise UsageError(f"the C compiler {self.cc} exited 0 but wrote no {target.name}")
         return target
 
     @staticmethod
