@@ -103,6 +103,16 @@ def run_one(a, name, budget, assets):
     return r
 
 
+def _budget_of(name, runs, budget):
+    """A run's own budget: `policy:STATE_OFF=f` is the reference's peak reserved less f of the
+    AdamW state (0: nothing needs to move; 0.5: half the state), else the common one."""
+    env = dict(kv.split("=", 1) for kv in name.partition(":")[2].split(",") if kv)
+    if "STATE_OFF" not in env:
+        return budget
+    ref = next(r for r in runs if r["name"] == "ref" and "max_reserved" in r)
+    return int(ref["max_reserved"] - float(env["STATE_OFF"]) * 8 * ref["params"])
+
+
 def measure(a):
     from torchtitan_assets import write_dataset, write_tokenizer
     assets = tempfile.mkdtemp(prefix="titan-assets-")
@@ -116,7 +126,7 @@ def measure(a):
                 print(f"{name}: skipped (--budget auto needs a ref run first)", file=sys.stderr)
                 continue
             budget = ref["max_reserved"] - 8 * ref["params"]  # the GPU that could not hold the AdamW state
-        r = run_one(a, name, budget, assets)
+        r = run_one(a, name, _budget_of(name, runs, budget), assets)
         runs.append(r)
         print(json.dumps({k: r.get(k) for k in ("name", "rc", "wall_s", "step_s", "optimizer_s", "max_reserved",
                                                 "budget")}),

@@ -29,6 +29,8 @@ EXPORT void transit_adapter_attach(void)
     tr_init_once();
     pthread_mutex_lock(&tr_lock);
     attach_locked();
+    if (!tr_s.t_attach && !tr_st.iterations) /* the first step's clock: warm-up in run's summary */
+        tr_s.t_attach = tr_now_ms();
     pthread_mutex_unlock(&tr_lock);
 }
 

@@ -126,6 +126,8 @@ void tr_iteration_boundary(int source)
     double now = tr_now_ms();
     if (tr_st.iterations > 0 && tr_st.n_iter_ms < (int)(sizeof tr_st.iter_ms / sizeof tr_st.iter_ms[0]))
         tr_st.iter_ms[tr_st.n_iter_ms++] = now - tr_s.t_last_boundary;
+    else if (tr_st.iterations == 0 && tr_s.t_attach)
+        tr_st.first_iter_ms = now - tr_s.t_attach; /* the first step, from its optimizer's creation */
     tr_s.t_last_boundary = now;
     tr_st.iterations++;
     if (!tr_st.boundary_source || source == 1)

@@ -247,6 +247,7 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_st.stage_need, (unsigned long long)tr_st.stage_overflows);
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
             tr_st.iterations, sources[tr_st.boundary_source], (unsigned long long)tr_st.period);
+    fprintf(f, "  \"first_iteration_ms\": %.3f,\n", tr_st.first_iter_ms);
     fprintf(f, "  \"iteration_ms\": [");
     for (int i = 0; i < tr_st.n_iter_ms; i++)
         fprintf(f, "%s%.3f", i ? ", " : "", tr_st.iter_ms[i]);

@@ -181,6 +181,7 @@ struct tr_stats {
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];
     int n_iter_ms;
+    double first_iter_ms; /* the adapter's attach (the first optimizer made) to the first boundary; 0: unknown */
 };
 HIDDEN extern struct tr_stats tr_st;
 
@@ -198,6 +199,7 @@ struct tr_state {
     _Atomic int defer_advice; /* warm-up: host regions stay unadvised (observable) */
     _Atomic uint64_t boundary_launch; /* launch count at the last iteration boundary */
     double t_last_boundary;
+    double t_attach;          /* when the adapter attached (transit_adapter_attach); 0: not yet */
 };
 HIDDEN extern struct tr_state tr_s;
 HIDDEN void tr_init_once(void);    /* configuration */

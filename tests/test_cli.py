@@ -79,11 +79,13 @@ def test_plan_no_fit_answers(cli):
     rc, out, err = cli("plan", "--model", "llama3-70b", "--global-batch", "16")
     assert rc == 0, err
     assert "No node count up to 1024 serves global batch 16 without offloading" in out
-    assert "Options with offloading" in out and "Recommended: 2 nodes" in out
-    rc, out, _ = cli("plan", "--model", "llama3-70b", "--global-batch", "16", "--json")
-    d = json.loads(out)
+    rc, js, _ = cli("plan", "--model", "llama3-70b", "--global-batch", "16", "--json")
+    d = json.loads(js)
     assert d["min_nodes_no_offload"] is None and d["no_fit"].startswith("No node count")
+    # dp x local batch must divide 16 at 4 GPUs a node: 4, 2 and 1 nodes, none of them fits
     assert [o["nodes"] for o in d["options"]] == [4, 2, 1] and not any(o["baseline"] for o in d["options"])
+    rec = next(o["nodes"] for o in d["options"] if o["recommended"])  # the text says what --json says
+    assert "Options with offloading" in out and f"Recommended: {rec} node" in out
 
 
 def test_plan_plot_writes_png_of_the_json_data(cli, tmp_path):
@@ -191,7 +193,9 @@ def test_explicit_nodes_that_spill_warn_loudly(cli, tmp_path):
 def test_render_local_is_one_node_and_says_what_that_costs(cli):
     rc, out, err = cli("render", "--local", "--model", "llama3-70b", "--global-batch", "240", "--", "python", "t.py")
     assert rc == 0 and "--nnodes 1 " in out
-    assert "WARNING: 1 node(s) push" in err and "the plan recommends 2" in err, err
+    _, js, _ = cli("plan", "--model", "llama3-70b", "--global-batch", "240", "--json")
+    rec = next(o["nodes"] for o in json.loads(js)["options"] if o["recommended"])
+    assert rec > 1 and "WARNING: 1 node(s) push" in err and f"the plan recommends {rec}" in err, err
     rc, out, err = cli("render", "--local", "--nodes", "2", "--model", "llama3-70b", "--", "python", "t.py")
     assert rc == 2 and out == "" and "--local renders a command for this one machine" in err
 

@@ -63,10 +63,13 @@ def test_scale_in_fractions_pick_valid_counts():
 
 
 def test_offload_and_host_accounting():
+    """Physical bounds, not the formula (which tests/test_prediction.py checks against the
+    shim's measured host bytes): at least what does not fit the GPU leaves it, and a node's
+    host DRAM holds its four ranks' offload and their own process memory."""
     p = plan(req())
     for c in p.options:
-        assert c.offload == pytest.approx(max(0, c.est.total - H100.memory))
-        assert c.host_per_node == pytest.approx(4 * (c.offload + HOST_BYTES_PER_RANK))
+        assert c.offload >= c.est.total - H100.memory > 0
+        assert c.host_per_node >= 4 * (c.offload + HOST_BYTES_PER_RANK) - 1
 
 
 def test_small_host_memory_blocks_deep_scale_in():

@@ -69,12 +69,18 @@ def test_metrics_over_the_submission_window():
 # 3. the stretch follows an efficiency curve; rounding to the nearest node ------------------
 
 def test_stretch_follows_the_planners_efficiency():
-    # a 4-node job at 50% keeps 2 nodes. The paper keeps about 90% of per-GPU throughput at
-    # half the GPUs (section 4.2), so it runs about 2 / 0.9 times as long, more than twice.
+    # a 4-node job at 50% keeps 2 nodes and runs 2 / e times as long, e the default curve's
+    # per-GPU efficiency at half the nodes: the planner's, for one microbatch a step (its
+    # worst case). The paper measured about 90% there at its global batch of 240 (section
+    # 4.2); the planner, fitted to TorchTitan on the H200, predicts less at one microbatch
+    # and more at 240 (bench/RESULTS.md, "What the plan predicts"). The arithmetic itself
+    # is checked on a hand-given curve below.
+    from transit_launch.sim.efficiency import planner
     t = trace((0, 1000, 32))
     res = simulate(t, Scenario("h", racks=1, reduction=0.5, gpus_per_node=8))
-    assert res.nodes[0] == 2
-    assert 2 / 0.95 < res.end[0] / 1000 < 2 / 0.85
+    e = planner()(0.5)
+    assert res.nodes[0] == 2 and 0.5 < e < 1
+    assert res.end[0] / 1000 == pytest.approx(2 / e)
 
 
 def test_measured_curve_and_nearest_rounding():

@@ -191,6 +191,11 @@ class ModelCard:
         per-GPU TFLOPS convention of the paper and TorchTitan, without attention)."""
         return 6 * (self.active_params - self.embedding_params)
 
+    def titan_flops_per_token(self, seq_len: int) -> int:
+        """TorchTitan's own count (get_nparams_and_flops, the per-GPU TFLOPS it logs):
+        flops_per_token plus attention's 12 x layers x heads x head_dim x sequence length."""
+        return self.flops_per_token() + 12 * self.layers * self.heads * self.head_dim * seq_len
+
     def summary(self) -> dict:
         d = {"name": self.name, "params": self.params, "active_params": self.active_params,
              "hidden": self.hidden, "layers": self.layers, "heads": self.heads,

@@ -31,9 +31,24 @@ HOST_BYTES_PER_RANK = 10e9
 # Share of a node's DRAM a job may use: the OS, page cache and Slurm's own accounting
 # need the rest.
 HOST_USABLE_FRACTION = 0.9
-# Model FLOPs utilisation assumed for step times: the paper's no-offload Llama3-70B
-# baseline ran at 418 of the H100's 989 dense bf16 TFLOPS.
+# The step's compute time: its FLOPs in TorchTitan's count (ModelCard.titan_flops_per_token:
+# recomputation not counted) at this share of the GPU's dense bf16 peak. The paper's
+# no-offload Llama3-70B ran at 418 of the H100's 989 TFLOPS (not fitted to our runs).
 ASSUMED_MFU = 0.42
+# advise serves offloaded optimizer state zero-copy: the optimizer step reads and writes it
+# once over the full-duplex host link, at this share of host_link in state bytes a second.
+# Fitted to TorchTitan at 8 and 16 microbatches on the H200; the other points are held out
+# (bench/RESULTS.md, "What the plan predicts"; tests/test_prediction.py).
+STATE_LINK_SHARE = 0.84
+# Under the shim PyTorch's cache never runs short (what does not fit the GPU is placed on the
+# host, not refused), so it keeps the blocks a real GPU's allocator would free and retry with:
+# TorchTitan reserved this much over the estimate under advise, and the budget bounds what
+# is reserved. Fitted to the same runs at 1 and 8 microbatches.
+SHIM_RESERVED_GAP = 0.05
+# The first step makes the optimizer state, and what does not fit is made in host memory
+# through the GPU's first writes: TorchTitan's first optimizer step ran at 1.4-3.4 GB of
+# offloaded state a second on the H200 (six runs). The warm-up the plan states.
+WARMUP_STATE_RATE = 2.0e9
 # 2 TB per node: DGX H100/H200 and the paper's clusters. Override with --host-mem.
 DEFAULT_HOST_MEM = 2000e9
 # A node of less DRAM cannot run a training rank: `--host-mem 1KB` is a typo.
@@ -144,7 +159,8 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     gbatch = req.global_batch or lay.dp * lay.local_batch
     microsteps = gbatch // (lay.dp * lay.local_batch)
     c = Candidate(nodes, lay, est, per_node(req.card, lay, req.gpus_per_node), microsteps)
-    c.offload = max(0.0, est.total - req.gpu.memory)
+    # what the shim places on the host: the reserved bytes over the budget (SHIM_RESERVED_GAP)
+    c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory) if est.total > req.gpu.memory else 0.0
     c.spill = max(0.0, c.offload - est.cold)
     c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK)
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
@@ -159,27 +175,34 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     return c
 
 
-def predicted_efficiency(req: Request, c: Candidate) -> float:
-    """Per-GPU throughput relative to running without offloading, compute and PCIe only.
-
-    advise serves cold state zero-copy: it is read and written once per optimizer step
-    over the host link, which is full duplex, so reads and writes overlap (measured on the
-    H200, bench/RESULTS.md: 8.03 GB of AdamW state cost 0.175 s a step, 10 GB each way,
-    against 0.157 s for cold / host_link and 0.314 s for 2 x cold / host_link; predicted
-    74/89/97% against measured 72/88/95% at 16K/49K/197K tokens a step). Hot data that does
-    not fit (spill) migrates on faults in every microstep, both ways. Network effects are
-    not included (see traffic_ratio).
-    """
-    if not c.offload:
-        return 1.0
+def host_terms(req: Request, c: Candidate) -> dict:
+    """The step's parts in seconds: compute, and the host link's share of what is offloaded.
+    advise keeps on the GPU hot data first, then the fp32 master weights, then optimizer
+    state, so what leaves is optimizer state first (read and written once a step, at
+    STATE_LINK_SHARE of the link), then master weights (also read by FSDP's two gathers of
+    every microstep: an assumption, not measured), then hot data, which migrates on faults
+    both ways in every microstep (an assumption). Network effects are not included (see
+    traffic_ratio)."""
     lay = c.layout
     tokens = lay.local_batch * lay.seq_len
-    recompute = 8 / 6 if lay.recompute == "full" else 1.0
-    flops = req.card.flops_per_token() * tokens * recompute / (lay.tp * lay.pp)
+    flops = req.card.titan_flops_per_token(lay.seq_len) * tokens / (lay.tp * lay.pp)
     t_compute = c.microsteps * flops / (req.gpu.peak_bf16 * ASSUMED_MFU)
-    cold = min(c.offload, c.est.cold)
-    t_host = cold / req.gpu.host_link + c.microsteps * 2 * c.spill / req.gpu.fault_link
-    return t_compute / (t_compute + t_host)
+    opt = min(c.offload, c.est.optimizer)
+    master = min(c.offload - opt, max(0.0, c.est.cold - c.est.optimizer))
+    state_link = STATE_LINK_SHARE * req.gpu.host_link
+    return {"compute_s": t_compute, "state_s": (opt + master) / state_link,
+            "master_reads_s": c.microsteps * 2 * master / req.gpu.host_link,
+            "spill_s": c.microsteps * 2 * c.spill / req.gpu.fault_link,
+            "warm_up_s": (opt + master) / WARMUP_STATE_RATE}
+
+
+def predicted_efficiency(req: Request, c: Candidate) -> float:
+    """Per-GPU throughput relative to running without offloading: compute against compute
+    plus the host link's part (host_terms)."""
+    if not c.offload:
+        return 1.0
+    t = host_terms(req, c)
+    return t["compute_s"] / (t["compute_s"] + t["state_s"] + t["master_reads_s"] + t["spill_s"])
 
 
 @dataclass

@@ -71,6 +71,8 @@ def _option_json(p: Plan, c: Candidate) -> dict:
         "inter_node_gb_per_node_per_step": gb(c.traffic.inter * c.microsteps),
         "microsteps": c.microsteps,
         "predicted_efficiency": c.efficiency,
+        # the first step's extra seconds: the optimizer state made in host memory (WARMUP_STATE_RATE)
+        "predicted_warm_up_s": round(planmod.host_terms(p.req, c)["warm_up_s"], 1) if c.offload else 0.0,
         "notes": c.notes,
     }
 
@@ -113,7 +115,10 @@ def plan_json(p: Plan) -> dict:
         "options": [_option_json(p, c) for c in p.rows],
         "recommended": {"nodes": p.recommended.nodes, "gpus": p.recommended.layout.gpus,
                         "offload": p.needs_offload(p.recommended.nodes), "reason": p.reason},
-        "assumptions": {"mfu": planmod.ASSUMED_MFU, "host_bytes_per_rank_gb": gb(planmod.HOST_BYTES_PER_RANK),
+        "assumptions": {"mfu": planmod.ASSUMED_MFU, "state_link_share": planmod.STATE_LINK_SHARE,
+                        "shim_reserved_gap": planmod.SHIM_RESERVED_GAP,
+                        "warm_up_state_gb_s": gb(planmod.WARMUP_STATE_RATE),
+                        "host_bytes_per_rank_gb": gb(planmod.HOST_BYTES_PER_RANK),
                         "host_usable_fraction": planmod.HOST_USABLE_FRACTION,
                         "host_link_gb_s": gb(req.gpu.host_link)},
         # another preset that keeps --min-efficiency where this plan does not, or on fewer nodes
@@ -201,11 +206,23 @@ def plan_text(p: Plan, all_rows: bool = False) -> str:
                              f"shown, by nodes: {'; '.join(why)}.", 100)
     out += ["",
             f"Recommended: {n_nodes(p.recommended.nodes)} ({p.recommended.layout.gpus} GPUs): {p.reason}.",
+            *_warm_up_text(p),
             *_other_text(p),
             f"traffic = per-node inter-node bytes per microstep relative to {'the baseline' if b else f'{n_nodes(ref.nodes)}'}"
             "; pred. eff = predicted",
             "per-GPU TFLOPS relative to no offloading (compute vs. PCIe only). --json for programs."]
     return "\n".join(out)
+
+
+def _warm_up_text(p: Plan) -> list[str]:
+    """The start-up cost of the recommendation, when it offloads: its first step makes the
+    optimizer state in host memory (measured within a factor of 2: bench/RESULTS.md)."""
+    c = p.recommended
+    if not c.offload:
+        return []
+    w = planmod.host_terms(p.req, c)["warm_up_s"]
+    return [f"Its first step takes about {w:.0f} s more than a steady one (the optimizer state made in host memory; "
+            "`transit-launch run` reports the measured one)."]
 
 
 def _other_text(p: Plan) -> list[str]:

@@ -105,6 +105,19 @@ def budget_held(s: dict) -> bool:
     return s["device_placed_peak_bytes"] <= s["budget_bytes"]
 
 
+def warm_up(s: dict) -> dict | None:
+    """The first two steps against steady ones, from the shim's clocks: the first from its
+    optimizer's creation (the adapter's attach) to its end, the second, and the median of
+    the rest; None without the first step's clock or with fewer than four steps."""
+    it, first = s.get("iteration_ms") or [], s.get("first_iteration_ms") or 0
+    if not first or len(it) < 3:
+        return None
+    steady = statistics.median(it[1:])
+    extra = first + it[0] - 2 * steady
+    return {"first_s": round(first / 1e3, 2), "second_s": round(it[0] / 1e3, 2), "steady_s": round(steady / 1e3, 3),
+            "extra_s": round(extra / 1e3, 2), "steady_steps": round(extra / steady, 1) if steady > 0 else None}
+
+
 def summary(stats: list[dict]) -> dict:
     procs = []
     for s in stats:
@@ -129,6 +142,7 @@ def summary(stats: list[dict]) -> dict:
             "staging_stopped_by_overflow": bool(st.get("overflows")),
             # allocations the runtime refused as managed memory, served as plain device memory
             "managed_fallbacks": s.get("managed_fallbacks", 0),
+            "warm_up": warm_up(s),
         })
     return {"processes": procs}
 
@@ -148,6 +162,10 @@ def summary_text(summ: dict) -> str:
     if any(not p["measured_within"] for p in summ["processes"]):
         text += "\n(*) " + UVM_CACHE_NOTE
     for p in summ["processes"]:
+        if w := p.get("warm_up"):
+            text += (f"\npid {p['pid']}: first step {w['first_s']} s (from its optimizer's creation), second "
+                     f"{w['second_s']} s, steady {w['steady_s']} s: {w['extra_s']} s beyond two steady steps "
+                     f"({w['steady_steps']} steady steps; a job's first step is slower without the shim too)")
         if p["managed_fallbacks"]:
             text += (f"\npid {p['pid']}: {p['managed_fallbacks']} allocation(s) could not be managed memory and "
                      "stayed plain device memory (not placed by the policy)")
