@@ -177,11 +177,56 @@ def run_checks() -> list[dict]:
             check_compiler()]
 
 
+def on_node(partition: str | None = None, account: str | None = None, timeout: float = 300) -> list[dict]:
+    """The checks run on one compute node by srun, with this installation's Python and the
+    shim path a job rendered here would name (TRANSIT_SHIM): what a job will find there.
+    The node's answer comes back as doctor's JSON; a node where this Python or transit-launch
+    does not run is one failed check saying so."""
+    import json
+    import sys
+
+    from transit_launch.errors import UsageError
+    srun = shutil.which("srun")
+    if not srun:
+        raise UsageError("doctor --on-node needs Slurm's srun on PATH")
+    shim = inject.shim_path()
+    env = dict(os.environ, **({"TRANSIT_SHIM": str(shim)} if shim else {}))
+    cmd = [srun, "--nodes=1", "--ntasks=1", "--export=ALL", f"--time={max(1, int(timeout // 60))}",
+           *([f"--partition={partition}"] if partition else []), *([f"--account={account}"] if account else []),
+           "--", sys.executable, "-c",
+           "import os, socket; print(os.environ.get('SLURMD_NODENAME') or socket.gethostname())"]
+    try:
+        host = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if host.returncode == 0:
+            cmd[-3:] = ["-m", "transit_launch", "doctor", "--json"]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return [_item("on a compute node", False, f"srun did not finish in {timeout:.0f} s (is the partition busy?)")]
+    if host.returncode != 0:
+        why = (host.stderr.strip().splitlines() or [f"exit code {host.returncode}"])[-1]
+        if why.startswith("srun:"):  # Slurm refused the step: no node ran anything
+            return [_item("on a compute node", False, f"srun could not start a step there: {why}")]
+        return [_item("on a compute node", False, f"{sys.executable} does not run there through srun: {why}")]
+    try:
+        checks = json.loads(res.stdout)
+    except ValueError:  # the program's own last line says more than srun's "exited with exit code"
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        why = ([ln for ln in lines if not ln.startswith("srun:")] or lines or [f"exit code {res.returncode}"])[-1]
+        return [_item("on a compute node", False, f"transit-launch does not run there: {why}")]
+    node = host.stdout.strip()
+    return [_item("on a compute node", True, f"{node}, through srun with {sys.executable}", node=node),
+            *[dict(c, check=f"{node}: {c['check']}") for c in checks]]
+
+
 def cmd_doctor(a, command):
     import json
 
+    from transit_launch.errors import UsageError
     from transit_launch.planning import report
-    checks = run_checks()
+    if not a.on_node and (a.partition or a.account):
+        raise UsageError("--partition and --account say where --on-node runs; without --on-node doctor checks "
+                         "this machine")
+    checks = on_node(a.partition, a.account) if a.on_node else run_checks()
     print(json.dumps(checks, indent=2, default=str) if a.json else report.doctor_text(checks))
     return 0
 
@@ -189,4 +234,9 @@ def cmd_doctor(a, command):
 def register(sub):
     sp = sub.add_parser("doctor", help="what this machine has: GPU, managed memory, host memory, shim, Slurm")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--on-node", action="store_true",
+                    help="run the checks on one compute node through srun, with the shim path a job rendered "
+                         "here names (default: this machine)")
+    sp.add_argument("--partition", help="with --on-node: the partition to run on (default: Slurm's default)")
+    sp.add_argument("--account", help="with --on-node: the account to charge (default: Slurm's default)")
     sp.set_defaults(func=cmd_doctor)
