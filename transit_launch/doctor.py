@@ -198,7 +198,7 @@ def on_node(partition: str | None = None, account: str | None = None, timeout: f
     try:
         host = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if host.returncode == 0:
-            cmd[-3:] = ["-m", "transit_launch", "doctor", "--json"]
+            cmd[-2:] = ["-m", "transit_launch", "doctor", "--json"]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return [_item("on a compute node", False, f"srun did not finish in {timeout:.0f} s (is the partition busy?)")]

@@ -1,14 +1,14 @@
 #!/bin/bash
-# Rendered by transit-launch 0.1.0: llama3-70b on 2 node(s), policy advise
+# Rendered by transit-launch 0.1.0: llama3-70b on 3 node(s), policy advise
 #SBATCH --job-name=transit-llama3-70b
-#SBATCH --nodes=2
+#SBATCH --nodes=3
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=4
 #SBATCH --partition=gpu
 #SBATCH --time=04:00:00
 #SBATCH --output=%x-%j.out
 # Plan: llama3-70b, fsdp, h100-80gb; no-offload minimum 6 nodes (24 GPUs).
-# This job: 2 nodes, dp8, 176.0 GB per GPU, offload 90.5 GB per GPU, predicted efficiency 99%.
+# This job: 3 nodes, dp12, 126.6 GB per GPU, offload 47.5 GB per GPU, predicted efficiency 99%.
 
 set -euo pipefail
 
@@ -26,7 +26,7 @@ export PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:False
 export NCCL_NVLS_ENABLE=0
 
 srun --export=ALL torchrun \
-    --nnodes 2 \
+    --nnodes 3 \
     --nproc-per-node 4 \
     --rdzv-id "$SLURM_JOB_ID" \
     --rdzv-backend c10d \
