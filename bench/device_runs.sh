@@ -218,7 +218,8 @@ titan-steps)      # one GPU, about 7 minutes, CARRY .whl: TorchTitan unchanged a
     python3 -c "from transit_launch.shim import build as s; print(s.build('/tmp/nopopulate', extra_cflags=['-DTRANSIT_NO_POPULATE']))"
     # (STATE_OFF=f in a run's name: the reference's peak reserved less f of the AdamW state as its budget)
     timeout 520 python3 bench/titan_steps.py --model llama3-8b --layers 16 --accum ${TITAN_ACCUM:-8} --steps 6 \
-        --timeout 200 --runs ${TITAN_RUNS:-ref,advise,advise:TRANSIT_STATE_POOL=0} --out "$OUT/titan_steps${TITAN_TAG:-}.json" 2>&1 \
+        --timeout 200 --runs ${TITAN_RUNS:-ref,advise,advise:TRANSIT_STATE_POOL=0} --budget ${TITAN_BUDGET:-0} \
+        --out "$OUT/titan_steps${TITAN_TAG:-}.json" 2>&1 \
         | grep -v '^\[' | cut -c1-600 | tail -40
     ;;
 titan-memory)     # issue 18: TorchTitan's memory on the catalog models at truncated depth (TITAN_MATRIX,

@@ -1,0 +1,122 @@
+"""How fast can fresh managed memory placed on the host get its pages (issue 27, warm-up)?
+
+TorchTitan's first optimizer step under advise made its AdamW state at 1.4-3.4 GB/s: the
+state's segments are new managed allocations placed on the host (preferred location host,
+accessed by the GPU), and the GPU's first writes (the state's zeros) find no pages.
+Populating them with a prefetch to the host first was slower still (bench/RESULTS.md).
+This probe times the ways to give such an allocation its pages, then the GPU's first
+write (zero_) and a second pass (add_, the steady zero-copy rate):
+
+  fault       nothing first: the GPU's writes populate (what the shim does today)
+  prefetch    cudaMemPrefetchAsync to the host first (the reverted change)
+  cpu1/cpuN   the CPU writes every page first (memset), one thread or N threads
+
+    python3 bench/host_populate_probe.py --gb 8 --threads 16 --out probe.json
+
+Each case allocates --gb of managed memory once, at most, and frees it: never more than
+the GPU has free (the shared-GPU rule), whatever the host placement.
+"""
+
+import argparse
+import ctypes
+import json
+import threading
+import time
+
+ADV_PREFERRED, ADV_ACCESSED_BY = 3, 5
+LOC_DEVICE, LOC_HOST = 1, 2
+
+
+class Loc(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+def cudart():
+    """The libcudart torch loaded (the same runtime instance as torch's)."""
+    import torch
+    torch.cuda.init()
+    with open("/proc/self/maps") as f:
+        path = next(line.split()[-1] for line in f if "libcudart.so" in line)
+    rt = ctypes.CDLL(path)
+    rt.cudaMallocManaged.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
+    rt.cudaMemAdvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, Loc]
+    rt.cudaMemPrefetchAsync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, Loc, ctypes.c_uint, ctypes.c_void_p]
+    rt.cudaFree.argtypes = [ctypes.c_void_p]
+    rt.cudaDeviceSynchronize.argtypes = []
+    return rt
+
+
+class _View:
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n // 4,), "typestr": "<f4", "data": (ptr, False), "version": 3}
+
+
+def _check(err, what):
+    if err:
+        raise RuntimeError(f"{what}: cudaError {err}")
+
+
+def one(rt, case, nbytes, threads):
+    import torch
+    p = ctypes.c_void_p()
+    _check(rt.cudaMallocManaged(ctypes.byref(p), nbytes, 1), "cudaMallocManaged")
+    try:
+        _check(rt.cudaMemAdvise(p, nbytes, ADV_PREFERRED, Loc(LOC_HOST, 0)), "advise preferred host")
+        _check(rt.cudaMemAdvise(p, nbytes, ADV_ACCESSED_BY, Loc(LOC_DEVICE, 0)), "advise accessed-by")
+        t0 = time.perf_counter()
+        if case == "prefetch":
+            _check(rt.cudaMemPrefetchAsync(p, nbytes, Loc(LOC_HOST, 0), 0, None), "prefetch")
+            _check(rt.cudaDeviceSynchronize(), "sync")
+        elif case.startswith("cpu"):
+            n = 1 if case == "cpu1" else threads
+            chunk = -(-nbytes // n)
+            ws = [threading.Thread(target=ctypes.memset, args=(p.value + i * chunk, 0, min(chunk, nbytes - i * chunk)))
+                  for i in range(n)]  # ctypes releases the GIL: the memsets run at once
+            for w in ws:
+                w.start()
+            for w in ws:
+                w.join()
+        t1 = time.perf_counter()
+        t = torch.as_tensor(_View(p.value, nbytes), device="cuda")
+        t.zero_()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        t.add_(1.0)
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        ok = bool(t[:: max(1, t.numel() // 1000)].eq(1.0).all().item())
+        del t
+        return {"case": case, "gb": nbytes / 1e9, "populate_s": round(t1 - t0, 3), "first_write_s": round(t2 - t1, 3),
+                "total_s": round(t2 - t0, 3), "total_gb_s": round(nbytes / 1e9 / (t2 - t0), 2),
+                "second_pass_s": round(t3 - t2, 3), "second_pass_gb_s": round(2 * nbytes / 1e9 / (t3 - t2), 2),
+                "values_ok": ok}
+    finally:
+        rt.cudaDeviceSynchronize()
+        rt.cudaFree(p)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=8.0)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--cases", default="fault,prefetch,cpu1,cpuN")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    import torch
+    free, _ = torch.cuda.mem_get_info()
+    nbytes = int(a.gb * 1e9) // 4096 * 4096
+    if nbytes > free // 2:
+        raise SystemExit(f"--gb {a.gb}: more than half of the GPU's free {free / 1e9:.1f} GB")
+    rt = cudart()
+    rows = []
+    for case in a.cases.split(","):
+        r = one(rt, case, nbytes, a.threads)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"gb": a.gb, "threads": a.threads, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
