@@ -11,7 +11,7 @@
  * advise ranks data at every iteration boundary: hot data, then fp32 master weights (read
  * in every forward and backward), then optimizer states (touched once a step), and keeps
  * on the device what fits the budget in that order; the rest is served zero-copy. So
- * cold data leaves only when the budget needs its room, as transit_launch/plan.py
+ * cold data leaves only when the budget needs its room, as transit_launch/planning/plan.py
  * assumes (only what does not fit crosses PCIe). */
 #include <stdio.h>
 

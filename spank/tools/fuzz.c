@@ -7,7 +7,7 @@
  *
  * clang -fsanitize=fuzzer,address,undefined -DTR_LIBFUZZER: a libFuzzer target. Otherwise
  * (gcc -fsanitize=address,undefined) main(SEED, RUNS) feeds it seeded random inputs built
- * from the grammar's own words. tests/test_spank_fuzz.py runs both where it can. */
+ * from the grammar's own words. tests/test_spank.py runs both where it can. */
 #define _DEFAULT_SOURCE /* strdup */
 #include <stdarg.h>
 #include <stdint.h>

@@ -31,23 +31,22 @@ HOST_BYTES_PER_RANK = 10e9
 # Share of a node's DRAM a job may use: the OS, page cache and Slurm's own accounting
 # need the rest.
 HOST_USABLE_FRACTION = 0.9
+# Each constant below is measured or fitted as bench/RESULTS.md, "What the plan predicts",
+# records; bench/prediction.py names the runs each was fitted to, and tests/test_prediction.py
+# checks every recorded run against the plan.
 # The step's compute time: its FLOPs in TorchTitan's count (ModelCard.titan_flops_per_token:
-# recomputation not counted) at this share of the GPU's dense bf16 peak. The paper's
-# no-offload Llama3-70B ran at 418 of the H100's 989 TFLOPS (not fitted to our runs).
+# recomputation not counted) at this share of the GPU's dense bf16 peak: the paper's
+# no-offload Llama3-70B baseline, not fitted to our runs.
 ASSUMED_MFU = 0.42
 # advise serves offloaded optimizer state zero-copy: the optimizer step reads and writes it
 # once over the full-duplex host link, at this share of host_link in state bytes a second.
-# Fitted to TorchTitan at 8 and 16 microbatches on the H200; the other points are held out
-# (bench/RESULTS.md, "What the plan predicts"; tests/test_prediction.py).
 STATE_LINK_SHARE = 0.84
 # Under the shim PyTorch's cache never runs short (what does not fit the GPU is placed on the
-# host, not refused), so it keeps the blocks a real GPU's allocator would free and retry with:
-# TorchTitan reserved this much over the estimate under advise, and the budget bounds what
-# is reserved. Fitted to the same runs at 1 and 8 microbatches.
+# host, not refused), so it keeps the blocks a real GPU's allocator would free and retry
+# with, and the budget bounds reserved bytes: TorchTitan's reserved peak over the estimate.
 SHIM_RESERVED_GAP = 0.05
-# The first step makes the optimizer state, and what does not fit is made in host memory
-# through the GPU's first writes: TorchTitan's first optimizer step ran at 1.4-3.4 GB of
-# offloaded state a second on the H200 (six runs). The warm-up the plan states.
+# The first step makes the optimizer state, what does not fit in host memory through the
+# GPU's first writes: bytes a second, for the warm-up the plan states (within a factor of 2).
 WARMUP_STATE_RATE = 2.0e9
 # 2 TB per node: DGX H100/H200 and the paper's clusters. Override with --host-mem.
 DEFAULT_HOST_MEM = 2000e9
