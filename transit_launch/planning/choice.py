@@ -139,8 +139,7 @@ def unservable(req, valid: list, pp_hint) -> str:
 
 
 def _layout(c) -> str:
-    from transit_launch.planning.report import layout_str  # report imports plan, which imports this module
-    return layout_str(c.layout)
+    return c.layout.name
 
 
 # --- what else the plan should say ---------------------------------------------------------
@@ -151,36 +150,10 @@ def meets_floor(req, c, offloads: bool) -> bool:
     return not offloads or (servable(c) and c.efficiency >= req.min_efficiency)
 
 
-def other_layout(p):
-    """(preset, candidate) of another parallelism preset whose fewest good nodes beat this
-    plan's recommendation, or None. Better means: it keeps --min-efficiency where this
-    recommendation does not, or it does so on fewer nodes. Each preset is searched with
-    its default degrees (no --tp/--pp/--ep) from 1 node up, stopping at the first node
-    count that fits without offloading or is served at the floor: that is the count its
-    own plan would recommend (without --scale-in)."""
-    from dataclasses import replace
-    from transit_launch.errors import UsageError
-    from transit_launch.planning.plan import PRESETS, evaluate, invalid, layout_for  # plan imports this module
-    req, cur = p.req, p.recommended
-    ok_here = meets_floor(req, cur, p.needs_offload(cur.nodes))
-    limit = cur.nodes - 1 if ok_here else req.max_nodes  # only fewer nodes can beat a good answer
-    best = None
-    for preset in PRESETS:
-        if preset == req.parallel or (preset == "fsdp+ep" and not req.card.moe):
-            continue
-        alt = replace(req, parallel=preset, tp=None, pp=None, ep=None)
-        for n in range(1, (best[1].nodes - 1 if best else limit) + 1):
-            try:
-                lay = layout_for(alt, n)
-                if invalid(alt, lay):
-                    continue
-                c = evaluate(alt, n, lay)
-            except UsageError:
-                break  # this preset cannot lay the model out at all
-            if meets_floor(req, c, c.est.total > req.gpu.memory):
-                best = (preset, c)
-                break
-    return best
+def policy_for(p, nodes: int, policy: str | None) -> str:
+    """The shim's policy for a job of `nodes` nodes of plan p: the one asked for, else
+    advise below the no-offload minimum and off at or above it (or without a plan)."""
+    return policy or ("advise" if p and p.needs_offload(nodes) else "off")
 
 
 def layout_warnings(req) -> list[str]:

@@ -164,6 +164,12 @@ class Layout:
     def microbatch_tokens(self) -> int:
         return (1 if self.pp > 1 else self.local_batch) * self.seq_len
 
+    @property
+    def name(self) -> str:
+        """dp8, dp4xtp2, ...: the degrees above 1 (dp1 when none is)."""
+        parts = [f"{k}{v}" for k, v in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("ep", self.ep)) if v > 1]
+        return "x".join(parts) or "dp1"
+
 
 def validate(card: ModelCard, lay: Layout) -> None:
     """Raise UsageError for degrees that do not divide the model."""

@@ -304,6 +304,35 @@ def _free_minimum(req: Request) -> Candidate | None:
     return None
 
 
+def other_layout(p):
+    """(preset, candidate) of another parallelism preset whose fewest good nodes beat this
+    plan's recommendation, or None. Better means: it keeps --min-efficiency where this
+    recommendation does not, or it does so on fewer nodes. Each preset is searched with
+    its default degrees (no --tp/--pp/--ep) from 1 node up, stopping at the first node
+    count that fits without offloading or is served at the floor: that is the count its
+    own plan would recommend (without --scale-in)."""
+    req, cur = p.req, p.recommended
+    ok_here = choice.meets_floor(req, cur, p.needs_offload(cur.nodes))
+    limit = cur.nodes - 1 if ok_here else req.max_nodes  # only fewer nodes can beat a good answer
+    best = None
+    for preset in PRESETS:
+        if preset == req.parallel or (preset == "fsdp+ep" and not req.card.moe):
+            continue
+        alt = replace(req, parallel=preset, tp=None, pp=None, ep=None)
+        for n in range(1, (best[1].nodes - 1 if best else limit) + 1):
+            try:
+                lay = layout_for(alt, n)
+                if invalid(alt, lay):
+                    continue
+                c = evaluate(alt, n, lay)
+            except UsageError:
+                break  # this preset cannot lay the model out at all
+            if choice.meets_floor(req, c, c.est.total > req.gpu.memory):
+                best = (preset, c)
+                break
+    return best
+
+
 def pp_hint(req: Request) -> tuple[int, int] | None:
     """(nodes, local batch): the fewest nodes that would fit without offloading if the local
     batch were raised to the pipeline degree that layout needs (tp+pp needs one microbatch

@@ -29,8 +29,7 @@ MAX_FULL_ROWS = 12
 
 
 def layout_str(lay: memory.Layout) -> str:
-    parts = [f"{k}{v}" for k, v in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp), ("ep", lay.ep)) if v > 1]
-    return "x".join(parts) or "dp1"
+    return lay.name
 
 
 def layout_json(lay: memory.Layout) -> dict:
@@ -78,7 +77,7 @@ def _option_json(p: Plan, c: Candidate) -> dict:
 
 
 def _other_json(p: Plan) -> dict | None:
-    alt = choice.other_layout(p)
+    alt = planmod.other_layout(p)
     if alt is None:
         return None
     preset, c = alt
@@ -226,8 +225,8 @@ def _warm_up_text(p: Plan) -> list[str]:
 
 
 def _other_text(p: Plan) -> list[str]:
-    """One line when another preset serves the job better (choice.other_layout)."""
-    alt = choice.other_layout(p)
+    """One line when another preset serves the job better (plan.other_layout)."""
+    alt = planmod.other_layout(p)
     if alt is None:
         return []
     preset, c = alt
