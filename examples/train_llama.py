@@ -9,6 +9,15 @@ One JSON line per step on stdout: step, loss, step_time, tokens_per_s, tflops (m
 FLOPs per GPU: 6 x non-embedding parameters x tokens / step time, attention excluded)
 and max_reserved_gb; a final {"summary": ...} line.
 
+With --global-batch the run no longer depends on the world size: the tokens of every
+sequence come from (seed, global step, sequence index), the microbatches per step are
+global batch / (world x --batch), and the loss printed is the mean over the global
+batch. With --checkpoint-dir it saves model and optimizer through
+torch.distributed.checkpoint (DCP) every --checkpoint-every steps into step-N/, as
+TorchTitan does, and resumes from the newest complete one (its .metadata, which DCP
+writes last) on whatever world size it is started with: what a job that lost a node
+needs to continue on the survivors (transit-launch --on-node-loss scale-in).
+
     python examples/train_llama.py --steps 20
     torchrun --nproc-per-node 2 examples/train_llama.py --device cpu --steps 5
 """
@@ -47,6 +56,14 @@ def parse():
     p.add_argument("--accum", type=int, default=1,
                    help="microbatches per optimizer step (gradient accumulation): tokens per step grow, "
                         "activation memory does not")
+    p.add_argument("--global-batch", type=int, default=None, metavar="SEQUENCES",
+                   help="sequences per optimizer step over all ranks: microbatches = this / (world x --batch), and "
+                        "the data order depends on the step and the sequence only (not on the world size)")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="save DCP checkpoints here (step-N/) and resume from the newest complete one")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="with --checkpoint-dir: save every this many steps, and after the last (default 0: only after "
+                        "the last)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
@@ -269,6 +286,64 @@ def build_torchao_offload(a, model):
     return model, opt
 
 
+def sequence(a, step: int, index: int):
+    """Sequence `index` of global step `step`: seq_len + 1 tokens from (seed, step, index)
+    only, so every world size reads the same global batch."""
+    g = torch.Generator().manual_seed(((a.seed * 1_000_003 + step) * 1_000_003 + index) % 2**63)
+    return torch.randint(0, a.vocab, (a.seq_len + 1,), generator=g)
+
+
+def global_microbatches(a, step: int, rank: int, world: int):
+    """This rank's microbatches of a global step: microbatch m holds sequences
+    m*world*batch + rank*batch .. + batch; with equal microbatches the mean of the ranks'
+    mean losses is the global batch's mean loss, whatever the split."""
+    return [torch.stack([sequence(a, step, m * world * a.batch + rank * a.batch + k) for k in range(a.batch)])
+            for m in range(a.accum)]
+
+
+def complete_checkpoints(root: str) -> list[int]:
+    """Steps of the checkpoints under root that DCP finished (step-N/.metadata, written last
+    and renamed into place): a save cut short by a lost node leaves none, and the one
+    before it is used."""
+    steps = []
+    for d in os.listdir(root) if os.path.isdir(root) else ():
+        if d.startswith("step-") and d[5:].isdigit() and os.path.isfile(os.path.join(root, d, ".metadata")):
+            steps.append(int(d[5:]))
+    return sorted(steps)
+
+
+def checkpoint_state(a, model, opt, step: int) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    msd, osd = get_state_dict(model, opt)
+    # what the data order and the global batch depend on: a resume under other settings is refused
+    return {"model": msd, "optim": osd, "train": {"step": step, "seed": a.seed, "global_batch": a.global_batch,
+                                                  "batch": a.batch, "seq_len": a.seq_len, "vocab": a.vocab}}
+
+
+def save_checkpoint(a, model, opt, step: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    dcp.save(checkpoint_state(a, model, opt, step), checkpoint_id=os.path.join(a.checkpoint_dir, f"step-{step}"))
+
+
+def resume(a, model, opt, rank: int) -> int:
+    """Loads the newest complete checkpoint onto this world size (DCP reshards); returns
+    its step (0: none)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    steps = complete_checkpoints(a.checkpoint_dir)
+    if not steps:
+        return 0
+    state = checkpoint_state(a, model, opt, 0)
+    dcp.load(state, checkpoint_id=os.path.join(a.checkpoint_dir, f"step-{steps[-1]}"))
+    train = state["train"]
+    for k in ("seed", "global_batch", "batch", "seq_len", "vocab"):
+        if train[k] != getattr(a, k.replace("-", "_")):
+            raise SystemExit(f"checkpoint step-{steps[-1]} was made with --{k.replace('_', '-')} {train[k]}, "
+                             f"not {getattr(a, k)}: its data order would not continue")
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return train["step"]
+
+
 def main():
     a = parse()
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -284,7 +359,20 @@ def main():
     if a.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+    if a.checkpoint_every < 0 or (a.checkpoint_every and not a.checkpoint_dir):
+        print("--checkpoint-every takes a step count >= 0 and needs --checkpoint-dir", file=sys.stderr)
+        return 2
+    if a.checkpoint_dir and a.engine != "fsdp":
+        print(f"--checkpoint-dir saves FSDP2/DDP state (DCP); --engine {a.engine} has its own", file=sys.stderr)
+        return 2
     rank, world, local = init_dist(device)
+    if a.global_batch is not None:
+        if a.accum != 1 or a.global_batch < 1 or a.global_batch % (world * a.batch):
+            if rank == 0:
+                print(f"--global-batch {a.global_batch} must be a multiple of world {world} x --batch {a.batch} "
+                      "(and replaces --accum)", file=sys.stderr)
+            return 2
+        a.accum = a.global_batch // (world * a.batch)
     if device == "cuda":
         torch.cuda.set_device(local)
     torch.manual_seed(a.seed)
@@ -306,14 +394,22 @@ def main():
     else:
         model, opt = build_fsdp(a, model, device, world)
     gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
+    first = 1
+    if a.checkpoint_dir:
+        first = resume(a, model, opt, rank) + 1
+        if rank == 0:
+            print(json.dumps({"resumed": first - 1, "world": world, "accum": a.accum}), flush=True)
     tokens_per_step = a.batch * a.seq_len * a.accum
     # without FSDP's mixed precision, autocast gives the same bf16 compute over fp32 weights
     autocast = torch.autocast("cuda", torch.bfloat16) if a.engine == "torchao-offload" else contextlib.nullcontext()
     times, losses = [], []
     comm = None
-    for step in range(1, a.steps + 1):
-        micro = [torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=gen).to(device)
-                 for _ in range(a.accum)]
+    for step in range(first, a.steps + 1):
+        if a.global_batch is not None:
+            micro = [m.to(device) for m in global_microbatches(a, step, rank, world)]
+        else:
+            micro = [torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=gen).to(device)
+                     for _ in range(a.accum)]
         prof = None
         if step == a.comm_profile:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
@@ -334,6 +430,10 @@ def main():
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)
+        if a.global_batch is not None and world > 1:  # the global batch's mean, not rank 0's share
+            total = total.clone()
+            dist.all_reduce(total)
+            total = total / world
         loss_v = (total / a.accum).item()  # synchronizes: the step's time is complete here
         dt = time.perf_counter() - t0
         if prof is not None:
@@ -350,14 +450,16 @@ def main():
         if not math.isfinite(loss_v):
             print("loss is not finite", file=sys.stderr)
             return 1
-    steady = times[3:] if len(times) > 5 else times[1:] or times
+        if a.checkpoint_dir and (step == a.steps or (a.checkpoint_every and step % a.checkpoint_every == 0)):
+            save_checkpoint(a, model, opt, step)
+    steady = times[3:] if len(times) > 5 else times[1:] or times or [0.0]  # none: resumed after the last step
     med = statistics.median(steady)
     summ = {"params": n_params, "flop_params": n_flop_params, "tokens_per_step": tokens_per_step,
             "world": world, "device": device, "engine": f"zero-{a.zero}" if a.engine == "deepspeed" else a.engine,
             "dp": {"fsdp": data_parallel(a, device), "deepspeed": "zero"}.get(a.engine, "none"),
             "cpu_offload": a.cpu_offload, "optimizer": optimizer_impl, "accum": a.accum, "seq_len": a.seq_len, "batch": a.batch,
             "median_step_time": med, "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
-            "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12, "losses": losses,
+            "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12 if med else 0.0, "losses": losses,
             # what the collectives carry (fp32): DDP all-reduces every gradient each step
             # and broadcasts parameters and buffers from rank 0 once
             "grad_bytes": 4 * n_params, "broadcast_bytes": 4 * n_params + buffer_bytes,

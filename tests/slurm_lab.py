@@ -168,6 +168,49 @@ class SlurmLab:
             time.sleep(0.2)
         raise RuntimeError(f"job {job_id} did not finish in {timeout} s:\n{self.logs()}")
 
+    # --- node loss ------------------------------------------------------------------
+    def kill_node(self, node: str, job_id: str, mark_down: bool = True) -> None:
+        """What losing node `node` does to job `job_id`: its slurmd, the job's slurmstepd
+        there and every process of the job on it die at once (SIGKILL). The processes are
+        found by the SLURMD_NODENAME and SLURM_JOB_ID in their environment (all "nodes"
+        share this machine); slurmstepd as their parent. mark_down: also tell slurmctld,
+        which would otherwise notice after SlurmdTimeout (30 s) and its next ping."""
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        tasks, steps = [], set()
+        for pid in pids:
+            try:
+                raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                env = dict(kv.split(b"=", 1) for kv in raw if b"=" in kv)
+                if env.get(b"SLURMD_NODENAME") != node.encode() or env.get(b"SLURM_JOB_ID") != job_id.encode():
+                    continue
+                tasks.append(pid)
+                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                if Path(f"/proc/{ppid}/cmdline").read_bytes().startswith(b"slurmstepd"):
+                    steps.add(ppid)
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile, or not ours to read
+        slurmd = int((self.lab / "run" / f"slurmd-{node}.pid").read_text().strip())
+        for pid in [slurmd, *steps, *tasks]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if mark_down:
+            res = self.cmd("scontrol", "update", f"nodename={node}", "state=down", "reason=node-loss-test")
+            assert res.returncode == 0, res.stderr
+
+    def revive_node(self, node: str, timeout: float = 60) -> None:
+        """Start the node's slurmd again and wait until it is idle (ReturnToService=2
+        brings a DOWN node back when its slurmd registers)."""
+        subprocess.run(["slurmd", "-f", str(self.conf), "-N", node], check=True, env=self.env, capture_output=True)
+
+        def idle():
+            state = self.cmd("sinfo", "-h", "-n", node, "-o", "%t").stdout.strip()
+            if state.startswith("down") and not state.endswith("*"):  # registered, but still marked down
+                self.cmd("scontrol", "update", f"nodename={node}", "state=resume")
+            return state == "idle"
+        self._wait(idle, timeout, f"node {node} back")
+
     # --- teardown -------------------------------------------------------------------
     def stop(self) -> None:
         if not self.procs_started:

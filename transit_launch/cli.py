@@ -24,6 +24,8 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     for owner in OWNERS:
         owner.register(sub)
+    # a subcommand named _x is for scripts transit-launch renders, not for people: not listed
+    sub.metavar = "{" + ",".join(name for name in sub.choices if not name.startswith("_")) + "}"
     return p
 
 

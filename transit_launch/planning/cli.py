@@ -8,13 +8,22 @@ import sys
 from transit_launch.errors import UsageError
 from transit_launch.argtypes import finite_float, fractions, output_file, positive_int, size
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPUS, gpu_profile
+from transit_launch.planning import titan_config
 from transit_launch.planning.plan import DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
+
+# What a request gets for an option given neither on the command line nor by a TorchTitan config.
+DEFAULTS = {"seq_len": 8192, "local_batch": 1, "precision": "mixed", "recompute": "full"}
 
 
 def add_plan_args(p, model_required=True):
     g = p.add_argument_group("model and layout")
-    g.add_argument("--model", required=model_required,
-                   help="catalog name (see `transit-launch models`), a model card .toml or a HF config.json")
+    g.add_argument("--model", help="catalog name (see `transit-launch models`), a model card .toml or a HF config.json"
+                   + (" (this or --torchtitan is required)" if model_required else ""))
+    g.add_argument("--torchtitan", metavar="JOB.toml",
+                   help="a TorchTitan job config: model, flavor, sequence length, batch sizes, parallelism degrees, "
+                        "precision and activation checkpointing come from it, read by TorchTitan's own classes "
+                        f"(needs torchtitan=={titan_config.VERSION}); the options below override it, and render and "
+                        "submit pass the planned layout to TorchTitan as its own overrides")
     g.add_argument("--parallel", choices=PRESETS, default=None,
                    help="parallelism preset (default fsdp; explicit --tp/--pp/--ep refine it)")
     g.add_argument("--tp", type=positive_int("--tp"), metavar="N",
@@ -27,17 +36,18 @@ def add_plan_args(p, model_required=True):
                    help="expert-parallel degree of an MoE model (default: 1, or under fsdp+ep the largest that "
                         "divides the experts and dp x tp, at most the GPUs per node); without --parallel it means "
                         "fsdp+ep")
-    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=8192, metavar="TOKENS",
-                   help="tokens per sequence (default 8192)")
-    g.add_argument("--local-batch", type=positive_int("--local-batch"), default=1,
-                   help="sequences per data-parallel rank per microstep (microbatches under PP; default 1)")
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), metavar="TOKENS",
+                   help=f"tokens per sequence (default {DEFAULTS['seq_len']})")
+    g.add_argument("--local-batch", type=positive_int("--local-batch"),
+                   help=f"sequences per data-parallel rank per microstep (microbatches under PP; default "
+                        f"{DEFAULTS['local_batch']})")
     g.add_argument("--global-batch", type=positive_int("--global-batch"),
                    help="sequences per optimizer step; only node counts whose data-parallel degree divides it are valid")
-    g.add_argument("--precision", choices=PRECISIONS, default="mixed",
+    g.add_argument("--precision", choices=PRECISIONS,
                    help="mixed: fp32 params/grads/Adam with bf16 compute (TorchTitan default; TorchTitan runs "
                         "it as fp32 for TP/PP without FSDP, and the plan says so); bf16: everything bf16; "
                         "fp32: no mixed precision (default mixed)")
-    g.add_argument("--recompute", choices=RECOMPUTE, default="full",
+    g.add_argument("--recompute", choices=RECOMPUTE,
                    help="activation checkpointing: full keeps one checkpoint per layer and recomputes the rest in "
                         "backward; none keeps every saved tensor (default full)")
     h = p.add_argument_group("hardware")
@@ -52,19 +62,38 @@ def add_plan_args(p, model_required=True):
                    help="predicted per-GPU efficiency the recommendation must keep (default 0.9)")
 
 
+def titan_job(a):
+    """The TitanJob of --torchtitan (None without it), loaded once per parsed command line:
+    render and submit need it again for the job's command (which says its notes)."""
+    if getattr(a, "torchtitan", None) is None:
+        return None
+    if a.model is not None:
+        raise UsageError("--torchtitan reads the model from the TorchTitan config; leave out --model")
+    if not hasattr(a, "_titan_job"):
+        from dataclasses import replace
+        job = titan_config.load(a.torchtitan)
+        # a selective (or memory-budget) mode stays the job's unless --recompute says otherwise
+        a._titan_job = replace(job, keep_ac=getattr(a, "recompute", None) is None and job.ac_mode not in ("full", "none"))
+    return a._titan_job
+
+
 def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
     """The plan.Request of parsed options; gpus_per_node and host_mem are the defaults a
-    caller knows better (a Slurm partition's), explicit options still win."""
+    caller knows better (a Slurm partition's), explicit options still win, over a
+    --torchtitan config's values too."""
     from transit_launch.planning.models import load_model
     from transit_launch.planning.plan import Request
-    parallel = a.parallel or ("fsdp+ep" if a.ep else "tp+pp" if a.pp else "fsdp+tp" if a.tp else "fsdp")
-    return Request(card=load_model(a.model), gpu=gpu_profile(a.gpu, a.gpu_mem),
+    job = titan_job(a)
+    if job is None and a.model is None:
+        raise UsageError("the following arguments are required: --model (or --torchtitan JOB.toml)")
+    given = {k: getattr(job, k) for k in ("tp", "pp", "ep", "global_batch", *DEFAULTS)} if job else {}
+    v = {k: getattr(a, k) if getattr(a, k) is not None else given.get(k, DEFAULTS.get(k))
+         for k in ("tp", "pp", "ep", "global_batch", *DEFAULTS)}
+    parallel = a.parallel or ("fsdp+ep" if v["ep"] else "tp+pp" if v["pp"] else "fsdp+tp" if v["tp"] else "fsdp")
+    return Request(card=job.card if job else load_model(a.model), gpu=gpu_profile(a.gpu, a.gpu_mem),
                    gpus_per_node=a.gpus_per_node or gpus_per_node or DEFAULT_GPUS_PER_NODE,
-                   host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM,
-                   parallel=parallel, tp=a.tp, pp=a.pp, ep=a.ep, seq_len=a.seq_len,
-                   local_batch=a.local_batch, global_batch=a.global_batch, precision=a.precision,
-                   recompute=a.recompute, scale_in=tuple(a.scale_in) if a.scale_in else None,
-                   min_efficiency=a.min_efficiency)
+                   host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM, parallel=parallel,
+                   scale_in=tuple(a.scale_in) if a.scale_in else None, min_efficiency=a.min_efficiency, **v)
 
 
 def cmd_plan(a, command):
@@ -81,11 +110,34 @@ def cmd_plan(a, command):
         rc = cmd_measure(a, p)
     else:
         rc = 0
-        print(json.dumps(report.plan_json(p), indent=2) if a.json else report.plan_text(p, all_rows=a.all))
+        job = titan_job(a)
+        if a.json:
+            out = report.plan_json(p)
+            if job:
+                out["torchtitan"] = titan_json(job, p)
+            print(json.dumps(out, indent=2))
+        else:
+            print(report.plan_text(p, all_rows=a.all) + (titan_text(job, p, a.torchtitan) if job else ""))
     if a.plot:
         report.plot(report.plan_json(p), a.plot)
         print(f"transit-launch: wrote {a.plot}", file=sys.stderr)
     return rc
+
+
+def titan_json(job, p) -> dict:
+    return {"config": job.path, "model": job.model, "flavor": job.flavor, "notes": list(job.notes),
+            "recommended_overrides": titan_config.overrides(p.req, p.recommended.layout, job.keep_ac)}
+
+
+def titan_text(job, p, given: str) -> str:
+    """What render and submit tell TorchTitan for the recommended node count (the config
+    named as the user gave it: the job gets its absolute path)."""
+    from transit_launch.units import n_nodes
+    lines = [f"TorchTitan {job.model} {job.flavor} from {given}; render and submit pass it the layout of the "
+             f"recommended {n_nodes(p.recommended.nodes)}:"]
+    lines += [f"  {o}" for o in titan_config.overrides(p.req, p.recommended.layout, job.keep_ac)]
+    lines += [f"Note: {n}" for n in job.notes]
+    return "\n\n" + "\n".join(lines)
 
 
 def cmd_measure(a, p):

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from transit_launch.units import n_nodes
 from transit_launch.argtypes import number, output_dir, output_file, positive_int
 from transit_launch.errors import UsageError
-from transit_launch.planning.cli import add_plan_args, request
+from transit_launch.planning.cli import add_plan_args, request, titan_job
+from transit_launch.planning.titan_config import DEFAULT_COMMAND
 from transit_launch.rules import POLICIES
 from transit_launch.shim.cli import add_shim_args
+from transit_launch.slurm import scalein
 from transit_launch.slurm.script import JobOptions, ShimOptions, job_script
 
 
@@ -77,13 +80,13 @@ def cmd_render(a, command):
     from transit_launch.planning.choice import explain
     from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
     from transit_launch.planning.plan import plan
-    if not command:
+    if not command and not a.torchtitan:  # --torchtitan: python -m torchtitan.train by default
         raise UsageError("render needs the training command after --, e.g. -- python train.py")
     p = None
-    if a.model:
+    if a.model or a.torchtitan:
         p = plan(request(a))
     elif not (a.nodes or a.local):
-        raise UsageError("render needs --model (to plan the node count) or --nodes")
+        raise UsageError("render needs --model or --torchtitan (to plan the node count) or --nodes")
     if a.local and (a.nodes or 1) != 1:
         raise UsageError(f"--local renders a command for this one machine; --nodes {a.nodes} needs sbatch "
                          "(leave out --local)")
@@ -101,10 +104,14 @@ def cmd_render(a, command):
         inject.check_budget(a.gpu_budget, gpu)  # before the warnings below: one line on bad input
     # --local is one node whatever the plan recommends: it is explained (and warned about) as asked
     nodes = 1 if a.local else a.nodes or (p.recommended.nodes if p else 1)
+    if p and a.torchtitan:  # before the warnings: a refusal is one line
+        from transit_launch.planning.titan_config import runnable
+        runnable(p, nodes)
     if p and (a.nodes or a.local):
         _warn(explain(p, nodes)[1])
     gpn = p.req.gpus_per_node if p else (a.gpus_per_node or DEFAULT_GPUS_PER_NODE)
-    text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local)
+    text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local, titan=titan_job(a),
+                      node_loss=scalein.options(a))
     if a.out:
         write_text_atomically(a.out, text)
         print(f"transit-launch: wrote {a.out}", file=sys.stderr)
@@ -115,7 +122,10 @@ def cmd_render(a, command):
 
 def cmd_submit(a, command):
     from transit_launch.slurm.submit import Submission, submit
-    sub = Submission(command, a.nodes, _shim_opts(a), _job_opts(a), a.dry_run)
+    titan = titan_job(a)  # its command defaults to python -m torchtitan.train
+    sub = Submission(command or (list(DEFAULT_COMMAND) if titan else []), a.nodes, _shim_opts(a), _job_opts(a),
+                     a.dry_run, titan)
+    sub = replace(sub, node_loss=scalein.options(a))
     done = submit(sub, lambda gpn, host_mem: request(a, gpn, host_mem))
     print(f"transit-launch: {done.hardware}", file=sys.stderr)
     print(f"transit-launch: {done.nodes} node(s): {done.why}", file=sys.stderr)
@@ -132,6 +142,8 @@ def cmd_status(a, command):
     from transit_launch.table import table
     info = commands.job_info(a.job)
     if a.json:
+        if "WorkDir" in info:  # --on-node-loss scale-in: the job's transitions (slurm/scalein.py)
+            info["transitions"] = scalein.transitions(info["WorkDir"], info.get("JobId", a.job))
         print(json.dumps(info, indent=2))
         return 0
     keys = ("JobId", "JobName", "JobState", "NumNodes", "NodeList", "ExitCode", "RunTime", "StdOut")
@@ -170,6 +182,7 @@ def register(sub):
                     help="node count (default: the plan's recommendation)")
     add_shim_args(sp)
     add_job_args(sp)
+    scalein.add_node_loss_args(sp)
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
     sp.add_argument("-o", "--out", type=output_file(), help="write to this file instead of stdout")
     sp.set_defaults(func=cmd_render, takes_command=True)
@@ -182,6 +195,7 @@ def register(sub):
                          "nodes that keep --min-efficiency with host DRAM to spare)")
     add_shim_args(sp)
     add_job_args(sp)
+    scalein.add_node_loss_args(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
     sp.set_defaults(func=cmd_submit, takes_command=True)
 
@@ -192,6 +206,8 @@ def register(sub):
     sp = sub.add_parser("cancel", help="cancel a Slurm job")
     sp.add_argument("job", help="the Slurm job id")
     sp.set_defaults(func=cmd_cancel)
+
+    scalein.register(sub)  # _node-loss: what a --on-node-loss scale-in script runs between attempts
 
     sp = sub.add_parser("spank", help="build or install the SPANK plugin (sbatch --transit=POLICY)")
     sp.set_defaults(func=cmd_spank)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from transit_launch.checks import integer
 from transit_launch.errors import UsageError
+from transit_launch.planning.choice import policy_for
 from transit_launch.shim import inject
 from transit_launch.slurm.render import render
 
@@ -89,18 +90,21 @@ class ShimOptions:
             raise UsageError(f"--stats {self.stats!r}: a path with control characters cannot go into a job script")
 
 
-def policy_for(p, nodes: int, policy: str | None) -> str:
-    return policy or ("advise" if p and p.needs_offload(nodes) else "off")
-
-
 def job_name(p, job: JobOptions) -> str:
     return job.name or (f"transit-{p.req.card.name}" if p else "transit")
 
 
 def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts: ShimOptions,
-               job: JobOptions, local: bool = False) -> str:
-    """The sbatch script (local: the torchrun line) for `nodes` nodes of plan p (or None)."""
+               job: JobOptions, local: bool = False, titan=None, node_loss=None) -> str:
+    """The sbatch script (local: the torchrun line) for `nodes` nodes of plan p (or None);
+    titan (a TitanJob, planned by p): the command gets the config and the layout's overrides."""
     from transit_launch.planning import report
+    from transit_launch.slurm import nodeloss
+    if node_loss is not None:  # a nodeloss.NodeLossOptions (--on-node-loss)
+        nodeloss.check(node_loss, p, nodes, local, titan)
+    if titan is not None:
+        from transit_launch.planning.titan_config import job_command
+        command = job_command(titan, command, p, nodes)
     policy = policy_for(p, nodes, shim_opts.policy)
     inject.check_off(policy, shim_opts.overlap, shim_opts.gpu_budget)  # also when the plan chose off for these nodes
     if p:
@@ -120,4 +124,5 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
                   account=job.account, time=job.time, output=job.output, port=job.port,
                   cpus_per_task=job.cpus_per_task, mem=job.mem, exclusive=job.exclusive, constraint=job.constraint,
                   sbatch_args=job.sbatch_args,
-                  plan_lines=report.plan_comment(p, nodes) if p else [], summary=summary, **ctx)
+                  plan_lines=report.plan_comment(p, nodes) if p else [], summary=summary, **ctx,
+                  **nodeloss.template_context(node_loss, p, nodes, shim_opts, job.port, shim, adapter))

@@ -20,6 +20,8 @@ class Submission:
     shim: ShimOptions = field(default_factory=ShimOptions)
     job: JobOptions = field(default_factory=JobOptions)
     dry_run: bool = False
+    titan: object = None              # a planning.titan_config.TitanJob: the layout goes to TorchTitan
+    node_loss: object = None          # a slurm.nodeloss.NodeLossOptions (--on-node-loss)
 
     def __post_init__(self):
         if not self.command:
@@ -68,7 +70,8 @@ def submit(sub: Submission, make_request) -> Submitted:
     else:
         nodes = sub.nodes
         why, warnings = explain(p, nodes)
-    script = job_script(sub.command, p, nodes, p.req.gpus_per_node, sub.shim, sub.job)
+    script = job_script(sub.command, p, nodes, p.req.gpus_per_node, sub.shim, sub.job, titan=sub.titan,
+                        node_loss=sub.node_loss)
     done = Submitted(nodes, why, script, _hardware(p.req, part, no_part), warnings)
     if sub.dry_run:
         return done

@@ -1,0 +1,302 @@
+"""Surviving a lost node by scaling in (--on-node-loss scale-in, issue 30), on the real
+Slurm lab (tests/slurm_lab.py) with the example trainer on CPU ranks (gloo): a node's
+slurmd, slurmstepd and training processes are killed mid-run, and the job goes on on the
+survivors from the last checkpoint, with the global batch kept and the loss of every step
+equal to an uninterrupted run's; when no layout fits the survivors it requeues. The parse
+and decide parts (slurm/nodeloss.py) are checked on Slurm's own output without a cluster."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from tests.slurm_lab import missing
+from transit_launch.errors import UsageError
+from transit_launch.planning.hardware import gpu_profile
+from transit_launch.planning.models import load_model
+from transit_launch.planning.plan import Request, plan
+from transit_launch.slurm import nodeloss
+
+TRAINER = ROOT / "examples" / "train_llama.py"
+# The trainer's model, as a card for the planner: it fits one GPU many times over, so
+# every node count runs without offloading and only the global batch limits the layouts.
+TINY = """name = "tiny-node-loss"
+family = "llama"
+published_params = 1.0e5
+source = "tests/test_node_loss.py: the trainer's dimensions"
+
+[arch]
+hidden = 64
+layers = 2
+heads = 4
+kv_heads = 2
+head_dim = 16
+ffn = 128
+vocab = 256
+tied_embeddings = false
+"""
+GLOBAL_BATCH, STEPS, SEQ = 12, 24, 32
+MODEL = ["--device", "cpu", "--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+         "--vocab", "256", "--seq-len", str(SEQ), "--batch", "1", "--global-batch", str(GLOBAL_BATCH),
+         "--steps", str(STEPS)]
+LR = 3e-4  # the trainer's default --lr
+# one intra-op thread a rank: four ranks share this machine's two cores (torchrun sets it
+# only for several ranks a node, and spinning OpenMP threads slowed steps from 0.1 to 3 s)
+JOB_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+lab_only = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+needs_torch = pytest.mark.skipif(not torch_importable() or not shutil.which("torchrun"), reason=NEEDS_TORCH)
+
+
+# --- parse and decide, on Slurm's own output --------------------------------------------
+
+SHOW_NODE = """NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=1 NodeAddr=127.0.0.1 State=MIXED ThreadsPerCore=1
+NodeName=n2 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=127.0.0.1 State=IDLE+DRAIN ThreadsPerCore=1
+NodeName=n3 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=127.0.0.1 State=DOWN+NOT_RESPONDING Reason=test
+NodeName=n4 Arch=x86_64 CoresPerSocket=1 CPUAlloc=1 NodeAddr=127.0.0.1 State=MIXED* ThreadsPerCore=1
+"""
+
+
+def test_lost_nodes_from_scontrol():
+    states = nodeloss.node_states(SHOW_NODE)
+    assert states["n3"] == {"DOWN", "NOT_RESPONDING"} and states["n4"] == {"MIXED", "NOT_RESPONDING"}
+    # n3 is down, n4 does not answer its pings, n5 is no longer the job's (Slurm removed it
+    # under --no-kill) and n6 was not reported at all; a drained node still runs our steps
+    gone, left = nodeloss.lost(["n1", "n2", "n3", "n4", "n5", "n6"], ["n1", "n2", "n3", "n4", "n6"], states)
+    assert (gone, left) == (["n3", "n4", "n5", "n6"], ["n1", "n2"])
+
+
+def test_step_lines_and_finished_checkpoints():
+    assert nodeloss.step_of('{"step": 17, "loss": 4.2}') == 17
+    assert nodeloss.step_of("[rank0]: step: 12  loss:  7.9431  memory: 30.2GiB") == 12  # TorchTitan's log
+    assert nodeloss.step_of('{"resumed": 4, "world": 3}') is None and nodeloss.step_of("steps: 3") is None
+    # a save cut short by the loss (step-6 without DCP's .metadata) is not where training resumes
+    done = {"step-2", "step-4"}
+    assert nodeloss.checkpoint_steps(["step-2", "step-4", "step-6", "step-x", "other"], done.__contains__) == [2, 4]
+
+
+def _tiny_plan(tmp_path, global_batch, **kw):
+    card = tmp_path / "tiny.toml"
+    card.write_text(TINY)
+    return plan(Request(load_model(str(card)), gpu_profile(None), gpus_per_node=1, seq_len=SEQ,
+                        global_batch=global_batch, **kw))
+
+
+def test_best_layout_keeps_the_global_batch(tmp_path):
+    # 12 sequences: 3 survivors take dp 3 and 4 microbatches (12 = 3 x 4)
+    lay, _ = nodeloss.best_layout(_tiny_plan(tmp_path, 12), ["n1", "n2", "n4"], None)
+    assert (lay.nodes, lay.dp, lay.microbatches, lay.policy) == (["n1", "n2", "n4"], 3, 4, "off")
+    # 8 sequences: 3 does not divide 8, so 2 of the 3 survivors run it, 4 microbatches each
+    lay, why = nodeloss.best_layout(_tiny_plan(tmp_path, 8), ["n1", "n2", "n4"], None)
+    assert (lay.nodes, lay.dp, lay.microbatches) == (["n1", "n2"], 2, 4)
+    assert why == "3 node(s): dp x local batch does not divide the global batch"
+
+
+def no_fit_request():
+    """llama3-8b on 60 GB GPUs, one a node, 12 GB of host DRAM: 4 nodes hold it without
+    offloading (16 B a parameter over 4 GPUs plus activations: 51 GB a GPU), 3 need some
+    GB of it in host DRAM, where 12 GB leave no room beside a rank's own 10 GB."""
+    return Request(load_model("llama3-8b"), gpu_profile(None, 60 * 10**9), gpus_per_node=1, host_mem=12 * 10**9,
+                   global_batch=12)
+
+
+def test_no_layout_on_the_survivors():
+    p = plan(no_fit_request())
+    assert not p.needs_offload(4) and p.at(3).offload > 0 and not p.at(3).fits_host
+    lay, why = nodeloss.best_layout(p, ["n1", "n2", "n4"], None)
+    assert lay is None and why.startswith("3 node(s): offloading does not serve it")
+
+
+def test_render_refuses_what_cannot_scale_in(cli):
+    rc, _, err = cli("render", "--nodes", "2", "--on-node-loss", "scale-in", "--", "python", "train.py")
+    assert rc == 2 and "needs --model" in err and "Traceback" not in err
+    rc, _, err = cli("render", "--model", "llama3-8b", "--local", "--on-node-loss", "scale-in", "--", "python", "x")
+    assert rc == 2 and "for sbatch jobs" in err
+    rc, _, err = cli("render", "--model", "llama3-8b", "--checkpoint-dir", "ck", "--", "python", "x")
+    assert rc == 2 and "add --on-node-loss scale-in" in err
+    rc, _, err = cli("render", "--model", "llama3-8b", "--on-node-loss", "grow", "--", "python", "x")
+    assert rc == 2 and "invalid choice: 'grow'" in err
+
+
+def test_default_script_is_unchanged_by_the_option(cli):
+    rc, plain, err = cli("render", "--model", "llama3-8b", "--nodes", "2", "--", "python", "train.py")
+    assert rc == 0, err
+    rc, off, err = cli("render", "--model", "llama3-8b", "--nodes", "2", "--on-node-loss", "off", "--", "python",
+                       "train.py")
+    assert rc == 0 and off == plain and "--no-kill" not in plain and "_node-loss" not in plain
+
+
+# --- on the lab cluster -------------------------------------------------------------------
+
+def _losses(text: str) -> dict[int, list[float]]:
+    """step -> the losses printed for it (a step re-run after a resume appears twice)."""
+    out: dict[int, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith('{"step"'):
+            rec = json.loads(line)
+            out.setdefault(rec["step"], []).append(rec["loss"])
+    return out
+
+
+def _reference(tmp_path) -> dict[int, float]:
+    """The uninterrupted run: the same trainer and settings on four ranks, no checkpoints."""
+    res = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "4", str(TRAINER), *MODEL],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **JOB_ENV})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {s: v[0] for s, v in _losses(res.stdout).items()}
+
+
+def _wait_for(path: Path, ok, what: str, timeout: float = 240) -> str:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if ok(text):
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} after {timeout} s:\n{text[-3000:]}")
+
+
+def _job_dir(lab, name: str) -> Path:
+    d = lab.lab / "jobs" / name
+    d.mkdir()
+    os.chmod(d, 0o755)
+    (d / "tiny.toml").write_text(TINY)
+    return d
+
+
+def _submit(lab, d: Path, *args: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "transit_launch", "submit", *args], capture_output=True, text=True,
+                         cwd=d, env={**lab.env, **JOB_ENV}, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()[2]
+
+
+@lab_only
+@needs_torch
+def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, tmp_path):
+    ref = _reference(tmp_path)
+    d = _job_dir(lab, "node-loss-scale-in")
+    job = _submit(lab, d, "--model", "tiny.toml", "--nodes", "4", "--gpus-per-node", "1", "--seq-len", str(SEQ),
+                  "--global-batch", str(GLOBAL_BATCH), "--on-node-loss", "scale-in", "--checkpoint-dir", "ckpt",
+                  "--output", "%x-%j.out", "--",
+                  "python3", str(TRAINER), *MODEL, "--checkpoint-dir", "ckpt", "--checkpoint-every", "2")
+    out = d / f"transit-tiny-node-loss-{job}.out"
+    try:
+        # first loss: n3, once the run is past its first checkpoint
+        _wait_for(out, lambda t: max(_losses(t), default=0) >= 3, "step 3")
+        lab.kill_node("n3", job)
+        # second loss: n2, once the survivors have made two steps
+        text = _wait_for(out, lambda t: len(re.findall(r'^\{"step"', t.split("first step on the survivors")[-1],
+                                                       re.M)) >= 2 and "first step on the survivors" in t,
+                         "two steps on the survivors")
+        lab.kill_node("n2", job)
+        info = lab.wait_job(job, timeout=300)
+        text = out.read_text()
+        assert info["JobState"] == "COMPLETED", text[-4000:]
+    finally:
+        for node in ("n2", "n3"):
+            lab.revive_node(node)
+    # the trainer resumed twice, each time on fewer ranks with the global batch kept
+    resumed = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"resumed"')]
+    assert [(r["world"], r["accum"]) for r in resumed] == [(4, 3), (3, 4), (2, 6)], text[-3000:]
+    assert resumed[0]["resumed"] == 0 and 0 < resumed[1]["resumed"] < resumed[2]["resumed"] < STEPS
+    # every step of the job, before and after each resume, has the uninterrupted run's loss.
+    # The runs differ only in the order of fp32 sums, never in the data or its batch: the
+    # loss of a step is the mean of 12 per-sequence losses (each about ln 256 = 5.5), which
+    # a different split over ranks and microbatches sums in another order: at most
+    # 11 roundings of u = 2^-24 relative to a sum of 12 x 5.8, so 11 u x 5.8 on the mean
+    # (3.8e-6). The weights differ too, through the gradient's sum of 12 terms in another
+    # order (11 u relative); Adam divides the gradient by its own scale, so an update moves
+    # by at most lr x 11 u per weight a step (2e-10), and the loss, whose gradient is below
+    # 1 in every one of the model's weights, by less than their count x 2e-10 a step: ~1e-5
+    # over the steps after a resume. A wrong data order, a lost optimizer state or a
+    # different global batch moves it by 1e-3 to 1e-1.
+    losses = _losses(text)
+    assert set(losses) == set(range(1, STEPS + 1))
+    n_weights = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"summary"')))["summary"]["params"]
+    u = 2.0**-24
+    per_step = n_weights * LR * (GLOBAL_BATCH - 1) * u
+    worst = 0.0
+    for step, vals in losses.items():
+        after = step - resumed[1]["resumed"]
+        tol = (GLOBAL_BATCH - 1) * u * 5.8 + max(0, after) * per_step
+        for v in vals:
+            assert v == pytest.approx(ref[step], abs=tol), (step, v, ref[step], tol)
+            worst = max(worst, abs(v - ref[step]))
+    print(f"\nlargest loss difference to the uninterrupted run: {worst:.2e}")
+    # one line per transition in the job's output, and its record in status --json
+    lines = [ln for ln in text.splitlines() if ln.startswith("transit-launch: node loss")]
+    assert len(lines) == 2 and "n3 lost (3 of 4 nodes left); re-planned 4 -> 3 nodes, dp 4 -> 3, microbatches " \
+        "3 -> 4" in lines[0] and "n2 lost (2 of 3 nodes left); re-planned 3 -> 2 nodes, dp 3 -> 2, microbatches " \
+        "4 -> 6" in lines[1], lines
+    res = lab.cmd(sys.executable, "-m", "transit_launch", "status", job, "--json")
+    assert res.returncode == 0, res.stderr
+    recs = json.loads(res.stdout)["transitions"]
+    assert [(r["lost_nodes"], r["old"]["nodelist"], r["new"]["nodelist"]) for r in recs] == [
+        (["n3"], ["n1", "n2", "n3", "n4"], ["n1", "n2", "n4"]), (["n2"], ["n1", "n2", "n4"], ["n1", "n4"])]
+    before = text.split("transit-launch: node loss")
+    for r, res_line, head in zip(recs, resumed[1:], before):
+        printed = [json.loads(ln)["step"] for ln in head.splitlines() if ln.startswith('{"step"')]
+        # the step resumed is the trainer's own; the steps lost, those printed since it
+        assert r["checkpoint_step"] == res_line["resumed"] and r["last_step"] == printed[-1]
+        assert r["steps_lost"] == printed[-1] - res_line["resumed"] and r["predicted_efficiency"] == 1.0
+        assert r["first_step"] == res_line["resumed"] + 1 and r["downtime_s"] > 0 and r["action"] == "scale-in"
+    print(f"\ndowntime from the loss to the first step on the survivors: "
+          f"{', '.join(str(r['downtime_s']) for r in recs)} s")
+    # nothing outside the job's directories: its output, checkpoints and transit-JOB/
+    assert sorted(p.name for p in d.iterdir()) == sorted(["tiny.toml", out.name, "ckpt", f"transit-{job}"])
+    assert sorted(p.name for p in (d / f"transit-{job}").iterdir()) == sorted(
+        ["attempt.env", "transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
+                                                for k in range(3)])
+    assert all(re.fullmatch(r"step-\d+", p.name) for p in (d / "ckpt").iterdir())
+
+
+@lab_only
+@needs_torch
+def test_no_layout_on_the_survivors_requeues(lab):
+    """Two nodes lost at once, and the model (planned as llama3-8b, see no_fit_request)
+    does not fit two: one line, a record, and Slurm's requeue."""
+    d = _job_dir(lab, "node-loss-requeue")
+    job = _submit(lab, d, "--model", "llama3-8b", "--gpu-mem", "60GB", "--host-mem", "12GB", "--nodes", "4",
+                  "--gpus-per-node", "1", "--global-batch", "12", "--on-node-loss", "scale-in",
+                  "--output", "%x-%j.out", "--", "python3", str(TRAINER), *MODEL)
+    out = d / f"transit-llama3-8b-{job}.out"
+    try:
+        _wait_for(out, lambda t: '{"step"' in t, "first step")
+        for node in ("n2", "n3"):  # at once: Slurm is told of both in one update
+            lab.kill_node(node, job, mark_down=False)
+        res = lab.cmd("scontrol", "update", "nodename=n2,n3", "state=down", "reason=node-loss-test")
+        assert res.returncode == 0, res.stderr
+        text = _wait_for(out, lambda t: "requeueing" in t, "requeue line", timeout=120)
+
+        def requeued():
+            info = dict(kv.split("=", 1) for kv in lab.cmd("scontrol", "show", "job", "-o", job).stdout.split()
+                        if "=" in kv)
+            return info if info.get("Restarts") == "1" and info.get("JobState") == "PENDING" else None
+        t0 = time.time()
+        while not requeued() and time.time() - t0 < 60:
+            time.sleep(0.2)
+        assert requeued(), lab.cmd("scontrol", "show", "job", job).stdout
+    finally:
+        lab.cmd("scancel", job)
+        for node in ("n2", "n3"):
+            lab.revive_node(node)
+    line = next(ln for ln in text.splitlines() if ln.startswith("transit-launch: node loss"))
+    assert line.startswith("transit-launch: node loss: n2, n3 lost (2 of 4 nodes left); no layout fits 2 node(s) "
+                           "even with offloading (2 node(s): offloading does not serve it"), line
+    assert line.endswith("requeueing the job (scontrol requeue) to wait for 4 nodes")
+    recs = [json.loads(ln) for ln in (d / f"transit-{job}" / "transitions.jsonl").read_text().splitlines()]
+    assert [(r["action"], r["lost_nodes"], r["new"]) for r in recs] == [("requeue", ["n2", "n3"], None)]
+
+
+def test_options_check_themselves():
+    with pytest.raises(UsageError, match="not one of off, scale-in"):
+        nodeloss.NodeLossOptions("grow")
+    with pytest.raises(UsageError, match="control characters"):
+        nodeloss.NodeLossOptions("scale-in", "ck\npt")

@@ -1,0 +1,289 @@
+"""Node failures in a trace replay: what a lost node costs a job that requeues and waits
+for as many nodes as it had, against one that continues scaled-in on the nodes it still
+has (at the planner's efficiency) and scales back out when its node returns
+(--on-node-loss scale-in of render and submit).
+
+Failures: every node fails as a Poisson process of `rate` per node-day, busy or idle (a
+failure is a hardware or system event, not a job's); a failed node is out for `repair_h`
+hours, then returns. The rate's default comes from Meta's Llama 3 paper (Dubey et al.
+2024, "The Llama 3 Herd of Models", section 3.3.4): 419 unexpected interruptions in 54
+days of pre-training on 16,384 H100 GPUs (2,048 nodes of 8), about 78% hardware-related;
+counted as node failures that is 419 / (2,048 x 54) = 0.0038 per node-day, a node MTBF of
+about 264 days. The other numbers are assumptions, each a Failures field: repair_h (a node
+out for hardware triage), checkpoint_h (progress since the last checkpoint is lost) and
+restart_h (the downtime of each restart: detecting the loss, re-launching, loading the
+checkpoint; the lab cluster measured about 10-15 s, a large job takes minutes).
+
+A job that loses a node loses its work since the last checkpoint (checkpoints every
+checkpoint_h of its run since it last started) and then:
+  requeue:  frees its other nodes and goes back into the queue in its submission place,
+            waiting for all of its nodes again (Slurm's requeue);
+  scale-in: an eligible job (sim/jobs.py: multi-node training) keeps its other nodes and
+            runs at n'/n x efficiency(1 - n'/n) of its full rate (sim/efficiency.py) after
+            restart_h; when the failed node returns it takes it back (a checkpoint at that
+            moment, then restart_h). A one-node job, or one not eligible, requeues.
+Scheduling: FIFO with EASY backfill as in sim/scheduler.py (the head's reservation counts
+the running jobs' ends and the repaired nodes no scaled-in job waits for). No placement
+transition factors: jobs run as recorded at their full size."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from dataclasses import dataclass
+
+from transit_launch.checks import real
+from transit_launch.errors import UsageError
+from transit_launch.sim import jobs
+from transit_launch.sim.cluster import Cluster
+from transit_launch.sim.efficiency import Curve
+from transit_launch.sim.scheduler import BACKFILL_DEPTH, demand
+from transit_launch.sim.trace import Trace
+
+LLAMA3_RATE = 419 / (16_384 / 8 * 54)  # failures per node-day, Llama 3 paper (see above)
+POLICIES = ("requeue", "scale-in")
+DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class Failures:
+    rate: float = LLAMA3_RATE       # failures per node-day
+    repair_h: float = 24.0          # assumption: a failed node is back after a day of triage and repair
+    checkpoint_h: float = 1.0       # assumption: checkpoints every hour of a run
+    restart_h: float = 5 / 60       # assumption: 5 minutes from the loss to the first step again
+    seed: int = 0
+    times: tuple = ()               # explicit (time s, node) failures instead of the Poisson draw (tests)
+
+    def __post_init__(self):
+        for name in ("rate", "repair_h", "checkpoint_h", "restart_h"):
+            v = getattr(self, name)
+            if not real(v) or v < 0 or (name == "checkpoint_h" and v == 0):
+                raise UsageError(f"--{name.replace('_', '-')} must be a non-negative number"
+                                 f"{' above 0' if name == 'checkpoint_h' else ''}, got {v!r}")
+
+
+@dataclass
+class Outcome:
+    policy: str
+    submit: list
+    start: list          # first start
+    end: list
+    interrupted: list    # bool: the job lost a node at least once
+    useful_gpu_h: float  # the trace's work: GPUs x recorded duration, summed over the jobs
+    held_gpu_h: float    # GPU-hours the jobs held (lost work, restarts and slower scaled-in time included)
+    failures: int        # failures that hit a running job
+    total_gpus: int
+
+
+def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy: str, f: Failures,
+           efficiency: Curve) -> Outcome:
+    if policy not in POLICIES:
+        raise UsageError(f"--on-node-loss {policy!r} is not one of {', '.join(POLICIES)}")
+    cl = Cluster(racks, rack_gpus, gpus_per_node)
+    gpn, N = gpus_per_node, len(trace)
+    n0, g0 = [0] * N, [0] * N
+    for i in range(N):
+        n0[i], g0[i] = demand(trace.gpus[i], gpn)
+        if g0[i] > cl.total_gpus:
+            raise UsageError(f"job {trace.ids[i]} needs {g0[i]} GPUs, more than the cluster's {cl.total_gpus}")
+    elig = [n0[i] > 1 and jobs.eligible_type(trace.job_type(i)) for i in range(N)]
+    left = [float(d) for d in trace.duration]   # work left, in seconds at the full size
+    first = [None] * N
+    end = [math.inf] * N
+    alloc = [None] * N                          # [(node, gpus)] while running
+    run_start = [0.0] * N                       # when the current run (since the last (re)start) began
+    seg = [0.0] * N                             # when progress at `rate` began (after a restart's downtime)
+    rate = [1.0] * N
+    held_since = [0.0] * N
+    interrupted = [False] * N
+    on_node: dict[int, set] = {}
+    down = [False] * cl.n_nodes
+    waits_for: dict[int, int] = {}              # failed node -> the scaled-in job that takes it back
+    held = 0.0
+    hits = 0
+    ckpt, restart = f.checkpoint_h * 3600, f.restart_h * 3600
+    rng = random.Random(f.seed)
+    explicit = sorted(f.times)
+    total_rate = f.rate * cl.n_nodes / DAY       # failures per second, the whole cluster
+
+    def draw(now: float):
+        if f.times:
+            return explicit.pop(0) if explicit else (math.inf, -1)
+        if total_rate <= 0:
+            return math.inf, -1
+        return now + rng.expovariate(total_rate), rng.randrange(cl.n_nodes)
+
+    nxt_fail = draw(0.0)
+    repairs: list = []                          # heap of (time back, node)
+    running: list = []                          # heap of (end, job); stale entries skipped
+    queue: list = []                            # waiting jobs, sorted by index (submission order)
+    nxt = 0
+
+    def progress(i: int, now: float) -> float:
+        return max(0.0, now - seg[i]) * rate[i]
+
+    def account(i: int, now: float) -> None:
+        nonlocal held
+        held += sum(g for _, g in alloc[i]) * (now - held_since[i])
+        held_since[i] = now
+
+    def set_run(i: int, now: float, delay: float) -> None:
+        nodes = len(alloc[i]) if n0[i] > 1 else 1
+        rate[i] = 1.0 if nodes == n0[i] else nodes / n0[i] * efficiency(1 - nodes / n0[i])
+        seg[i] = now + delay
+        end[i] = seg[i] + left[i] / rate[i]
+        heapq.heappush(running, (end[i], i))
+
+    def begin(i: int, now: float) -> bool:
+        placed = cl.place(n0[i], g0[i], "pack")
+        if placed is None:
+            return False
+        alloc[i] = placed[0]
+        for node, _ in alloc[i]:
+            on_node.setdefault(node, set()).add(i)
+        if first[i] is None:
+            first[i] = now
+        run_start[i] = held_since[i] = now
+        set_run(i, now, restart if interrupted[i] else 0.0)
+        return True
+
+    def drop(i: int, nodes) -> None:
+        for node in nodes:
+            on_node.get(node, set()).discard(i)
+
+    def fail(x: int, now: float) -> None:
+        nonlocal hits
+        if down[x]:
+            return
+        down[x] = True
+        heapq.heappush(repairs, (now + f.repair_h * 3600, x))
+        for i in sorted(on_node.get(x, ())):
+            hits += 1
+            interrupted[i] = True
+            account(i, now)
+            done = progress(i, now)
+            # work kept: what the last checkpoint of this run holds (checkpoints every
+            # `ckpt` seconds of the run; the restart's downtime makes none)
+            kept = min(done, max(0.0, math.floor((now - run_start[i]) / ckpt) * ckpt - (seg[i] - run_start[i]))
+                       * rate[i])
+            left[i] = max(0.0, left[i] - kept)
+            mine = [(node, g) for node, g in alloc[i] if node != x]
+            if policy == "scale-in" and elig[i] and mine:
+                alloc[i] = mine
+                drop(i, [x])
+                waits_for[x] = i
+                run_start[i] = now
+                set_run(i, now, restart)
+                continue
+            cl.release(mine)      # requeue: the job's other nodes go back to the pool
+            drop(i, [node for node, _ in alloc[i]])
+            alloc[i] = None
+            end[i] = math.inf
+            for node in [k for k, j in waits_for.items() if j == i]:
+                del waits_for[node]
+            bisect.insort(queue, i)
+        # the node's free GPUs are out with it; the failed jobs' GPUs there stay taken
+        if cl.free[x]:
+            cl._take(x, cl.free[x])
+        on_node.pop(x, None)
+
+    def repaired(x: int, now: float) -> None:
+        down[x] = False
+        i = waits_for.pop(x, None)
+        if i is not None and alloc[i] is not None:  # scale back out: a checkpoint now, then a restart
+            account(i, now)
+            left[i] = max(0.0, left[i] - progress(i, now))
+            alloc[i].append((x, gpn))
+            on_node.setdefault(x, set()).add(i)
+            run_start[i] = now
+            set_run(i, now, restart)
+            return
+        cl.release([(x, gpn)])
+
+    def reserve(h: int, now: float) -> tuple[float, int]:
+        events = [(e, alloc[j]) for e, j in running if alloc[j] is not None and e == end[j]]
+        events += [(t, [(x, gpn)]) for t, x in repairs if x not in waits_for]
+        events.sort(key=lambda ev: ev[0])
+        if n0[h] > 1:
+            free, whole = cl.free[:], cl.whole
+            for e, nodes in events:
+                for node, g in nodes:
+                    free[node] += g
+                    whole += free[node] == gpn
+                if whole >= n0[h]:
+                    return max(e, now), whole - n0[h]
+            return math.inf, 0
+        avail = cl.free_gpus
+        for e, nodes in events:
+            avail += sum(g for _, g in nodes)
+            if avail >= g0[h]:
+                return max(e, now), avail - g0[h]
+        return math.inf, 0
+
+    def expected(j: int) -> float:
+        return left[j] + (restart if interrupted[j] else 0.0)
+
+    while nxt < N or queue or running:
+        t = min(trace.submit[nxt] if nxt < N else math.inf, running[0][0] if running else math.inf,
+                nxt_fail[0], repairs[0][0] if repairs else math.inf)
+        if t == math.inf:
+            break
+        while running and running[0][0] <= t:
+            e, j = heapq.heappop(running)
+            if alloc[j] is None or e != end[j]:
+                continue  # stale: the job was requeued or changed its size since
+            account(j, e)
+            cl.release(alloc[j])
+            drop(j, [node for node, _ in alloc[j]])
+            alloc[j] = None
+            left[j] = 0.0
+            for node in [k for k, i in waits_for.items() if i == j]:
+                del waits_for[node]
+        while repairs and repairs[0][0] <= t:
+            repaired(heapq.heappop(repairs)[1], t)
+        while nxt_fail[0] <= t:
+            fail(nxt_fail[1], t)
+            nxt_fail = draw(t)
+        while nxt < N and trace.submit[nxt] <= t:
+            bisect.insort(queue, nxt)
+            nxt += 1
+        while queue and begin(queue[0], t):
+            queue.pop(0)
+        if not queue or cl.free_gpus == 0:
+            continue
+        head = queue[0]
+        shadow, extra = reserve(head, t)
+        by_nodes = n0[head] > 1
+        i = 1
+        while i < min(len(queue), 1 + BACKFILL_DEPTH) and cl.free_gpus > 0:
+            j = queue[i]
+            cost = n0[j] if by_nodes else g0[j]
+            if g0[j] <= cl.free_gpus and (t + expected(j) <= shadow or cost <= extra) and begin(j, t):
+                if end[j] > shadow:
+                    extra -= cost
+                del queue[i]
+            else:
+                i += 1
+    useful = sum(g0[i] * trace.duration[i] for i in range(N)) / 3600
+    return Outcome(policy, list(trace.submit), first, end, interrupted, useful, held / 3600, hits, cl.total_gpus)
+
+
+def report(o: Outcome) -> dict:
+    """Goodput (the trace's work over the GPU-hours held: lost work, restarts and slower
+    scaled-in time are the difference), completion times, and queue times of the jobs no
+    failure touched (the other jobs)."""
+    n = len(o.submit)
+    jct = [(o.end[i] - o.submit[i]) / 3600 for i in range(n)]
+    hit = [i for i in range(n) if o.interrupted[i]]
+    others = [i for i in range(n) if not o.interrupted[i]]
+
+    def mean(xs):
+        return round(sum(xs) / len(xs), 4) if xs else None
+    return {"policy": o.policy, "jobs": n, "failures_hitting_jobs": o.failures, "interrupted_jobs": len(hit),
+            "useful_gpu_h": round(o.useful_gpu_h, 2), "held_gpu_h": round(o.held_gpu_h, 2),
+            "goodput": round(o.useful_gpu_h / o.held_gpu_h, 4) if o.held_gpu_h else None,
+            "jct_mean_h": mean(jct), "jct_interrupted_mean_h": mean([jct[i] for i in hit]),
+            "makespan_h": round((max(o.end) - min(o.submit)) / 3600, 4) if n else None,
+            "other_queue_mean_min": mean([(o.start[i] - o.submit[i]) / 60 for i in others])}
