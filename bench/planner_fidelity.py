@@ -8,6 +8,12 @@ peak decides the GPU count).
 
     python3 bench/planner_fidelity.py --out bench/results/planner_fidelity.json   # CPU, a few minutes
     python3 bench/planner_fidelity.py --report bench/results/planner_fidelity.json
+    python3 bench/planner_fidelity.py --held-out --out bench/results/planner_heldout.json   # HELD_OUT only
+
+Fit and check are kept apart (issue 33): FITTED names, for every fitted constant of
+planning/memory.py, the runs it was set from; the fits below (working_fit,
+fp32_working_fit) read only those runs, and the held-out check (held_out, HELD_OUT) reads
+only runs that no constant was fitted to.
 """
 
 import argparse
@@ -30,12 +36,62 @@ CONFIGS = [
     ("llama4-scout", 1, None),
 ]
 # Other layouts: away from the minimum, mostly peaking in a layer's backward (model or card,
-# local batch, seq, FSDP degree)
+# local batch, seq, FSDP degree). Several of them fitted constants (FITTED): not held out.
 OTHER = [
     ("llama3-8b", 1, 2048, 8), ("llama3-70b", 1, 8192, 8), ("qwen3-32b", 2, 8192, 16),
     ("qwen3-30b-a3b", 1, 8192, 16), ("llama4-scout", 1, 8192, 16), ("llama4-scout", 2, 8192, 32),
     (str(ROOT / "bench" / "cards" / "toy-moe.toml"), 1, 8192, 4),  # the CI test's MoE model
 ]
+# Held out (issue 33): layouts no constant was fitted to, measured only to check the formula
+# (bench/results/planner_heldout_*.json); none may appear in FITTED.
+HELD_OUT = [
+    ("llama3-8b", 2, 8192, 16), ("llama3-8b", 1, 4096, 32), ("llama3-70b", 1, 4096, 16),
+    ("qwen3-32b", 1, 8192, 32), ("qwen3-32b", 1, 16384, 16), ("qwen3-30b-a3b", 2, 8192, 16),
+    ("llama4-scout", 1, 8192, 32), ("llama3-8b", 1, 1024, 16), ("qwen3-32b", 1, 2048, 8),
+]
+
+# What each fitted constant of planning/memory.py was set from (memory.py's comments name
+# the same runs). Measured-mode rows are "model lbN dpD seqS" (planner_fidelity_2026-11-30.json),
+# TorchTitan H200 runs "model layout LN lbN" (titan_memory_2026-11-30.json). Constants that
+# are assumptions (NCCL_BYTES_PER_COMM, CUDA_CONTEXT_BYTES) or bounds from a published run
+# (ALLOCATOR_FRAGMENTATION: the paper's llama3-70b dp24) fit no run here and are not
+# part of `tensors`, which the checks compare.
+_FP32_RUNS = ("llama3-8b tp2 L2 lb1", "llama3-8b tp2 L4 lb1", "llama3-8b pp2 L2 lb2", "llama3-8b pp2 L4 lb2")
+_LOSS_ROWS = ("llama3-8b lb1 dp4 seq8192", "llama3-8b lb4 dp8 seq8192", "llama3-70b lb1 dp20 seq8192",
+              "llama3-70b lb1 dp24 seq8192", "qwen3-32b lb4 dp64 seq8192", "qwen3-30b-a3b lb4 dp32 seq8192",
+              "qwen3-32b lb2 dp16 seq8192", "qwen3-30b-a3b lb1 dp16 seq8192")
+FITTED = {
+    "BACKWARD_WORKING_FACTOR": ("llama3-405b lb1 dp392 seq8192", "qwen3-32b lb1 dp8 seq8192",
+                                "llama3-70b lb1 dp8 seq8192"),
+    "BACKWARD_GRAD_SHARE": ("llama3-405b lb1 dp392 seq8192", "qwen3-32b lb1 dp8 seq8192",
+                            "llama3-70b lb1 dp8 seq8192"),
+    "BACKWARD_WORKING_FACTOR_MOE": ("qwen3-30b-a3b lb1 dp8 seq8192", "llama4-scout lb1 dp64 seq8192",
+                                    "llama4-scout lb1 dp16 seq8192", "llama4-scout lb2 dp32 seq8192",
+                                    "toy-moe lb1 dp4 seq8192"),
+    "BACKWARD_GRAD_SHARE_MOE": ("qwen3-30b-a3b lb1 dp8 seq8192", "llama4-scout lb1 dp64 seq8192",
+                                "llama4-scout lb1 dp16 seq8192", "llama4-scout lb2 dp32 seq8192",
+                                "toy-moe lb1 dp4 seq8192"),
+    # the examples' trainer on the H200 too (bench/RESULTS.md), not a run of these files
+    "LOGITS_BYTES_PER_ELEMENT": ("llama3-8b lb1 dp4 seq8192", "llama3-8b lb4 dp8 seq8192",
+                                 "qwen3-30b-a3b lb4 dp32 seq8192"),
+    "OUTPUT_WEIGHT_BYTES_AT_LOSS": _LOSS_ROWS,  # "every loss-phase row"
+    "FSDP_PREFETCH_LAYERS": ("qwen3-32b lb1 dp8 seq8192",),
+    # the embedding backward's gradient copies (estimate_stage): one row
+    "embedding backward term": ("llama3-8b lb1 dp8 seq2048",),
+    "ATTENTION_SCORE_COPIES": _FP32_RUNS,
+    "BACKWARD_WORKING_FACTOR_FP32": _FP32_RUNS,
+    "pp_held_logits term": ("llama3-8b pp2 L2 lb2", "llama3-8b pp2 L4 lb2"),
+}
+# Constants with no run held out, said so rather than checked on their own fit (issue 33):
+# TorchTitan trains fp32 only with TP or PP and no FSDP, the measured mode measures FSDP
+# layouts only, and all four fp32 H200 runs fitted these. A held-out fp32 run needs the
+# GPU (bench/titan_memory.py at another depth or local batch, e.g. llama3-8b tp2 L3 lb2).
+NO_HELD_OUT = {
+    "ATTENTION_SCORE_COPIES": "fitted to all four fp32 H200 runs; fp32 cannot be measured on the CPU",
+    "BACKWARD_WORKING_FACTOR_FP32": "fitted to all four fp32 H200 runs; fp32 cannot be measured on the CPU",
+    "pp_held_logits term": "from both pp2 H200 runs; PP cannot be measured on the CPU",
+}
+
 TARGET = 0.05  # issue 18: formula within 5% of the measured mode at full depth
 CUDA_CONTEXT = 0.6e9  # memory.CUDA_CONTEXT_BYTES: not part of what the allocator reports
 
@@ -66,7 +122,7 @@ def run_one(model, local_batch, global_batch):
     return row
 
 
-def run_held_out(model, local_batch, seq_len, dp):
+def run_other_layout(model, local_batch, seq_len, dp):
     from transit_launch.planning import measure, measure_report
     from transit_launch.planning.memory import Layout
     from transit_launch.planning.models import load_model
@@ -76,6 +132,48 @@ def run_held_out(model, local_batch, seq_len, dp):
            "other_layout": True, "compare": measure_report.compare(card, lay, measure.measure(card, lay))}
     row["wall_s"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+def row_key(r) -> str:
+    """A measured-mode row's name in FITTED: "model lbN dpD seqS"."""
+    lo = r["compare"]["layout"]
+    return f"{r['model']} lb{lo['local_batch']} dp{lo['dp']} seq{lo['seq_len']}"
+
+
+def h200_key(r) -> str:
+    """A TorchTitan H200 run's name in FITTED: "model layout LN lbN"."""
+    return f"{r['model']} {r['layout']} L{r['layers']} lb{r['local_batch']}"
+
+
+def fitted_keys() -> set:
+    return {k for keys in FITTED.values() for k in keys}
+
+
+def fit_rows(rows, constant, key=row_key):
+    """The rows `constant` was fitted to, and only those."""
+    return [r for r in rows if key(r) in FITTED[constant]]
+
+
+def held_out(rows, key=row_key):
+    """The rows no constant was fitted to."""
+    fitted = fitted_keys()
+    return [r for r in rows if key(r) not in fitted]
+
+
+def exercises(card, lay, constant) -> bool:
+    """Whether `constant` (a module-level number of planning/memory.py) enters this
+    layout's peak: the estimate's tensors change when the constant does. Used to say which
+    held-out runs check which constant, without restating where the formula uses it."""
+    from transit_launch.planning import memory as M
+    if not hasattr(M, constant):
+        return False
+    base = M.estimate(card, lay).tensors
+    old = getattr(M, constant)
+    try:
+        setattr(M, constant, old * 1.5 + 1)
+        return M.estimate(card, lay).tensors != base
+    finally:
+        setattr(M, constant, old)
 
 
 def h200_precision(run) -> str:
@@ -140,8 +238,9 @@ def fp32_working_fit(paths):
     pts = []
     for _, r in h200_records(paths):
         lay = h200_layout(r)
-        if lay.precision != "fp32":
+        if h200_key(r) not in FITTED["BACKWARD_WORKING_FACTOR_FP32"]:
             continue
+        assert lay.precision == "fp32", h200_key(r)
         card = replace(load_model(r["model"]), layers=r["layers"])
         est = M.estimate(card, lay)
         assert est.peak_phase == "layer backward", (r["model"], r["layout"], est.peak_phase)
@@ -256,13 +355,11 @@ def report(rows, h200=()) -> float:
     return worst
 
 
-def working_fit(rows):
-    """The layer-backward working set each measured row implies, and the least-squares pair
-    (factor on T x A x 2 bytes, share of the layer's bf16 weight gradients) per layer kind:
-    what memory.BACKWARD_WORKING_FACTOR(_MOE) and BACKWARD_GRAD_SHARE(_MOE) are set from.
-    The measured working set is the tracker's Activation + Temp at the peak less the
-    checkpoints still stored (layers 0..i for a peak in layer i). Rows are weighted by
-    1 / working set (relative errors)."""
+def working_points(rows):
+    """The layer-backward working set each measured row implies, by layer kind: (name,
+    (T x A x 2 B, the layer's bf16 gradient bytes), measured working set). The measured
+    working set is the tracker's Activation + Temp at the peak less the checkpoints still
+    stored (layers 0..i for a peak in layer i)."""
     import re
     from transit_launch.planning.memory import Layout, act_elements_per_token, layer_local_params
     from transit_launch.planning.models import load_model
@@ -278,7 +375,28 @@ def working_fit(rows):
         kinds = c["measured_kinds_gb"]
         w = (kinds.get("Activation", 0) + kinds.get("Temp", 0)) * 1e9 - (i + 1) * T * card.hidden * 2
         x = (T * act_elements_per_token(card, i) * 2, 2 * layer_local_params(card, lay, i))
-        pts["moe" if card.is_moe_layer(i) else "dense"].append((f"{r['model']} lb{lay.local_batch} dp{lay.dp}", x, w))
+        pts["moe" if card.is_moe_layer(i) else "dense"].append((row_key(r), x, w))
+    return pts
+
+
+def working_check(rows):
+    """The working set the constants predict (FACTOR x T A 2 B + GRAD_SHARE x the bf16
+    gradients) against each row's measured one: (name, kind, measured, predicted)."""
+    from transit_launch.planning import memory as M
+    consts = {"dense": (M.BACKWARD_WORKING_FACTOR, M.BACKWARD_GRAD_SHARE),
+              "moe": (M.BACKWARD_WORKING_FACTOR_MOE, M.BACKWARD_GRAD_SHARE_MOE)}
+    return [(name, kind, w, consts[kind][0] * a + consts[kind][1] * b)
+            for kind, p in working_points(rows).items() for name, (a, b), w in p]
+
+
+def working_fit(rows):
+    """The least-squares pair (factor on T x A x 2 bytes, share of the layer's bf16 weight
+    gradients) per layer kind over the rows FITTED names for them (working_points): what
+    memory.BACKWARD_WORKING_FACTOR(_MOE) and BACKWARD_GRAD_SHARE(_MOE) are set from. Rows
+    are weighted by 1 / working set (relative errors)."""
+    fit = set(FITTED["BACKWARD_WORKING_FACTOR"]) | set(FITTED["BACKWARD_WORKING_FACTOR_MOE"])
+    pts = {kind: [p for p in ps if p[0] in fit] for kind, ps in  # fit only on the runs FITTED names
+           working_points(rows).items()}
     fits = {}
     for kind, p in pts.items():
         if len(p) < 2:
@@ -299,6 +417,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "planner_fidelity.json"))
     ap.add_argument("--report", default="", help="print the table of a results file instead of measuring")
+    ap.add_argument("--held-out", action="store_true", help="measure only the HELD_OUT layouts")
     ap.add_argument("--h200", nargs="*", default=None,
                     help="TorchTitan H200 results (default: bench/results/titan_memory_*.json)")
     a = ap.parse_args()
@@ -307,8 +426,8 @@ def main():
     else:
         import torch
         rows = []
-        for cfg in CONFIGS + OTHER:
-            rows.append(run_one(*cfg) if cfg in CONFIGS else run_held_out(*cfg))
+        for cfg in HELD_OUT if a.held_out else CONFIGS + OTHER:
+            rows.append(run_one(*cfg) if cfg in CONFIGS else run_other_layout(*cfg))
             print(cfg, rows[-1].get("wall_s"), flush=True)
             Path(a.out).write_text(json.dumps({"command": " ".join(sys.argv), "torch": torch.__version__,
                                                "runs": rows}, indent=1))

@@ -27,13 +27,29 @@ from tests.test_sweep import NETNS_SCRIPT, netns_only, pair, qdiscs, standins, s
 TC = "/usr/sbin/tc"
 
 
-def _wait(cond, timeout=30, what="condition"):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if cond():
-            return
+HANG = 600  # seconds: a guard against a hung test, never a bound on how fast something must be
+
+
+def _wait(cond, what="condition", proc=None):
+    """Polls until cond() holds; fails at once when proc (the sweep) ended first, and only
+    after HANG seconds otherwise (the machine's speed decides nothing)."""
+    t0 = time.monotonic()
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the sweep ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() - t0 > HANG:
+            raise AssertionError(f"hung waiting for {what}")
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+
+
+def frozen_clock(tmp_path):
+    """A PYTHONPATH entry whose sitecustomize stops time.time() in the sweep's process: its
+    10 s grace before it kills a job that ignores SIGTERM never runs out, so only the second
+    signal can end such a job, however slow the machine."""
+    d = tmp_path / "frozen-clock"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text("import time\n_t = time.time()\ntime.time = lambda: _t\n")
+    return str(d)
 
 
 def capped(ns, dev):
@@ -58,37 +74,39 @@ def _restore(journal_spec, env=None):
 
 @netns_only
 def test_signals_end_the_job_and_never_interrupt_the_restore(pair, tmp_path):
-    """The job ignores SIGTERM: a second SIGTERM kills its group at once (not after the
-    10 s grace). Then tc qdisc del is slow (a wrapper sleeps 1.5 s first): three quick
-    SIGTERMs during it change nothing: no traceback, the caps are gone, so is the journal."""
+    """The job ignores SIGTERM: with the sweep's clock stopped (its grace never runs out),
+    a second SIGTERM is what kills its group. Then tc qdisc del waits for the test (a
+    wrapper holds it until a file appears): three SIGTERMs sent during it change nothing:
+    no traceback, the caps are gone, so is the journal. Events, not timings."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    marker = tmp_path / "del-started"
-    (bin_dir / "tc").write_text(f'#!/bin/bash\ncase "$*" in *"qdisc del"*) touch {marker}; sleep 1.5;; esac\n'
-                                f'exec {TC} "$@"\n')
+    marker, go = tmp_path / "del-started", tmp_path / "del-go"
+    (bin_dir / "tc").write_text(f'#!/bin/bash\ncase "$*" in *"qdisc del"*) touch {marker}; '
+                                f'while [ ! -e {go} ]; do sleep 0.05; done;; esac\nexec {TC} "$@"\n')
     (bin_dir / "tc").chmod(0o755)
-    env = dict(pair, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    pidfile = tmp_path / "job.pid"
-    job = ["bash", "-c", f"trap '' TERM; echo $$ > {pidfile}; sleep 120 & child=$!; echo $child >> {pidfile}; "
-                         "while :; do wait; done"]
+    env = dict(pair, PATH=f"{bin_dir}:{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join(filter(None, [frozen_clock(tmp_path), os.environ.get("PYTHONPATH")])))
+    pidfile, terms = tmp_path / "job.pid", tmp_path / "job.terms"
+    # the job notes each SIGTERM and lives on; its child ignores it (and so sleeps on)
+    job = ["bash", "-c", f"trap 'echo TERM >> {terms}' TERM; echo $$ > {pidfile}; (trap '' TERM; exec sleep 120) & "
+                         f"child=$!; echo $child >> {pidfile}; while :; do wait; done"]
     journal = tmp_path / "j.json"
     proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait(lambda: capped(pair["NS_A"], "veth-a") and pidfile.exists() and len(pidfile.read_text().split()) == 2,
-              what="the cap and the job")
+              what="the cap and the job", proc=proc)
         pids = [int(p) for p in pidfile.read_text().split()]
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        _wait(lambda: terms.exists(), what="the job's SIGTERM", proc=proc)  # the sweep passed it on
         assert all(_alive(p) for p in pids)  # the job ignores TERM (its child sleeps on)
-        t0 = time.time()
-        proc.send_signal(signal.SIGTERM)  # the second one: SIGKILL to the job's group now
-        _wait(lambda: marker.exists(), timeout=8, what="the restore's tc qdisc del")
-        assert time.time() - t0 < 5 and not any(_alive(p) for p in pids)
-        for _ in range(3):  # during the slow restore
+        proc.send_signal(signal.SIGTERM)  # the second one: SIGKILL to the job's group (the grace never ends)
+        _wait(lambda: marker.exists(), what="the restore's tc qdisc del", proc=proc)
+        assert not any(_alive(p) for p in pids)  # the job was ended before the restore began
+        for _ in range(3):  # during the restore, which waits for `go`
             proc.send_signal(signal.SIGTERM)
-            time.sleep(0.05)
-        out, err = proc.communicate(timeout=60)
+        go.touch()
+        out, err = proc.communicate(timeout=HANG)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -107,7 +125,7 @@ def test_restore_ends_the_job_a_killed_sweep_left(pair, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait(lambda: capped(pair["NS_A"], "veth-a") and pidfile.exists() and pidfile.read_text().strip(),
-              what="the cap and the job")
+              what="the cap and the job", proc=proc)
     finally:
         proc.kill()  # kill -9: the sweep cannot clean up, the job (own session) lives on
         proc.wait()
@@ -116,7 +134,7 @@ def test_restore_ends_the_job_a_killed_sweep_left(pair, tmp_path):
     res = _restore(str(journal))
     assert res.returncode == 0, res.stderr
     assert f"ended the job the sweep left running (process group {job_pid})" in res.stdout
-    _wait(lambda: not _alive(job_pid), timeout=10, what="the job's end")
+    _wait(lambda: not _alive(job_pid), what="the job's end")
     assert not capped(pair["NS_A"], "veth-a") and not journal.exists()
 
 
@@ -206,11 +224,10 @@ def _holder(node):
 @netns_only
 def test_scancel_restores_every_node(lab, pair, tmp_path):
     job, out, spec = _slurm_sweep(lab, pair, tmp_path, "sleep 120", "scancel")
-    _wait(lambda: capped(pair["NS_A"], "veth-a") and capped(pair["NS_B"], "veth-b"), timeout=60,
-          what="caps on both nodes")
+    _wait(lambda: capped(pair["NS_A"], "veth-a") and capped(pair["NS_B"], "veth-b"), what="caps on both nodes")
     assert lab.cmd("scancel", job).returncode == 0
     assert lab.wait_job(job)["JobState"] == "CANCELLED"
-    _wait(lambda: not capped(pair["NS_A"], "veth-a") and not capped(pair["NS_B"], "veth-b"), timeout=15,
+    _wait(lambda: not capped(pair["NS_A"], "veth-a") and not capped(pair["NS_B"], "veth-b"),
           what="both nodes restored by their own tasks")
     assert not list(tmp_path.glob("netcap-*.json")), out.read_text()
     text = out.read_text()
@@ -225,7 +242,7 @@ def test_unconfirmed_restore_is_reported_and_restore_finds_the_node(lab, pair, t
     claims nothing), n2's cap and journal stay, and a plain `sweep --restore` with the
     per-node spec finds that journal and restores n2."""
     job, out, spec = _slurm_sweep(lab, pair, tmp_path, "sleep 4", "killed")
-    _wait(lambda: capped(pair["NS_A"], "veth-a") and capped(pair["NS_B"], "veth-b") and _holder("n2"), timeout=60,
+    _wait(lambda: capped(pair["NS_A"], "veth-a") and capped(pair["NS_B"], "veth-b") and _holder("n2"),
           what="caps on both nodes")
     os.kill(_holder("n2"), signal.SIGKILL)
     info = lab.wait_job(job, timeout=90)

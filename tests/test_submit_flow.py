@@ -2,9 +2,13 @@
 cluster: the partition's hardware reaches the planner as numbers, the node count and its
 reason come back with the script, and a real submission returns a job id that Slurm runs."""
 
+import os
 import shutil
+import sys
 
 import pytest
+
+from tests.conftest import NEEDS_TORCH, torch_importable
 
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import gpu_profile
@@ -48,13 +52,23 @@ def test_submission_checks_itself():
         Submission(["python"], nodes=0)
 
 
-def test_real_submission_runs(slurm_env):
+def test_real_submission_runs(slurm_env, tmp_path, monkeypatch):
+    """The rendered script runs torchrun on the node: PyTorch's own launcher, from this
+    Python's torch when no `torchrun` program is on PATH (torch.distributed.run is what the
+    console script runs); the job's state is Slurm's."""
+    if shutil.which("torchrun") is None:
+        if not torch_importable():
+            pytest.skip(NEEDS_TORCH + " (the job script runs torchrun)")
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "torchrun").write_text(f'#!/bin/sh\nexec {sys.executable} -m torch.distributed.run "$@"\n')
+        (bin_dir / "torchrun").chmod(0o755)
+        tmp_path.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # sbatch exports it to the job
     done = submit(Submission(["--no-python", "true"], nodes=1, shim=ShimOptions(policy="off"),
                              job=JobOptions(name="flow", output=str(slurm_env.lab / "jobs" / "%x-%j.out"))),
                   _request([]))
     assert done.job_id and done.job_id.isdigit()
     assert done.output == str(slurm_env.lab / "jobs" / f"flow-{done.job_id}.out")
     info = slurm_env.wait_job(done.job_id, timeout=120)
-    if shutil.which("torchrun") is None:
-        pytest.skip("the job ran, but the lab nodes have no torchrun (PyTorch) to finish it")
     assert info["JobState"] == "COMPLETED", open(done.output).read()[-2000:]

@@ -16,8 +16,17 @@
  *   app place SIZE EXTRA STATS OFF:LEN:KIND... [late:SIZE]   allocate SIZE then EXTRA (0:
  *                                 none), hint ranges of the first, apply, allocate the late
  *                                 SIZE (the next step's new segment), apply, write stats
- *   app stress SEED THREADS OPS SECONDS STATS [replay]   THREADS threads of seeded random calls
- *                                 (below), then the tallies; replay: a random replay table first
+ *   app uvm SIZE OP...            the runtime alone (no shim): cudaMallocManaged(SIZE), then each
+ *                                 OP, printing the fake's residency after it (stepK_*): advise:OFF:LEN:ADV:LOC,
+ *                                 prefetch:OFF:LEN:LOC (LOC 1 device, 2 host), touch:OFF:LEN, plain:N
+ *                                 (cudaMalloc), info (cudaMemGetInfo), zero (cudaMallocManaged(0)),
+ *                                 advise-plain, prefetch-plain, advise-stack, prefetch-stack (unmanaged memory),
+ *                                 hostwrite:OFF:LEN (the CPU writes the range: fake_cudart_host_write)
+ *   app stress SEED THREADS OPS STATS [replay]   THREADS threads of OPS seeded random calls
+ *                                 each (below), then the tallies; replay: a random replay table first
+ * Kernels that touch memory (fake_touch.h) are what the fake runtime's residency follows:
+ * alloc ... touch, place (the step after the last boundary), loop ... touch, stage and
+ * stress launch them; print_tally prints the fake's own residency account (fake_*).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -34,6 +43,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "fake_touch.h"
+
 static void kern0(void) {}
 static void kern1(void) {}
 static void kern2(void) {}
@@ -48,8 +59,25 @@ static void *api(const char *name) { return dlsym(RTLD_DEFAULT, name); }
 
 /* The fake runtime's own account (fake_cudart.c), then the shim's table check when the
  * shim is a test build. */
+/* A kernel that reads and writes the ranges of t (ended by a zero length) on stream s. */
+static cudaError_t touch_kernel(const struct fake_touch *t, cudaStream_t s)
+{
+    void *args[] = {&t};
+    return cudaLaunchKernel((const void *)kern3, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0, s);
+}
+
 static void print_tally(void)
 {
+    static const char *const names[FAKE_RES_N] = {"dev_resident", "dev_resident_peak", "device_used_peak",
+        "host_resident", "zero_copy", "migrated", "first_touch", "to_dev", "to_host", "device_full", "retained",
+        "host_written"};
+    void (*residency)(unsigned long long *) = (void (*)(unsigned long long *))api("fake_cudart_residency");
+    if (residency) {
+        unsigned long long r[FAKE_RES_N];
+        residency(r);
+        for (int i = 0; i < FAKE_RES_N; i++)
+            printf("fake_%s=%llu\n", names[i], r[i]);
+    }
     void (*tally)(unsigned long long *) = (void (*)(unsigned long long *))api("fake_cudart_tally");
     int (*check)(char *, size_t) = (int (*)(char *, size_t))api("transit_test_check");
     unsigned long long t[5];
@@ -109,7 +137,6 @@ static struct {
     int (*check)(char *, size_t);
 } T;
 static uint64_t stress_seed, stress_ops;
-static double stress_deadline;
 static const char *stress_stats;
 static _Atomic unsigned long long n_dbuf; /* device buffers taken */
 static _Atomic unsigned long long n_ops, n_alloc, n_refused, n_free, n_bad_free, n_launch, n_iter, n_wrong;
@@ -188,7 +215,11 @@ static void stress_launch(uint64_t *r)
     dim3 g = {1, 1, 1}, b = {1, 1, 1};
     const void *k = (const void *)kerns[rnd(r) % 4];
     cudaStream_t st = (cudaStream_t)(uintptr_t)(rnd(r) % 2 ? 7 : 0);
-    cudaError_t e = rnd(r) % 2 ? cudaLaunchKernel(k, g, b, NULL, 0, st) : __cudaLaunchKernel(k, g, b, NULL, 0, st);
+    /* a quarter of them touch the first MiB of a live (or by now freed) allocation */
+    struct fake_touch t[2] = {{atomic_load(&slot[rnd(r) % SLOTS]), 1u << 20}, {0, 0}};
+    const struct fake_touch *tp = t;
+    void *args[] = {&tp}, **a = t[0].ptr && rnd(r) % 4 == 0 ? args : NULL;
+    cudaError_t e = rnd(r) % 2 ? cudaLaunchKernel(k, g, b, a, 0, st) : __cudaLaunchKernel(k, g, b, a, 0, st);
     atomic_fetch_add(&n_launch, 1);
     if (e != cudaSuccess)
         wrong("launch", (int)e);
@@ -268,7 +299,7 @@ static void *stress_worker(void *arg)
 {
     uint64_t r = (stress_seed + 1) * 0x9e3779b97f4a7c15ull + (uintptr_t)arg * 0xbf58476d1ce4e5b9ull + 1;
     uint64_t i = 0;
-    for (; i < stress_ops && (i % 64 || now_s() < stress_deadline); i++)
+    for (; i < stress_ops; i++)
         stress_one(&r);
     atomic_fetch_add(&n_ops, i);
     return NULL;
@@ -276,14 +307,13 @@ static void *stress_worker(void *arg)
 
 static int stress(int argc, char **argv)
 {
-    if (argc < 7)
+    if (argc < 6)
         return 2;
     stress_seed = strtoull(argv[2], NULL, 10);
     int n = atoi(argv[3]);
     stress_ops = strtoull(argv[4], NULL, 10);
     double t0 = now_s();
-    stress_deadline = t0 + atof(argv[5]);
-    stress_stats = argv[6];
+    stress_stats = argv[5];
 #define L(f, name) T.f = (__typeof__(T.f))api(name)
     L(hint, "transit_hint"); L(iteration, "transit_iteration"); L(apply, "transit_apply");
     L(write_stats, "transit_write_stats"); L(stage_in, "transit_stage_in"); L(stage_out, "transit_stage_out");
@@ -293,7 +323,7 @@ static int stress(int argc, char **argv)
     if (!T.hint || !T.iteration || !T.apply || !T.write_stats || !T.stage_in || !T.stage_out || !T.stage_wait ||
         !T.dalloc || !T.dfree || n < 1 || n > 64)
         return 2;
-    if (argc > 7 && !strcmp(argv[7], "replay")) { /* ranges over the first 64 GiB of the fake's addresses */
+    if (argc > 6 && !strcmp(argv[6], "replay")) { /* ranges over the first 64 GiB of the fake's addresses */
         void (*add)(uint64_t, uintptr_t, uint64_t) = (void (*)(uint64_t, uintptr_t, uint64_t))api("transit_test_replay_add");
         void (*finish)(void) = (void (*)(void))api("transit_test_replay_finish");
         uint64_t r = stress_seed + 7;
@@ -328,9 +358,15 @@ int main(int argc, char **argv)
         return 2;
     if (!strcmp(argv[1], "alloc")) {
         void *ptrs[64];
-        int n = 0;
+        size_t sizes[64];
+        int n = 0, touch = 0;
         for (int i = 2; i < argc && n < 64; i++) {
+            if (!strcmp(argv[i], "touch")) { /* a kernel touching every allocation, before the frees */
+                touch = 1;
+                continue;
+            }
             int null = !strncmp(argv[i], "null:", 5);
+            sizes[n] = strtoull(argv[i] + (null ? 5 : 0), NULL, 10);
             cudaError_t e = cudaMalloc(null ? NULL : &ptrs[n], strtoull(argv[i] + (null ? 5 : 0), NULL, 10));
             printf("alloc%d=%d\nlast%d=%d\n", i - 2, (int)e, i - 2, (int)cudaGetLastError());
             if (e == cudaSuccess && !null)
@@ -339,6 +375,13 @@ int main(int argc, char **argv)
         size_t f, t;
         cudaMemGetInfo(&f, &t);
         printf("free=%zu\ntotal=%zu\n", f, t);
+        if (touch) {
+            struct fake_touch r[65] = {{0, 0}};
+            for (int i = 0; i < n; i++)
+                r[i] = (struct fake_touch){(uintptr_t)ptrs[i], sizes[i]};
+            touch_kernel(r, 0);
+        }
+        print_tally();
         for (int i = 0; i < n; i++)
             cudaFree(ptrs[i]);
         return 0;
@@ -363,9 +406,10 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "loop")) {
         int iters = atoi(argv[2]), launches = atoi(argv[3]);
         size_t size = strtoull(argv[4], NULL, 10);
-        int adapter = 0, replay = 0, straddle = 0, refree = 0, accum = 1, attach = 0;
+        int adapter = 0, replay = 0, straddle = 0, refree = 0, accum = 1, attach = 0, touch = 0;
         for (int i = 5; i < argc; i++) {
             adapter |= !strcmp(argv[i], "adapter");
+            touch |= !strcmp(argv[i], "touch"); /* every iteration's first kernel touches p and q */
             attach |= !strcmp(argv[i], "attach");
             if (!strncmp(argv[i], "accum=", 6))
                 accum = atoi(argv[i] + 6);
@@ -402,7 +446,10 @@ int main(int argc, char **argv)
         int (*hint_fn)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
         if (attach && attach_fn)
             attach_fn();
+        struct fake_touch pq[3] = {{(uintptr_t)p, size}, {(uintptr_t)q, size}, {0, 0}};
         for (int it = 0; it < iters; it++) {
+            if (touch)
+                touch_kernel(pq, 0);
             for (int k = 0; k < launches; k++) {
                 dim3 g = {1, 1, 1}, b = {1, 1, 1};
                 /* a sequence with no period shorter than the iteration */
@@ -424,6 +471,7 @@ int main(int argc, char **argv)
             }
         }
         printf("last_error=%d\n", (int)cudaGetLastError()); /* what PyTorch checks after launches */
+        print_tally();
         cudaFree(p);
         cudaFree(q);
         printf("iterations=%d\n", iters);
@@ -531,7 +579,13 @@ int main(int argc, char **argv)
             printf("late=0x%llx\n", (unsigned long long)(uintptr_t)late);
         }
         apply(); /* a steady state: the second boundary must move nothing */
+        /* the next step's kernels read and write everything (hot data and cold state alike) */
+        struct fake_touch all[4] = {{(uintptr_t)p, size}, {(uintptr_t)q, q ? extra : 0}, {0, 0}, {0, 0}};
+        if (late)
+            all[q ? 2 : 1] = (struct fake_touch){(uintptr_t)late, late_size};
+        touch_kernel(all, 0);
         printf("stats=%d\n", write_stats(argv[4]));
+        print_tally();
         if (q)
             cudaFree(q);
         if (late)
@@ -564,20 +618,78 @@ int main(int argc, char **argv)
         printf("o=0x%llx\n", (unsigned long long)(uintptr_t)o);
         for (int i = 1; i <= steps; i++) {
             cudaMalloc(&t, GiB);
-            cudaLaunchKernel((const void *)kern0, (dim3){1, 1, 1}, (dim3){1, 1, 1}, NULL, 0, app);
+            struct fake_touch fwd[3] = {{(uintptr_t)a, 4 * GiB}, {(uintptr_t)t, GiB}, {0, 0}};
+            touch_kernel(fwd, app); /* forward and backward: the weights and the activations */
             cudaFree(t);
             printf("staged%d=%zu\n", i, in((uintptr_t)app));
             cudaMalloc(&g, grow && i >= 3 ? GiB : GiB / 2);
             printf("waited%d=%d\n", i, wait((uintptr_t)app));
-            cudaLaunchKernel((const void *)kern1, (dim3){1, 1, 1}, (dim3){1, 1, 1}, NULL, 0, app);
+            size_t gsize = grow && i >= 3 ? GiB : GiB / 2;
+            struct fake_touch step[4] = {{(uintptr_t)a, 4 * GiB}, {(uintptr_t)o, 2 * GiB}, {(uintptr_t)g, gsize}, {0, 0}};
+            touch_kernel(step, app); /* the optimizer: weights, its state, the gradients */
             iteration();
             printf("out%d=%zu\n", i, out((uintptr_t)app));
             cudaFree(g);
         }
         printf("stats=%d\n", write_stats(argv[3]));
         printf("last_error=%d\n", (int)cudaPeekAtLastError());
+        print_tally();
         cudaFree(o);
         cudaFree(a);
+        return 0;
+    }
+    if (!strcmp(argv[1], "uvm") && argc >= 3) {
+        void (*residency)(unsigned long long *) = (void (*)(unsigned long long *))api("fake_cudart_residency");
+        char *base;
+        cudaError_t e = cudaMallocManaged((void **)&base, strtoull(argv[2], NULL, 10), cudaMemAttachGlobal);
+        printf("managed=%d\n", (int)e);
+        for (int i = 3; i < argc && residency; i++) {
+            unsigned long long off, len, r[FAKE_RES_N];
+            int adv, loc;
+            if (sscanf(argv[i], "advise:%llu:%llu:%d:%d", &off, &len, &adv, &loc) == 4) {
+                struct cudaMemLocation l = {loc == 1 ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost, 0};
+                e = cudaMemAdvise(base + off, len, (enum cudaMemoryAdvise)adv, l);
+            } else if (sscanf(argv[i], "prefetch:%llu:%llu:%d", &off, &len, &loc) == 3) {
+                struct cudaMemLocation l = {loc == 1 ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost, 0};
+                e = cudaMemPrefetchAsync(base + off, len, l, 0, 0);
+            } else if (sscanf(argv[i], "touch:%llu:%llu", &off, &len) == 2) {
+                struct fake_touch t[2] = {{(uintptr_t)base + off, len}, {0, 0}};
+                e = touch_kernel(t, 0);
+            } else if (sscanf(argv[i], "plain:%llu", &len) == 1) {
+                void *q;
+                e = cudaMalloc(&q, len);
+            } else if (!strcmp(argv[i], "advise-plain") || !strcmp(argv[i], "prefetch-plain") ||
+                       !strcmp(argv[i], "advise-stack") || !strcmp(argv[i], "prefetch-stack")) {
+                /* over memory that is not managed: 1 MiB of cudaMalloc, or this stack's bytes */
+                static char stack_bytes[1 << 20];
+                void *q = stack_bytes;
+                if (strstr(argv[i], "plain"))
+                    cudaMalloc(&q, 1u << 20);
+                struct cudaMemLocation h = {cudaMemLocationTypeHost, 0};
+                e = argv[i][0] == 'a' ? cudaMemAdvise(q, 1u << 20, cudaMemAdviseSetPreferredLocation, h)
+                                      : cudaMemPrefetchAsync(q, 1u << 20, h, 0, 0);
+            } else if (sscanf(argv[i], "hostwrite:%llu:%llu", &off, &len) == 2) {
+                void (*hw)(void *, size_t) = (void (*)(void *, size_t))api("fake_cudart_host_write");
+                hw(base + off, len);
+                e = cudaSuccess;
+            } else if (!strcmp(argv[i], "info")) {
+                size_t f = 0, t = 0;
+                e = cudaMemGetInfo(&f, &t);
+                printf("step%d_free=%zu\n", i - 3, f);
+            } else if (!strcmp(argv[i], "zero")) {
+                void *z = (void *)1;
+                e = cudaMallocManaged(&z, 0, cudaMemAttachGlobal);
+                printf("step%d_ptr_null=%d\n", i - 3, z == NULL);
+            } else {
+                return 2;
+            }
+            residency(r);
+            printf("step%d_err=%d\nstep%d_dev=%llu\nstep%d_host=%llu\nstep%d_zero_copy=%llu\nstep%d_migrated=%llu\n"
+                   "step%d_first_touch=%llu\nstep%d_device_peak=%llu\n", i - 3, (int)e, i - 3, r[FAKE_RES_DEV],
+                   i - 3, r[FAKE_RES_HOST], i - 3, r[FAKE_RES_ZERO_COPY], i - 3, r[FAKE_RES_MIGRATED], i - 3,
+                   r[FAKE_RES_FIRST_TOUCH], i - 3, r[FAKE_RES_DEVICE_PEAK]);
+            cudaGetLastError();
+        }
         return 0;
     }
     if (!strcmp(argv[1], "stress"))

@@ -1,0 +1,82 @@
+"""The overlapped step (TRANSIT_OVERLAP_STEP=1, the adapter's transit_overlap.py) under
+FSDP2 on two CPU ranks (gloo, started by PyTorch's own launcher, torch.distributed.run):
+examples/train_llama.py unchanged, with gradient accumulation; each rank installs the
+adapter's optimizer hooks as sitecustomize does under the launcher. Rank 0's losses must
+equal the run without the adapter bit for bit, and the overlap must have engaged on both
+ranks (the world-size-1 tests in test_adapter_overlap.py cannot see a rank whose shard's
+early update diverges: here the shards differ and the reduce-scatter mixes them)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from transit_launch.shim import inject
+
+pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+
+# One rank of the job: the adapter's hooks on a stand-in for the shim's API (no shim on a
+# CPU machine: the API's calls are answered as a shim without staging answers them),
+# then the trainer as `python train_llama.py` would run it.
+RANK = r"""
+import importlib.util, json, os, runpy, sys
+mode, adapter, trainer, out, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+hooks = None
+if mode == "overlap":
+    import torch.optim.optimizer
+    os.environ["TRANSIT_OVERLAP_STEP"] = "1"
+    sys.path.insert(0, adapter)
+    spec = importlib.util.spec_from_file_location("transit_site", os.path.join(adapter, "sitecustomize.py"))
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+
+    class Api:
+        HOT, MASTER, OPTIMIZER = 0, 1, 2
+        def hint(self, ptr, size, kind): return 0
+        def iteration(self): return 0
+        def stage_enabled(self): return False
+        def device_alloc(self, size): return 0
+        def device_free(self, ptr): return -1
+
+    hooks = site._Hooks(Api())
+    hooks.register(sys.modules["torch.optim.optimizer"])
+sys.argv = [trainer, *args]
+try:
+    runpy.run_path(trainer, run_name="__main__")
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+early = hooks.overlap.early if hooks and hooks.overlap else 0
+with open(os.path.join(out, f"{mode}-{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"early": early, "world": int(os.environ["WORLD_SIZE"])}, f)
+"""
+
+ARGS = ["--device", "cpu", "--dp", "fsdp", "--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+        "--ffn", "128", "--vocab", "256", "--seq-len", "16", "--batch", "2", "--accum", "2", "--steps", "6"]
+
+
+def job(tmp_path, mode):
+    driver = tmp_path / "rank.py"
+    driver.write_text(RANK)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(driver), mode,
+           str(inject.adapter_dir()), str(ROOT / "examples" / "train_llama.py"), str(tmp_path), *ARGS]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{"step"')]
+    ranks = [json.loads((tmp_path / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
+    return steps, ranks, res.stderr
+
+
+def test_overlapped_step_is_bit_identical_on_two_fsdp2_ranks(tmp_path):
+    normal, nranks, _ = job(tmp_path, "normal")
+    over, oranks, err = job(tmp_path, "overlap")
+    assert len(normal) == 6 and [s["step"] for s in normal] == [1, 2, 3, 4, 5, 6]
+    assert [s["loss"] for s in over] == [s["loss"] for s in normal]  # bit for bit (floats as JSON prints them)
+    assert [r["world"] for r in oranks] == [2, 2]
+    # steps 4-6 overlapped on each rank: every sharded parameter updated early (the
+    # example's 21 parameters: two blocks of 9, the embedding, the final norm, the output)
+    assert [r["early"] for r in oranks] == [3 * 21, 3 * 21], (oranks, err[-2000:])
+    assert [r["early"] for r in nranks] == [0, 0]
