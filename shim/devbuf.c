@@ -54,8 +54,10 @@ static void refit(void)
 uintptr_t tr_devbuf_alloc(size_t size)
 {
     if (!tr_real.malloc || !size || nbufs == MAX_BUFS || size > tr_budget_total() ||
-        held > tr_budget_total() - size || tr_stage_lent_bytes() > tr_budget_total() - held - size)
-        return 0; /* no runtime yet, or no room in the budget (what staging lends cannot be demoted now) */
+        held > tr_budget_total() - size ||
+        tr_stage_lent_bytes() + tr_tab.dev_inflight > tr_budget_total() - held - size)
+        return 0; /* no runtime yet, or no room in the budget (what staging lends, and what is being
+                   * freed, cannot be demoted now) */
     if (!tr_cfg.allow_oversubscribe && (size > tr_guard_room() || tr_tab.managed_bytes > tr_guard_room() - size))
         return 0; /* physically: the guard's limit (what was free at start-up) holds managed memory and buffers */
     void *p = NULL;

@@ -47,9 +47,9 @@ static int track(void *p, size_t size)
     return a ? 0 : -1;
 }
 
-/* Out of the table; the bytes the allocation held, still counted (in flight), or 0 if
- * it is not the shim's. */
-static size_t untrack(void *p)
+/* Out of the table; the bytes the allocation held, still counted (in flight: by the
+ * guard, and its device-placed part *dev by the budget), or 0 if it is not the shim's. */
+static size_t untrack(void *p, uint64_t *dev)
 {
     size_t held = 0;
     pthread_mutex_lock(&tr_lock);
@@ -57,17 +57,18 @@ static size_t untrack(void *p)
     if (a && a->ptr == (uintptr_t)p) {
         held = a->size;
         tr_replay_forget(a->ptr, a->ptr + a->size);
-        tr_place_drop(a);
+        *dev = tr_place_drop(a);
         tr_table_remove(a);
     }
     pthread_mutex_unlock(&tr_lock);
     return held;
 }
 
-static void release(size_t size)
+static void release(size_t size, uint64_t dev)
 {
     pthread_mutex_lock(&tr_lock);
     tr_table_release(size);
+    tr_place_freed(dev);
     pthread_mutex_unlock(&tr_lock);
 }
 
@@ -95,7 +96,7 @@ EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
     }
     if (err == cudaSuccess) /* no memory for the table: the allocation cannot be placed */
         tr_real.free(*devPtr);
-    release(size);
+    release(size, 0);
     if (err == cudaErrorMemoryAllocation) { /* the runtime's own refusal, its last error set */
         atomic_fetch_add(&tr_st.failed_allocs, 1);
         return err;
@@ -110,10 +111,11 @@ EXPORT cudaError_t cudaFree(void *devPtr)
     atomic_fetch_add(&tr_st.frees, 1);
     if (!tr_real.free)
         return cudaErrorInitializationError;
-    size_t held = on && devPtr ? untrack(devPtr) : 0;
+    uint64_t dev = 0;
+    size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;
     cudaError_t err = tr_real.free(devPtr);
-    if (held) /* counted by the guard until the runtime has the memory back */
-        release(held);
+    if (held) /* counted by the guard and the budget until the runtime has the memory back */
+        release(held, dev);
     return err;
 }
 

@@ -205,12 +205,16 @@ void tr_place_new(struct tr_alloc *a)
     peaks();
 }
 
-void tr_place_drop(struct tr_alloc *a)
+/* An allocation leaves the table. Its device bytes stay counted until the runtime has
+ * freed them (tr_place_freed after cudaFree returns): another thread's allocation placed
+ * in that room first would be populated on the device while these pages still are. */
+uint64_t tr_place_drop(struct tr_alloc *a)
 {
+    uint64_t dev = 0;
     for (int i = 0; i < a->nreg; i++) {
         struct tr_region *r = &a->reg[i];
         if (r->place == TR_DEV) {
-            tr_tab.dev_bytes -= rsize(r);
+            dev += rsize(r);
             if (r->stage == TR_HOME)
                 tr_stage_placed(-(int64_t)rsize(r));
         } else
@@ -220,6 +224,14 @@ void tr_place_drop(struct tr_alloc *a)
         if (r->kind != TR_HOT)
             tr_st.hint_bytes[r->kind] -= rsize(r);
     }
+    tr_tab.dev_inflight += dev;
+    return dev;
+}
+
+void tr_place_freed(uint64_t dev)
+{
+    tr_tab.dev_bytes -= dev;
+    tr_tab.dev_inflight -= dev;
 }
 
 int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind)
@@ -267,8 +279,8 @@ static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
  * comes first, so that a steady state moves nothing). */
 static void rank(void)
 {
-    uint64_t budget = tr_budget(), lent = tr_stage_lent_bytes();
-    uint64_t room = budget > lent ? budget - lent : 0;
+    uint64_t budget = tr_budget(), held = tr_stage_lent_bytes() + tr_tab.dev_inflight; /* not in the table */
+    uint64_t room = budget > held ? budget - held : 0;
     /* Staging: the optimizer ranges live on the host and are lent per step; the room seen
      * here, at the boundary, is not there at the step's peak when the framework gives its
      * cache back mid-step. */

@@ -151,7 +151,7 @@ static const char *inconsistency(void)
     }
     if (sizes + tr_tab.inflight != tr_tab.managed_bytes)
         return "managed_bytes is not the table's bytes and those in flight";
-    if (dev != tr_tab.dev_bytes || host != tr_st.host_placed_bytes || zc != tr_st.zero_copy_bytes)
+    if (dev + tr_tab.dev_inflight != tr_tab.dev_bytes || host != tr_st.host_placed_bytes || zc != tr_st.zero_copy_bytes)
         return "placement counters are not the sum of the regions";
     if (hinted[TR_COLD_MASTER] != tr_st.hint_bytes[TR_COLD_MASTER] || hinted[TR_COLD_OPT] != tr_st.hint_bytes[TR_COLD_OPT])
         return "hint counters are not the sum of the regions";

@@ -110,6 +110,7 @@ struct tr_table {
     uint64_t next_seq;
     uint64_t managed_bytes; /* the table's allocations and those in flight: what the guard limits */
     uint64_t inflight;      /* reserved before the runtime allocates, held until it has freed */
+    uint64_t dev_inflight;  /* of dev_bytes: freed allocations' device bytes the runtime still holds */
     uint64_t dev_bytes;     /* of the table's, placed on the device */
 };
 
@@ -127,7 +128,8 @@ struct tr_cursor { int i, j; };
 HIDDEN struct tr_region *tr_region_next(struct tr_cursor *c);
 
 HIDDEN void tr_place_new(struct tr_alloc *a);
-HIDDEN void tr_place_drop(struct tr_alloc *a);
+HIDDEN uint64_t tr_place_drop(struct tr_alloc *a); /* its device bytes, still counted: tr_place_freed */
+HIDDEN void tr_place_freed(uint64_t dev);          /* ... until the runtime has freed them */
 HIDDEN int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind);
 HIDDEN void tr_rebalance(void);
 HIDDEN void tr_place_settle(void);
