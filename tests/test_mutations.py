@@ -4,7 +4,8 @@ copy, and expects those very tests to fail. A control run of the unbroken copy o
 tests must pass, so a failure means the breakage was caught, not that the copy is broken.
 
 The breakages: the planner's optimizer-state term, the plugin's policy check, the tc
-restore, the shim's guard against more managed memory than the GPU has free, the
+restore, the shim's guard against more managed memory than the GPU has free, its budget
+when an allocation is placed and while a freed one is still the runtime's, the
 installer's trust rule, and the stats writer's rule for links on the way.""" 
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ MUTANTS = [
      ["test_shim.py::test_guard_refuses_beyond_free_memory"]),
     ("installer-trust-rule", "slurm/trust.py", 'if st.st_uid != 0:\n        return "is not owned by root"',
      "if False:\n        return None", ["test_spank.py::test_installer_walk_agrees_with_the_plugins"]),
+    ("shim-budget-at-allocation", "_csrc/shim/place.c", "    if (tr_tab.dev_bytes + a->size <= tr_budget()) {",
+     "    if (1) {", ["test_shim.py::test_budget_places_overflow_on_host_zero_copy",
+                     "test_shim_stress.py::test_budget_holds_by_the_runtimes_account_on_one_thread"]),
+    ("shim-freed-bytes-early", "_csrc/shim/interpose.c",
+     "    uint64_t dev = 0;\n    size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;\n    cudaError_t err = tr_real.free(devPtr);\n    if (held) /* counted by the guard and the budget until the runtime has the memory back */\n        release(held, dev);",
+     "    uint64_t dev = 0;\n    size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;\n    if (held)\n        release(held, dev);\n    cudaError_t err = tr_real.free(devPtr);",
+     ["test_shim_stress.py::test_budget_holds_at_every_instant_under_threads"]),
     ("stats-link-rule", "_csrc/shim/stats.c",
      "if (fstat(fd, &ds) ||\n                !(dir_protects(&ds) || ((ds.st_mode & S_ISVTX) && owner_trusted(ds.st_uid) && "
      "owner_trusted(ls.st_uid))))", "if (fstat(fd, &ds))", ["test_root_trust.py::test_root_stats_follow_no_link_another_user_made"]),
