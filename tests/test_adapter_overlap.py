@@ -553,6 +553,7 @@ class Api:
 def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
     assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
+    assert T._staging_module().STAGE_LIMIT == rules.STAGE_RING_BYTES  # what the plan counts against the budget
     assert T.SMS_ENV == rules.ENV["OVERLAP_SMS"] == "TRANSIT_OVERLAP_SMS"
     assert T.MODES == rules.OVERLAP_MODES  # the CLI's --overlap choices are the modes the adapter knows
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))

@@ -25,6 +25,9 @@ POLICIES = ("off", "base", "prefetch", "advise")
 # host copy of the state); "serial" a diagnostic. The adapter keeps its own copy (a test
 # keeps them equal): it runs in the job's Python, which need not have transit_launch.
 OVERLAP_MODES = ("1", "staged", "serial")
+# "staged": the ring of plain device memory each GPU stages through, out of the GPU budget
+# (the adapter's transit_staging.STAGE_LIMIT; a test keeps them equal). The plan counts it.
+STAGE_RING_BYTES = 256 << 20
 LOG_LEVELS = ("error", "warn", "info", "debug")
 
 # The shim's environment contract (shim/config.c reads these names from the header).

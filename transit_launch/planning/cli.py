@@ -93,7 +93,8 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
     return Request(card=job.card if job else load_model(a.model), gpu=gpu_profile(a.gpu, a.gpu_mem),
                    gpus_per_node=a.gpus_per_node or gpus_per_node or DEFAULT_GPUS_PER_NODE,
                    host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM, parallel=parallel,
-                   scale_in=tuple(a.scale_in) if a.scale_in else None, min_efficiency=a.min_efficiency, **v)
+                   scale_in=tuple(a.scale_in) if a.scale_in else None, min_efficiency=a.min_efficiency,
+                   overlap=getattr(a, "overlap", None), **v)
 
 
 def cmd_plan(a, command):
@@ -165,6 +166,10 @@ def register(sub):
     from transit_launch.planning import report
     sp = sub.add_parser("plan", help="per-GPU memory, minimum nodes without offloading, scale-in options")
     add_plan_args(sp)
+    from transit_launch.rules import OVERLAP_MODES
+    sp.add_argument("--overlap", choices=OVERLAP_MODES,
+                    help="plan for render/submit/run's --overlap: staged adds the state's second host copy to host "
+                         "DRAM and the staging ring to the GPU budget (default: none)")
     sp.add_argument("--json", action="store_true", help="machine-readable output (every row)")
     sp.add_argument("--all", action="store_true",
                     help=f"show every node count in the table (without it, a plan of more than "

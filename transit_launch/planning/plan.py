@@ -19,6 +19,7 @@ from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Lay
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
+from transit_launch.rules import OVERLAP_MODES, STAGE_RING_BYTES
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
@@ -72,6 +73,7 @@ class Request:
     scale_in: tuple[float, ...] | None = None
     min_efficiency: float = 0.9
     max_nodes: int = MAX_NODES  # the partition's node count when submit knows it
+    overlap: str | None = None  # TRANSIT_OVERLAP_STEP (rules.OVERLAP_MODES): staged costs host DRAM and budget
 
     def __post_init__(self):  # the same checks for Python callers as for the CLI
         if not isinstance(self.card, ModelCard) or not isinstance(self.gpu, GPU):
@@ -96,6 +98,8 @@ class Request:
             raise UsageError(f"--scale-in fractions must lie strictly between 0 and 1, got {self.scale_in}")
         if self.max_nodes > MAX_NODES:
             raise UsageError(f"max_nodes {self.max_nodes} is above the planner's {MAX_NODES}")
+        if self.overlap is not None and self.overlap not in OVERLAP_MODES:
+            raise UsageError(f"overlap {self.overlap!r} is not one of {', '.join(OVERLAP_MODES)}")
 
 
 @dataclass
@@ -160,13 +164,19 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     c = Candidate(nodes, lay, est, per_node(req.card, lay, req.gpus_per_node), microsteps)
     # what the shim places on the host: the reserved bytes over the budget (SHIM_RESERVED_GAP)
     c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory) if est.total > req.gpu.memory else 0.0
+    staged = req.overlap == "staged" and c.offload > 0
+    if staged:  # the staging ring comes out of the budget; the state's pinned home is a second host copy
+        c.offload += STAGE_RING_BYTES
     c.spill = max(0.0, c.offload - est.cold)
-    c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK)
+    c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK + (est.optimizer if staged else 0.0))
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
     # rounded once here, so every output (table, --json, --plot, messages) shows the same percent
     c.efficiency = round(predicted_efficiency(req, c), 4)
     if lay.precision != req.precision:
         c.notes.append(f"{lay.precision} (TorchTitan, TP/PP without FSDP)")
+    if staged:
+        c.notes.append(f"staged: +{gb(est.optimizer):.1f} GB host/GPU (the state's pinned copy), "
+                       f"{STAGE_RING_BYTES >> 20} MiB ring")
     if c.spill:
         c.notes.append(f"{gb(c.spill)} GB of hot data (gradients/activations) must leave the GPU")
     if not c.fits_host:
