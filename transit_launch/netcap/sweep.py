@@ -123,10 +123,17 @@ def run_one(command: list[str], timeout: float | None, sig: Signals | None = Non
             started(None)
 
 
+# how long a SIGKILLed group may take to be gone (its members exit, init reaps the orphans);
+# a bound so that a process stuck in the kernel cannot hold the restore forever
+GROUP_EXIT_S = 10.0
+
+
 def stop_group(proc: subprocess.Popen, force=None, grace: float = 10.0) -> None:
     """Stop a command started with start_new_session and everything it started: SIGTERM
     to its process group (Slurm's and torchrun's way), SIGKILL after grace seconds or as
-    soon as force() says so; then SIGKILL to whatever is left in the group."""
+    soon as force() says so; then SIGKILL to whatever is left in the group, and wait until
+    the group is gone (a grandchild killed with it may still be exiting when its parent
+    has been reaped: the restore must not begin under a job that still runs)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -139,6 +146,13 @@ def stop_group(proc: subprocess.Popen, force=None, grace: float = 10.0) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+    gone = time.time() + GROUP_EXIT_S
+    while time.time() < gone:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.01)
 
 
 def sweep(capper: Capper, bandwidths: list[float], command: list[str], repeat: int = 1,
