@@ -101,13 +101,13 @@ def run_one(command: list[str], timeout: float | None, sig: Signals | None = Non
         started(proc.pid)
     force = (lambda: len(sig.received) > 1) if sig else None
     try:
-        if sig:
-            sig.armed = True
-            if sig.received:  # came in before it could interrupt
-                sig.pending()
         try:
+            if sig:
+                sig.armed = True
+                if sig.received:  # came in before it could interrupt
+                    sig.pending()
             out, err = proc.communicate(timeout=timeout)
-        finally:
+        finally:  # disarmed however it ends: a signal in stop_group below must not skip its SIGKILL
             if sig:
                 sig.armed = False
         stop_group(proc, force)  # what the job left in its group
