@@ -68,22 +68,21 @@ def points(paths=None):
 
 
 def predict(pt):
-    """What `plan` says of the point's job at its budget: the candidate and its terms."""
+    """What `plan` says of the point's job at its budget: the candidate (with its warm-up)."""
     from transit_launch.planning.hardware import gpu_profile
     from transit_launch.planning.models import load_model
-    from transit_launch.planning.plan import Request, evaluate, host_terms, layout_for
+    from transit_launch.planning.plan import Request, evaluate, layout_for
     card = replace(load_model("llama3-8b"), layers=pt["layers"])
     req = Request(card=card, gpu=gpu_profile("h200-141gb", memory=pt["budget"]), gpus_per_node=1,
                   seq_len=pt["seq_len"], global_batch=pt["microbatches"])
-    c = evaluate(req, 1, layout_for(req, 1))
-    return c, host_terms(req, c)
+    return evaluate(req, 1, layout_for(req, 1))
 
 
 def rows(paths=None):
     out = []
     for pt in points(paths):
-        c, t = predict(pt)
-        out.append(dict(pt, predicted=c.efficiency, offload_predicted=c.offload, warm_up_predicted_s=t["warm_up_s"],
+        c = predict(pt)
+        out.append(dict(pt, predicted=c.efficiency, offload_predicted=c.offload, warm_up_predicted_s=c.warm_up_s,
                         error=c.efficiency - pt["measured"]))
     fitted = {(r["microbatches"], r["budget"]) for r in out if r["fit"]}
     for r in out:  # a held-out run of a job some fit run also ran (another lease) is weaker evidence

@@ -78,9 +78,14 @@ def worker(a):
     return 0
 
 
-def run_one(a, name, budget, assets):
+def _run_env(name):
+    """`policy:K=V,K=V` -> (policy, {K: V})."""
     policy, _, extra = name.partition(":")
-    extra_env = dict(kv.split("=", 1) for kv in extra.split(",") if kv)
+    return policy, dict(kv.split("=", 1) for kv in extra.split(",") if kv)
+
+
+def run_one(a, name, budget, assets):
+    policy, extra_env = _run_env(name)
     with tempfile.TemporaryDirectory() as tmp:
         res_file, stats = Path(tmp) / "res.json", Path(tmp) / "stats"
         cmd = ["torchrun", "--standalone", "--nproc-per-node", "1", str(Path(__file__).resolve()), "--worker", "--model", a.model, "--layers",
@@ -106,7 +111,7 @@ def run_one(a, name, budget, assets):
 def _budget_of(name, runs, budget):
     """A run's own budget: `policy:STATE_OFF=f` is the reference's peak reserved less f of the
     AdamW state (0: nothing needs to move; 0.5: half the state), else the common one."""
-    env = dict(kv.split("=", 1) for kv in name.partition(":")[2].split(",") if kv)
+    env = _run_env(name)[1]
     if "STATE_OFF" not in env:
         return budget
     ref = next(r for r in runs if r["name"] == "ref" and "max_reserved" in r)

@@ -43,7 +43,7 @@ def test_the_reserved_gap_is_what_its_fit_runs_reserved():
     """Each fit run's peak reserved under advise over the plan's estimate of its job."""
     fit = [r for r in ROWS if "SHIM_RESERVED_GAP" in r["fit"]]
     assert len(fit) == 2
-    gaps = [r["reserved"] / prediction.predict(r)[0].est.total - 1 for r in fit]
+    gaps = [r["reserved"] / prediction.predict(r).est.total - 1 for r in fit]
     assert planmod.SHIM_RESERVED_GAP == pytest.approx(statistics.mean(gaps), abs=0.005)
 
 

@@ -191,29 +191,30 @@ def on_node(partition: str | None = None, account: str | None = None, timeout: f
         raise UsageError("doctor --on-node needs Slurm's srun on PATH")
     shim = inject.shim_path()
     env = dict(os.environ, **({"TRANSIT_SHIM": str(shim)} if shim else {}))
+    # one step: the node's name, then doctor's JSON from this installation's Python
+    code = ("import os, runpy, socket, sys; print(os.environ.get('SLURMD_NODENAME') or socket.gethostname(), "
+            "flush=True); sys.argv = ['transit-launch', 'doctor', '--json']; "
+            "runpy.run_module('transit_launch', run_name='__main__')")
     cmd = [srun, "--nodes=1", "--ntasks=1", "--export=ALL", f"--time={max(1, int(timeout // 60))}",
            *([f"--partition={partition}"] if partition else []), *([f"--account={account}"] if account else []),
-           "--", sys.executable, "-c",
-           "import os, socket; print(os.environ.get('SLURMD_NODENAME') or socket.gethostname())"]
+           "--", sys.executable, "-c", code]
     try:
-        host = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        if host.returncode == 0:
-            cmd[-2:] = ["-m", "transit_launch", "doctor", "--json"]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return [_item("on a compute node", False, f"srun did not finish in {timeout:.0f} s (is the partition busy?)")]
-    if host.returncode != 0:
-        why = (host.stderr.strip().splitlines() or [f"exit code {host.returncode}"])[-1]
-        if why.startswith("srun:"):  # Slurm refused the step: no node ran anything
+    node, _, body = res.stdout.partition("\n")
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    if not node:  # nothing ran there: Slurm refused the step, or this Python is not on the node
+        why = (lines or [f"exit code {res.returncode}"])[-1]
+        if not any(ln.startswith("slurmstepd") for ln in lines) and why.startswith("srun:"):
             return [_item("on a compute node", False, f"srun could not start a step there: {why}")]
+        why = next((ln for ln in lines if ln.startswith("slurmstepd")), why)
         return [_item("on a compute node", False, f"{sys.executable} does not run there through srun: {why}")]
     try:
-        checks = json.loads(res.stdout)
+        checks = json.loads(body)
     except ValueError:  # the program's own last line says more than srun's "exited with exit code"
-        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         why = ([ln for ln in lines if not ln.startswith("srun:")] or lines or [f"exit code {res.returncode}"])[-1]
         return [_item("on a compute node", False, f"transit-launch does not run there: {why}")]
-    node = host.stdout.strip()
     return [_item("on a compute node", True, f"{node}, through srun with {sys.executable}", node=node),
             *[dict(c, check=f"{node}: {c['check']}") for c in checks]]
 

@@ -114,6 +114,7 @@ class Candidate:
     host_per_node: float = 0.0
     fits_host: bool = True
     efficiency: float = 1.0
+    warm_up_s: float = 0.0  # the first step's extra seconds the plan states (host_terms)
     notes: list = field(default_factory=list)
 
 
@@ -163,7 +164,7 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     microsteps = gbatch // (lay.dp * lay.local_batch)
     c = Candidate(nodes, lay, est, per_node(req.card, lay, req.gpus_per_node), microsteps)
     # what the shim places on the host: the reserved bytes over the budget (SHIM_RESERVED_GAP)
-    c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory) if est.total > req.gpu.memory else 0.0
+    c.offload = est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory if est.total > req.gpu.memory else 0.0
     staged = req.overlap == "staged" and c.offload > 0
     if staged:  # the staging ring comes out of the budget; the state's pinned home is a second host copy
         c.offload += STAGE_RING_BYTES
@@ -171,7 +172,9 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK + (est.optimizer if staged else 0.0))
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
     # rounded once here, so every output (table, --json, --plot, messages) shows the same percent
-    c.efficiency = round(predicted_efficiency(req, c), 4)
+    if c.offload:
+        t = host_terms(req, c)
+        c.efficiency, c.warm_up_s = round(efficiency_of(t), 4), t["warm_up_s"]
     if lay.precision != req.precision:
         c.notes.append(f"{lay.precision} (TorchTitan, TP/PP without FSDP)")
     if staged:
@@ -205,13 +208,11 @@ def host_terms(req: Request, c: Candidate) -> dict:
             "warm_up_s": (opt + master) / WARMUP_STATE_RATE}
 
 
-def predicted_efficiency(req: Request, c: Candidate) -> float:
+def efficiency_of(t: dict) -> float:
     """Per-GPU throughput relative to running without offloading: compute against compute
-    plus the host link's part (host_terms)."""
-    if not c.offload:
-        return 1.0
-    t = host_terms(req, c)
+    plus the host link's part (the terms of host_terms)."""
     return t["compute_s"] / (t["compute_s"] + t["state_s"] + t["master_reads_s"] + t["spill_s"])
+
 
 
 @dataclass

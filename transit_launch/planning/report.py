@@ -71,7 +71,7 @@ def _option_json(p: Plan, c: Candidate) -> dict:
         "microsteps": c.microsteps,
         "predicted_efficiency": c.efficiency,
         # the first step's extra seconds: the optimizer state made in host memory (WARMUP_STATE_RATE)
-        "predicted_warm_up_s": round(planmod.host_terms(p.req, c)["warm_up_s"], 1) if c.offload else 0.0,
+        "predicted_warm_up_s": round(c.warm_up_s, 1),
         "notes": c.notes,
     }
 
@@ -219,8 +219,7 @@ def _warm_up_text(p: Plan) -> list[str]:
     c = p.recommended
     if not c.offload:
         return []
-    w = planmod.host_terms(p.req, c)["warm_up_s"]
-    return [f"Its first step takes about {w:.0f} s more than a steady one (the optimizer state made in host memory; "
+    return [f"Its first step takes about {c.warm_up_s:.0f} s more than a steady one (the optimizer state made in host memory; "
             "`transit-launch run` reports the measured one)."]
 
 

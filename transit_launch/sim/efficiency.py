@@ -4,7 +4,7 @@ between its points, 1.0 at no reduction, flat past its last point.
 
 A job that gives up a fraction r of its nodes runs n / n' / efficiency(r) times as long
 (the placement-transition factors come on top). Curves:
-  planner: the planner's predicted efficiency (planning.plan.predicted_efficiency) for
+  planner: the planner's predicted efficiency (planning.plan's Candidate.efficiency) for
            Llama3-70B FSDP on H100-80GB, the paper's Figure 7 job, evaluated GPU by GPU
            below its no-offload minimum;
   linear:  1.0 everywhere, the paper's own assumption (time inversely proportional);

@@ -39,7 +39,7 @@ from transit_launch.errors import UsageError
 from transit_launch.sim import jobs
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import Curve
-from transit_launch.sim.scheduler import BACKFILL_DEPTH, demand
+from transit_launch.sim.scheduler import BACKFILL_DEPTH, demand, earliest_start
 from transit_launch.sim.trace import Trace
 
 LLAMA3_RATE = 419 / (16_384 / 8 * 54)  # failures per node-day, Llama 3 paper (see above)
@@ -206,21 +206,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         events = [(e, alloc[j]) for e, j in running if alloc[j] is not None and e == end[j]]
         events += [(t, [(x, gpn)]) for t, x in repairs if x not in waits_for]
         events.sort(key=lambda ev: ev[0])
-        if n0[h] > 1:
-            free, whole = cl.free[:], cl.whole
-            for e, nodes in events:
-                for node, g in nodes:
-                    free[node] += g
-                    whole += free[node] == gpn
-                if whole >= n0[h]:
-                    return max(e, now), whole - n0[h]
-            return math.inf, 0
-        avail = cl.free_gpus
-        for e, nodes in events:
-            avail += sum(g for _, g in nodes)
-            if avail >= g0[h]:
-                return max(e, now), avail - g0[h]
-        return math.inf, 0
+        return earliest_start(cl, events, n0[h], g0[h], now)
 
     def expected(j: int) -> float:
         return left[j] + (restart if interrupted[j] else 0.0)

@@ -118,6 +118,27 @@ def demand(g: int, gpn: int) -> tuple[int, int]:
     return (1, g) if n == 1 else (n, n * gpn)
 
 
+def earliest_start(cl, events, nodes: int, gpus: int, now: float) -> tuple[float, int]:
+    """(when a job of `nodes` nodes and `gpus` GPUs can start, what is left over then) as the
+    events [(time, [(node, gpus), ...])], in time order, give resources back: whole nodes
+    for a multi-node job, GPUs for a single-node one; (inf, 0) when they never suffice."""
+    if nodes > 1:
+        free, whole = cl.free[:], cl.whole
+        for e, given in events:
+            for node, g in given:
+                free[node] += g
+                whole += free[node] == cl.gpn
+            if whole >= nodes:
+                return max(e, now), whole - nodes
+        return math.inf, 0
+    avail = cl.free_gpus
+    for e, given in events:
+        avail += sum(g for _, g in given)
+        if avail >= gpus:
+            return max(e, now), avail - gpus
+    return math.inf, 0
+
+
 def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progress=None) -> Result:
     """progress(fraction of the jobs submitted) is told now and then."""
     cl = Cluster(sc.racks, sc.rack_gpus, sc.gpus_per_node)
@@ -169,24 +190,8 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         return True
 
     def reserve(h: int, now: float) -> tuple[float, int]:
-        """(when the head can start, what is left over then): whole nodes for a
-        multi-node head, GPUs for a single-node one."""
-        ordered = sorted(running)
-        if nodes[h] > 1:
-            free, whole = cl.free[:], cl.whole
-            for e, j in ordered:
-                for node, g in alloc[j]:
-                    free[node] += g
-                    whole += free[node] == gpn
-                if whole >= nodes[h]:
-                    return max(e, now), whole - nodes[h]
-            return math.inf, 0
-        avail = cl.free_gpus
-        for e, j in ordered:
-            avail += gpus[j]
-            if avail >= gpus[h]:
-                return max(e, now), avail - gpus[h]
-        return math.inf, 0
+        """(when the head can start, what is left over then): the running jobs' ends."""
+        return earliest_start(cl, [(e, alloc[j]) for e, j in sorted(running)], nodes[h], gpus[h], now)
 
     while nxt < N or running:
         t = min(submit[nxt] if nxt < N else math.inf, running[0][0] if running else math.inf)

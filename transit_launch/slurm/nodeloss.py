@@ -108,6 +108,12 @@ def layout(p, nodes: list[str], policy: str | None) -> Layout | None:
     c = p.at(len(nodes))
     if c is None or (p.needs_offload(c.nodes) and not choice.servable(c)):
         return None
+    return layout_of(p, c, nodes, policy)
+
+
+def layout_of(p, c, nodes: list[str], policy: str | None) -> Layout:
+    """What candidate c of plan p runs on these nodes."""
+    from transit_launch.planning import choice
     return Layout(list(nodes), c.layout.dp, c.microsteps, choice.policy_for(p, c.nodes, policy), c.efficiency,
                   round(c.est.total / 1e9, 2), round(c.offload / 1e9, 2), round(c.host_per_node / 1e9, 1))
 

@@ -104,7 +104,6 @@ def _append(job_dir: Path, t: Transition) -> None:
 
 def cmd_next(a) -> int:
     from transit_launch.planning.plan import plan
-    from transit_launch.planning.choice import policy_for
     if not a.model:
         raise UsageError("_node-loss next needs the job's plan options (--model ...)")
     job_dir, restart, k = Path(a.job_dir), _restart(), a.attempt
@@ -115,9 +114,7 @@ def cmd_next(a) -> int:
         c = p.at(len(nodes)) if nodes else None
         if c is None:  # render refuses a node count without a layout; outside a job there are no nodes
             raise UsageError(f"_node-loss next: {len(nodes)} node(s) in SLURM_JOB_NODELIST give no layout to run")
-        lay = nodeloss.layout(p, nodes, a.policy) or Layout(
-            nodes, c.layout.dp, c.microsteps, policy_for(p, len(nodes), a.policy), c.efficiency,
-            round(c.est.total / 1e9, 2), round(c.offload / 1e9, 2), round(c.host_per_node / 1e9, 1))
+        lay = nodeloss.layout_of(p, c, nodes, a.policy)  # the first attempt runs what render chose, served or not
         write_text_atomically(str(job_dir / f"attempt-{_tag(restart, 0)}.json"), json.dumps(lay.summary()))
         _write_env(job_dir, lay, 0, a)
         return 0
