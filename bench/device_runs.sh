@@ -222,6 +222,39 @@ titan-steps)      # one GPU, about 7 minutes, CARRY .whl: TorchTitan unchanged a
         --out "$OUT/titan_steps${TITAN_TAG:-}.json" 2>&1 \
         | grep -v '^\[' | cut -c1-600 | tail -40
     ;;
+host-state)       # issue 27, one GPU, about 9 minutes, CARRY .whl: TorchTitan unchanged (titan-steps' model) at 16
+                  # and 1 microbatches: advise with the optimizer state over the budget made in pinned host
+                  # memory (the default) against TRANSIT_HOST_STATE=0 (managed, as before)
+    for acc in 16 1; do
+        timeout 290 python3 bench/titan_steps.py --model llama3-8b --layers 16 --accum $acc --steps 6 --timeout 140 \
+            --runs ref,advise,advise:TRANSIT_HOST_STATE=0 --budget 0 --out "$OUT/titan_steps_accum${acc}_hoststate.json" \
+            2>&1 | grep -v '^\[' | cut -c1-600 | tail -20
+    done
+    ;;
+stream)           # issue 27, one GPU, about 8 minutes, CARRY .whl: TorchTitan unchanged (titan-steps' model) at 16
+                  # and 1 microbatches: advise against advise with the step streamed through the copy engines
+    for acc in 16 1; do
+        timeout $([ $acc = 16 ] && echo 345 || echo 160) python3 bench/titan_steps.py --model llama3-8b --layers 16 \
+            --accum $acc --steps 6 --timeout 140 --runs ref,advise,advise:TRANSIT_OVERLAP_STEP=stream --budget 0 --out "$OUT/titan_steps_accum${acc}_stream.json" \
+            2>&1 | grep -v '^\[' | cut -c1-600 | tail -20
+    done
+    ;;
+stream-2)         # issue 27, one GPU, about 8 minutes, CARRY .whl: the ways to get pinned host memory (the
+                  # warm-up's cost), the GPU tests of the pinned state and the streamed step, and TorchTitan
+                  # at 16 microbatches with the streamed step (its state pinned whole)
+    timeout 70 python3 bench/host_populate_probe.py --gb 8 --threads 16 --cases fault,hostalloc,hostallocN,register \
+        --out "$OUT/pin_probe.json" 2>&1 | tail -5
+    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py -k "stream or wide or state_pool" 2>&1 | tail -8
+    timeout 230 python3 bench/titan_steps.py --model llama3-8b --layers 16 --accum 16 --steps 6 --timeout 140 \
+        --runs ref,advise:TRANSIT_OVERLAP_STEP=stream --budget 0 --out "$OUT/titan_steps_accum16_stream2.json" \
+        2>&1 | grep -v '^\[' | cut -c1-600 | tail -8
+    ;;
+stream-3)         # issue 27, one GPU, about 2 minutes, CARRY .whl: TorchTitan at one microbatch with the streamed
+                  # step, its state made pinned by cudaHostRegister of memory 16 threads populated (the warm-up)
+    timeout 120 python3 bench/titan_steps.py --model llama3-8b --layers 16 --accum 1 --steps 6 --timeout 70 \
+        --runs ref,advise:TRANSIT_OVERLAP_STEP=stream --budget 0 --out "$OUT/titan_steps_accum1_stream3.json" \
+        2>&1 | grep -v '^\[' | cut -c1-600 | tail -8
+    ;;
 titan-memory)     # issue 18: TorchTitan's memory on the catalog models at truncated depth (TITAN_MATRIX,
                   # TITAN_DEADLINE seconds; 1-GPU runs two at a time, one per GPU)
     timeout ${TITAN_TIMEOUT:-560} python3 bench/titan_memory.py --matrix "$TITAN_MATRIX" --lanes 2 --timeout ${TITAN_RUN_TIMEOUT:-200} \

@@ -10,6 +10,9 @@ write (zero_) and a second pass (add_, the steady zero-copy rate):
   fault       nothing first: the GPU's writes populate (what the shim does today)
   prefetch    cudaMemPrefetchAsync to the host first (the reverted change)
   cpu1/cpuN   the CPU writes every page first (memset), one thread or N threads
+  hostalloc   pinned host memory instead (cudaHostAlloc, mapped): what shim/hoststate.c makes
+  hostallocN  the same in N allocations made by N threads at once (does pinning scale?)
+  register    anonymous memory the CPU populates with N threads, then cudaHostRegister (mapped)
 
     python3 bench/host_populate_probe.py --gb 8 --threads 16 --out probe.json
 
@@ -43,12 +46,88 @@ def cudart():
     rt.cudaMemPrefetchAsync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, Loc, ctypes.c_uint, ctypes.c_void_p]
     rt.cudaFree.argtypes = [ctypes.c_void_p]
     rt.cudaDeviceSynchronize.argtypes = []
+    rt.cudaHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
+    rt.cudaFreeHost.argtypes = [ctypes.c_void_p]
+    rt.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    rt.cudaHostUnregister.argtypes = [ctypes.c_void_p]
     return rt
+
+
+HOST_PORTABLE_MAPPED = 1 | 2  # cudaHostAllocPortable | cudaHostAllocMapped (= cudaHostRegister's flags)
+
+
+def _memset_threads(ptr, nbytes, n):
+    chunk = -(-nbytes // n)
+    ws = [threading.Thread(target=ctypes.memset, args=(ptr + i * chunk, 0, min(chunk, nbytes - i * chunk)))
+          for i in range(n) if i * chunk < nbytes]  # ctypes releases the GIL: the memsets run at once
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+
+
+def pinned(rt, case, nbytes, threads):
+    """The pinned cases: the time to get the memory, then the GPU's first write and a pass."""
+    import mmap
+    t0 = time.perf_counter()
+    keep, free = None, []
+    if case == "hostallocN":
+        ptrs = [ctypes.c_void_p() for _ in range(threads)]
+        part = nbytes // threads // 4096 * 4096
+        errs = [0] * threads
+
+        def get(i):
+            errs[i] = rt.cudaHostAlloc(ctypes.byref(ptrs[i]), part, HOST_PORTABLE_MAPPED)
+        ws = [threading.Thread(target=get, args=(i,)) for i in range(threads)]
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.join()
+        _check(max(errs), "cudaHostAlloc (threads)")
+        free = [lambda q=q: rt.cudaFreeHost(q) for q in ptrs]
+        ptr, nbytes = ptrs[0].value, part  # the kernels below run on one of them
+    elif case == "hostalloc":
+        p = ctypes.c_void_p()
+        _check(rt.cudaHostAlloc(ctypes.byref(p), nbytes, HOST_PORTABLE_MAPPED), "cudaHostAlloc")
+        free, ptr = [lambda: rt.cudaFreeHost(p)], p.value
+    else:  # register
+        keep = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(keep))
+        _memset_threads(ptr, nbytes, threads)
+        _check(rt.cudaHostRegister(ctypes.c_void_p(ptr), nbytes, HOST_PORTABLE_MAPPED), "cudaHostRegister")
+        free = [lambda: rt.cudaHostUnregister(ctypes.c_void_p(ptr))]
+    t1 = time.perf_counter()
+    try:
+        first, second, ok = _passes(ptr, nbytes)
+    finally:
+        for f in free:
+            f()
+        del keep  # (the mapping goes with the object)
+    total = nbytes * (threads if case == "hostallocN" else 1)
+    return {"case": case, "gb": total / 1e9, "populate_s": round(t1 - t0, 3), "populate_gb_s": round(total / 1e9 / (t1 - t0), 2),
+            "first_write_s": round(first, 3), "second_pass_s": round(second, 3),
+            "second_pass_gb_s": round(2 * nbytes / 1e9 / second, 2), "values_ok": ok}
 
 
 class _View:
     def __init__(self, ptr, n):
         self.__cuda_array_interface__ = {"shape": (n // 4,), "typestr": "<f4", "data": (ptr, False), "version": 3}
+
+
+def _passes(ptr, nbytes):
+    """The GPU's first write (zero_) and a second pass (add_) over the memory, in seconds, and
+    whether the values came out right."""
+    import torch
+    t = torch.as_tensor(_View(ptr, nbytes), device="cuda")
+    t0 = time.perf_counter()
+    t.zero_()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    t.add_(1.0)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    ok = bool(t[:: max(1, t.numel() // 1000)].eq(1.0).all().item())
+    return t1 - t0, t2 - t1, ok
 
 
 def _check(err, what):
@@ -57,7 +136,8 @@ def _check(err, what):
 
 
 def one(rt, case, nbytes, threads):
-    import torch
+    if case in ("hostalloc", "hostallocN", "register"):
+        return pinned(rt, case, nbytes, threads)
     p = ctypes.c_void_p()
     _check(rt.cudaMallocManaged(ctypes.byref(p), nbytes, 1), "cudaMallocManaged")
     try:
@@ -77,18 +157,10 @@ def one(rt, case, nbytes, threads):
             for w in ws:
                 w.join()
         t1 = time.perf_counter()
-        t = torch.as_tensor(_View(p.value, nbytes), device="cuda")
-        t.zero_()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        t.add_(1.0)
-        torch.cuda.synchronize()
-        t3 = time.perf_counter()
-        ok = bool(t[:: max(1, t.numel() // 1000)].eq(1.0).all().item())
-        del t
-        return {"case": case, "gb": nbytes / 1e9, "populate_s": round(t1 - t0, 3), "first_write_s": round(t2 - t1, 3),
-                "total_s": round(t2 - t0, 3), "total_gb_s": round(nbytes / 1e9 / (t2 - t0), 2),
-                "second_pass_s": round(t3 - t2, 3), "second_pass_gb_s": round(2 * nbytes / 1e9 / (t3 - t2), 2),
+        first, second, ok = _passes(p.value, nbytes)
+        return {"case": case, "gb": nbytes / 1e9, "populate_s": round(t1 - t0, 3), "first_write_s": round(first, 3),
+                "total_s": round(t1 - t0 + first, 3), "total_gb_s": round(nbytes / 1e9 / (t1 - t0 + first), 2),
+                "second_pass_s": round(second, 3), "second_pass_gb_s": round(2 * nbytes / 1e9 / second, 2),
                 "values_ok": ok}
     finally:
         rt.cudaDeviceSynchronize()
@@ -99,7 +171,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--cases", default="fault,prefetch,cpu1,cpuN")
+    ap.add_argument("--cases", default="fault,prefetch,cpu1,cpuN,hostalloc,hostallocN,register")
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch

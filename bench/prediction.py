@@ -61,7 +61,7 @@ def points(paths=None):
             stats = r["stats"][0]
             yield {"file": key[0], "run": r["name"], "layers": d["layers"], "microbatches": d["accum"],
                    "seq_len": d["seq_len"], "budget": r["budget"], "measured": _steady(ref["step_s"]) / _steady(r["step_s"]),
-                   "host_bytes": stats["host_placed_bytes"], "reserved": r["max_reserved"],
+                   "host_bytes": stats["host_placed_bytes"] + stats.get("host_state_bytes", 0), "reserved": r["max_reserved"],
                    "state_s": _steady(r["optimizer_s"]) - _steady(ref["optimizer_s"]),
                    "first_step_extra_s": r["optimizer_s"][0] - ref["optimizer_s"][0],
                    "fit": FIT.get(key, ()), "other_build": OTHER_BUILD.get(key), "pool_off": "TRANSIT_STATE_POOL" in r["env"]}

@@ -120,3 +120,22 @@ static uint64_t wait_on(cudaStream_t s) { return (uint64_t)tr_stage_wait(s); }
 EXPORT size_t transit_stage_in(uintptr_t stream) { return (size_t)staged(tr_stage_in, stream); }
 EXPORT int transit_stage_wait(uintptr_t stream) { return (int)staged(wait_on, stream); }
 EXPORT size_t transit_stage_out(uintptr_t stream) { return (size_t)staged(tr_stage_out, stream); }
+
+EXPORT void transit_state_alloc(int on)
+{
+    if (!transit_active())
+        return;
+    pthread_mutex_lock(&tr_lock);
+    tr_hoststate_mark(on);
+    pthread_mutex_unlock(&tr_lock);
+}
+
+EXPORT int transit_host_state(uintptr_t ptr, size_t size)
+{
+    if (!transit_active())
+        return 0;
+    pthread_mutex_lock(&tr_lock);
+    int r = tr_hoststate_holds(ptr, size);
+    pthread_mutex_unlock(&tr_lock);
+    return r;
+}

@@ -43,13 +43,16 @@ static uint64_t env_size(const char *name, uint64_t dflt, const char *dflt_text)
     return dflt;
 }
 
-static int env_flag(const char *name)
+/* 0 or 1; unset or anything else: dflt (said) */
+static int env_flag_or(const char *name, int dflt)
 {
     const char *v = env(name);
     if (v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
-        not_honoured(name, v, "is not 0 or 1", "0");
-    return v && strcmp(v, "1") == 0;
+        not_honoured(name, v, "is not 0 or 1", dflt ? "1" : "0");
+    return v && (!strcmp(v, "0") || !strcmp(v, "1")) ? v[0] == '1' : dflt;
 }
+
+static int env_flag(const char *name) { return env_flag_or(name, 0); }
 
 /* Up to `digits` decimal digits and nothing else; -1 otherwise. */
 static long digits_value(const char *s, int digits)
@@ -130,6 +133,7 @@ void tr_config_load(void)
     tr_cfg.warmup_iters = env_warmup();
     tr_cfg.merge_gap = env_size(TR_ENV_MERGE_GAP, 128 * 1024, "128KiB");
     tr_cfg.stage = env_flag(TR_ENV_STAGE);
+    tr_cfg.host_state = env_flag_or(TR_ENV_HOST_STATE, 1);
     tr_cfg.cold_tail_ppm = env_cold_tail();
     const char *v = env(TR_ENV_STATS);
     tr_cfg.stats_path[0] = 0;

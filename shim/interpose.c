@@ -81,6 +81,12 @@ EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
     if (!on || size == 0 || !devPtr) /* the runtime's own answers (a NULL devPtr: cudaErrorInvalidValue) */
         return tr_real.malloc(devPtr, size);
 
+    /* optimizer state the adapter marked: pinned host memory (hoststate.c) */
+    void *host = tr_hoststate_wanted() ? tr_hoststate_alloc(size) : NULL;
+    if (host) {
+        *devPtr = host;
+        return cudaSuccess;
+    }
     /* reserved under the lock before the runtime is asked: the guard holds at every instant */
     pthread_mutex_lock(&tr_lock);
     uint64_t have = tr_tab.managed_bytes, room = tr_guard_room(); /* the adapter's buffers change the room */
@@ -112,6 +118,9 @@ EXPORT cudaError_t cudaFree(void *devPtr)
     if (!tr_real.free)
         return cudaErrorInitializationError;
     uint64_t dev = 0;
+    cudaError_t herr = cudaSuccess;
+    if (on && devPtr && tr_hoststate_free((uintptr_t)devPtr, &herr))
+        return herr;
     size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;
     cudaError_t err = tr_real.free(devPtr);
     if (held) /* counted by the guard and the budget until the runtime has the memory back */

@@ -74,6 +74,8 @@ int tr_real_resolve(void)
     RESOLVE(stream_wait_event, "cudaStreamWaitEvent");
     RESOLVE(event_synchronize, "cudaEventSynchronize");
     RESOLVE(event_query, "cudaEventQuery");
+    RESOLVE(host_register, "cudaHostRegister");
+    RESOLVE(host_unregister, "cudaHostUnregister");
     if (!tr_real.malloc || !tr_real.free) {
         tr_log(TR_ERROR, "no CUDA runtime (cudaMalloc/cudaFree) found in this process: passing through");
         return -1;

@@ -224,6 +224,9 @@ int tr_write_stats(const char *path)
     fprintf(f, "  \"device_buffer_bytes\": %llu,\n", (unsigned long long)tr_devbuf_bytes());
     fprintf(f, "  \"host_placed_bytes\": %llu,\n  \"host_placed_peak_bytes\": %llu,\n",
             (unsigned long long)tr_st.host_placed_bytes, (unsigned long long)tr_st.host_placed_peak);
+    fprintf(f, "  \"host_state_bytes\": %llu,\n  \"host_state_peak_bytes\": %llu,\n  \"host_state_allocs\": %llu,\n",
+            (unsigned long long)tr_hoststate_bytes(), (unsigned long long)tr_st.host_state_peak,
+            (unsigned long long)tr_st.host_state_allocs);
     fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",
             (unsigned long long)tr_st.zero_copy_bytes, (unsigned long long)tr_st.zero_copy_peak);
     fprintf(f, "  \"cold_hint_bytes\": {\"optimizer\": %llu, \"master\": %llu},\n",

@@ -28,6 +28,7 @@ struct tr_config {
     char stats_path[4096];    /* TRANSIT_STATS ("" = none) */
     int log_level;            /* 0 error, 1 warn, 2 info, 3 debug */
     int stage;                /* TRANSIT_STAGE=1 (advise): the adapter stages cold data per step */
+    int host_state;           /* TRANSIT_HOST_STATE (default 1): state over the budget in pinned memory */
     uint32_t cold_tail_ppm;   /* TRANSIT_COLD_TAIL in millionths (observe.c) */
 };
 HIDDEN extern struct tr_config tr_cfg;
@@ -65,6 +66,9 @@ struct tr_real {
     cudaError_t (*stream_wait_event)(cudaStream_t, cudaEvent_t, unsigned int);
     cudaError_t (*event_synchronize)(cudaEvent_t);
     cudaError_t (*event_query)(cudaEvent_t);
+    /* optimizer state born on the host (hoststate.c): optional */
+    cudaError_t (*host_register)(void *, size_t, unsigned int);
+    cudaError_t (*host_unregister)(void *);
     /* resolved by version: CUDA 13 names, 12.2+ *_v2 names, or the legacy int-device form */
     void *advise_fn;
     void *prefetch_fn;
@@ -163,6 +167,14 @@ HIDDEN uint64_t tr_devbuf_bytes(void);
 HIDDEN uintptr_t tr_devbuf_alloc(size_t size); /* 0: no room, or the runtime refused */
 HIDDEN int tr_devbuf_free(uintptr_t ptr);      /* -1: not one of them */
 
+/* ---- optimizer state in pinned host memory (hoststate.c) ------------------------- */
+HIDDEN void tr_hoststate_mark(int on);          /* the calling thread's next allocations are state (lock-free) */
+HIDDEN int tr_hoststate_wanted(void);           /* this thread's allocation goes to pinned memory */
+HIDDEN void *tr_hoststate_alloc(size_t size);   /* not under tr_lock; NULL: refused (the managed path then) */
+HIDDEN int tr_hoststate_free(uintptr_t ptr, cudaError_t *err); /* not under tr_lock; 1: it was one */
+HIDDEN int tr_hoststate_holds(uintptr_t ptr, size_t size);     /* under tr_lock */
+HIDDEN uint64_t tr_hoststate_bytes(void);                      /* under tr_lock */
+
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {
     _Atomic uint64_t mallocs, frees, managed_allocs, failed_allocs, guard_refusals;
@@ -180,6 +192,7 @@ struct tr_stats {
     uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need, stage_overflows;
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];
+    uint64_t host_state_allocs, host_state_peak; /* hoststate.c */
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];
     int n_iter_ms;

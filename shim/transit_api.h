@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 4
+#define TRANSIT_API_VERSION 5
 enum { TRANSIT_HINT_HOT = 0, TRANSIT_HINT_MASTER = 1, TRANSIT_HINT_OPTIMIZER = 2 };
 
 int transit_api_version(void);
@@ -42,4 +42,11 @@ size_t transit_stage_in(uintptr_t stream);
 int transit_stage_wait(uintptr_t stream);
 /* After the optimizer step: the staged ranges go home after `stream`'s work; bytes. */
 size_t transit_stage_out(uintptr_t stream);
+/* The calling thread's next allocations are optimizer state (on = 1) until on = 0; calls
+ * nest (version 5). Under advise they are made in pinned host memory, mapped at the same
+ * address for the device: read zero-copy by the step, moved by the copy engines, never
+ * migrated (hoststate.c says when the adapter marks). */
+void transit_state_alloc(int on);
+/* 1 when [ptr, ptr + size) is optimizer state in the shim's pinned host memory (version 5). */
+int transit_host_state(uintptr_t ptr, size_t size);
 #endif

@@ -40,6 +40,8 @@ if mode == "overlap":
         def stage_enabled(self): return False
         def device_alloc(self, size): return 0
         def device_free(self, ptr): return -1
+        def state_alloc(self, on): return False
+        def host_state(self, ptr, size): return False
 
     hooks = site._Hooks(Api())
     hooks.register(sys.modules["torch.optim.optimizer"])

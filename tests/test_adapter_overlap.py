@@ -549,6 +549,12 @@ class Api:
     def device_free(self, ptr):
         return -1
 
+    def state_alloc(self, on):  # marks nothing: no shim
+        return False
+
+    def host_state(self, ptr, size):
+        return False
+
 
 def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
@@ -592,6 +598,8 @@ class Api:  # the shim's API as the adapter sees it, on a machine without the sh
     def stage_enabled(self): return False
     def device_alloc(self, size): return 0
     def device_free(self, ptr): return -1
+    def state_alloc(self, on): return False
+    def host_state(self, ptr, size): return False
 
 def losses():
     out = io.StringIO()
@@ -818,6 +826,34 @@ def test_staging_lets_go_of_replaced_states(T, monkeypatch):
     import gc
     gc.collect()
     assert s.homes == {} and s.owner == {} and s.kept == [] and s.finalizers == {}  # the optimizer is gone
+
+
+def test_state_born_in_pinned_memory_is_homed_in_place(T, monkeypatch):
+    """A state the shim made in pinned host memory (host_state says so) is its own home: the
+    home is a CPU view of the same bytes, nothing is copied, no storage is kept, the state
+    tensor is untouched. A state the shim did not make there is asked about by its own
+    address and size. (CPU tensors stand in for the mapped memory: the view is made from
+    the address alone, as on the GPU.)"""
+    import torch
+    st = T._staging_module()
+    monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: True))
+    m = mlp()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    states = [opt.state[p][k] for p in m.parameters() for k in ("exp_avg", "exp_avg_sq")]
+    asked = []
+    s = st.Staging(host_state=lambda ptr, n: asked.append((ptr, n)) or True)
+    before = [(t.data_ptr(), t.clone()) for t in states]
+    assert s.home(opt) == sum(t.numel() * t.element_size() for t in states) == s.in_place
+    assert sorted(asked) == sorted((t.data_ptr(), t.numel() * t.element_size()) for t in states)
+    assert s.kept == []
+    for t, (ptr, values) in zip(states, before):
+        home = s.homes[ptr]
+        assert t.data_ptr() == ptr and torch.equal(t, values)  # the state did not move
+        assert home.device.type == "cpu" and home.data_ptr() == ptr and home.dtype == t.dtype
+        home.add_(1)  # the same bytes: a write through the home is the state's
+        assert torch.equal(t, values + 1)
 
 
 def test_early_updates_on_a_green_context_or_a_plain_stream(T, monkeypatch, capsys):

@@ -61,7 +61,7 @@ def pool(monkeypatch):
     mod = load_pool_module()
     monkeypatch.setattr(mod, "_cuda_device", lambda opt: "cuda:0")
     fake = FakeCuda()
-    sp = mod.StatePool(torch_cuda=fake)
+    sp = mod.StatePool(torch_cuda=fake, mark=lambda on: fake.events.append(("mark", on)))
     handles = [o.register_optimizer_step_pre_hook(sp.pre_step), o.register_optimizer_step_post_hook(sp.post_step)]
     # every state tensor AdamW makes, and whether the pool was in use when it was made
     made = []
@@ -98,12 +98,13 @@ def test_the_first_step_makes_the_state_inside_the_pool_and_nothing_after(pool):
     _step(model, opt)
     # AdamW makes exp_avg and exp_avg_sq for each of the 4 parameters, all in the pool
     assert made == ["pool1"] * 8, made
-    assert fake.events == [("enter", "pool1", "cuda:0"), ("exit", "pool1")]
+    # the state's allocations are marked for the shim, inside the pool and only there
+    assert fake.events == [("enter", "pool1", "cuda:0"), ("mark", True), ("mark", False), ("exit", "pool1")]
     assert "_init_group" not in vars(opt), "the wrapper outlived the first step"
     made.clear()
     for _ in range(3):
         _step(model, opt)
-    assert made == [] and len(fake.events) == 2 and sp.routed == 1
+    assert made == [] and len(fake.events) == 4 and sp.routed == 1
     assert sum(len(s) for s in opt.state.values()) == 12  # step, exp_avg, exp_avg_sq each
 
 
@@ -152,7 +153,8 @@ def test_each_inner_optimizer_of_a_container_gets_its_pool_once(pool):
         opt.step()
         opt.zero_grad()
     assert made == ["pool1"] * 16  # two parts, 4 parameters, 2 states each, made in step 1
-    assert fake.events == [("enter", "pool1", "cuda:0"), ("exit", "pool1")] * 2  # one pool per device
+    routed = [("enter", "pool1", "cuda:0"), ("mark", True), ("mark", False), ("exit", "pool1")]
+    assert fake.events == routed * 2  # one pool per device
     assert sp.routed == 2  # the container itself has no _init_group: left alone
 
 
@@ -174,7 +176,25 @@ def test_a_first_step_that_raises_does_not_keep_routing(pool):
     assert "_init_group" in vars(opt) and fake.inside is None
     _step(model, opt)
     assert "_init_group" not in vars(opt) and sp.routed == 2  # routed again: the first step never ended
-    assert made == ["pool1"] * 8 and fake.events == [("enter", "pool1", "cuda:0"), ("exit", "pool1")]
+    assert made == ["pool1"] * 8
+    assert fake.events == [("enter", "pool1", "cuda:0"), ("mark", True), ("mark", False), ("exit", "pool1")]
+
+
+def test_a_state_allocation_that_raises_unmarks_the_thread(pool, monkeypatch):
+    """Out of memory inside _init_group: the mark is lifted on the way out, so the
+    application's next allocations are not taken for optimizer state."""
+    import torch
+    sp, fake, made = pool
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("no room")
+    monkeypatch.setattr(torch, "zeros_like", oom)
+    model(torch.randn(3, 8)).sum().backward()
+    with pytest.raises(torch.OutOfMemoryError):
+        opt.step()
+    assert fake.events == [("enter", "pool1", "cuda:0"), ("mark", True), ("mark", False), ("exit", "pool1")]
 
 
 def test_off_switch_and_name_are_the_rules(monkeypatch):
@@ -198,7 +218,7 @@ def test_overlap_counts_the_pool_hooks_as_the_adapters_own(monkeypatch):
     class Api:
         def stage_enabled(self):
             return False
-        device_alloc = device_free = None
+        device_alloc = device_free = state_alloc = host_state = None
     hooks = site._Hooks(Api())
     assert hooks.pool is not None and hooks.overlap is not None
     assert hooks.pool.pre_step in hooks.overlap.ours and hooks.pool.post_step in hooks.overlap.ours

@@ -24,7 +24,7 @@ POLICIES = ("off", "base", "prefetch", "advise")
 # place; "staged" its state staged through the copy engines (the fastest measured, a second
 # host copy of the state); "serial" a diagnostic. The adapter keeps its own copy (a test
 # keeps them equal): it runs in the job's Python, which need not have transit_launch.
-OVERLAP_MODES = ("1", "staged", "serial")
+OVERLAP_MODES = ("1", "staged", "serial", "stream")
 # "staged": the ring of plain device memory each GPU stages through, out of the GPU budget
 # (the adapter's transit_staging.STAGE_LIMIT; a test keeps them equal). The plan counts it.
 STAGE_RING_BYTES = 256 << 20
@@ -42,6 +42,7 @@ ENV = {
     "LOG": "TRANSIT_LOG",
     "STAGE": "TRANSIT_STAGE",
     "COLD_TAIL": "TRANSIT_COLD_TAIL",
+    "HOST_STATE": "TRANSIT_HOST_STATE",  # 0: optimizer state over the budget stays managed memory (hoststate.c)
     # read by the framework adapter only (transit_overlap.py), not by the shim
     "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (shim/adapter/transit_overlap.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)

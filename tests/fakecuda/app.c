@@ -22,6 +22,8 @@
  *                                 (cudaMalloc), info (cudaMemGetInfo), zero (cudaMallocManaged(0)),
  *                                 advise-plain, prefetch-plain, advise-stack, prefetch-stack (unmanaged memory),
  *                                 hostwrite:OFF:LEN (the CPU writes the range: fake_cudart_host_write)
+ *   app state HOT STATE PARTS STATS   HOT bytes, PARTS allocations of STATE bytes marked as optimizer
+ *                                 state (transit_state_alloc), one unmarked; a kernel touches all; stats
  *   app stress SEED THREADS OPS STATS [replay]   THREADS threads of OPS seeded random calls
  *                                 each (below), then the tallies; replay: a random replay table first
  * Kernels that touch memory (fake_touch.h) are what the fake runtime's residency follows:
@@ -70,7 +72,7 @@ static void print_tally(void)
 {
     static const char *const names[FAKE_RES_N] = {"dev_resident", "dev_resident_peak", "device_used_peak",
         "host_resident", "zero_copy", "migrated", "first_touch", "to_dev", "to_host", "device_full", "retained",
-        "host_written"};
+        "host_written", "pinned"};
     void (*residency)(unsigned long long *) = (void (*)(unsigned long long *))api("fake_cudart_residency");
     if (residency) {
         unsigned long long r[FAKE_RES_N];
@@ -90,6 +92,14 @@ static void print_tally(void)
         char why[256] = "";
         printf("table_check=%d %s\n", check(why, sizeof why), why);
     }
+}
+
+struct other { size_t size; void *p; };
+static void *other_alloc(void *arg)
+{
+    struct other *o = arg;
+    cudaMalloc(&o->p, o->size);
+    return NULL;
 }
 
 #define MAX_HOLD 64
@@ -550,6 +560,50 @@ int main(int argc, char **argv)
         printf("freed_again=%d\n", dfree(buf));
         cudaFree(q);
         cudaFree(p);
+        return 0;
+    }
+    if (!strcmp(argv[1], "state") && argc >= 6) {
+        /* HOT STATE PARTS STATS: HOT bytes of the application's, then PARTS allocations of
+         * STATE bytes marked as optimizer state (transit_state_alloc), then one unmarked
+         * allocation of STATE bytes; a kernel touches everything; stats; all freed. */
+        size_t hot = strtoull(argv[2], NULL, 10), state = strtoull(argv[3], NULL, 10);
+        int parts = atoi(argv[4]);
+        void (*mark)(int) = (void (*)(int))api("transit_state_alloc");
+        int (*is_host)(uintptr_t, size_t) = (int (*)(uintptr_t, size_t))api("transit_host_state");
+        int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
+        if (!mark || !is_host || parts < 1 || parts > 8)
+            return 1;
+        void *h, *s[8], *after;
+        cudaMalloc(&h, hot);
+        mark(1);
+        for (int i = 0; i < parts; i++)
+            printf("state%d_err=%d\n", i, (int)cudaMalloc(&s[i], state));
+        struct other o = {state, NULL};
+        pthread_t t; /* another thread's allocation meanwhile is not state: the mark is the caller's */
+        if (pthread_create(&t, NULL, other_alloc, &o) || pthread_join(t, NULL))
+            return 1;
+        mark(0);
+        printf("last_error=%d\n", (int)cudaGetLastError());
+        printf("after_err=%d\n", (int)cudaMalloc(&after, state));
+        struct fake_touch all[11] = {{(uintptr_t)h, hot}};
+        for (int i = 0; i < parts; i++) {
+            printf("state%d_host=%d\n", i, is_host((uintptr_t)s[i], state));
+            all[1 + i] = (struct fake_touch){(uintptr_t)s[i], state};
+        }
+        printf("inside_host=%d\n", is_host((uintptr_t)s[parts - 1] + 8, state - 8));
+        printf("past_end_host=%d\n", is_host((uintptr_t)s[parts - 1] + 8, state));
+        printf("after_host=%d\nhot_host=%d\nother_host=%d\n", is_host((uintptr_t)after, state),
+               is_host((uintptr_t)h, hot), is_host((uintptr_t)o.p, state));
+        all[1 + parts] = (struct fake_touch){(uintptr_t)after, state};
+        touch_kernel(all, 0);
+        printf("stats=%d\n", write_stats(argv[5]));
+        print_tally();
+        for (int i = 0; i < parts; i++)
+            printf("free%d=%d\n", i, (int)cudaFree(s[i]));
+        printf("free_after=%d\n", (int)cudaFree(after));
+        cudaFree(o.p);
+        cudaFree(h);
+        print_tally();
         return 0;
     }
     if (!strcmp(argv[1], "place") && argc >= 5) {

@@ -5,6 +5,7 @@
  * (13000), FAKE_NO_MANAGED=1, FAKE_MANAGED_FAIL=1 (cudaMallocManaged returns
  * cudaErrorNotSupported), FAKE_MANAGED_OOM_EVERY=N (every Nth cudaMallocManaged runs out
  * of memory), FAKE_PREFETCH_FAIL=1, FAKE_EVENT_FAIL=1, FAKE_EVENT_BUSY=1 (below),
+ * FAKE_HOST_REGISTER_FAIL=1 (cudaHostRegister runs out of memory),
  * FAKE_CUDART_RESIDENCY=PATH (the residency account as JSON at exit; %p: the pid).
  *
  * Where each answer comes from. "probe": bench/cuda_error_probe.c on the H200, its
@@ -90,7 +91,7 @@ static FILE *logf;
 
 /* pg: a managed allocation's pages (PAGE bytes each, the last one partial), each a
  * location (LOC_*) | preferred location << 2 (LOC_*) | ACC (accessed-by the device) */
-struct blk { uint64_t p, n; int managed; uint8_t *pg; };
+struct blk { uint64_t p, n; int managed, pinned; uint8_t *pg; };
 static struct blk *blks;
 static size_t nblk, cblk;
 
@@ -155,6 +156,33 @@ static int fits(uint64_t n, int managed)
     return n <= host_mem - managed_live;
 }
 
+/* The block list; under mu. */
+static void add_blk(struct blk b)
+{
+    if (nblk == cblk) {
+        size_t c = cblk ? cblk * 2 : 64;
+        struct blk *g = realloc(blks, c * sizeof *g);
+        if (!g)
+            abort();
+        blks = g;
+        cblk = c;
+    }
+    blks[nblk++] = b;
+}
+
+/* Takes the block that starts at p out of the list into *out: 1, or 0 when none (of the
+ * pinned kind asked for) starts there; under mu. */
+static int take_blk(const void *p, int pinned, struct blk *out)
+{
+    for (size_t i = 0; p && i < nblk; i++)
+        if (blks[i].p == (uint64_t)(uintptr_t)p && blks[i].pinned == pinned) {
+            *out = blks[i];
+            blks[i] = blks[--nblk];
+            return 1;
+        }
+    return 0;
+}
+
 static cudaError_t alloc(void **p, size_t n, int managed)
 {
     const char *what = managed ? "cudaMallocManaged" : "cudaMalloc";
@@ -187,15 +215,7 @@ static cudaError_t alloc(void **p, size_t n, int managed)
     uint8_t *pg = managed ? calloc((n + PAGE - 1) / PAGE, 1) : NULL; /* every page LOC_NONE */
     if (managed && !pg)
         abort();
-    if (nblk == cblk) {
-        size_t c = cblk ? cblk * 2 : 64;
-        struct blk *b = realloc(blks, c * sizeof *b);
-        if (!b)
-            abort();
-        blks = b;
-        cblk = c;
-    }
-    blks[nblk++] = (struct blk){a, n, managed, pg};
+    add_blk((struct blk){a, n, managed, 0, pg});
     *p = (void *)a;
     logcall("%s %zu 0x%llx", what, n, (unsigned long long)a);
     pthread_mutex_unlock(&mu);
@@ -296,7 +316,13 @@ static void touch(uint64_t a, uint64_t n)
 {
     for (size_t k = 0; k < nblk; k++) {
         struct blk *b = &blks[k];
-        if (!b->managed || a >= b->p + b->n || a + n <= b->p)
+        if (a >= b->p + b->n || a + n <= b->p)
+            continue;
+        if (b->pinned) { /* mapped host memory: read where it is */
+            res[FAKE_RES_ZERO_COPY] += (a + n < b->p + b->n ? a + n : b->p + b->n) - (a > b->p ? a : b->p);
+            continue;
+        }
+        if (!b->managed)
             continue;
         uint64_t s = a > b->p ? a : b->p, e = a + n < b->p + b->n ? a + n : b->p + b->n;
         uint64_t i0, i1;
@@ -369,7 +395,8 @@ void fake_cudart_residency_peak_reset(void)
 static const char *const res_names[FAKE_RES_N] = {
     "device_resident_bytes", "device_resident_peak_bytes", "device_used_peak_bytes", "host_resident_bytes",
     "zero_copy_touch_bytes", "fault_migrated_bytes", "first_touch_device_bytes", "prefetched_to_device_bytes",
-    "prefetched_to_host_bytes", "device_full_bytes", "device_retained_bytes", "host_written_bytes"};
+    "prefetched_to_host_bytes", "device_full_bytes", "device_retained_bytes", "host_written_bytes",
+    "host_pinned_bytes"};
 
 __attribute__((destructor)) static void write_residency(void)
 {
@@ -405,22 +432,55 @@ cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
     return alloc(p, n, 1);
 }
 
-cudaError_t cudaFree(void *p)
+/* Registered (pinned) host memory: the caller's own pages, never on the device, counted
+ * against FAKE_HOST_MEM; cudaFree of it is cudaErrorInvalidValue (ASSUMPTION: not probed),
+ * cudaHostUnregister of memory not registered cudaErrorHostMemoryNotRegistered (docs);
+ * FAKE_HOST_REGISTER_FAIL=1 refuses with cudaErrorMemoryAllocation (docs lists it). */
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 {
-    cudaError_t err = p ? cudaErrorInvalidValue : cudaSuccess;
+    if (!p || !n)
+        return fail(cudaErrorInvalidValue);
     pthread_mutex_lock(&mu);
     init();
-    for (size_t i = 0; p && i < nblk; i++)
-        if (blks[i].p == (uint64_t)(uintptr_t)p) {
-            if (blks[i].managed) {
-                managed_live -= blks[i].n;
-                drop_pages(&blks[i]);
-            } else
-                used -= blks[i].n;
-            blks[i] = blks[--nblk];
-            err = cudaSuccess;
-            break;
-        }
+    if (getenv("FAKE_HOST_REGISTER_FAIL") || n > host_mem - managed_live - res[FAKE_RES_PINNED]) {
+        logcall("cudaHostRegister %zu -> oom", n);
+        pthread_mutex_unlock(&mu);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    add_blk((struct blk){(uint64_t)(uintptr_t)p, n, 0, 1, NULL});
+    res[FAKE_RES_PINNED] += n;
+    logcall("cudaHostRegister %zu 0x%llx %u", n, (unsigned long long)(uintptr_t)p, flags);
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *p)
+{
+    struct blk b;
+    pthread_mutex_lock(&mu);
+    init();
+    cudaError_t err = take_blk(p, 1, &b) ? cudaSuccess : cudaErrorHostMemoryNotRegistered;
+    if (!err)
+        res[FAKE_RES_PINNED] -= b.n;
+    bad_frees += err != cudaSuccess;
+    logcall("cudaHostUnregister 0x%llx%s", (unsigned long long)(uintptr_t)p, err ? " -> not registered" : "");
+    pthread_mutex_unlock(&mu);
+    return err ? fail(err) : err;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    struct blk b;
+    pthread_mutex_lock(&mu);
+    init();
+    cudaError_t err = !p ? cudaSuccess : take_blk(p, 0, &b) ? cudaSuccess : cudaErrorInvalidValue;
+    if (p && !err) {
+        if (b.managed) {
+            managed_live -= b.n;
+            drop_pages(&b);
+        } else
+            used -= b.n;
+    }
     bad_frees += err != cudaSuccess;
     logcall("cudaFree 0x%llx%s", (unsigned long long)(uintptr_t)p, err ? " -> invalid" : "");
     pthread_mutex_unlock(&mu);

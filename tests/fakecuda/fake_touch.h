@@ -24,6 +24,7 @@ enum {
     FAKE_RES_DEVICE_FULL,  /* bytes that found the device full and stayed on (or went to) the host */
     FAKE_RES_RETAINED,     /* bytes of managed pages that have been on the device (cudaMemGetInfo counts them) */
     FAKE_RES_HOST_WRITTEN, /* bytes the CPU wrote (fake_cudart_host_write) */
+    FAKE_RES_PINNED,       /* bytes of host memory registered (pinned) now */
     FAKE_RES_N
 };
 #endif

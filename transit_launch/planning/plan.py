@@ -165,9 +165,10 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     c = Candidate(nodes, lay, est, per_node(req.card, lay, req.gpus_per_node), microsteps)
     # what the shim places on the host: the reserved bytes over the budget (SHIM_RESERVED_GAP)
     c.offload = est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory if est.total > req.gpu.memory else 0.0
-    staged = req.overlap == "staged" and c.offload > 0
-    if staged:  # the staging ring comes out of the budget; the state's pinned home is a second host copy
-        c.offload += STAGE_RING_BYTES
+    ring = req.overlap in ("staged", "stream") and c.offload > 0
+    staged = ring and req.overlap == "staged"
+    if ring:  # the staging ring comes out of the budget (staged: the state's pinned home is a second host copy;
+        c.offload += STAGE_RING_BYTES  # stream: the offloaded state is made in pinned memory, not copied)
     c.spill = max(0.0, c.offload - est.cold)
     c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK + (est.optimizer if staged else 0.0))
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
@@ -180,6 +181,8 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     if staged:
         c.notes.append(f"staged: +{gb(est.optimizer):.1f} GB host/GPU (the state's pinned copy), "
                        f"{STAGE_RING_BYTES >> 20} MiB ring")
+    elif ring:
+        c.notes.append(f"stream: {STAGE_RING_BYTES >> 20} MiB ring")
     if c.spill:
         c.notes.append(f"{gb(c.spill)} GB of hot data (gradients/activations) must leave the GPU")
     if not c.fits_host:

@@ -128,8 +128,10 @@ def summary(stats: list[dict]) -> dict:
             "budget_gb": gb(s["budget_bytes"]), "managed_peak_gb": gb(s["managed_peak_bytes"]),
             "device_placed_peak_gb": gb(s["device_placed_peak_bytes"]),  # the device buffers included
             "device_buffer_gb": gb(s.get("device_buffer_bytes", 0)),  # plain memory for the adapter, at exit
-            "host_placed_peak_gb": gb(s["host_placed_peak_bytes"]),
+            "host_placed_peak_gb": gb(s["host_placed_peak_bytes"]),  # managed memory placed on the host
             "zero_copy_peak_gb": gb(s["zero_copy_mapped_peak_bytes"]),
+            # optimizer state made in pinned host memory (advise; read zero-copy, never migrated)
+            "host_state_peak_gb": gb(s.get("host_state_peak_bytes", 0)),
             "optimizer_hint_gb": gb(s["cold_hint_bytes"]["optimizer"]),
             "gpu_in_use_steady_gb": gb(s["gpu_resident_peak_steady_bytes"]),
             "prefetch_gb": gb(s["prefetch_bytes"]), "htod_gb": gb(s["htod_bytes"]),
@@ -152,7 +154,8 @@ def summary_text(summ: dict) -> str:
         return ("transit-launch: no CUDA process of the command wrote shim stats (the shim writes them in "
                 "processes that call the CUDA runtime: none did, e.g. PyTorch on a machine without a GPU)")
     rows = [[p["pid"], p["policy"] + (" (pass-through)" if p["passthrough"] else ""), p["budget_gb"],
-             p["managed_peak_gb"], p["device_placed_peak_gb"], p["host_placed_peak_gb"], p["zero_copy_peak_gb"],
+             p["managed_peak_gb"], p["device_placed_peak_gb"], round(p["host_placed_peak_gb"] + p["host_state_peak_gb"], 2),
+             round(p["zero_copy_peak_gb"] + p["host_state_peak_gb"], 2),
              p["gpu_in_use_steady_gb"], p["prefetch_gb"], p["iterations"], p["median_iteration_ms"],
              "yes" if p["budget_held"] else "NO", "yes" if p["measured_within"] else "no (*)"]
             for p in summ["processes"]]
@@ -166,6 +169,9 @@ def summary_text(summ: dict) -> str:
             text += (f"\npid {p['pid']}: first step {w['first_s']} s (from its optimizer's creation), second "
                      f"{w['second_s']} s, steady {w['steady_s']} s: {w['extra_s']} s beyond two steady steps "
                      f"({w['steady_steps']} steady steps; a job's first step is slower without the shim too)")
+        if p["host_state_peak_gb"]:
+            text += (f"\npid {p['pid']}: {p['host_state_peak_gb']} GB of optimizer state made in pinned host memory "
+                     "(in the on-host and zero-copy columns; it did not fit the budget when it was made)")
         if p["managed_fallbacks"]:
             text += (f"\npid {p['pid']}: {p['managed_fallbacks']} allocation(s) could not be managed memory and "
                      "stayed plain device memory (not placed by the policy)")

@@ -17,6 +17,8 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# TRANSIT_OVERLAP_STEP modes whose step copies the state from pinned host homes (rules.ENV["OVERLAP_STEP"])
+PINNED_STATE_MODES = ("staged", "stream")
 
 
 def _chain_next_sitecustomize():
@@ -123,7 +125,7 @@ class _Hooks:
         self.first = None
         self.failed = False
         self.stager = None
-        self.pool = _state_pool()
+        self.pool = _state_pool(api)
         self.overlap = _overlap(api, self)
 
     def ours(self):
@@ -228,29 +230,40 @@ class _Hooks:
             self.api.hint(ptr, size, kind)
 
 
-def _state_pool():
+def _state_pool(api):
     """The optimizer state's private pool (transit_state_pool.py, on unless
-    TRANSIT_STATE_POOL=0), else None."""
+    TRANSIT_STATE_POOL=0), its allocations marked for the shim as state; else None."""
     try:
         import transit_state_pool
 
-        return transit_state_pool.StatePool() if transit_state_pool.enabled() else None
+        # the state is marked for the shim (born in pinned host memory when over the budget) where
+        # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
+        # touch of managed memory, so plain advise keeps managed state (bench/RESULTS.md)
+        mark = api.state_alloc if os.environ.get("TRANSIT_OVERLAP_STEP") in PINNED_STATE_MODES else None
+        return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
     except Exception as e:
         print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)
         return None
 
 
 def _overlap(api, hooks):
-    """TRANSIT_OVERLAP_STEP=1 (opt-in): the driver of transit_overlap.py, else None."""
+    """TRANSIT_OVERLAP_STEP (opt-in): the driver of transit_overlap.py, or under "stream" the
+    streamed step (transit_streamed.py); else None."""
     try:
         import transit_overlap
 
         mode = os.environ.get(transit_overlap.OVERLAP_ENV)
         if mode not in transit_overlap.MODES:
             return None
+        if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
+            import transit_streamed
+
+            staging = transit_overlap._staging_module().Staging((api.device_alloc, api.device_free), api.host_state)
+            return transit_streamed.StreamedStep(staging, transit_overlap, ours=hooks.ours())
         return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=hooks.ours(),
                                        side_stream=mode != "serial", staged=mode == "staged",
-                                       device_memory=(api.device_alloc, api.device_free))
+                                       device_memory=(api.device_alloc, api.device_free),
+                                       host_state=api.host_state)
     except Exception as e:
         print(f"transit adapter: step overlap not available: {e!r}", file=sys.stderr)
         return None

@@ -22,6 +22,8 @@ int transit_stage_enabled(void);
 size_t transit_stage_in(uintptr_t stream);
 int transit_stage_wait(uintptr_t stream);
 size_t transit_stage_out(uintptr_t stream);
+void transit_state_alloc(int on);
+int transit_host_state(uintptr_t ptr, size_t size);
 """
 
 
@@ -57,6 +59,9 @@ def _load():
         lib.transit_device_free.argtypes = [ctypes.c_size_t]
     if version >= 4:
         lib.transit_adapter_attach.restype = None
+    if version >= 5:
+        lib.transit_state_alloc.argtypes, lib.transit_state_alloc.restype = [ctypes.c_int], None
+        lib.transit_host_state.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
     return "ctypes", lib, None
 
 
@@ -134,3 +139,17 @@ def stage_wait(stream: int) -> int:
 
 def stage_out(stream: int) -> int:
     return _lib.transit_stage_out(stream) if available else 0
+
+
+def state_alloc(on: bool) -> bool:
+    """Mark (on) or unmark the calling thread's allocations as optimizer state (transit_api.h,
+    API version 5); False with an older shim, whose state is then managed memory."""
+    if not _since(5):
+        return False
+    _lib.transit_state_alloc(1 if on else 0)
+    return True
+
+
+def host_state(ptr: int, size: int) -> bool:
+    """Whether [ptr, ptr + size) is optimizer state in the shim's pinned host memory."""
+    return bool(_since(5) and _lib.transit_host_state(ptr, size))

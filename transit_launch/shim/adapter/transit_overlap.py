@@ -33,7 +33,7 @@ _GREEN = []  # green contexts made for side streams (kept alive with them)
 # PCIe under advise); "staged": their state staged through the copy engines instead
 # (transit_staging.py; the fastest measured, with a second host copy); "serial": the early updates on the
 # current stream (a diagnostic: the same order and bytes without concurrency)
-MODES = ("1", "staged", "serial")
+MODES = ("1", "staged", "serial", "stream")  # stream: not an overlap with backward (transit_streamed.py)
 DIGEST_CHUNK = 1 << 20  # elements a checksum sums at once (its int64 temporary: 8 MiB)
 LEARN = 2  # steps with the same backward pattern before the first overlapped one
 # torch.optim classes whose update is elementwise per parameter (exact classes: a subclass
@@ -130,6 +130,28 @@ def _unchanged(rec, g, learning):
     if rec.seen is None or g is not rec.seen[0] or rec.ended is None or _version(g) != rec.ended[0]:
         return False
     return not learning or torch.equal(rec.seen[1], _digest(g))
+
+
+def foreign_hooks(opt, mine):
+    """The step hooks on opt (global and its own) that are not in `mine`: they could change
+    the gradients a step sees, or read what it wrote."""
+    from torch.optim import optimizer as o
+
+    hooks = [*o._global_optimizer_pre_hooks.values(), *o._global_optimizer_post_hooks.values(),
+             *opt._optimizer_step_pre_hooks.values(), *opt._optimizer_step_post_hooks.values()]
+    return [h for h in hooks if not any(h == m for m in mine)]
+
+
+def call_refusal(opt, args, kwargs, mine):
+    """Why a step call of opt must run as the application made it, or None: a closure or
+    GradScaler's arguments, GradScaler inside a fused step, step hooks not in `mine`."""
+    if args[1:] or kwargs:  # args[0] is the optimizer itself
+        return "optimizer.step() called with arguments (a closure, or GradScaler's)"
+    if hasattr(opt, "grad_scale") or hasattr(opt, "found_inf"):
+        return "GradScaler steps it (unscaling and the inf check run inside the step)"
+    if foreign_hooks(opt, mine):
+        return "other optimizer step hooks are registered (they may change gradients or read them)"
+    return None
 
 
 def _hyper(group):
@@ -256,11 +278,13 @@ class Overlap:
     on every parameter of an adopted optimizer (on FSDP2's sharded parameters FSDP2 calls it
     after the reduce-scatter)."""
 
-    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True, staged=False, device_memory=None):
+    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True, staged=False, device_memory=None,
+                 host_state=None):
         self.stage_enabled = stage_enabled
         self.side_stream = side_stream
-        # device_memory: the shim's (alloc, free) of plain device memory for the staging ring
-        self.staging = _staging_module().Staging(device_memory) if staged else None
+        # device_memory: the shim's (alloc, free) of plain device memory for the staging ring;
+        # host_state(ptr, nbytes): whether the shim made that state in pinned host memory
+        self.staging = _staging_module().Staging(device_memory, host_state) if staged else None
         self.ours = list(ours)  # the adapter's other step hooks: not foreign
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
         self.recs = {}          # id(param) -> _Param of a hooked parameter
@@ -316,11 +340,14 @@ class Overlap:
             if plan.phase == "off":
                 self._unhook(plan)  # here, not in a gradient hook: FSDP2 iterates the hook dict
             elif self.staging:
+                born = self.staging.in_place
                 moved = self.staging.home(opt)  # new states (the first step, a loaded state_dict) go home
+                born = self.staging.in_place - born
                 self.staging.stepped()  # the next in-copies read what this step wrote
                 if moved:
-                    _say(f"{plan.name}'s state ({moved / 1e9:.2f} GB) moved to pinned host memory: its early "
-                         "updates stage it through the copy engines")
+                    where = f" ({born / 1e9:.2f} GB of it made there by the shim: not copied)" if born else ""
+                    _say(f"{plan.name}'s state ({moved / 1e9:.2f} GB) moved to pinned host memory{where}: its "
+                         "early updates stage it through the copy engines")
         except Exception as e:
             self._turn_off(plan, f"an error in its step hook: {e!r}")
 
@@ -377,12 +404,9 @@ class Overlap:
 
     def _why_not(self, plan, args, kwargs):
         opt = plan.opt()
-        if args[1:] or kwargs:  # args[0] is the optimizer itself
-            return "optimizer.step() called with arguments (a closure, or GradScaler's)"
-        if hasattr(opt, "grad_scale") or hasattr(opt, "found_inf"):
-            return "GradScaler steps it (unscaling and the inf check run inside the step)"
-        if self._foreign_hooks(opt):
-            return "other optimizer step hooks are registered (they may change gradients or read them)"
+        why = call_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
+        if why:
+            return why
         if _regrouped(plan):
             return "its param groups changed"
         if self.stage_enabled():
@@ -425,14 +449,6 @@ class Overlap:
             if _hyper(plan.opt().param_groups[gi]) != seen:
                 return "its hyper-parameters changed between backward and the step (a scheduler stepped in between)"
         return None
-
-    def _foreign_hooks(self, opt):
-        from torch.optim import optimizer as o
-
-        mine = [self.pre_step, self.post_step, *self.ours]
-        hooks = [*o._global_optimizer_pre_hooks.values(), *o._global_optimizer_post_hooks.values(),
-                 *opt._optimizer_step_pre_hooks.values(), *opt._optimizer_step_post_hooks.values()]
-        return [h for h in hooks if not any(h == m for m in mine)]
 
     def _learn(self, plan):
         counts = {pid: rec.fires for pid, rec in plan.params.items()}

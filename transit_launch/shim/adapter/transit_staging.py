@@ -86,6 +86,17 @@ class _DeviceView:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
 
+def _pinned_cpu_view(t):
+    """A CPU tensor over the pinned host memory a CUDA tensor `t` lives in (same address,
+    UVA): what the copy engines copy from and to. It does not own the memory; t's storage does."""
+    import ctypes
+
+    import torch
+
+    buf = (ctypes.c_uint8 * _nbytes(t)).from_address(t.data_ptr())
+    return torch.frombuffer(buf, dtype=torch.uint8).view(t.dtype).view(t.shape)
+
+
 class Ring:
     """Buffers carved in turn from `size` bytes, reused in first-in first-out order: a new
     buffer reuses the bytes of buffers handed out about one ring earlier, and must wait for
@@ -136,10 +147,12 @@ def _limit():
 
 
 class Staging:
-    def __init__(self, device_memory=None):
+    def __init__(self, device_memory=None, host_state=None):
         """device_memory: (alloc(nbytes) -> pointer or 0, free(pointer)), the shim's plain device
-        memory out of the GPU budget; None: torch's allocator (no shim: plain memory too)."""
+        memory out of the GPU budget; None: torch's allocator (no shim: plain memory too).
+        host_state(ptr, nbytes): whether the shim made that state in pinned host memory."""
         self.limit = _limit()
+        self.host_state = host_state
         self.largest = self.limit // 2  # a parameter with more state bytes is updated in place (zero-copy)
         self.batch = self.limit // 4    # state bytes of one staged step (several parameters)
         self.device_memory = device_memory
@@ -157,6 +170,7 @@ class Staging:
         self.finalizers = {}  # id() of an optimizer with homes -> its weakref.finalize
         self.streams = {}    # device -> (in, update, out) streams
         self.staged = 0      # early updates staged (tests, logs)
+        self.in_place = 0    # bytes homed where they were born (the shim's pinned host memory)
 
     # --- home ---------------------------------------------------------------------------
 
@@ -200,7 +214,7 @@ class Staging:
         import torch
 
         for dev, ring in self.rings.items():
-            if ring is not None:
+            if ring is not None and dev.type == "cuda":  # (a CPU ring: the streamed step's tests)
                 ev = torch.cuda.Event()
                 ev.record(torch.cuda.current_stream(dev))
                 self.after_step[dev] = ev
@@ -224,6 +238,12 @@ class Staging:
     def _home(self, t, opt):
         import torch
 
+        if self.host_state is not None and self.host_state(t.data_ptr(), _nbytes(t)):
+            # born in pinned host memory (the shim's, under advise): already its home; no copy
+            self.homes[t.data_ptr()] = _pinned_cpu_view(t)
+            self.owner[t.data_ptr()] = id(opt)
+            self.in_place += _nbytes(t)
+            return
         host = torch.empty(_nbytes(t), dtype=torch.uint8, pin_memory=True)
         view = torch.as_tensor(_CudaView(host)).view(t.dtype).view(t.shape)
         if view.device != t.device or view.data_ptr() != host.data_ptr():

@@ -15,6 +15,11 @@ create their state there, and allocate nothing else there) during the optimizer'
 step, through torch.cuda.use_mem_pool, which routes the calling thread only. The step's
 temporaries stay in the default pool, so the private one holds state and nothing idle.
 An optimizer without `_init_group` is left as it is. TRANSIT_STATE_POOL=0 turns it off.
+
+The same calls are marked for the shim as optimizer state (transit_state_alloc): under
+advise, a segment that does not fit what the budget has left is then made in pinned host
+memory, read zero-copy at once, instead of managed memory populated by the GPU's faults
+and pushed out at the next boundary.
 """
 
 import os
@@ -40,8 +45,9 @@ class StatePool:
     """Global optimizer step pre/post hooks: at an optimizer's first step its `_init_group`
     runs inside its device's private pool."""
 
-    def __init__(self, torch_cuda=None):
+    def __init__(self, torch_cuda=None, mark=None):
         self.cuda = torch_cuda  # torch.cuda, or a stand-in (tests)
+        self.mark = mark        # mark(on): the shim's transit_state_alloc, or None
         self.seen = weakref.WeakSet()  # optimizers whose first step ended
         self.pools = {}   # device -> MemPool: kept alive while the state lives in it
         self.routing = weakref.WeakSet()  # optimizers whose _init_group is wrapped now
@@ -71,9 +77,17 @@ class StatePool:
             if pool is None:
                 pool = self.pools[device] = cuda.MemPool()
 
+            mark = self.mark
+
             def init_group(*args, **kwargs):
                 with cuda.use_mem_pool(pool, device=device):
-                    return init(*args, **kwargs)
+                    if mark is None:
+                        return init(*args, **kwargs)
+                    mark(True)
+                    try:
+                        return init(*args, **kwargs)
+                    finally:
+                        mark(False)
             opt._init_group = init_group  # an instance attribute: the class's method is untouched
             self.routing.add(opt)
             self.routed += 1

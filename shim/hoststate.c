@@ -1,0 +1,155 @@
+/* Optimizer state born in pinned host memory (transit_state_alloc, API version 5).
+ *
+ * An allocation the adapter marks as optimizer state (its first step, on the calling thread)
+ * is made under advise as pinned host memory instead of managed memory: anonymous memory
+ * whose pages up to 16 threads write first, then registered with the runtime (mapped for the
+ * device at the same address, UVA). cudaHostAlloc pins at about 2 GB/s, in threads too; this
+ * way reached 11 GB/s (bench/host_populate_probe.py). Kernels read it zero-copy as advise's
+ * host placement does, the copy engines move it at full speed, and nothing in the table (ranking, replay,
+ * staging) migrates it. The adapter marks the state only where its step streams the state
+ * from host homes (TRANSIT_OVERLAP_STEP=stream or staged): there managed state would be
+ * copied into pinned homes anyway and its storage kept, on the host or, for the part the
+ * budget held, on the GPU where the application's hot data then finds no room. When the host
+ * refuses the memory or its registration, the allocation takes the managed path.
+ * TRANSIT_HOST_STATE=0 turns it off. The list is kept under tr_lock; the memory is made and
+ * given back outside it. */
+#define _GNU_SOURCE /* MAP_ANONYMOUS */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "transit.h"
+
+#define FILL_THREADS 16           /* the probe's count: pinning's cost is the page population */
+#define FILL_SPLIT (64ull << 20)  /* smaller allocations are written by the calling thread alone */
+
+static struct { uintptr_t ptr; size_t size, mapped; } *held;
+static int n, cap;
+static uint64_t bytes;
+
+static _Thread_local int marked; /* the calling thread allocates optimizer state now */
+
+void tr_hoststate_mark(int on) { marked = on ? marked + 1 : (marked > 0 ? marked - 1 : 0); }
+
+/* Whether this thread's allocation is state that goes to pinned host memory. */
+int tr_hoststate_wanted(void)
+{
+    return marked && tr_cfg.policy == TR_ADVISE && tr_cfg.host_state && tr_real.host_register &&
+           tr_real.host_unregister;
+}
+
+struct fill { char *p; size_t len; };
+
+static void *fill_part(void *arg)
+{
+    struct fill *f = arg;
+    memset(f->p, 0, f->len); /* writes allocate the pages (reads would map the shared zero page) */
+    return NULL;
+}
+
+/* Every page of [p, p + len) given its memory, by up to FILL_THREADS threads. */
+static void fill(char *p, size_t len)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int k = len < FILL_SPLIT || cpus < 2 ? 1 : (cpus < FILL_THREADS ? (int)cpus : FILL_THREADS);
+    struct fill parts[FILL_THREADS];
+    pthread_t tids[FILL_THREADS];
+    int started[FILL_THREADS] = {0};
+    size_t chunk = (len / (size_t)k + 4095) & ~(size_t)4095;
+    for (int i = 0; i < k; i++) {
+        size_t a = (size_t)i * chunk;
+        parts[i] = (struct fill){p + a, a >= len ? 0 : (len - a < chunk ? len - a : chunk)};
+        if (i > 0 && parts[i].len)
+            started[i] = pthread_create(&tids[i], NULL, fill_part, &parts[i]) == 0;
+    }
+    fill_part(&parts[0]);
+    for (int i = 1; i < k; i++) {
+        if (started[i])
+            pthread_join(tids[i], NULL);
+        else if (parts[i].len) /* no thread: this one writes it */
+            fill_part(&parts[i]);
+    }
+}
+
+static void say_refused(size_t size, const char *what, int err)
+{
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    if (!atomic_flag_test_and_set(&said))
+        tr_log(TR_WARN, "%s for %zu bytes of optimizer state failed (error %d): it is managed memory instead, "
+                        "and so is any other such allocation that fails", what, size, err);
+}
+
+void *tr_hoststate_alloc(size_t size)
+{
+    size_t mapped = (size + 4095) & ~(size_t)4095;
+    void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        say_refused(size, "mmap", 0);
+        return NULL;
+    }
+    fill(p, mapped);
+    cudaError_t pending = tr_pending_error();
+    cudaError_t err = tr_real.host_register(p, mapped, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (err != cudaSuccess) {
+        tr_own_error(pending, err);
+        munmap(p, mapped);
+        say_refused(size, "cudaHostRegister", (int)err);
+        return NULL;
+    }
+    pthread_mutex_lock(&tr_lock);
+    if (n == cap) {
+        int c = cap ? cap * 2 : 64;
+        void *g = realloc(held, (size_t)c * sizeof *held);
+        if (!g) {
+            pthread_mutex_unlock(&tr_lock);
+            tr_real.host_unregister(p);
+            munmap(p, mapped);
+            return NULL;
+        }
+        held = g;
+        cap = c;
+    }
+    held[n].ptr = (uintptr_t)p;
+    held[n].size = size;
+    held[n++].mapped = mapped;
+    bytes += size;
+    tr_st.host_state_allocs++;
+    if (bytes > tr_st.host_state_peak)
+        tr_st.host_state_peak = bytes;
+    pthread_mutex_unlock(&tr_lock);
+    tr_log(TR_DEBUG, "optimizer state %p (%zu bytes) in pinned host memory", p, size);
+    return p;
+}
+
+/* 1 when ptr is one of them (then unregistered and unmapped, the runtime's error in *err). */
+int tr_hoststate_free(uintptr_t ptr, cudaError_t *err)
+{
+    size_t mapped = 0;
+    pthread_mutex_lock(&tr_lock);
+    for (int i = 0; i < n && !mapped; i++)
+        if (held[i].ptr == ptr) {
+            mapped = held[i].mapped;
+            bytes -= held[i].size;
+            held[i] = held[--n];
+        }
+    pthread_mutex_unlock(&tr_lock);
+    if (!mapped)
+        return 0;
+    *err = tr_real.host_unregister((void *)ptr); /* waits for the device's work on it, as cudaFree would */
+    munmap((void *)ptr, mapped);
+    return 1;
+}
+
+/* 1 when [ptr, ptr + size) lies inside one of them; under tr_lock. */
+int tr_hoststate_holds(uintptr_t ptr, size_t size)
+{
+    for (int i = 0; i < n; i++)
+        if (ptr >= held[i].ptr && size <= held[i].size && ptr - held[i].ptr <= held[i].size - size)
+            return 1;
+    return 0;
+}
+
+/* Under tr_lock. */
+uint64_t tr_hoststate_bytes(void) { return bytes; }

@@ -1,0 +1,225 @@
+"""The optimizer step streamed through the staging ring (TRANSIT_OVERLAP_STEP=stream,
+transit_launch/shim/adapter/transit_streamed.py) on CPU models: parameters, optimizer state
+and losses bit-identical to the normal step with clipping, gradient accumulation, a
+TorchTitan-like container of optimizers and parameters cut into many slices; what cannot
+stream steps normally, said once. The CPU stands in for the GPU: the ring is a CPU tensor,
+the homes views of the state's own memory (as the shim's pinned state is), no streams; the
+same on the H200 is bench/titan_steps.py with the mode, and tests/test_gpu.py."""
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import NEEDS_TORCH, torch_importable
+from transit_launch.shim import inject
+
+pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+STEPS = 4
+RING = 256 << 10  # a small ring: a batch holds 64 KiB of state, so the 64 x 1000 weight streams in slices
+
+
+def load(name):
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, inject.adapter_dir() / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[name] = mod
+    return sys.modules[name]
+
+
+@pytest.fixture
+def streamed(monkeypatch):
+    """A StreamedStep on CPU staging: the state homed in place (host_state says every state
+    is the shim's pinned memory), homes asked for are recorded."""
+    monkeypatch.setenv("TRANSIT_OVERLAP_INFLIGHT", str(RING))
+    ov = load("transit_overlap")
+    st = ov._staging_module()
+    load("transit_streamed")
+    monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: t.is_contiguous()))
+    return lambda: sys.modules["transit_streamed"].StreamedStep(st.Staging(host_state=lambda ptr, n: True), ov)
+
+
+def model(seed=0):
+    import torch
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 1000), torch.nn.Tanh(), torch.nn.Linear(1000, 4))
+
+
+class Container:
+    """TorchTitan's OptimizersContainer in miniature: an Optimizer over every parameter whose
+    step calls one AdamW per model part."""
+
+    def __new__(cls, parts, **kw):
+        import torch
+
+        class OptimizersContainer(torch.optim.Optimizer):
+            def __init__(self):
+                self.optimizers = [torch.optim.AdamW(p.parameters(), **kw) for p in parts]
+                super().__init__([q for p in parts for q in p.parameters()], {})
+
+            def step(self, closure=None):
+                for o in self.optimizers:
+                    o.step()
+
+            def zero_grad(self, set_to_none=True):
+                for o in self.optimizers:
+                    o.zero_grad(set_to_none)
+        return OptimizersContainer()
+
+
+def train(make_opt, drv=None, steps=STEPS, micro=2, clip=None):
+    """Returns the losses, the parameters and each optimizer's state after `steps` steps."""
+    import torch
+    m = model()
+    opt = make_opt(m)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    if drv:
+        drv.install()
+    try:
+        for _ in range(steps):
+            for _ in range(micro):
+                loss = m(torch.randn(5, 64, generator=gen)).square().mean() / micro
+                loss.backward()
+                losses.append(loss.item())
+            if clip:
+                torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+            opt.step()
+            opt.zero_grad()
+    finally:
+        if drv:
+            drv.uninstall()
+    opts = getattr(opt, "optimizers", [opt])
+    states = [{k: v.clone() for st in o.state.values() for k, v in st.items()} for o in opts]
+    state_list = [[(k, v.clone()) for st in o.state.values() for k, v in sorted(st.items())] for o in opts]
+    return losses, [p.detach().clone() for p in m.parameters()], state_list, states
+
+
+def same(a, b):
+    import torch
+    la, pa, sa, _ = a
+    lb, pb, sb, _ = b
+    assert la == lb
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb))
+    assert [[k for k, _ in o] for o in sa] == [[k for k, _ in o] for o in sb]
+    assert all(torch.equal(x, y) for oa, ob in zip(sa, sb) for (_, x), (_, y) in zip(oa, ob))
+
+
+OPTIMIZERS = {
+    "adamw-foreach": lambda m: __import__("torch").optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, foreach=True),
+    "adamw-for-loop": lambda m: __import__("torch").optim.AdamW(m.parameters(), lr=1e-2, foreach=False),
+    "adam-amsgrad": lambda m: __import__("torch").optim.Adam(m.parameters(), lr=1e-2, amsgrad=True, foreach=True),
+    "sgd-momentum": lambda m: __import__("torch").optim.SGD(m.parameters(), lr=1e-2, momentum=0.9, nesterov=True),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
+def test_streamed_step_is_bit_identical(streamed, name, clip):
+    ref = train(OPTIMIZERS[name], clip=clip)
+    drv = streamed()
+    got = train(OPTIMIZERS[name], drv, clip=clip)
+    same(got, ref)
+    # every step after the first (which makes the state) streamed all 4 parameters; the
+    # 64 x 1000 weight and the 1000 x 4 one in slices of a 64 KiB batch
+    assert drv.streamed == 4 * (STEPS - 1)
+    per_elem = 12 if name == "adam-amsgrad" else (4 if name.startswith("sgd") else 8)
+    step_elems = max(4096, (RING // 4) // per_elem // 4096 * 4096)
+    slices = sum(-(-n // step_elems) for n in (64000, 1000, 4000, 4))
+    assert drv.slices == slices * (STEPS - 1), (drv.slices, slices)
+    assert drv.said == {}  # nothing refused
+
+
+def test_clipping_that_binds_changes_the_result(streamed):
+    """The clip of the test above binds (the comparison would not see a streamed step that
+    ignored the clipped gradients otherwise)."""
+    import torch
+    a = train(OPTIMIZERS["adamw-foreach"], clip=0.05)
+    b = train(OPTIMIZERS["adamw-foreach"])
+    assert not all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def test_a_container_streams_its_optimizers(streamed, capsys):
+    """TorchTitan's case: the container is not streamed itself (its step calls its
+    optimizers'), each inner AdamW is, with clipping and accumulation; one line about
+    nothing."""
+    def make(m):
+        return Container([m[0], m[2]], lr=1e-2, weight_decay=0.1)
+    ref = train(make, clip=0.05)
+    drv = streamed()
+    got = train(make, drv, clip=0.05)
+    same(got, ref)
+    assert drv.streamed == 4 * (STEPS - 1) and drv.said == {}
+    assert "step streaming off" not in capsys.readouterr().err
+
+
+def test_a_deliberately_wrong_slice_is_caught(streamed, monkeypatch):
+    """The comparison sees a streamed step that drops a slice's update (what a wrong offset
+    would do)."""
+    ts = sys.modules["transit_streamed"]
+    real = ts.StreamedStep._slices
+
+    def drop_last(opt, items, cap):
+        batches = list(real(opt, items, cap))
+        return batches[:-1]
+    monkeypatch.setattr(ts.StreamedStep, "_slices", staticmethod(drop_last))
+    ref = train(OPTIMIZERS["adamw-foreach"])
+    got = train(OPTIMIZERS["adamw-foreach"], streamed())
+    with pytest.raises(AssertionError):
+        same(got, ref)
+
+
+@pytest.mark.parametrize("case,why", [
+    ("rmsprop", "not torch.optim's Adam, AdamW or SGD (RMSprop)"),
+    ("hook", "other optimizer step hooks are registered"),
+    ("closure", "called with arguments (a closure"),
+])
+def test_what_cannot_stream_steps_normally_said_once(streamed, capsys, case, why):
+    import torch
+
+    def make(m):
+        if case == "rmsprop":
+            return torch.optim.RMSprop(m.parameters(), lr=1e-3)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        if case == "hook":
+            opt.register_step_pre_hook(lambda *a: None)
+        if case == "closure":
+            real = opt.step
+            opt.step = lambda closure=None: real(lambda: None)
+        return opt
+    ref = train(make)
+    drv = streamed()
+    got = train(make, drv)
+    same(got, ref)
+    assert drv.streamed == 0
+    err = capsys.readouterr().err
+    assert err.count("step streaming off") == 1 and why in err, err
+
+
+def test_the_mode_is_wired_by_the_adapter(monkeypatch):
+    """TRANSIT_OVERLAP_STEP=stream makes the streamed step (not the overlap), its staging
+    asks the shim for the ring and for pinned state, and the state pool marks the state."""
+    monkeypatch.syspath_prepend(str(inject.adapter_dir()))
+    spec = importlib.util.spec_from_file_location("transit_site_s", inject.adapter_dir() / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    calls = []
+
+    class Api:
+        def stage_enabled(self): return False
+        def device_alloc(self, n): return calls.append(("alloc", n)) or 0
+        def device_free(self, p): return -1
+        def state_alloc(self, on): calls.append(("mark", on))
+        def host_state(self, p, n): return False
+    monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "stream")
+    hooks = site._Hooks(Api())
+    assert type(hooks.overlap).__name__ == "StreamedStep"
+    assert hooks.overlap.staging.device_memory[0](4096) == 0 and calls == [("alloc", 4096)]
+    assert hooks.pool.mark is not None
+    monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "1")  # the overlap: its state stays managed
+    assert site._Hooks(Api()).pool.mark is None
+    monkeypatch.delenv("TRANSIT_OVERLAP_STEP")
+    assert site._Hooks(Api()).pool.mark is None and site._Hooks(Api()).overlap is None
+    for m in ("transit_overlap", "transit_streamed", "transit_state_pool"):
+        sys.modules.pop(m, None)

@@ -1,0 +1,110 @@
+"""Optimizer state born in pinned host memory (shim/hoststate.c, transit_state_alloc and
+transit_host_state, API version 5), on the fake runtime. What is pinned, what stays
+managed, and what the memory does is read from the fake runtime's own log and account
+(cudaHostRegister / cudaHostUnregister calls, its pinned bytes, its zero-copy touches), not from
+the shim's stats alone."""
+
+import pytest
+
+from tests.test_shim import GB, pytestmark, run, stats_of  # noqa: F401  (pytestmark: the same skip)
+
+BUDGET = {"TRANSIT_GPU_BUDGET": "6GB"}
+MiB = 1 << 20
+STATE = 64 * MiB  # real memory now (the shim writes its pages): three of these, above the threads' split
+
+
+def state_run(built, tmp_path, policy="advise", env=None, parts=3):
+    """4 GB of the application's, then `parts` marked 64 MiB allocations under a 6 GB budget
+    (they would fit what the budget has left: marked state is pinned all the same)."""
+    stats = tmp_path / "s.json"
+    res, out, calls = run(built, "state", 4 * GB, STATE, parts, stats, policy=policy, env={**BUDGET, **(env or {})})
+    assert res.returncode == 0, res.stderr
+    # the fake's tally is printed twice: while everything lives (kept here), and after the frees
+    live = res.stdout.split("free0=")[0]
+    out = {**out, **dict(line.split("=", 1) for line in live.splitlines() if "=" in line)}
+    return res, out, calls, (stats_of(stats) if stats.exists() else None)
+
+
+def host_allocs(calls):
+    return [c for c in calls if c.startswith("cudaHostRegister")]
+
+
+def test_marked_state_is_pinned_host_memory(built, tmp_path):
+    res, out, calls, stats = state_run(built, tmp_path)
+    pinned = host_allocs(calls)
+    assert [c.split()[1] for c in pinned] == [str(STATE)] * 3, calls
+    assert (out["state0_host"], out["state1_host"], out["state2_host"]) == ("1", "1", "1")
+    ptrs = {c.split()[2] for c in pinned}
+    assert not any(c.startswith("cudaMallocManaged") and c.split()[2] in ptrs for c in calls)
+    assert [out[f"state{i}_err"] for i in range(3)] == ["0", "0", "0"] and out["last_error"] == "0"
+    # inside one allocation counts, a range past its end does not
+    assert out["inside_host"] == "1" and out["past_end_host"] == "0"
+    # the fake's own account: 3 x 64 MiB pinned while they live; the kernel reached them where they are
+    assert int(out["fake_pinned"]) == 3 * STATE
+    assert int(out["fake_zero_copy"]) >= 3 * STATE
+    # the device never held more than the budget (plain + managed pages, the fake's count)
+    assert int(out["fake_device_used_peak"]) <= 6 * GB
+    assert stats["host_state_bytes"] == 3 * STATE and stats["host_state_peak_bytes"] == 3 * STATE
+    assert stats["host_state_allocs"] == 3
+    # pinned state takes nothing from the budget: on the device, 4 GB hot, the unmarked
+    # allocation and the other thread's; nothing managed went to the host
+    assert stats["device_placed_peak_bytes"] == 4 * GB + 2 * STATE and stats["host_placed_peak_bytes"] == 0
+
+
+def test_only_the_marked_thread_allocates_state(built, tmp_path):
+    """Another thread's allocation while one thread is marked, and the caller's allocation
+    after the mark is lifted, are managed as always (over the budget: on the host)."""
+    res, out, calls, stats = state_run(built, tmp_path)
+    assert out["other_host"] == "0" and out["after_host"] == "0" and out["hot_host"] == "0"
+    assert len(host_allocs(calls)) == 3
+
+
+def test_freed_state_goes_back_with_cuda_free_host(built, tmp_path):
+    res, out, calls, stats = state_run(built, tmp_path)
+    for c in host_allocs(calls):
+        ptr = c.split()[2]
+        assert f"cudaHostUnregister {ptr}" in calls
+        assert f"cudaFree {ptr}" not in calls  # the runtime would refuse it
+    assert [out[f"free{i}"] for i in range(3)] == ["0", "0", "0"]
+    # the second tally (after every free): nothing pinned or live, no rejected free
+    tail = res.stdout.split("free_after=")[1]
+    tally = dict(line.split("=", 1) for line in tail.splitlines() if "=" in line)
+    assert tally["fake_pinned"] == "0" and tally["fake_live_ptrs"] == "0" and tally["fake_bad_frees"] == "0"
+
+
+def test_a_refused_host_allocation_takes_the_managed_path(built, tmp_path):
+    res, out, calls, stats = state_run(built, tmp_path, env={"FAKE_HOST_REGISTER_FAIL": "1"})
+    assert host_allocs(calls) == [f"cudaHostRegister {STATE} -> oom"] * 3
+    assert [out[f"state{i}_err"] for i in range(3)] == ["0", "0", "0"] and out["state2_host"] == "0"
+    assert out["last_error"] == "0"  # the shim's own failure is not the application's error
+    assert res.stderr.count("cudaHostRegister for") == 1  # said once
+    assert stats["host_state_allocs"] == 0 and int(out["fake_pinned"]) == 0
+
+
+@pytest.mark.parametrize("policy", ["base", "prefetch"])
+def test_only_advise_pins_state(built, tmp_path, policy):
+    """base and prefetch move cold data through managed memory by design: no pinned state."""
+    res, out, calls, stats = state_run(built, tmp_path, policy=policy)
+    assert host_allocs(calls) == []
+    assert out["state2_host"] == "0" and stats["host_state_allocs"] == 0
+
+
+def test_off_ignores_the_mark(built, tmp_path):
+    stats = tmp_path / "s.json"
+    res, out, calls = run(built, "state", 4 * GB, GB, 3, stats, policy="off", env=BUDGET)
+    assert res.returncode == 0, res.stderr
+    assert host_allocs(calls) == [] and out["state2_host"] == "0"
+    assert all(c.startswith("cudaMalloc ") for c in calls if c.startswith("cudaMalloc"))  # plain, not managed
+
+
+def test_the_opt_out_keeps_state_managed(built, tmp_path):
+    res, out, calls, stats = state_run(built, tmp_path, env={"TRANSIT_HOST_STATE": "0"})
+    assert host_allocs(calls) == [] and out["state2_host"] == "0" and stats["host_state_allocs"] == 0
+    assert sum(c.startswith(f"cudaMallocManaged {STATE} ") for c in calls) == 5  # three states, after, other
+
+
+def test_a_bad_opt_out_value_is_said_and_the_default_kept(built, tmp_path):
+    res, out, calls, stats = state_run(built, tmp_path, env={"TRANSIT_HOST_STATE": "no"})
+    said = [line for line in res.stderr.splitlines() if "TRANSIT_HOST_STATE" in line]
+    assert len(said) == 1 and "is not 0 or 1" in said[0] and "using 1" in said[0], res.stderr
+    assert len(host_allocs(calls)) == 3

@@ -1,0 +1,297 @@
+"""TRANSIT_OVERLAP_STEP=stream (opt-in): the optimizer step streamed through the copy engines.
+
+Under advise the step reads and writes the state zero-copy from the host: the SMs wait on
+PCIe. Here the step of an Adam, AdamW or SGD runs when the application calls it (after
+clipping, GradScaler, anything: it needs no early gradient) in slices of at most a quarter of
+the staging ring: each slice's state is copied to the ring on one stream, torch's own step
+runs on the slice on a second, and the result is copied home on a third, so copies in, updates
+and copies out of successive slices overlap, on the copy engines. Optimizers inside a
+container (TorchTitan's OptimizersContainer) are stepped, and so streamed, one by one.
+
+The state lives in pinned host memory (transit_staging.py's homes; under the shim the state
+pool has it made there, so nothing is copied to get it home). A parameter of any size is cut
+into flat slices: the updates of Adam, AdamW and SGD are elementwise (docs/lifetime-policy.md),
+so a slice updated alone gets the values the whole step would give it. Each slice steps with
+its own copy of the parameter's step count, which is then written back once.
+
+What is not streamed steps as without the adapter, said once per optimizer: its first step
+(the state does not exist before it), other optimizer classes, a closure, step hooks that are
+not the adapter's, param groups torch's step would treat differently per subset (see
+transit_overlap._group_refusal), non-contiguous or sparse tensors, a state that is not homed.
+"""
+
+import atexit
+import sys
+import weakref
+
+ALIGN_ELEMS = 4096  # a slice starts at a multiple of this many elements (see _slices)
+
+
+def _say(msg):
+    print(f"transit adapter: {msg}", file=sys.stderr, flush=True)
+
+
+def _container(opt):
+    """Whether opt holds other optimizers (TorchTitan's OptimizersContainer: one per model part)."""
+    from torch.optim import Optimizer
+
+    return any(isinstance(v, (list, tuple)) and v and all(isinstance(x, Optimizer) for x in v)
+               for v in vars(opt).values())
+
+
+def _local(t):
+    """A DTensor's local tensor (its storage), else t."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+class StreamedStep:
+    """Global optimizer step pre/post hooks. pre_step streams the step and hides the gradients
+    of what it updated from the application's step (torch's steps skip a parameter without a
+    gradient); post_step gives them back and homes new state."""
+
+    def __init__(self, staging, overlap, ours=()):
+        self.staging = staging          # transit_staging.Staging: homes, rings, streams
+        self.ov = overlap               # transit_overlap (the module): the verified step and group checks
+        self.ours = list(ours)          # the adapter's other step hooks: not foreign
+        self.said = weakref.WeakKeyDictionary()    # optimizer -> why it steps unstreamed (said once)
+        self.hidden = weakref.WeakKeyDictionary()  # optimizer -> [(param, grad)] hidden from its step
+        self.streamed = 0               # parameters streamed, all steps (tests, logs)
+        self.slices = 0                 # slices streamed, all steps
+        self.handles = []
+        self.align = sys.modules[type(staging).__module__].ALIGN  # bytes: each buffer's start in the ring
+        self.steps = 0                  # optimizer steps streamed
+        atexit.register(self.report)
+
+    def report(self):
+        if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
+            _say(f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
+                 f"{self.slices} slices; a {self.staging.limit / 2**20:.0f} MiB ring on each GPU)")
+
+    def install(self):
+        from torch.optim import optimizer as o
+
+        self.handles = [o.register_optimizer_step_pre_hook(self.pre_step),
+                        o.register_optimizer_step_post_hook(self.post_step)]
+
+    def uninstall(self):
+        for h in self.handles:
+            h.remove()
+
+    # --- the hooks ---------------------------------------------------------------------------
+
+    def pre_step(self, opt, args, kwargs):
+        raw = self.ov._raw_step(opt)
+        if raw is None:
+            if not _container(opt):  # a container's step only calls its optimizers' (each hooked)
+                self._once(opt, f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})")
+            return
+        try:
+            why = self._why_not(opt, args, kwargs)
+            if why:
+                self._once(opt, why)
+                return
+            done = self._stream(opt, raw)
+            self.hidden[opt] = [(p, p.grad) for p in done]
+            for p in done:
+                p.grad = None
+        except Exception as e:  # never the reason a job dies; what was not updated, the step does
+            self._once(opt, f"an error while streaming: {e!r}")
+            for p, g in self.hidden.pop(opt, []):
+                p.grad = g
+
+    def post_step(self, opt, args, kwargs):
+        for p, g in self.hidden.pop(opt, []):
+            p.grad = g
+        if self.ov._raw_step(opt) is None:
+            return
+        try:
+            self.staging.home(opt)  # new state (the first step, a loaded state_dict) goes home
+            self.staging.stepped()  # the next in-copies read what this step wrote
+        except Exception as e:
+            self._once(opt, f"an error while homing its state: {e!r}")
+
+    # --- what is streamed --------------------------------------------------------------------
+
+    def _once(self, opt, why):
+        if opt not in self.said:
+            self.said[opt] = why
+            _say(f"step streaming off for {type(opt).__name__}: {why}; its step runs as without the adapter")
+
+    def _why_not(self, opt, args, kwargs):
+        if opt in self.said:
+            return self.said[opt]
+        why = self.ov.call_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
+        if why:
+            return why
+        for group in opt.param_groups:
+            why = self.ov._group_refusal(group)
+            if why:
+                return why
+        return None
+
+    def _items(self, opt, group):
+        """([(param, state keys)] of the group's parameters with a gradient, None) when all of
+        them can stream this step, else (None, why); why is None for the first step (no state
+        yet: it is made by this step, then homed)."""
+        items = []
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            state = opt.state.get(p, {})
+            if not state:
+                return None, None
+            keys = self.staging.staged_keys(state, p)
+            if not keys:
+                return None, "a parameter without parameter-shaped floating-point state"
+            lp, lg = _local(p), _local(g)
+            if not (lp.is_contiguous() and not lg.is_sparse and lg.is_contiguous() and lg.dtype == lp.dtype):
+                return None, "a non-contiguous or sparse parameter or gradient"
+            if not all(_local(state[k]).data_ptr() in self.staging.homes for k in keys):
+                return None, "a state not in pinned host memory (not contiguous, or not on a GPU)"
+            items.append((p, keys))
+        return items, None
+
+    def _stream(self, opt, raw):
+        """Stream every group's step; the parameters updated ([] when this step cannot be:
+        then the application's step makes all of it)."""
+        plans = []
+        for group in opt.param_groups:
+            items, why = self._items(opt, group)
+            if items is None:
+                if why:
+                    self._once(opt, why)
+                return []
+            plans.append((group, items))
+        if any(self.staging._ring(_local(items[0][0]).device) is None for _, items in plans if items):
+            return []  # no ring (said by staging): the step reads the state in place
+        done = []
+        for group, items in plans:
+            if items:
+                self._stream_group(opt, raw, group, items)
+                done += [p for p, _ in items]
+        for dev in {_local(p).device for p in done}:
+            if dev.type == "cuda":
+                self.staging.wait(dev)  # the application's stream waits for the last copies home
+        self.streamed += len(done)
+        self.steps += bool(done)
+        return done
+
+    @staticmethod
+    def _slices(opt, items, cap):
+        """Batches of flat slices (param, keys, start, end), each batch at most `cap` state
+        bytes; a slice starts at a multiple of ALIGN_ELEMS (kernels split a slice into the same
+        vector body and tail as the whole tensor)."""
+        batch, size = [], 0
+        for p, keys in items:
+            per = sum(_local(opt.state[p][k]).element_size() for k in keys)  # state bytes per element
+            n = _local(p).numel()
+            step = max(ALIGN_ELEMS, cap // per // ALIGN_ELEMS * ALIGN_ELEMS)
+            for a in range(0, n, step):
+                b = min(n, a + step)
+                if batch and size + (b - a) * per > cap:
+                    yield batch
+                    batch, size = [], 0
+                batch.append((p, keys, a, b))
+                size += (b - a) * per
+        if batch:
+            yield batch
+
+    def _stream_group(self, opt, raw, group, items):
+        import torch
+
+        st = self.staging
+        dev = _local(items[0][0]).device
+        streams = st._streams(dev) if dev.type == "cuda" else None
+        ring, mem = st._ring(dev)
+        if streams:
+            s_in, s_upd, _ = streams
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(dev))  # the gradients as the step sees them (clipped)
+            s_in.wait_event(ready)  # ... and the previous step's copies home, which the stream waited for
+            s_upd.wait_event(ready)
+            st.after_step.pop(dev, None)  # covered by `ready`
+        counts = {}  # param -> its step count after the step (every slice's is the same)
+        with st.lock:
+            for batch in self._slices(opt, items, min(st.batch, ring.size)):
+                self._stream_batch(opt, raw, group, batch, ring, mem, streams, counts)
+        with _on(streams[1] if streams else None):
+            for p, c in counts.items():  # the step count, once per parameter, after its slices
+                own = opt.state[p]
+                if torch.is_tensor(own["step"]):
+                    own["step"].copy_(c)
+                else:
+                    own["step"] = c
+
+    def _stream_batch(self, opt, raw, group, batch, ring, mem, streams, counts):
+        import torch
+
+        s_in, s_upd, s_out = streams or (None, None, None)
+        layout, size = [], 0  # (param, key, start, end, state tensor, offset in the batch's buffer)
+        for p, keys, a, b in batch:
+            for k in keys:
+                t = _local(opt.state[p][k])
+                layout.append((p, k, a, b, t, size))
+                size += -(-(b - a) * t.element_size() // self.align) * self.align
+        base, wait = ring.take(size)
+        if wait is not None:  # its bytes are reused: after their copy home (on the GPU)
+            s_in.wait_event(wait)
+        bufs = {}
+        homes = self.staging.homes
+        with _on(s_in):
+            for p, k, a, b, t, off in layout:
+                buf = mem[base + off:base + off + (b - a) * t.element_size()].view(t.dtype)
+                buf.copy_(homes[t.data_ptr()].view(-1)[a:b], non_blocking=True)
+                bufs[(id(p), k, a)] = buf
+        if streams:
+            s_upd.wait_stream(s_in)
+        views = []
+        groups = opt.param_groups
+        try:
+            with _on(s_upd):
+                for p, keys, a, b in batch:
+                    v = _local(p).detach().view(-1)[a:b]
+                    v.grad = _local(p.grad).detach().view(-1)[a:b]
+                    state = {k: bufs[(id(p), k, a)] for k in keys}
+                    own = opt.state[p]
+                    if "step" in own:  # its own count: the parameter's is advanced once, after
+                        state["step"] = own["step"].clone() if torch.is_tensor(own["step"]) else own["step"]
+                    opt.state[v] = state
+                    views.append((p, v))
+                opt.param_groups = [dict(group, params=[v for _, v in views])]
+                raw(opt)
+        finally:
+            opt.param_groups = groups
+            for p, v in views:
+                state = opt.state.pop(v)
+                if "step" in state:
+                    counts[p] = state["step"]
+            if streams:
+                s_out.wait_stream(s_upd)
+            with _on(s_out):
+                for p, k, a, b, t, off in layout:
+                    homes[t.data_ptr()].view(-1)[a:b].copy_(bufs[(id(p), k, a)], non_blocking=True)
+            if streams:
+                done = torch.cuda.Event()
+                done.record(s_out)
+                ring.done(done)  # whatever happened: the bytes are free after what was enqueued
+            else:
+                ring.done(None)
+        self.slices += len(batch)
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _on(stream):
+    """torch.cuda.stream(stream), or nothing on the CPU (tests)."""
+    if stream is None:
+        return _Null()
+    import torch
+
+    return torch.cuda.stream(stream)
