@@ -63,6 +63,7 @@ uintptr_t tr_devbuf_alloc(size_t size)
     void *p = NULL;
     held += size;
     fit();
+    tr_replay_yield(0); /* the budget shrank: prefetch's window gives way too */
     cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.malloc(&p, size);
     if (err != cudaSuccess) {

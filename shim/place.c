@@ -106,6 +106,8 @@ static void to_host(struct tr_region *r, int evict)
 void tr_move_to_device(struct tr_region *r, cudaStream_t s)
 {
     void *p = (void *)r->start;
+    tr_replay_forget(r->start, r->end); /* placed on the device now: no longer the window's to send home */
+    tr_replay_yield(rsize(r));
     if (r->zero_copy) {
         tr_advise(p, rsize(r), cudaMemAdviseUnsetAccessedBy, TR_LOC_DEVICE, tr_s.device);
         r->zero_copy = 0;
@@ -182,6 +184,7 @@ void tr_place_new(struct tr_alloc *a)
     if (tr_tab.dev_bytes + a->size > tr_budget())
         make_room(a->size);
     if (tr_tab.dev_bytes + a->size <= tr_budget()) {
+        tr_replay_yield(a->size); /* prefetch's window holds device room too */
         tr_tab.dev_bytes += a->size;
         tr_stage_placed((int64_t)a->size);
         /* Populate the new pages on the device now rather than by a storm of first-touch

@@ -109,6 +109,17 @@ void tr_replay_forget(uintptr_t start, uintptr_t end)
     win_len = kept;
 }
 
+/* Something is about to take `need` bytes of device room (a new allocation placed there, a
+ * promotion, an adapter's buffer): the window's oldest ranges go home first, so that what
+ * is placed and what the window holds stay within the budget together, on every thread. */
+void tr_replay_yield(uint64_t need)
+{
+    uint64_t budget = tr_budget(), used = tr_tab.dev_bytes + need;
+    uint64_t room = budget > used ? budget - used : 0;
+    while (win_len && win_bytes > room)
+        win_evict_one(0);
+}
+
 void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
 {
     pthread_mutex_lock(&tr_lock);

@@ -44,8 +44,8 @@ MUTANTS = [
      "    if (1) {", ["test_shim.py::test_budget_places_overflow_on_host_zero_copy",
                      "test_shim_stress.py::test_budget_holds_by_the_runtimes_account_on_one_thread"]),
     ("shim-freed-bytes-early", "_csrc/shim/interpose.c",
-     "    uint64_t dev = 0;\n    size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;\n    cudaError_t err = tr_real.free(devPtr);\n    if (held) /* counted by the guard and the budget until the runtime has the memory back */\n        release(held, dev);",
-     "    uint64_t dev = 0;\n    size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;\n    if (held)\n        release(held, dev);\n    cudaError_t err = tr_real.free(devPtr);",
+     "    size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;\n    cudaError_t err = tr_real.free(devPtr);\n    if (held) /* counted by the guard and the budget until the runtime has the memory back */\n        release(held, dev);",
+     "    size_t held = on && devPtr ? untrack(devPtr, &dev) : 0;\n    if (held)\n        release(held, dev);\n    cudaError_t err = tr_real.free(devPtr);",
      ["test_shim_stress.py::test_budget_holds_at_every_instant_under_threads"]),
     ("stats-link-rule", "_csrc/shim/stats.c",
      "if (fstat(fd, &ds) ||\n                !(dir_protects(&ds) || ((ds.st_mode & S_ISVTX) && owner_trusted(ds.st_uid) && "
