@@ -15,7 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from common import ROOT, TRAINER, env, trainer_layout, trainer_records
+from common import ROOT, TRAINER, env, planner_estimate, trainer_records
 
 # name: trainer flags (model, sequence, microbatch, recompute)
 CONFIGS = {
@@ -28,10 +28,9 @@ CONFIGS = {
     "0.2B vocab128K s4096 b4 recompute": "--dim 512 --layers 8 --heads 8 --kv-heads 4 --ffn 1536 --vocab 128256 "
                                          "--seq-len 4096 --batch 4",
 }
-def predict(spec):
-    from transit_launch.planning import memory
-    est = memory.estimate(*trainer_layout(spec))
-    return est, est.total - memory.CUDA_CONTEXT_BYTES - est.comm
+
+
+predict = planner_estimate  # (estimate, its allocator part) of a trainer flag string
 
 
 def measure(out):

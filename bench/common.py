@@ -1,9 +1,7 @@
-"""What the bench scripts share: the environment of every GPU run (NVLink multicast off),
-running a command (under `transit-launch run` or not) and reading the example trainer's
-JSON lines, and the model card of the trainer's flags for the planner."""
+"""What the bench scripts share: running a command in its own process group, running the
+example trainer in this process, and (from tests/example_trainer.py, which the tests use
+too) the environment of every GPU run, the trainer's command, JSON lines and model card."""
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,25 +9,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # an installed transit_launch wins over the checkout
 
-from transit_launch.rules import format_size  # noqa: E402
-from transit_launch.shim.inject import MULTICAST_OFF  # noqa: E402
 from transit_launch.netcap.sweep import stop_group  # noqa: E402
 
-TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py")]
-# examples/train_llama.py's defaults: its 1.0 B-parameter model
-TRAINER_DEFAULTS = {"dim": 2048, "layers": 16, "heads": 16, "kv-heads": 4, "ffn": 7168, "vocab": 32000,
-                    "seq-len": 2048, "batch": 2}
+
+def _example_trainer():
+    """tests/example_trainer.py by its path: a `tests` package of some installed wheel must
+    not stand in for the checkout's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("example_trainer", ROOT / "tests" / "example_trainer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def env(**extra) -> dict:
-    return dict(os.environ, **MULTICAST_OFF, PYTHONUNBUFFERED="1", **extra)
-
-
-def transit(policy: str, cmd: list, stats: str | None = None, budget: int | None = None) -> list:
-    """cmd under `transit-launch run --policy POLICY [--stats DIR] [--gpu-budget SIZE]` (budget
-    in bytes, passed with its unit: a bare number is not a size)."""
-    return [sys.executable, "-m", "transit_launch", "run", "--policy", policy, *(["--stats", stats] if stats else []),
-            *(["--gpu-budget", format_size(budget)] if budget else []), "--", *cmd]
+_et = _example_trainer()
+TRAINER, TRAINER_DEFAULTS, env, transit = _et.TRAINER, _et.TRAINER_DEFAULTS, _et.env, _et.transit
+trainer_records, trainer_flags, trainer_card = _et.trainer_records, _et.trainer_flags, _et.trainer_card
+trainer_layout, planner_estimate = _et.trainer_layout, _et.planner_estimate
 
 
 def run(cmd: list, run_env: dict, timeout: float, preexec_fn=None) -> tuple[str, str, int | str]:
@@ -45,40 +41,6 @@ def run(cmd: list, run_env: dict, timeout: float, preexec_fn=None) -> tuple[str,
         stop_group(proc)
         out, err = proc.communicate()
         return out or "", err or "", "timeout"
-
-
-def trainer_records(stdout: str) -> tuple[list[dict], dict | None]:
-    """The trainer's per-step records and its summary (None when it did not finish)."""
-    recs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    return [r for r in recs if "step" in r], next((r["summary"] for r in recs if "summary" in r), None)
-
-
-def trainer_flags(spec: str) -> dict:
-    """The model and batch of a trainer flag string, over the trainer's defaults."""
-    d, toks = dict(TRAINER_DEFAULTS, recompute="full"), spec.split()
-    for i, tok in enumerate(toks):
-        if tok == "--no-recompute":
-            d["recompute"] = "none"
-        elif tok.startswith("--") and i + 1 < len(toks) and not toks[i + 1].startswith("--"):
-            d[tok[2:]] = int(toks[i + 1]) if toks[i + 1].isdigit() else toks[i + 1]
-    return d
-
-
-def trainer_card(f: dict):
-    """The planner's model card of the trainer's model (untied embeddings)."""
-    from transit_launch.planning.models import _card_from_dict
-    return _card_from_dict({"name": "trainer", "arch": {
-        "hidden": f["dim"], "layers": f["layers"], "heads": f["heads"], "kv_heads": f["kv-heads"],
-        "head_dim": f["dim"] // f["heads"], "ffn": f["ffn"], "vocab": f["vocab"], "tied_embeddings": False}},
-        "trainer flags")
-
-
-def trainer_layout(spec: str, dp: int = 1):
-    """(model card, planner layout) of a trainer flag string on dp GPUs (FSDP over dp)."""
-    from transit_launch.planning import memory
-    f = trainer_flags(spec)
-    return trainer_card(f), memory.Layout(dp=dp, local_batch=f["batch"], seq_len=f["seq-len"],
-                                          recompute=f["recompute"])
 
 
 def split_trainer_args(argv: list) -> tuple[list, list]:

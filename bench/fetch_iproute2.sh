@@ -3,7 +3,7 @@
 # binaries and the libraries they link that the image may lack, fetched here with apt-get
 # download and unpacked with dpkg -x into .net/ (ignored by git; carry it with `carry: [".net"]`).
 # .net/bin/ip and .net/bin/tc are wrappers that put .net/lib on LD_LIBRARY_PATH for the binary
-# only; `ip netns exec NS CMD` gives CMD the caller's LD_LIBRARY_PATH back. bench/device_runs.sh
+# only; `ip netns exec NS CMD` gives CMD the caller's LD_LIBRARY_PATH back. `python3 -m bench`
 # puts .net/bin first on PATH. Nothing is unpacked into /.
 set -euo pipefail
 cd "$(dirname "$0")/.."

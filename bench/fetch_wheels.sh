@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python packages the device machine lacks, fetched here into .whl/ (ignored by git,
-# carried to the device with `carry: [".whl"]`; bench/device_runs.sh installs them there).
+# carried to the device with `carry: [".whl"]`; `python3 -m bench` installs them there).
 # Exact versions: the device image has Python 3.12 and torch 2.11; one version of each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ if ! ls .whl/deepspeed-0.18.2-*.whl >/dev/null 2>&1; then
 fi
 get hjson==3.1.0 pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.8.0 typing-inspection==0.4.5
 # TorchTitan 0.3.0 and what it imports that the image lacks; 0.2.2 for torch 2.11, whose
-# torch.distributed.fsdp lacks names 0.3.0 imports (device_runs.sh installs the one that imports)
+# torch.distributed.fsdp lacks names 0.3.0 imports (`python3 -m bench` installs the one that imports)
 get torchtitan==0.2.2
 get torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 tyro==1.0.17 \
     docstring-parser==0.18.0 typeguard==4.6.1 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18

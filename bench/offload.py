@@ -17,7 +17,7 @@ steps: an estimate), the process's peak host RSS, the shim's stats, and the loss
     python3 bench/offload.py --set transit --gpu 0 --out $OUT/transit.json
     python3 bench/offload.py --set reference,advise,advise-overlap --gpu 0 --accum 1,3 --out $OUT/overlap.json
     python3 bench/offload.py --set peers --gpu 1 --budget BYTES --out $OUT/peers.json
-    python3 bench/offload.py --report bench/results/offload_*.json --plot bench/results/offload.png
+    python3 bench/offload.py --report bench/results/*/offload_*.json --plot offload.png
 """
 
 import argparse

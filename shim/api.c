@@ -19,7 +19,7 @@ EXPORT const char *transit_policy(void)
 /* Called with tr_lock held. */
 static void attach_locked(void)
 {
-    if (!tr_s.adapter && tr_st.boundary_source == 2)
+    if (!tr_s.adapter && tr_count.boundary_source == 2)
         tr_adapter_takeover(); /* boundaries guessed from kernels before: start over */
     tr_s.adapter = 1;
 }
@@ -29,7 +29,7 @@ EXPORT void transit_adapter_attach(void)
     tr_init_once();
     pthread_mutex_lock(&tr_lock);
     attach_locked();
-    if (!tr_s.t_attach && !tr_st.iterations) /* the first step's clock: warm-up in run's summary */
+    if (!tr_s.t_attach && !tr_count.iterations) /* the first step's clock: warm-up in run's summary */
         tr_s.t_attach = tr_now_ms();
     pthread_mutex_unlock(&tr_lock);
 }
@@ -40,7 +40,7 @@ EXPORT int transit_iteration(void)
     pthread_mutex_lock(&tr_lock);
     attach_locked();
     tr_iteration_boundary(1);
-    int n = tr_st.iterations;
+    int n = tr_count.iterations;
     pthread_mutex_unlock(&tr_lock);
     return n;
 }

@@ -96,12 +96,12 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
         } else if (rec->kind == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER) {
             CUpti_ActivityUnifiedMemoryCounter3 *u = (CUpti_ActivityUnifiedMemoryCounter3 *)rec;
             if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD) {
-                tr_st.um_htod_bytes += u->value;
+                tr_count.um_htod_bytes += u->value;
                 PUSH(us, nu, cu_cap, ((struct urec){u->start, u->address, u->value}));
             } else if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH) {
-                tr_st.um_dtoh_bytes += u->value;
+                tr_count.um_dtoh_bytes += u->value;
             } else if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT) {
-                tr_st.um_faults += u->value;
+                tr_count.um_faults += u->value;
             }
         }
     }
@@ -191,7 +191,7 @@ int tr_cupti_start(void)
         }
     }
     tr_s.cupti = 1;
-    tr_log(TR_INFO, "CUPTI recording started at iteration %d", tr_st.iterations);
+    tr_log(TR_INFO, "CUPTI recording started at iteration %d", tr_count.iterations);
     return 0;
 }
 
@@ -285,7 +285,7 @@ void tr_cupti_stop(int build)
             tr_observe_touch((uintptr_t)us[i].addr, us[i].bytes, pos);
     }
     tr_log(TR_INFO, "CUPTI: %zu kernels, %zu host-to-device migrations (%zu tied to launches), %llu bytes",
-           nk, nu, tied, (unsigned long long)tr_st.um_htod_bytes);
+           nk, nu, tied, (unsigned long long)tr_count.um_htod_bytes);
     free(ks); free(xs); free(us);
     ks = NULL; xs = NULL; us = NULL;
     nk = ck = nx = cx = nu = cu_cap = 0;

@@ -1,12 +1,12 @@
 /* Plain device memory for an adapter's staging buffers (transit_device_alloc).
  *
  * Copies between pinned host memory and plain device memory run on the copy engines beside
- * compute (49.9 GB/s each way, the GEMMs beside them 1.03x slower on an H200); copies into
- * managed memory, even memory placed on the device, are served by the SMs (26 GB/s, 1.95x:
- * bench/state_paths.py, bench/RESULTS.md). So a staging buffer must not be managed. Its
- * bytes come out of the GPU budget: tr_budget() is the room left for managed data, and
- * managed data on the device is demoted to make room, so the budget still bounds
- * everything the shim holds on the GPU at every instant. Under tr_lock. */
+ * compute; copies into managed memory, even memory placed on the device, are served by the
+ * SMs and slow the kernels beside them (bench/RESULTS.md, "The state's paths across PCIe,
+ * beside compute"). So a staging buffer must not be managed. Its bytes come out of the GPU
+ * budget: tr_budget() is the room left for managed data, and managed data on the device is
+ * demoted to make room, so the budget still bounds everything the shim holds on the GPU at
+ * every instant. Under tr_lock. */
 #include "transit.h"
 
 #define MAX_BUFS 64 /* an adapter holds a ring per device, not a pool per tensor */

@@ -3,8 +3,9 @@
  * An allocation the adapter marks as optimizer state (its first step, on the calling thread)
  * is made under advise as pinned host memory instead of managed memory: anonymous memory
  * whose pages up to 16 threads write first, then registered with the runtime (mapped for the
- * device at the same address, UVA). cudaHostAlloc pins at about 2 GB/s, in threads too; this
- * way reached 11 GB/s (bench/host_populate_probe.py). Kernels read it zero-copy as advise's
+ * device at the same address, UVA): several times faster than cudaHostAlloc, which pins
+ * slowly in threads too (bench/RESULTS.md, "The optimizer state made in pinned host
+ * memory"). Kernels read it zero-copy as advise's
  * host placement does, the copy engines move it at full speed, and nothing in the table (ranking, replay,
  * staging) migrates it. The adapter marks the state only where its step streams the state
  * from host homes (TRANSIT_OVERLAP_STEP=stream or staged): there managed state would be
@@ -115,9 +116,9 @@ void *tr_hoststate_alloc(size_t size)
     held[n].size = size;
     held[n++].mapped = mapped;
     bytes += size;
-    tr_st.host_state_allocs++;
-    if (bytes > tr_st.host_state_peak)
-        tr_st.host_state_peak = bytes;
+    tr_count.host_state_allocs++;
+    if (bytes > tr_count.host_state_peak)
+        tr_count.host_state_peak = bytes;
     pthread_mutex_unlock(&tr_lock);
     tr_log(TR_DEBUG, "optimizer state %p (%zu bytes) in pinned host memory", p, size);
     return p;

@@ -15,7 +15,7 @@ static int active(void)
 static cudaError_t refuse(void **devPtr, size_t size, uint64_t have, uint64_t room)
 {
     char limit[200];
-    atomic_fetch_add(&tr_st.guard_refusals, 1);
+    atomic_fetch_add(&tr_count.guard_refusals, 1);
     tr_guard_describe(limit, sizeof limit);
     tr_log(TR_WARN, "refusing cudaMalloc(%zu): %llu bytes are managed already and the guard allows %llu, %s "
                     "(TRANSIT_ALLOW_OVERSUBSCRIBE=1 lifts it)",
@@ -29,7 +29,7 @@ static cudaError_t refuse(void **devPtr, size_t size, uint64_t have, uint64_t ro
 static cudaError_t plain(void **devPtr, size_t size, const char *why, int err)
 {
     static atomic_flag said = ATOMIC_FLAG_INIT;
-    atomic_fetch_add(&tr_st.managed_fallbacks, 1);
+    atomic_fetch_add(&tr_count.managed_fallbacks, 1);
     if (!atomic_flag_test_and_set(&said))
         tr_log(TR_WARN, "%s (%zu bytes, error %d): using cudaMalloc for it and for any other such allocation "
                         "(counted as managed_fallbacks in the stats)", why, size, err);
@@ -75,7 +75,7 @@ static void release(size_t size, uint64_t dev)
 EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     int on = active();
-    atomic_fetch_add(&tr_st.mallocs, 1);
+    atomic_fetch_add(&tr_count.mallocs, 1);
     if (!tr_real.malloc)
         return cudaErrorInitializationError;
     if (!on || size == 0 || !devPtr) /* the runtime's own answers (a NULL devPtr: cudaErrorInvalidValue) */
@@ -97,14 +97,14 @@ EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
     cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.malloc_managed(devPtr, size, cudaMemAttachGlobal);
     if (err == cudaSuccess && track(*devPtr, size) == 0) {
-        atomic_fetch_add(&tr_st.managed_allocs, 1);
+        atomic_fetch_add(&tr_count.managed_allocs, 1);
         return cudaSuccess;
     }
     if (err == cudaSuccess) /* no memory for the table: the allocation cannot be placed */
         tr_real.free(*devPtr);
     release(size, 0);
     if (err == cudaErrorMemoryAllocation) { /* the runtime's own refusal, its last error set */
-        atomic_fetch_add(&tr_st.failed_allocs, 1);
+        atomic_fetch_add(&tr_count.failed_allocs, 1);
         return err;
     }
     tr_clear_error(pending);
@@ -114,7 +114,7 @@ EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
 EXPORT cudaError_t cudaFree(void *devPtr)
 {
     int on = active();
-    atomic_fetch_add(&tr_st.frees, 1);
+    atomic_fetch_add(&tr_count.frees, 1);
     if (!tr_real.free)
         return cudaErrorInitializationError;
     uint64_t dev = 0;
@@ -150,7 +150,7 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
  * without the lock, decided under it. */
 static int period_boundary(uint64_t n)
 {
-    uint64_t p = tr_st.period, b = tr_s.boundary_launch;
+    uint64_t p = tr_count.period, b = tr_s.boundary_launch;
     return p && !tr_s.adapter && n > b && (n - b) % p == 0;
 }
 
@@ -158,8 +158,8 @@ static int period_boundary(uint64_t n)
  * 1 when a CUPTI correlation id was pushed (tr_cupti_pop after the launch). */
 static int before_launch(const void *func, cudaStream_t stream)
 {
-    uint64_t n = atomic_fetch_add(&tr_st.launches, 1);
-    if (!tr_s.adapter && !tr_st.period)
+    uint64_t n = atomic_fetch_add(&tr_count.launches, 1);
+    if (!tr_s.adapter && !tr_count.period)
         tr_period_observe(func);
     if (period_boundary(n)) {
         pthread_mutex_lock(&tr_lock);
@@ -169,7 +169,7 @@ static int before_launch(const void *func, cudaStream_t stream)
         }
         pthread_mutex_unlock(&tr_lock);
     }
-    if (tr_s.defer_advice && !tr_st.iterations && n == (1u << 18)) {
+    if (tr_s.defer_advice && !tr_count.iterations && n == (1u << 18)) {
         /* no iteration boundary in sight: stop waiting for a warm-up, hold the budget */
         pthread_mutex_lock(&tr_lock);
         tr_log(TR_WARN, "no iteration boundary after %llu launches: %s runs without recording",
@@ -179,7 +179,7 @@ static int before_launch(const void *func, cudaStream_t stream)
     }
     uint64_t b = tr_s.boundary_launch, pos = n > b ? n - b : 0; /* b > n: another thread's boundary */
     if (tr_s.cupti)
-        return tr_cupti_push(((uint64_t)tr_st.iterations << 32) | (pos & 0xffffffffu));
+        return tr_cupti_push(((uint64_t)tr_count.iterations << 32) | (pos & 0xffffffffu));
     if (tr_s.replay_ready)
         tr_replay_before_launch(pos, stream);
     return 0;

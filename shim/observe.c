@@ -44,7 +44,7 @@ static int by_block(const void *a, const void *b)
 
 void tr_observe_classify(void)
 {
-    uint64_t launches = tr_st.period ? tr_st.period : max_pos + 1; /* < 2^32: no wrap below */
+    uint64_t launches = tr_count.period ? tr_count.period : max_pos + 1; /* < 2^32: no wrap below */
     uint64_t late = launches * (1000000 - tr_cfg.cold_tail_ppm) / 1000000;
     if (n) /* qsort of NULL is undefined, even for no elements */
         qsort(t, n, sizeof *t, by_block);

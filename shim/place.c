@@ -58,12 +58,12 @@ static uint64_t rsize(const struct tr_region *r) { return r->end - r->start; }
 /* The device peak counts the adapter's device buffers too: what the budget bounds. */
 static void peaks(void)
 {
-    if (tr_tab.dev_bytes + tr_devbuf_bytes() > tr_st.dev_placed_peak)
-        tr_st.dev_placed_peak = tr_tab.dev_bytes + tr_devbuf_bytes();
-    if (tr_st.host_placed_bytes > tr_st.host_placed_peak)
-        tr_st.host_placed_peak = tr_st.host_placed_bytes;
-    if (tr_st.zero_copy_bytes > tr_st.zero_copy_peak)
-        tr_st.zero_copy_peak = tr_st.zero_copy_bytes;
+    if (tr_tab.dev_bytes + tr_devbuf_bytes() > tr_count.dev_placed_peak)
+        tr_count.dev_placed_peak = tr_tab.dev_bytes + tr_devbuf_bytes();
+    if (tr_count.host_placed_bytes > tr_count.host_placed_peak)
+        tr_count.host_placed_peak = tr_count.host_placed_bytes;
+    if (tr_count.zero_copy_bytes > tr_count.zero_copy_peak)
+        tr_count.zero_copy_peak = tr_count.zero_copy_bytes;
 }
 
 /* Until warm-up ends (tr_s.defer_advice) host regions carry no advice, so that GPU
@@ -78,15 +78,15 @@ static void advise_host(struct tr_region *r)
     if (tr_cfg.policy == TR_ADVISE) {
         tr_advise(p, rsize(r), cudaMemAdviseSetAccessedBy, TR_LOC_DEVICE, tr_s.device);
         r->zero_copy = 1;
-        tr_st.zero_copy_bytes += rsize(r);
+        tr_count.zero_copy_bytes += rsize(r);
     }
 }
 
 static void evict_region(struct tr_region *r)
 {
     tr_prefetch((void *)r->start, rsize(r), TR_LOC_HOST, 0, 0);
-    tr_st.evict_calls++;
-    tr_st.evict_bytes += rsize(r);
+    tr_count.evict_calls++;
+    tr_count.evict_bytes += rsize(r);
     r->evicted = 1;
 }
 
@@ -94,7 +94,7 @@ static void to_host(struct tr_region *r, int evict)
 {
     r->place = TR_HOST;
     tr_tab.dev_bytes -= rsize(r);
-    tr_st.host_placed_bytes += rsize(r);
+    tr_count.host_placed_bytes += rsize(r);
     advise_host(r);
     r->evicted = 0;
     if (evict) /* move what is already resident now, so the budget holds physically */
@@ -111,15 +111,15 @@ void tr_move_to_device(struct tr_region *r, cudaStream_t s)
     if (r->zero_copy) {
         tr_advise(p, rsize(r), cudaMemAdviseUnsetAccessedBy, TR_LOC_DEVICE, tr_s.device);
         r->zero_copy = 0;
-        tr_st.zero_copy_bytes -= rsize(r);
+        tr_count.zero_copy_bytes -= rsize(r);
     }
     tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_DEVICE, tr_s.device);
     tr_prefetch(p, rsize(r), TR_LOC_DEVICE, tr_s.device, s);
-    tr_st.prefetch_calls++;
-    tr_st.prefetch_bytes += rsize(r);
+    tr_count.prefetch_calls++;
+    tr_count.prefetch_bytes += rsize(r);
     r->place = TR_DEV;
     tr_tab.dev_bytes += rsize(r);
-    tr_st.host_placed_bytes -= rsize(r);
+    tr_count.host_placed_bytes -= rsize(r);
 }
 
 static void to_device(struct tr_region *r) { tr_move_to_device(r, 0); }
@@ -139,18 +139,18 @@ void tr_move_to_host(struct tr_region *r, cudaStream_t s)
     tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_HOST, tr_s.device);
     tr_advise(p, rsize(r), cudaMemAdviseSetAccessedBy, TR_LOC_DEVICE, tr_s.device);
     tr_prefetch(p, rsize(r), TR_LOC_HOST, 0, s);
-    tr_st.evict_calls++;
-    tr_st.evict_bytes += rsize(r);
+    tr_count.evict_calls++;
+    tr_count.evict_bytes += rsize(r);
 }
 
 void tr_move_settled(struct tr_region *r)
 {
     r->place = TR_HOST;
     tr_tab.dev_bytes -= rsize(r);
-    tr_st.host_placed_bytes += rsize(r);
+    tr_count.host_placed_bytes += rsize(r);
     r->advised = 1;
     r->zero_copy = 1;
-    tr_st.zero_copy_bytes += rsize(r);
+    tr_count.zero_copy_bytes += rsize(r);
     r->evicted = 1;
 }
 
@@ -172,7 +172,7 @@ static void make_room(uint64_t need)
         for (struct tr_cursor c = {0, 0}; tr_tab.dev_bytes + need > tr_budget() && (r = tr_region_next(&c));)
             if (r->kind == kind && r->place == TR_DEV && r->stage == TR_HOME) {
                 to_host(r, 1);
-                tr_st.room_demotions++;
+                tr_count.room_demotions++;
             }
 }
 
@@ -194,13 +194,13 @@ void tr_place_new(struct tr_alloc *a)
 #ifndef TRANSIT_NO_POPULATE
         if (!tr_s.defer_advice)
 #else
-        if (tr_stage_enabled() && !tr_s.defer_advice && tr_st.iterations > 0)
+        if (tr_stage_enabled() && !tr_s.defer_advice && tr_count.iterations > 0)
 #endif
             tr_prefetch((void *)a->ptr, a->size, TR_LOC_DEVICE, tr_s.device, 0);
     } else {
         tr_stage_overflowed(); /* lent state pushed the application's memory to the host */
         r->place = TR_HOST;
-        tr_st.host_placed_bytes += a->size;
+        tr_count.host_placed_bytes += a->size;
         advise_host(r);
         tr_log(TR_DEBUG, "allocation %p (%zu bytes) placed on the host: budget %llu, on device %llu",
                (void *)a->ptr, a->size, (unsigned long long)tr_budget(), (unsigned long long)tr_tab.dev_bytes);
@@ -221,11 +221,11 @@ uint64_t tr_place_drop(struct tr_alloc *a)
             if (r->stage == TR_HOME)
                 tr_stage_placed(-(int64_t)rsize(r));
         } else
-            tr_st.host_placed_bytes -= rsize(r);
+            tr_count.host_placed_bytes -= rsize(r);
         if (r->zero_copy)
-            tr_st.zero_copy_bytes -= rsize(r);
+            tr_count.zero_copy_bytes -= rsize(r);
         if (r->kind != TR_HOT)
-            tr_st.hint_bytes[r->kind] -= rsize(r);
+            tr_count.hint_bytes[r->kind] -= rsize(r);
     }
     tr_tab.dev_inflight += dev;
     return dev;
@@ -254,9 +254,9 @@ int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind)
         struct tr_region *r = &a->reg[i];
         if (r->start >= start && r->end <= end && r->kind < kind) {
             if (r->kind != TR_HOT)
-                tr_st.hint_bytes[r->kind] -= rsize(r);
+                tr_count.hint_bytes[r->kind] -= rsize(r);
             r->kind = (uint8_t)kind;
-            tr_st.hint_bytes[kind] += rsize(r);
+            tr_count.hint_bytes[kind] += rsize(r);
         }
     }
     return 0;
@@ -351,7 +351,7 @@ void tr_place_unadvise(void)
         if (r->zero_copy) {
             tr_advise((void *)r->start, rsize(r), cudaMemAdviseUnsetAccessedBy, TR_LOC_DEVICE, tr_s.device);
             r->zero_copy = 0;
-            tr_st.zero_copy_bytes -= rsize(r);
+            tr_count.zero_copy_bytes -= rsize(r);
         }
         r->advised = 0;
     }

@@ -126,7 +126,7 @@ cudaError_t tr_own_error(cudaError_t pending, cudaError_t err)
 {
     if (err == cudaSuccess)
         return err;
-    tr_st.hint_errors++;
+    tr_count.hint_errors++;
     tr_clear_error(pending);
     return err;
 }
@@ -163,7 +163,7 @@ static cudaError_t own_call(cudaError_t pending, cudaError_t err, const char *wh
 
 cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, int loc_type, int dev)
 {
-    tr_st.advise_calls++;
+    tr_count.advise_calls++;
     cudaError_t pending = tr_pending_error(), err;
     if (tr_real.loc_api) {
         struct tr_loc loc = {loc_type, loc_type == TR_LOC_HOST ? 0 : dev};

@@ -89,8 +89,8 @@ static void win_evict_one(cudaStream_t stream)
     win_len--;
     win_bytes -= r.end - r.start;
     tr_prefetch((void *)r.start, r.end - r.start, TR_LOC_HOST, 0, stream);
-    tr_st.evict_calls++;
-    tr_st.evict_bytes += r.end - r.start;
+    tr_count.evict_calls++;
+    tr_count.evict_bytes += r.end - r.start;
 }
 
 /* [start, end) is freed: its ranges leave the window, so that no eviction later sends a
@@ -159,8 +159,8 @@ void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
         win_len++;
         win_bytes += len;
         tr_prefetch((void *)s->r[i].start, len, TR_LOC_DEVICE, tr_s.device, stream);
-        tr_st.prefetch_calls++;
-        tr_st.prefetch_bytes += len;
+        tr_count.prefetch_calls++;
+        tr_count.prefetch_bytes += len;
     }
     pthread_mutex_unlock(&tr_lock);
 }
@@ -196,7 +196,7 @@ static uint32_t smallest_period(uint32_t n)
 void tr_period_observe(const void *func)
 {
     pthread_mutex_lock(&tr_lock);
-    if (tr_st.period || tr_s.adapter || seq_n >= SEQ_CAP) {
+    if (tr_count.period || tr_s.adapter || seq_n >= SEQ_CAP) {
         pthread_mutex_unlock(&tr_lock);
         return;
     }
@@ -227,11 +227,11 @@ void tr_period_observe(const void *func)
                     gap = when[i] - when[i - 1];
                     best = i;
                 }
-            uint64_t launches = atomic_load(&tr_st.launches);
+            uint64_t launches = atomic_load(&tr_count.launches);
             uint64_t next = best; /* sequence index i is launch number i */
             while (next + p <= launches)
                 next += p;
-            tr_st.period = p;
+            tr_count.period = p;
             tr_s.boundary_launch = next > p ? next - p : 0;
             tr_log(TR_INFO, "iteration detected: %u kernel launches repeat", p);
         }

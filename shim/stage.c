@@ -89,7 +89,7 @@ uint64_t tr_stage_in(cudaStream_t app)
     if (moved) {
         cudaError_t p = tr_pending_error(); /* before the call: C leaves argument order open */
         in_pending = own(p, tr_real.event_record(ev_in, side), "cudaEventRecord");
-        tr_st.stage_in_bytes += moved;
+        tr_count.stage_in_bytes += moved;
     }
     tr_log(TR_DEBUG, "staging in %llu bytes (room %llu, learned need %llu)", (unsigned long long)moved,
            (unsigned long long)room, (unsigned long long)need);
@@ -131,8 +131,8 @@ uint64_t tr_stage_out(cudaStream_t app)
         if (!own(p, tr_real.event_record(ev_out, side), "cudaEventRecord"))
             tr_real.device_synchronize(); /* then the copies are done when settled below */
         out_pending = 1;
-        tr_st.stage_out_bytes += moved;
-        tr_st.stage_steps++;
+        tr_count.stage_out_bytes += moved;
+        tr_count.stage_steps++;
     }
     return moved;
 }
@@ -145,7 +145,7 @@ void tr_stage_settle(int block)
         cudaError_t p = tr_pending_error();
         if (!own(p, tr_real.event_synchronize(ev_out), "cudaEventSynchronize"))
             tr_real.device_synchronize();
-        tr_st.stage_syncs++;
+        tr_count.stage_syncs++;
     } else {
         cudaError_t pending = tr_pending_error();
         cudaError_t q = tr_real.event_query(ev_out);
@@ -174,7 +174,7 @@ void tr_stage_overflowed(void)
         return;
     tr_log(TR_WARN, "staging: an allocation overflowed the budget while optimizer state was lent: no more staging");
     broken = 1;
-    tr_st.stage_overflows++;
+    tr_count.stage_overflows++;
 }
 
 void tr_stage_placed(int64_t delta)
@@ -194,7 +194,7 @@ void tr_stage_boundary(void)
             need = n;
         have_need = 1;
         measuring = 0;
-        tr_st.stage_need = need;
+        tr_count.stage_need = need;
     }
     tr_stage_settle(0);
 }

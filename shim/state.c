@@ -14,7 +14,7 @@
 #include "transit.h"
 
 struct tr_state tr_s;
-struct tr_stats tr_st;
+struct tr_stats tr_count;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pid_t init_pid;
 static int record_until; /* last iteration recorded */
@@ -30,8 +30,8 @@ static void at_exit(void)
 {
     if (getpid() != init_pid) /* a forked child (data loader worker): not ours to report */
         return;
-    if (tr_s.initialized && tr_cfg.policy != TR_OFF && !tr_s.passthrough && tr_st.launches > 0 &&
-        tr_st.managed_allocs == 0)
+    if (tr_s.initialized && tr_cfg.policy != TR_OFF && !tr_s.passthrough && tr_count.launches > 0 &&
+        tr_count.managed_allocs == 0)
         tr_log(TR_WARN, "kernels ran but no cudaMalloc reached the shim: expandable segments or the "
                         "cudaMallocAsync backend bypass it (set PYTORCH_ALLOC_CONF=backend:native,"
                         "expandable_segments:False)");
@@ -105,35 +105,35 @@ void tr_sample_residency(void)
     if (!tr_real.mem_get_info || tr_real.mem_get_info(&f, &t) != cudaSuccess)
         return;
     uint64_t used = tr_s.free_at_start > f ? tr_s.free_at_start - f : 0;
-    if (used > tr_st.resident_peak)
-        tr_st.resident_peak = used;
+    if (used > tr_count.resident_peak)
+        tr_count.resident_peak = used;
     /* steady state: a full iteration after warm-up and after the first placement pass */
     int settled_after = record_until > 1 ? record_until : 1;
-    if (!tr_s.cupti && tr_st.iterations > settled_after && used > tr_st.resident_peak_steady)
-        tr_st.resident_peak_steady = used;
+    if (!tr_s.cupti && tr_count.iterations > settled_after && used > tr_count.resident_peak_steady)
+        tr_count.resident_peak_steady = used;
 }
 
 static int needs_observation(void)
 {
     if (tr_cfg.policy == TR_PREFETCH)
         return 1;
-    return tr_cfg.policy == TR_ADVISE && tr_st.hint_bytes[TR_COLD_OPT] == 0;
+    return tr_cfg.policy == TR_ADVISE && tr_count.hint_bytes[TR_COLD_OPT] == 0;
 }
 
 /* Called with tr_lock held. */
 void tr_iteration_boundary(int source)
 {
     double now = tr_now_ms();
-    if (tr_st.iterations > 0 && tr_st.n_iter_ms < (int)(sizeof tr_st.iter_ms / sizeof tr_st.iter_ms[0]))
-        tr_st.iter_ms[tr_st.n_iter_ms++] = now - tr_s.t_last_boundary;
-    else if (tr_st.iterations == 0 && tr_s.t_attach)
-        tr_st.first_iter_ms = now - tr_s.t_attach; /* the first step, from its optimizer's creation */
+    if (tr_count.iterations > 0 && tr_count.n_iter_ms < (int)(sizeof tr_count.iter_ms / sizeof tr_count.iter_ms[0]))
+        tr_count.iter_ms[tr_count.n_iter_ms++] = now - tr_s.t_last_boundary;
+    else if (tr_count.iterations == 0 && tr_s.t_attach)
+        tr_count.first_iter_ms = now - tr_s.t_attach; /* the first step, from its optimizer's creation */
     tr_s.t_last_boundary = now;
-    tr_st.iterations++;
-    if (!tr_st.boundary_source || source == 1)
-        tr_st.boundary_source = source;
-    tr_s.boundary_launch = atomic_load(&tr_st.launches);
-    int it = tr_st.iterations; /* iterations completed */
+    tr_count.iterations++;
+    if (!tr_count.boundary_source || source == 1)
+        tr_count.boundary_source = source;
+    tr_s.boundary_launch = atomic_load(&tr_count.launches);
+    int it = tr_count.iterations; /* iterations completed */
 
     if (tr_cfg.policy == TR_OFF || tr_s.passthrough || !tr_s.runtime_ready)
         return;
@@ -170,11 +170,11 @@ void tr_adapter_takeover(void)
 {
     if (tr_s.cupti)
         tr_cupti_stop(0);
-    tr_log(TR_INFO, "the framework adapter reports iterations: dropping %d guessed boundaries", tr_st.iterations);
-    tr_st.iterations = 0;
-    tr_st.n_iter_ms = 0;
-    tr_st.period = 0;
-    tr_st.resident_peak_steady = 0;
+    tr_log(TR_INFO, "the framework adapter reports iterations: dropping %d guessed boundaries", tr_count.iterations);
+    tr_count.iterations = 0;
+    tr_count.n_iter_ms = 0;
+    tr_count.period = 0;
+    tr_count.resident_peak_steady = 0;
     record_until = 0;
     if (tr_s.defer_advice)
         tr_place_settle();

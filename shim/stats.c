@@ -211,49 +211,49 @@ int tr_write_stats(const char *path)
     fprintf(f, "  \"free_at_start_bytes\": %llu,\n  \"runtime_version\": %d,\n",
             (unsigned long long)tr_s.free_at_start, tr_real.runtime_version);
     fprintf(f, "  \"cuda_malloc_calls\": %llu,\n  \"cuda_free_calls\": %llu,\n  \"managed_allocs\": %llu,\n",
-            (unsigned long long)tr_st.mallocs, (unsigned long long)tr_st.frees,
-            (unsigned long long)tr_st.managed_allocs);
+            (unsigned long long)tr_count.mallocs, (unsigned long long)tr_count.frees,
+            (unsigned long long)tr_count.managed_allocs);
     fprintf(f, "  \"failed_allocs\": %llu,\n  \"guard_refusals\": %llu,\n  \"managed_fallbacks\": %llu,\n"
                "  \"kernel_launches\": %llu,\n",
-            (unsigned long long)tr_st.failed_allocs, (unsigned long long)tr_st.guard_refusals,
-            (unsigned long long)tr_st.managed_fallbacks, (unsigned long long)tr_st.launches);
+            (unsigned long long)tr_count.failed_allocs, (unsigned long long)tr_count.guard_refusals,
+            (unsigned long long)tr_count.managed_fallbacks, (unsigned long long)tr_count.launches);
     fprintf(f, "  \"managed_bytes\": %llu,\n  \"managed_peak_bytes\": %llu,\n",
-            (unsigned long long)tr_tab.managed_bytes, (unsigned long long)tr_st.managed_peak);
+            (unsigned long long)tr_tab.managed_bytes, (unsigned long long)tr_count.managed_peak);
     fprintf(f, "  \"device_placed_bytes\": %llu,\n  \"device_placed_peak_bytes\": %llu,\n",
-            (unsigned long long)tr_tab.dev_bytes, (unsigned long long)tr_st.dev_placed_peak);
+            (unsigned long long)tr_tab.dev_bytes, (unsigned long long)tr_count.dev_placed_peak);
     fprintf(f, "  \"device_buffer_bytes\": %llu,\n", (unsigned long long)tr_devbuf_bytes());
     fprintf(f, "  \"host_placed_bytes\": %llu,\n  \"host_placed_peak_bytes\": %llu,\n",
-            (unsigned long long)tr_st.host_placed_bytes, (unsigned long long)tr_st.host_placed_peak);
+            (unsigned long long)tr_count.host_placed_bytes, (unsigned long long)tr_count.host_placed_peak);
     fprintf(f, "  \"host_state_bytes\": %llu,\n  \"host_state_peak_bytes\": %llu,\n  \"host_state_allocs\": %llu,\n",
-            (unsigned long long)tr_hoststate_bytes(), (unsigned long long)tr_st.host_state_peak,
-            (unsigned long long)tr_st.host_state_allocs);
+            (unsigned long long)tr_hoststate_bytes(), (unsigned long long)tr_count.host_state_peak,
+            (unsigned long long)tr_count.host_state_allocs);
     fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",
-            (unsigned long long)tr_st.zero_copy_bytes, (unsigned long long)tr_st.zero_copy_peak);
+            (unsigned long long)tr_count.zero_copy_bytes, (unsigned long long)tr_count.zero_copy_peak);
     fprintf(f, "  \"cold_hint_bytes\": {\"optimizer\": %llu, \"master\": %llu},\n",
-            (unsigned long long)tr_st.hint_bytes[TR_COLD_OPT], (unsigned long long)tr_st.hint_bytes[TR_COLD_MASTER]);
+            (unsigned long long)tr_count.hint_bytes[TR_COLD_OPT], (unsigned long long)tr_count.hint_bytes[TR_COLD_MASTER]);
     fprintf(f, "  \"gpu_resident_peak_bytes\": %llu,\n  \"gpu_resident_peak_steady_bytes\": %llu,\n",
-            (unsigned long long)tr_st.resident_peak, (unsigned long long)tr_st.resident_peak_steady);
+            (unsigned long long)tr_count.resident_peak, (unsigned long long)tr_count.resident_peak_steady);
     fprintf(f, "  \"page_faults\": %llu,\n  \"htod_bytes\": %llu,\n  \"dtoh_bytes\": %llu,\n",
-            (unsigned long long)tr_st.um_faults, (unsigned long long)tr_st.um_htod_bytes,
-            (unsigned long long)tr_st.um_dtoh_bytes);
+            (unsigned long long)tr_count.um_faults, (unsigned long long)tr_count.um_htod_bytes,
+            (unsigned long long)tr_count.um_dtoh_bytes);
     fprintf(f, "  \"prefetch_calls\": %llu,\n  \"prefetch_bytes\": %llu,\n  \"evict_calls\": %llu,\n"
                "  \"evict_bytes\": %llu,\n  \"advise_calls\": %llu,\n  \"hint_errors\": %llu,\n"
                "  \"replay_positions\": %llu,\n  \"room_demotions\": %llu,\n",
-            (unsigned long long)tr_st.prefetch_calls, (unsigned long long)tr_st.prefetch_bytes,
-            (unsigned long long)tr_st.evict_calls, (unsigned long long)tr_st.evict_bytes,
-            (unsigned long long)tr_st.advise_calls, (unsigned long long)tr_st.hint_errors,
-            (unsigned long long)tr_replay_positions(), (unsigned long long)tr_st.room_demotions);
+            (unsigned long long)tr_count.prefetch_calls, (unsigned long long)tr_count.prefetch_bytes,
+            (unsigned long long)tr_count.evict_calls, (unsigned long long)tr_count.evict_bytes,
+            (unsigned long long)tr_count.advise_calls, (unsigned long long)tr_count.hint_errors,
+            (unsigned long long)tr_replay_positions(), (unsigned long long)tr_count.room_demotions);
     fprintf(f, "  \"staging\": {\"enabled\": %d, \"in_bytes\": %llu, \"out_bytes\": %llu, \"steps\": %llu, "
                "\"syncs\": %llu, \"learned_need_bytes\": %llu, \"overflows\": %llu},\n",
-            tr_stage_enabled(), (unsigned long long)tr_st.stage_in_bytes, (unsigned long long)tr_st.stage_out_bytes,
-            (unsigned long long)tr_st.stage_steps, (unsigned long long)tr_st.stage_syncs,
-            (unsigned long long)tr_st.stage_need, (unsigned long long)tr_st.stage_overflows);
+            tr_stage_enabled(), (unsigned long long)tr_count.stage_in_bytes, (unsigned long long)tr_count.stage_out_bytes,
+            (unsigned long long)tr_count.stage_steps, (unsigned long long)tr_count.stage_syncs,
+            (unsigned long long)tr_count.stage_need, (unsigned long long)tr_count.stage_overflows);
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
-            tr_st.iterations, sources[tr_st.boundary_source], (unsigned long long)tr_st.period);
-    fprintf(f, "  \"first_iteration_ms\": %.3f,\n", tr_st.first_iter_ms);
+            tr_count.iterations, sources[tr_count.boundary_source], (unsigned long long)tr_count.period);
+    fprintf(f, "  \"first_iteration_ms\": %.3f,\n", tr_count.first_iter_ms);
     fprintf(f, "  \"iteration_ms\": [");
-    for (int i = 0; i < tr_st.n_iter_ms; i++)
-        fprintf(f, "%s%.3f", i ? ", " : "", tr_st.iter_ms[i]);
+    for (int i = 0; i < tr_count.n_iter_ms; i++)
+        fprintf(f, "%s%.3f", i ? ", " : "", tr_count.iter_ms[i]);
     fprintf(f, "]\n}\n");
     pthread_mutex_unlock(&tr_lock);
     int bad = fclose(f) != 0;

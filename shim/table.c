@@ -32,8 +32,8 @@ int tr_table_reserve(size_t size, uint64_t limit)
         return -1;
     tr_tab.managed_bytes += size;
     tr_tab.inflight += size;
-    if (tr_tab.managed_bytes > tr_st.managed_peak)
-        tr_st.managed_peak = tr_tab.managed_bytes;
+    if (tr_tab.managed_bytes > tr_count.managed_peak)
+        tr_count.managed_peak = tr_tab.managed_bytes;
     return 0;
 }
 
@@ -151,9 +151,9 @@ static const char *inconsistency(void)
     }
     if (sizes + tr_tab.inflight != tr_tab.managed_bytes)
         return "managed_bytes is not the table's bytes and those in flight";
-    if (dev + tr_tab.dev_inflight != tr_tab.dev_bytes || host != tr_st.host_placed_bytes || zc != tr_st.zero_copy_bytes)
+    if (dev + tr_tab.dev_inflight != tr_tab.dev_bytes || host != tr_count.host_placed_bytes || zc != tr_count.zero_copy_bytes)
         return "placement counters are not the sum of the regions";
-    if (hinted[TR_COLD_MASTER] != tr_st.hint_bytes[TR_COLD_MASTER] || hinted[TR_COLD_OPT] != tr_st.hint_bytes[TR_COLD_OPT])
+    if (hinted[TR_COLD_MASTER] != tr_count.hint_bytes[TR_COLD_MASTER] || hinted[TR_COLD_OPT] != tr_count.hint_bytes[TR_COLD_OPT])
         return "hint counters are not the sum of the regions";
     if (tr_tab.dev_bytes > tr_budget())
         return "placed above the budget";

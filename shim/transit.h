@@ -198,7 +198,7 @@ struct tr_stats {
     int n_iter_ms;
     double first_iter_ms; /* the adapter's attach (the first optimizer made) to the first boundary; 0: unknown */
 };
-HIDDEN extern struct tr_stats tr_st;
+HIDDEN extern struct tr_stats tr_count; /* the stats' counters (tr_s below is the run-time state) */
 
 /* Written under tr_lock (or once, at start-up); the _Atomic fields are also read without
  * it: by kernel launches, and by API calls that may come before the runtime is loaded. */

@@ -1,4 +1,4 @@
-"""The outputs README.md shows, regenerated from the real CLI.
+"""The outputs README.md and docs/*.md show, regenerated from the real CLI.
 
 A fenced block right after `<!-- output -->` starts with `$ transit-launch ARGS` (a line
 may end in a backslash and continue); everything after that line is what the CLI prints
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = [README, *sorted((README.parent / "docs").glob("*.md"))]  # every page with CLI examples
 BLOCK = re.compile(r"(<!-- output -->\n```\n)(\$ transit-launch (?:[^\n]*\\\n)*[^\n]*\n)(.*?)(```)", re.S)
 
 
@@ -54,5 +55,6 @@ def regenerate(text: str) -> str:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python3 -m tests.readme_outputs --write")
-    README.write_text(regenerate(README.read_text()))
-    print(f"rewrote the output blocks of {README}")
+    for page in DOCS:
+        page.write_text(regenerate(page.read_text()))
+        print(f"rewrote the output blocks of {page}")

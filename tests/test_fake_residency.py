@@ -1,7 +1,7 @@
 """The fake runtime's residency model on its own (tests/fakecuda/fake_cudart.c, no shim):
 the budget checks of tests/test_shim*.py read this model's answer, so each of its rules is
 checked here against a hand derivation of what the rule says the pages do; where the H200
-answered the case (bench/results/cuda_error_probe_2026-12-01.json), the test reads the
+answered the case (bench/results/2026-12-01/cuda_error_probe_2026-12-01.json), the test reads the
 expected answer from that file. 4 KiB pages; MiB sizes keep the arithmetic exact."""
 
 import json
@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import CUDA_INC, ROOT
 from tests.test_shim import run
 
-PROBE = json.loads((ROOT / "bench" / "results" / "cuda_error_probe_2026-12-01.json").read_text())
-PROBE_MANAGED = 256 * (1 << 20)  # bench/cuda_error_probe.c's MANAGED
+PROBE = json.loads((ROOT / "bench" / "results" / "2026-12-01" / "cuda_error_probe_2026-12-01.json").read_text())
+PROBE_MANAGED = 256 * (1 << 20)  # bench/probes/cuda_error_probe.c's MANAGED
 
 MiB, PAGE = 1 << 20, 4096
 ADV_PREFERRED, ADV_UNSET_PREFERRED, ADV_ACCESSED_BY = 3, 4, 5
@@ -124,10 +124,10 @@ def test_unmanaged_memory_is_refused_as_the_h200_refused_it(built):
 
 
 def test_the_probe_builds_against_the_shims_cuda_headers(tmp_path):
-    """bench/cuda_error_probe.c, which backs the fake's answers on a GPU, compiles warning-free
+    """bench/probes/cuda_error_probe.c, which backs the fake's answers on a GPU, compiles warning-free
     against the headers the shim's build finds (run only on a GPU machine)."""
     subprocess.run(["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{CUDA_INC}", "-c",
-                    str(ROOT / "bench" / "cuda_error_probe.c"), "-o", str(tmp_path / "probe.o")], check=True)
+                    str(ROOT / "bench" / "probes" / "cuda_error_probe.c"), "-o", str(tmp_path / "probe.o")], check=True)
 
 
 def test_cpu_writes_populate_on_the_host_and_bring_device_pages_back(built):

@@ -7,21 +7,19 @@ advise at half its own peak. In deterministic mode (the trainer's
 --deterministic: torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG) the
 losses must equal the run without the shim bit for bit (README: "bit-identical"), the
 stats must show the budget held by the shim's placement (what another process can
-allocate beside such a job is bench/second_process.py's measurement), and advise must
+allocate beside such a job is bench/probes/second_process.py's measurement), and advise must
 have placed the optimizer states on the host."""
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from transit_launch.shim import inject
 from transit_launch.shim import run as runmod
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from common import ROOT, env, trainer_records, transit  # noqa: E402
+from tests.example_trainer import ROOT, env, trainer_records, transit
 
 torch = pytest.importorskip("torch", reason="needs PyTorch with CUDA (a GPU machine)")
 pytestmark = [pytest.mark.gpu,

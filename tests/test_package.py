@@ -101,10 +101,12 @@ def test_the_suite_collects_without_torch(tmp_path):
                                       "name='torch')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")])))
     res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "--import-mode=append", "--rootdir", str(ROOT), str(ROOT / "tests")],
+                          "--import-mode=append", "--rootdir", str(ROOT), str(ROOT / "tests"),
+                          str(ROOT / "bench" / "tests")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     last = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
     assert res.returncode == 0 and "collected" in last and "error" not in last, res.stdout[-3000:] + res.stderr[-2000:]
     assert "test_adapter_overlap.py::test_overlapped_step_is_bit_identical" in res.stdout
+    assert "bench/tests/test_memory_timeline.py::" in res.stdout
     check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
     assert check.returncode != 0 and "hidden by the test" in check.stderr  # the hiding works

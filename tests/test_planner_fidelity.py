@@ -1,39 +1,34 @@
 """The planner's memory formula against measurements, with fit and check kept apart
-(issue 33). bench/planner_fidelity.py's FITTED names the runs each fitted constant of
+(issue 33). tests/fidelity_records.py's FITTED names the runs each fitted constant of
 planning/memory.py was set from; only runs named there are used to (re)derive a
 constant, and the fidelity claim rests on the runs named nowhere:
 
-- held out on the H200: TorchTitan's 21 mixed-precision runs (bench/results/
+- held out on the H200: TorchTitan's 21 mixed-precision runs (bench/results/*/
   titan_memory_*.json; no constant names one of them), within 5% of
   torch.cuda.max_memory_allocated;
 - held out in the measured mode: `plan --measure` (FakeTensorMode + FSDPMemTracker, a
   different code path from the formula) at layouts no constant was fitted to
-  (bench/results/planner_heldout_*.json, HELD_OUT), within 5%;
+  (bench/results/*/planner_heldout_*.json, HELD_OUT), within 5%;
 - every fitted constant enters the peak of at least one held-out run (it changes that
   run's estimate), or is a named gap (NO_HELD_OUT) with the reason.
 
 The fit runs are still checked (a constant that stopped reproducing its own fit would be
 a transcription error), but they are named as fit runs and count as no evidence."""
 
-import sys
 from dataclasses import replace
 
 import pytest
 
-from tests.conftest import ROOT
+from tests import fidelity_records as pf
 from transit_launch.planning import memory
 from transit_launch.planning.models import load_model
 
-sys.path.insert(0, str(ROOT / "bench"))
-import planner_fidelity as pf  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
-H200_FILES = sorted(str(p) for p in RESULTS.glob("titan_memory_*.json"))
+H200_FILES = [str(p) for p in pf.recorded("titan_memory_*.json")]
 RUNS = [r for _, r in pf.h200_records(H200_FILES)]
 ROWS = pf.h200_runs(H200_FILES, measured=False)
 H200_HELD = pf.held_out(RUNS, key=pf.h200_key)
-FIT_FILES = sorted(RESULTS.glob("planner_fidelity_*.json"))
-HELD_FILES = sorted(RESULTS.glob("planner_heldout_*.json"))
+FIT_FILES = pf.recorded("planner_fidelity_*.json")
+HELD_FILES = pf.recorded("planner_heldout_*.json")
 
 
 def _load(paths):

@@ -1,21 +1,25 @@
 """The plan's predicted efficiency against measured runs (issue 31): every recorded
 TorchTitan point within 3 points, the constants reproduced from the runs named as their
-fit, and jobs no constant was fitted to among the points. bench/prediction.py reads the
-records; the plan's numbers come from the installed package."""
+fit, and jobs no constant was fitted to among the points. tests/prediction_records.py reads
+the records (bench/results/, as data); the plan's numbers come from the installed package."""
 
 import statistics
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests import prediction_records as prediction
 from transit_launch.planning import plan as planmod
 from transit_launch.planning.hardware import GPUS
 
-sys.path.insert(0, str(ROOT / "bench"))
-import prediction  # noqa: E402
-
 ROWS = prediction.rows()
+
+
+def test_what_is_left_out_is_named_and_was_recorded():
+    """Every run left out of the points exists in the records, so none is dropped silently."""
+    import json
+    runs = {(p.name, r["name"]) for p in prediction.RESULTS.glob("**/titan_steps_*.json")
+            for r in json.loads(p.read_text())["runs"]}
+    assert set(prediction.NOT_ADVISE) <= runs
 
 
 def test_there_are_points_and_some_are_jobs_no_constant_was_fitted_to():

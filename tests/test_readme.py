@@ -1,4 +1,4 @@
-"""README.md cannot drift: every output it shows is what the CLI prints now
+"""README.md and docs/*.md cannot drift: every output they show is what the CLI prints now
 (tests/readme_outputs.py regenerates them), and every other CLI example block is marked
 as recorded, with where."""
 
@@ -6,21 +6,29 @@ import re
 
 import pytest
 
-from tests.readme_outputs import README, blocks, command, run
+from tests.readme_outputs import DOCS, README, blocks, command, run
 
-TEXT = README.read_text()
-SHOWN = list(blocks(TEXT))
+TEXTS = {page: page.read_text() for page in DOCS}
+SHOWN = [(page, prompt, shown) for page, text in TEXTS.items() for prompt, shown, _, _ in blocks(text)]
 
 
 def test_readme_has_output_blocks():
-    assert len(SHOWN) >= 3
+    assert len(list(blocks(TEXTS[README]))) >= 3
 
 
-@pytest.mark.parametrize("prompt,shown", [(p, s) for p, s, _, _ in SHOWN], ids=[p.split("\n")[0][:60] for p, *_ in SHOWN])
-def test_output_is_current(prompt, shown):
+@pytest.mark.parametrize("page,prompt,shown", SHOWN,
+                         ids=[f"{page.name}:{p.split(chr(10))[0][:60]}" for page, p, _ in SHOWN])
+def test_output_is_current(page, prompt, shown):
     assert run(command(prompt)) == shown, "run: python3 -m tests.readme_outputs --write"
 
 
-def test_every_cli_example_is_checked_or_marked_recorded():
-    for m in re.finditer(r"(<!--[^\n]*-->\n)?```\n\$ transit-launch", TEXT):
-        assert m.group(1) and re.match(r"<!-- (output|recorded: [^>]+) -->", m.group(1)), TEXT[m.start():m.end() + 80]
+@pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
+def test_every_cli_example_is_checked_or_marked_recorded(page):
+    text = TEXTS[page]
+    for m in re.finditer(r"(<!--[^\n]*-->\n)?```\n\$ transit-launch", text):
+        assert m.group(1) and re.match(r"<!-- (output|recorded: [^>]+) -->", m.group(1)), text[m.start():m.end() + 80]
+
+
+def test_every_page_the_readme_links_exists():
+    for link in re.findall(r"\]\((docs/[^)#]+)", TEXTS[README]):
+        assert (README.parent / link).exists(), link

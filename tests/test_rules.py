@@ -169,3 +169,32 @@ def test_the_adapter_imports_nothing_of_transit_launch():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not [n for n in names if n.split(".")[0] == "transit_launch"], (m.name, names)
+
+
+def test_the_environment_table_lists_every_variable_and_only_those():
+    """docs/environment.md, the contract users read, has a row for every name in rules.ENV
+    and names no TRANSIT_* variable that rules.ENV lacks."""
+    import re
+    doc = (C_SOURCES / "docs" / "environment.md").read_text()
+    rows = set(re.findall(r"^\| `(TRANSIT_[A-Z_]+)` \|", doc, flags=re.M))
+    assert rows == set(rules.ENV.values()), (rows ^ set(rules.ENV.values()))
+    assert set(re.findall(r"TRANSIT_[A-Z_]+", doc)) <= set(rules.ENV.values())
+
+
+def test_the_adapter_spells_its_variables_as_the_rules_do():
+    import importlib.util
+    import sys
+    from transit_launch.shim import inject
+    sys.path.insert(0, str(inject.adapter_dir()))
+    try:
+        spec = importlib.util.spec_from_file_location("transit_site_rules", inject.adapter_dir() / "sitecustomize.py")
+        site = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(site)  # installs nothing here: no shim is loaded
+        import transit_overlap
+        assert site.ADAPTER_ENV == rules.ENV["ADAPTER"]
+        assert site.OVERLAP_ENV == transit_overlap.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"]
+        assert set(site.PINNED_STATE_MODES) <= set(rules.OVERLAP_MODES)
+    finally:
+        sys.path.remove(str(inject.adapter_dir()))
+        for m in ("transit_overlap", "transit_state_pool", "transit_api"):
+            sys.modules.pop(m, None)

@@ -326,16 +326,19 @@ def test_bad_torchtitan_input_one_line(titan, tmp_path, args, needle):
     assert needle in err, err
 
 
-# --- the README's example ----------------------------------------------------------------------
+# --- docs/plan.md's example ---------------------------------------------------------------------
 
-def test_readme_shows_plan_of_torchtitans_llama3_8b(titan, tmp_path):
-    """The README's `plan --torchtitan` block (marked recorded for tests/test_readme.py, which
+PLAN_DOC = README.parent / "docs" / "plan.md"
+
+
+def test_docs_show_plan_of_torchtitans_llama3_8b(titan, tmp_path):
+    """docs/plan.md's `plan --torchtitan` block (marked recorded for tests/test_readme.py, which
     runs without TorchTitan) is what the CLI prints for TorchTitan's own llama3_8b.toml, at the
     path it has in a TorchTitan checkout."""
-    text = README.read_text()
+    text = PLAN_DOC.read_text()
     m = re.search(r"<!-- recorded: [^>]*test_torchtitan_config[^>]* -->\n```\n(\$ transit-launch [^\n]*\n)(.*?)```",
                   text, re.S)
-    assert m, "README.md lacks the plan --torchtitan block"
+    assert m, "docs/plan.md lacks the plan --torchtitan block"
     args = command(m.group(1))
     assert args[:2] == ["plan", "--torchtitan"] and args[2].endswith("llama3/train_configs/llama3_8b.toml")
     (tmp_path / args[2]).parent.mkdir(parents=True)
@@ -343,10 +346,10 @@ def test_readme_shows_plan_of_torchtitans_llama3_8b(titan, tmp_path):
     rc, out, err = titan.cli(*args, cwd=tmp_path)
     assert rc == 0 and err == "", err
     if out != m.group(2) and os.environ.get("TRANSIT_UPDATE_GOLDEN") == "1":  # as conftest.check_golden does
-        README.write_text(text[:m.start(2)] + out + text[m.end(2):])
-        pytest.fail("rewrote README.md's plan --torchtitan block: review the diff, then run again without "
+        PLAN_DOC.write_text(text[:m.start(2)] + out + text[m.end(2):])
+        pytest.fail("rewrote docs/plan.md's plan --torchtitan block: review the diff, then run again without "
                     "TRANSIT_UPDATE_GOLDEN")
-    assert out == m.group(2), "README.md's plan --torchtitan block is stale: TRANSIT_UPDATE_GOLDEN=1 rewrites it"
+    assert out == m.group(2), "docs/plan.md's plan --torchtitan block is stale: TRANSIT_UPDATE_GOLDEN=1 rewrites it"
 
 
 # --- the rendered job on the lab cluster -------------------------------------------------------

@@ -33,7 +33,7 @@ def test_without_an_attach_the_first_step_is_unknown(built, tmp_path):
 
 
 def test_the_summary_reports_the_warm_up_against_steady_steps():
-    """TorchTitan's 16-microbatch run under advise (bench/results/
+    """TorchTitan's 16-microbatch run under advise (bench/results/2026-12-01/
     titan_steps_accum16_masterroom_2026-12-01.json, shim clocks rounded): first step 37.3 s,
     second 9.85 s, then 9.79 and 9.80 s. By hand: steady = median(9.79, 9.80) = 9.795 s (the
     second step is part of the warm-up, not of the median); 37.3 + 9.85 - 2 x 9.795 = 27.56 s

@@ -48,6 +48,7 @@ ENV = {
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # SMs of the early updates' stream, a green context (transit_overlap.py)
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
+    "ADAPTER": "TRANSIT_ADAPTER",  # 0: the hint adapter installs nothing (sitecustomize.py)
     # read by the launcher only (shim/inject.py): where libtransit.so and the adapter are
     "SHIM": "TRANSIT_SHIM",
     "ADAPTER_DIR": "TRANSIT_ADAPTER_DIR",

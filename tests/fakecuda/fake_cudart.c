@@ -8,8 +8,8 @@
  * FAKE_HOST_REGISTER_FAIL=1 (cudaHostRegister runs out of memory),
  * FAKE_CUDART_RESIDENCY=PATH (the residency account as JSON at exit; %p: the pid).
  *
- * Where each answer comes from. "probe": bench/cuda_error_probe.c on the H200, its
- * 2026-11-30 cases (bench/results/cuda_error_probe_2026-11-30.json) and those added by
+ * Where each answer comes from. "probe": bench/probes/cuda_error_probe.c on the H200, its
+ * 2026-11-30 cases (bench/results/2026-11-30/cuda_error_probe_2026-11-30.json) and those added by
  * issue 33 (cuda_error_probe_2026-12-01.json; the case's name follows); "gpu-lab":
  * ../shared/notes/gpu-lab.md; "docs": CUDA 13's cuda_runtime_api.h, the header the shim
  * builds against; "ASSUMPTION": neither.

@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 from transit_launch.errors import UsageError
 from transit_launch.planning.models import ModelCard
 
-# Measured-mode rows cited below: bench/results/planner_fidelity_2026-11-30.json (written by
+# Measured-mode rows cited below: bench/results/2026-11-30/planner_fidelity_2026-11-30.json (written by
 # bench/planner_fidelity.py: TorchTitan's layer structure under FakeTensorMode +
 # FSDPMemTracker at full depth); "working set" lines are that script's output.
 #
@@ -93,7 +93,7 @@ NCCL_BYTES_PER_COMM = 0.5e9
 CUDA_CONTEXT_BYTES = 0.6e9
 # Slack over the tensors for the caching allocator's rounding and fragmentation. Not the
 # gap between max_memory_reserved and max_memory_allocated on an unconstrained GPU: that
-# is 8-56% in TorchTitan's H200 runs (bench/results/titan_memory_2026-11-30.json on main,
+# is 8-56% in TorchTitan's H200 runs (bench/results/2026-11-30/titan_memory_2026-11-30.json on main,
 # 1.08x-1.56x, largest under FSDP2, whose all-gather and reduce-scatter streams keep their
 # own cached blocks), memory the allocator frees and retries with when it runs short (the
 # 2-layer 405B run allocated 106 GB and finished inside the 141 GB card with one retry).
@@ -127,7 +127,7 @@ RECOMPUTE = ("full", "none")
 # fp16/bf16, so fp32 falls to MATH, which materialises the b x heads x s x s scores. In a
 # layer's recomputed backward the saved softmax output, its gradient and two more
 # score-sized buffers of the backward are live at once: measured 4 copies (llama3-8b tp2 rows of
-# bench/results/titan_memory_2026-11-30.json, 16 local heads: recompute 4.56 GB and
+# bench/results/2026-11-30/titan_memory_2026-11-30.json, 16 local heads: recompute 4.56 GB and
 # backward_autograd 14.82 GB at the peak, 4 x 4.29 GB of them scores; pp2 rows, 32
 # heads: recompute 8.99 and forward_no_python_frame 29.0 GB, 4 x 8.59 GB of them scores).
 ATTENTION_SCORE_COPIES = 4
@@ -313,7 +313,7 @@ def layer_local_params(card: ModelCard, lay: Layout, i: int) -> float:
 def unsharded_layer_params(card: ModelCard, lay: Layout, i: int) -> float:
     """Elements of the buffer FSDP2 all-gathers for layer i: d padded shards, so 16 experts
     over 64 ranks gather 64 experts' worth (measured: llama4-scout, dp 64, "Unsharded Param"
-    16.48 GB, bench/results/planner_fidelity_2026-11-30.json)."""
+    16.48 GB, bench/results/2026-11-30/planner_fidelity_2026-11-30.json)."""
     return sum(d * _shard(r, e, d) / t for r, e, d, t in layer_tensors(card, lay, i))
 
 
@@ -326,7 +326,7 @@ def titan_precision(precision: str, dp: int, tp: int, pp: int) -> str:
     training with TP or PP is only supported when FSDP/HSDP/CP is enabled"; llama3's
     parallelize.py line 125 applies fully_shard, which carries MixedPrecisionPolicy, only
     when parallel_dims.fsdp_enabled). Measured: the tp2 and pp2 rows of
-    bench/results/titan_memory_2026-11-30.json ran fp32 (their `mixed_precision` field)."""
+    bench/results/2026-11-30/titan_memory_2026-11-30.json ran fp32 (their `mixed_precision` field)."""
     if precision == "mixed" and dp == 1 and (tp > 1 or pp > 1):
         return "fp32"
     return precision
@@ -344,7 +344,7 @@ def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
     shard = sum(per_layer) + emb + out
     params, optim = shard * bp, shard * 2 * bp
     # TorchTitan's zero_grad sets gradients to None, so one microbatch's backward creates
-    # them layer by layer (measured: bench/results/planner_fidelity_2026-11-30.json, every
+    # them layer by layer (measured: bench/results/2026-11-30/planner_fidelity_2026-11-30.json, every
     # loss-phase row has no sharded gradients); with accumulation or pipeline microbatches
     # the earlier microbatches' gradients are there the whole time.
     grads_alive = lay.microsteps > 1 or lay.pp > 1
@@ -382,7 +382,7 @@ def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
         # embedding) prefetched, and the reduce-scatter input of the layer before (i + 1,
         # or the output projection) in the reduce dtype, which FSDP2 frees only when the next
         # reduce-scatter is issued (measured: "All Gather" and "Reduce Scatter" rows of
-        # bench/results/planner_fidelity_2026-11-30.json, qwen3-32b and llama3-405b).
+        # bench/results/2026-11-30/planner_fidelity_2026-11-30.json, qwen3-32b and llama3-405b).
         nxt = (unsharded_layer_params(card, lay, layers[pos - 1]) if pos else
                (card.embedding_params / t if first else 0.0))
         prev = (unsharded_layer_params(card, lay, layers[pos + 1]) if pos + 1 < len(layers) else
@@ -432,7 +432,7 @@ def pp_held_logits(card: ModelCard, lay: Layout) -> float:
     """Under PP the last stage's logits stay referenced through the microbatch's whole
     backward: torch.distributed.pipelining's stage.backward_one_chunk pops
     (stage_output, inputs) from fwd_cache and holds them while it runs backward. Measured
-    in fp32 only: the pp2 rows of bench/results/titan_memory_2026-11-30.json, the last
+    in fp32 only: the pp2 rows of bench/results/2026-11-30/titan_memory_2026-11-30.json, the last
     stage (rank 1) peaks 4.07 GB above the first with the same states, one microbatch's
     8192 x 128,256 fp32 logits being 4.20 GB. Mixed precision with FSDP and PP would hold
     bf16 logits the same way; no such run was measured and the term is not counted there."""

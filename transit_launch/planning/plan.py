@@ -33,7 +33,7 @@ HOST_BYTES_PER_RANK = 10e9
 # need the rest.
 HOST_USABLE_FRACTION = 0.9
 # Each constant below is measured or fitted as bench/RESULTS.md, "What the plan predicts",
-# records; bench/prediction.py names the runs each was fitted to, and tests/test_prediction.py
+# records; tests/prediction_records.py names the runs each was fitted to, and tests/test_prediction.py
 # checks every recorded run against the plan.
 # The step's compute time: its FLOPs in TorchTitan's count (ModelCard.titan_flops_per_token:
 # recomputation not counted) at this share of the GPU's dense bf16 peak: the paper's

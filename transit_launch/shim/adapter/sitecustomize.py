@@ -17,7 +17,9 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# TRANSIT_OVERLAP_STEP modes whose step copies the state from pinned host homes (rules.ENV["OVERLAP_STEP"])
+ADAPTER_ENV = "TRANSIT_ADAPTER"  # rules.ENV["ADAPTER"]: 0 installs nothing; a test keeps them equal
+OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # rules.ENV["OVERLAP_STEP"], also transit_overlap.OVERLAP_ENV
+# TRANSIT_OVERLAP_STEP modes whose step copies the state from pinned host homes
 PINNED_STATE_MODES = ("staged", "stream")
 
 
@@ -239,7 +241,7 @@ def _state_pool(api):
         # the state is marked for the shim (born in pinned host memory when over the budget) where
         # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
         # touch of managed memory, so plain advise keeps managed state (bench/RESULTS.md)
-        mark = api.state_alloc if os.environ.get("TRANSIT_OVERLAP_STEP") in PINNED_STATE_MODES else None
+        mark = api.state_alloc if os.environ.get(OVERLAP_ENV) in PINNED_STATE_MODES else None
         return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
     except Exception as e:
         print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)
@@ -297,7 +299,7 @@ class _OptimFinder:
 
 
 def _install():
-    if os.environ.get("TRANSIT_ADAPTER", "1") == "0":
+    if os.environ.get(ADAPTER_ENV, "1") == "0":
         return
     try:
         import transit_api

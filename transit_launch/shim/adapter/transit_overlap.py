@@ -62,8 +62,8 @@ def _staging_module():
 def _side_stream(device):
     """The early updates' stream. With TRANSIT_OVERLAP_SMS=N a stream of a CUDA green context
     of N SMs (torch's beta API), so that zero-copy updates waiting on PCIe hold at most N SMs
-    and backward keeps the rest (an experiment: a zero-copy update beside GEMMs slowed them
-    1.55x, bench/state_paths.py); a plain stream when unset or unavailable (said once)."""
+    and backward keeps the rest (an experiment: a zero-copy update slows the GEMMs beside it,
+    bench/RESULTS.md); a plain stream when unset or unavailable (said once)."""
     import os
 
     import torch
@@ -105,7 +105,7 @@ def _digest(g):
     # In chunks: the sum casts its input to int64 first, and a whole gradient's copy (0.53 GB
     # for the 1.0 B trainer's embedding) stayed cached in the pool of the stream the hook
     # runs on (FSDP2's reduce-scatter stream), which the exact GPU budget then paid for with
-    # hot data on the host (measured: bench/memory_streams.py, bench/RESULTS.md).
+    # hot data on the host (measured: bench/probes/memory_streams.py, bench/RESULTS.md).
     flat = t.view(-1)
     return torch.stack([flat[i:i + DIGEST_CHUNK].sum(dtype=torch.int64)
                         for i in range(0, flat.numel(), DIGEST_CHUNK)]).sum()

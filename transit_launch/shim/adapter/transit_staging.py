@@ -1,13 +1,11 @@
-"""The overlapped step's state staging (TRANSIT_OVERLAP_STEP=staged, opt-in; the fastest
-transit run measured on the H200, at the cost of a second host copy of the state:
-bench/RESULTS.md), loaded by transit_overlap.py.
+"""The overlapped step's state staging (TRANSIT_OVERLAP_STEP=staged, opt-in; also the ring
+and homes of the streamed step, transit_streamed.py), loaded by transit_overlap.py.
 
-An early update that reads its AdamW state zero-copy holds SMs while it waits on PCIe: beside
-backward's kernels on an H200 it slowed them 1.55x and hid 0.024 s of its 0.206 s
-(bench/state_paths.py). Copies between the GPU and *pinned* host memory run on the copy
-engines instead: 49.9 GB/s each way, 1.03x, 0.162 s of 0.172 s hidden. Managed memory, where
-the shim puts cold data, does not get that path (26 GB/s through torch's copy and through
-cudaMemcpyBatchAsync asking for the copy engines, and 1.89x). So here:
+An early update that reads its AdamW state zero-copy holds SMs while it waits on PCIe and
+slows backward's kernels beside it; copies between the GPU and *pinned* host memory run on
+the copy engines instead and hide behind compute. Managed memory, where the shim puts cold
+data, does not get that path (bench/RESULTS.md, "The state's paths across PCIe, beside
+compute"). So here:
 
 - home: after an adopted optimizer's step, each of its parameter-shaped state tensors (exp_avg,
   exp_avg_sq, momentum_buffer, ...) on a GPU moves to pinned host memory, in place: the tensor
@@ -15,14 +13,15 @@ cudaMemcpyBatchAsync asking for the copy engines, and 1.89x). So here:
   storage becomes pinned host memory that kernels reach over PCIe, as advise's managed memory
   was. So the application's own step, state_dict() and checkpoints work unchanged. The old
   storage is kept, never returned to PyTorch's cache: the shim placed it on the host as cold
-  data, and a hot tensor carved from it would be served zero-copy.
+  data, and a hot tensor carved from it would be served zero-copy. A state the shim made in
+  pinned host memory (shim/hoststate.c) is its own home: nothing is copied or kept.
 - stage: an early update copies its state into GPU buffers on one stream (host to device),
   runs torch's own step on them on a second, and copies them home on a third (device to
   host). The buffers are carved in turn from one ring of plain device memory per GPU
   (transit_device_alloc: its bytes come out of the GPU budget). Not PyTorch's cache: under
   the shim that is managed memory, and copies into managed memory, even memory placed on the
-  GPU, are served by the SMs (26 GB/s, the GEMMs beside them 1.95x slower), where plain
-  device memory gets the copy engines (44-50 GB/s, 1.04x; bench/state_paths.py). A buffer is
+  GPU, are served by the SMs and slow the kernels beside them, where plain device memory
+  gets the copy engines (the same RESULTS section). A buffer is
   reused only after its copy home: the in-copy stream waits for that on the GPU, so the CPU
   never blocks inside backward. TRANSIT_OVERLAP_INFLIGHT sets the ring's bytes (STAGE_LIMIT).
   The in-copies of a step also wait, once, for the end of the previous optimizer step (the
@@ -43,8 +42,8 @@ import weakref
 
 INFLIGHT_ENV = "TRANSIT_OVERLAP_INFLIGHT"  # transit_launch/rules.py ENV["OVERLAP_INFLIGHT"]; a test keeps them equal
 # default bytes of the staging ring on each GPU. It comes out of the GPU budget, which every
-# microbatch pays for with hot data served from the host: on the H200 256 MiB beat 512 MiB in
-# 5 of 6 points and 1 GiB in all (bench/RESULTS.md, "The staged step through a device ring")
+# microbatch pays for with hot data served from the host: the size measured best (bench/RESULTS.md,
+# "The staged step through a device ring")
 STAGE_LIMIT = 256 << 20
 ALIGN = 512               # bytes: every buffer carved from the ring starts aligned for any dtype's kernels
 

@@ -6,7 +6,7 @@ allocates plain device memory with torch.empty in --step-mib pieces until the al
 refuses (never managed memory: nothing here oversubscribes), reads nvidia-smi's used
 memory at that point, frees everything and lets the job finish. One JSON object out.
 
-    python3 bench/second_process.py --gpu-budget 45GB --out bench/results/second_process.json \\
+    python3 bench/probes/second_process.py --gpu-budget 45GB --out bench/results/second_process.json \\
         -- python examples/train_llama.py --steps 60 --dim 4096 --layers 16
 
 Filling the card to the allocator's refusal can make the driver take back the UVM chunks
@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r'^\{"step"|\bstep:\s*\d+')  # examples/train_llama.py's JSON, TorchTitan's log
 
 

@@ -1,4 +1,4 @@
-"""bench/second_process.py (the budget's promise to a site, measured on a GPU by someone
+"""bench/probes/second_process.py (the budget's promise to a site, measured on a GPU by someone
 with one): one command with --help; without a GPU, or without the job's command, one
 line and exit 2 before anything starts."""
 
@@ -7,7 +7,7 @@ import sys
 
 from tests.conftest import ROOT
 
-SCRIPT = ROOT / "bench" / "second_process.py"
+SCRIPT = ROOT / "bench" / "probes" / "second_process.py"
 
 
 def run(*args, tmp_path):

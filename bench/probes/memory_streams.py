@@ -5,7 +5,7 @@ step reserved 0.53 GB more than advise; PyTorch's caching allocator keeps one po
 stream, so an allocation made on a side stream cannot reuse the compute stream's free blocks).
 
     python3 -m transit_launch run --policy advise -- \\
-        python3 bench/memory_streams.py --out advise.json -- --seq-len 8192 --accum 1 --steps 6
+        python3 bench/probes/memory_streams.py --out advise.json -- --seq-len 8192 --accum 1 --steps 6
 """
 
 import argparse
@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: common.py
 from common import run_trainer_here, split_trainer_args
 
 

@@ -14,7 +14,7 @@ write (zero_) and a second pass (add_, the steady zero-copy rate):
   hostallocN  the same in N allocations made by N threads at once (does pinning scale?)
   register    anonymous memory the CPU populates with N threads, then cudaHostRegister (mapped)
 
-    python3 bench/host_populate_probe.py --gb 8 --threads 16 --out probe.json
+    python3 bench/probes/host_populate_probe.py --gb 8 --threads 16 --out probe.json
 
 Each case allocates --gb of managed memory once, at most, and frees it: never more than
 the GPU has free (the shared-GPU rule), whatever the host placement.

@@ -15,8 +15,8 @@ allocated + O exceeds the budget, and moved at the PCIe rate in each direction, 
 least time the step must wait for it. That is the best a lifetime-aware policy can do
 with this memory profile, against advise's zero-copy cost (O / rate, full duplex).
 
-    python3 bench/memory_timeline.py --step 5 --out t.json -- --seq-len 8192 --batch 2 --accum 1
-    python3 bench/memory_timeline.py --analyze t.json [--budget BYTES] [--rate 50e9]
+    python3 bench/probes/memory_timeline.py --step 5 --out t.json -- --seq-len 8192 --batch 2 --accum 1
+    python3 bench/probes/memory_timeline.py --analyze t.json [--budget BYTES] [--rate 50e9]
 """
 
 import argparse
@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: common.py
 from common import is_module, run_trainer_here, split_trainer_args
 
 

@@ -1,6 +1,6 @@
-"""bench/memory_timeline.py: the bound a lifetime-aware policy could reach from a step's
+"""bench/probes/memory_timeline.py: the bound a lifetime-aware policy could reach from a step's
 memory profile, and the hooks that record the profile (on CPU here: labels and order;
-memory and GPU times need a GPU); bench/lifetime_probe.py's reading of PyTorch's
+memory and GPU times need a GPU); bench/probes/lifetime_probe.py's reading of PyTorch's
 allocator snapshot (which ranges are safe to discard)."""
 
 import json
@@ -11,9 +11,8 @@ import pytest
 
 from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 
-sys.path.insert(0, str(ROOT / "bench"))
-import lifetime_probe as lp  # noqa: E402
-import memory_timeline as mt  # noqa: E402
+import lifetime_probe as lp  # bench/probes/, on sys.path by bench/tests/conftest.py
+import memory_timeline as mt
 
 GB = 1e9
 
@@ -61,7 +60,7 @@ def test_only_the_part_that_does_not_fit_must_move():
 @pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 def test_recorder_marks_every_layer_forward_backward_and_the_optimizer(tmp_path):
     out = tmp_path / "t.json"
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "memory_timeline.py"), "--step", "3", "--out", str(out),
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "probes" / "memory_timeline.py"), "--step", "3", "--out", str(out),
                           "--", "--device", "cpu", "--dim", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2",
                           "--ffn", "128", "--vocab", "256", "--seq-len", "32", "--batch", "2"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -102,8 +101,8 @@ def test_probe_counts_discarded_bytes_handed_out_again():
 def test_analyze_the_recorded_h200_timelines_in_one_table():
     """The three recorded timelines (1, 3, 12 microbatches, 2026-11-29) give one table whose
     zero-copy model matches what advise measured within 2 points (70.1 / 85.8 / 95.8%)."""
-    files = [str(ROOT / f"bench/results/memory_timeline_accum{n}_2026-11-29.json") for n in (1, 3, 12)]
-    res = subprocess.run([sys.executable, str(ROOT / "bench/memory_timeline.py"), "--analyze", *files],
+    files = [str(ROOT / f"bench/results/2026-11-29/memory_timeline_accum{n}_2026-11-29.json") for n in (1, 3, 12)]
+    res = subprocess.run([sys.executable, str(ROOT / "bench/probes/memory_timeline.py"), "--analyze", *files],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

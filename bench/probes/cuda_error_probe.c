@@ -2,7 +2,7 @@
  * models these answers; its header says which case backs which answer): cudaMalloc with
  * a NULL devPtr, cudaFree of a pointer it never gave out, an allocation that cannot fit
  * (and how long the refusal takes), and whether the last error is per thread and sticky
- * until read (measured 2026-11-30, bench/results/cuda_error_probe_2026-11-30.json). Since
+ * until read (measured 2026-11-30, bench/results/2026-11-30/cuda_error_probe_2026-11-30.json). Since
  * issue 33 also the cases the fake answered without a measurement:
  *   malloc_zero, managed_zero: cudaMalloc / cudaMallocManaged of 0 bytes (error, NULL?)
  *   advise_device, advise_host, prefetch_device, prefetch_host: advice and prefetches over
@@ -19,7 +19,7 @@
  *   attr_managed, attr_concurrent, attr_pageable: the device attributes
  * Build and run on a GPU machine (the include directory the shim's build finds,
  * transit_launch/shim/build.py's find_header):
- *   cc -O1 -I/usr/local/cuda/include bench/cuda_error_probe.c -L/usr/local/cuda/lib64 -lcudart -lpthread \
+ *   cc -O1 -I/usr/local/cuda/include bench/probes/cuda_error_probe.c -L/usr/local/cuda/lib64 -lcudart -lpthread \
  *      -o /tmp/probe && /tmp/probe
  * Prints one JSON object. Allocates nothing that could succeed beyond 256 MiB of managed
  * memory and 1 MiB of device memory (never more managed memory than the card has free). */

@@ -30,7 +30,7 @@ N parameters (fp32 params and gradients on the GPU, exp_avg / exp_avg_sq host-pl
 each alone and each on side streams beside a stand-in for backward (bf16 GEMMs on the
 default stream), and checks that every staged update is bit-identical to zero-copy.
 
-    python3 bench/state_paths.py --params 1024 --out state_paths.json
+    python3 bench/probes/state_paths.py --params 1024 --out state_paths.json
 """
 
 import argparse

@@ -9,7 +9,7 @@ card with plain cudaMalloc (never managed memory: no oversubscription):
   rest = free memory before the trainer started - budget - 3 GB (context, NCCL, cuBLAS).
 If that succeeds while the trainer keeps stepping, the budget held physically.
 
-    python3 bench/uvm_residency_probe.py [--out bench/results/uvm_probe.json]
+    python3 bench/probes/uvm_residency_probe.py [--out bench/results/uvm_probe.json]
 """
 
 import argparse
@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: common.py
 from common import ROOT, TRAINER, env, trainer_records, transit
 
 ap = argparse.ArgumentParser()

@@ -17,7 +17,7 @@ the time of the call and the step time (one record per microbatch; use one micro
 step to compare step times). Steps 1..W run plain, W+1..W+P probed, then P
 plain again, so that the probed steps' times compare with their neighbours.
 
-    transit-launch run --policy base -- python3 bench/lifetime_probe.py --mode discard \\
+    transit-launch run --policy base -- python3 bench/probes/lifetime_probe.py --mode discard \\
         --out probe.json -- --seq-len 8192 --batch 2 --accum 1
 """
 
@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: common.py
 from common import is_module, run_trainer_here, split_trainer_args
 ALIGN = 2 << 20  # UVM's large page: never discard a page that a live block shares
 

@@ -21,10 +21,9 @@ def budget(*args):
 
 
 def planner(gpus, seq):
-    sys.path.insert(0, str(ROOT / "bench"))
-    import common
+    from tests.example_trainer import trainer_layout
     from transit_launch.planning import memory
-    return memory.estimate(*common.trainer_layout(f"--seq-len {seq} --batch 2", gpus)).total
+    return memory.estimate(*trainer_layout(f"--seq-len {seq} --batch 2", gpus)).total
 
 
 @pytest.mark.parametrize("gpus,seq", [(2, 8192), (4, 8192), (8, 8192), (2, 4096)])
@@ -72,7 +71,6 @@ def test_scale_in_matrix_runs_the_staged_layout_with_its_switch(monkeypatch):
     environment (the issue-20 step on the scale-in layout); a misspelt layout is refused."""
     import importlib
     from types import SimpleNamespace
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
     matrix = importlib.import_module("scale_in_matrix")
     seen = {}
 
@@ -98,7 +96,6 @@ def test_scale_in_matrix_raises_the_emulated_gpu_to_the_full_layouts_peak(monkey
     the planner's 16.91 GB against a measured 18.48 GB (issue 20's first half-staged run) made a
     'scale-in' whose full layout did not fit. A fitting or failed run changes nothing."""
     import importlib
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
     matrix = importlib.import_module("scale_in_matrix")
     budgets = {"ac": 16911433728}
     assert matrix.fit_full(budgets, "ac", {"rc": 0, "max_reserved_gb": 16.0}) is None
@@ -113,7 +110,6 @@ def test_scale_in_matrix_raises_the_emulated_gpu_to_the_full_layouts_peak(monkey
 def test_scale_in_matrix_report_marks_a_full_layout_over_the_emulated_gpu(tmp_path, monkeypatch, capsys):
     import importlib
     import json
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
     matrix = importlib.import_module("scale_in_matrix")
     run = {"recompute": "ac", "rc": 0, "median_step_s": 1.0, "max_reserved_gb": 18.5, "offloaded_gb_per_gpu": [0],
            "sent_gb_per_gpu_measured": 0, "emulated_gpu_bytes": 16911433728}

@@ -6,9 +6,9 @@ bytes and rate, how much of them ran while the compute stream computed, and the 
 stream's idle gaps (where the GPU waited for the CPU or for a copy).
 
     python3 -m transit_launch run --policy advise --gpu-budget B -- \\
-        python3 bench/step_timeline.py --step 6 --out staged.json -- --seq-len 8192 --accum 1 --steps 7
+        python3 bench/probes/step_timeline.py --step 6 --out staged.json -- --seq-len 8192 --accum 1 --steps 7
 
-    python3 bench/step_timeline.py --summarize trace.json   # an exported Chrome trace
+    python3 bench/probes/step_timeline.py --summarize trace.json   # an exported Chrome trace
 """
 
 import argparse
@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: common.py
 from common import run_trainer_here, split_trainer_args
 
 

@@ -1,0 +1,169 @@
+"""The suites of `python3 -m bench`, as data: what each measures, its steps (the bench
+scripts with their arguments), the GPUs it needs, roughly how long it takes and what must
+be carried to a GPU machine that lacks it.
+
+A step's arguments may name {out} (the run's results folder), {gpus} (N), {half} (N/2),
+{twice} (2N), {gpu} (the physical index of the step's GPU) and the values a suite derives
+before its steps (`derive`: a command whose stdout is the value). No budget is a literal:
+each comes from the planner or from the reference run the script measures first, as
+`budget` says.
+
+Steps with a lane (0 or 1) run one after another on that lane's GPU, pinned to half the
+host's cores, the two lanes side by side; with one GPU the lanes run one after the other.
+A step without a lane runs alone, with every GPU, after the lanes before it.
+"""
+
+from dataclasses import dataclass, field
+
+OVERLAP_SET = "reference,advise,advise-overlap,advise-staged256"  # issue 20's modes, the ring at 256 MiB
+# TorchTitan's memory on the catalog models at truncated depth (bench/titan_memory.py --matrix)
+TITAN_MATRIX = ("llama3-8b:2,4:4:1gpu;llama3-8b:4:1:1gpu;qwen3-30b-a3b:2,4:4:1gpu;qwen3-30b-a3b:4:1:1gpu;"
+                "llama3-70b:2:1,4:1gpu;llama3-70b:4:1:1gpu;qwen3-32b:2,4:1,4:1gpu;llama3-405b:1,2:1:fsdp2;"
+                "llama4-scout:2,4:1:fsdp2;llama3-8b:4:1:fsdp2;llama3-8b:2,4:1:tp2;llama3-8b:2,4:2:pp2")
+TITAN_STEPS = ("python3", "bench/titan_steps.py", "--model", "llama3-8b", "--layers", "16", "--steps", "6",
+               "--timeout", "140", "--budget", "0", "--runs", "ref,advise,advise:TRANSIT_OVERLAP_STEP=stream")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str              # its log is {out}/NAME.log; --only picks steps by name
+    argv: tuple
+    timeout: int           # seconds
+    lane: int | None = 0   # 0 or 1: a GPU lane; None: alone, every GPU
+    gpus: int = 1          # the fewest GPUs it needs (0: runs on a CPU-only machine)
+    env: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    measures: str
+    steps: tuple
+    minutes: int                 # roughly, on the GPUs it asks for
+    carry: tuple = ()            # what a GPU machine without it needs carried (bench/fetch_wheels.sh: .whl)
+    modules: tuple = ()          # Python modules that must import (else: carry .whl)
+    derive: dict = field(default_factory=dict)
+    budget: str = ""             # where its budgets come from
+
+    @property
+    def gpus(self) -> int:
+        return max(s.gpus for s in self.steps)
+
+    @property
+    def lanes(self) -> int:
+        return len({s.lane for s in self.steps if s.lane is not None})
+
+
+def _offload(name, out, *args, timeout, lane=0):
+    return Step(name, ("python3", "bench/offload.py", *args, "--gpu", "{gpu}", "--out", f"{{out}}/{out}"),
+                timeout, lane)
+
+
+SUITES = {s.name: s for s in [
+    Suite("gate", "the performance gate (bench/offload.py): transit's policies against no offloading and the "
+          "offloading peers (FSDP2 CPU offload, ZeRO-Offload/Infinity, Twin-Flow, ZenFlow, torchao), per-GPU "
+          "TFLOPS along the curve at 12, 1 and 3 microbatches; the losses with deterministic kernels",
+          (_offload("transit", "offload_transit.json", "--set", "transit", "--deadline", "400", "--timeout", "200",
+                    timeout=560),
+           _offload("peers", "offload_peers.json", "--set", "peers", "--deadline", "330", "--timeout", "200",
+                    timeout=560, lane=1),
+           _offload("losses", "offload_losses.json", "--set", "reference,off,advise,advise-overlap,advise-staged256",
+                    "--model=--deterministic", "--seq-len", "2048", "--accum", "4", "--steps", "8", "--warmup", "3",
+                    "--timeout", "60", timeout=330),
+           Step("report", ("python3", "bench/offload.py", "--report", "{out}/offload_transit.json",
+                           "{out}/offload_peers.json", "--markdown"), 60, None, 0),
+           Step("report-losses", ("python3", "bench/offload.py", "--report", "{out}/offload_losses.json"), 60,
+                None, 0)),
+          minutes=15, carry=(".whl",), modules=("deepspeed", "torchao"),
+          budget="each point's reference run: its peak reserved less the AdamW state (bench/offload.py)"),
+    Suite("overlap", "issue 20's overlapped optimizer step (TRANSIT_OVERLAP_STEP=1, staged through a 256 MiB ring) "
+          "against advise and no offloading, with recomputation (lane 0) and without (lane 1), at the paper's "
+          "ratio (12 microbatches) and at 3 and 1; the report judges issue 20's goals",
+          (_offload("ac12", "overlap_ac12.json", "--set", OVERLAP_SET, "--accum", "12", "--steps", "12",
+                    "--warmup", "5", "--timeout", "110", "--deadline", "200", timeout=300),
+           _offload("ac", "overlap_ac.json", "--set", OVERLAP_SET, "--accum", "3,1", "--steps", "10", "--warmup", "3",
+                    "--timeout", "60", "--deadline", "170", timeout=260),
+           _offload("noac12", "overlap_noac12.json", "--set", OVERLAP_SET, "--accum", "12", "--steps", "12",
+                    "--warmup", "5", "--timeout", "110", "--deadline", "200", "--model=--no-recompute",
+                    timeout=300, lane=1),
+           _offload("noac", "overlap_noac.json", "--set", OVERLAP_SET, "--accum", "3,1", "--steps", "10",
+                    "--warmup", "3", "--timeout", "60", "--deadline", "170", "--model=--no-recompute",
+                    timeout=260, lane=1),
+           Step("report-ac", ("python3", "bench/offload.py", "--report", "{out}/overlap_ac12.json",
+                              "{out}/overlap_ac.json"), 60, None, 0),
+           Step("report-noac", ("python3", "bench/offload.py", "--report", "{out}/overlap_noac12.json",
+                                "{out}/overlap_noac.json"), 60, None, 0)),
+          minutes=10, budget="each point's reference run: its peak reserved less the AdamW state (bench/offload.py)"),
+    Suite("policies", "the shim's pass-through overhead (no shim, off, base without a budget) and base, prefetch "
+          "and advise under a budget that forces the optimizer state off the GPU (bench/shim_policies.py)",
+          (Step("policies", ("python3", "bench/shim_policies.py", "--timeout", "150",
+                             "--out", "{out}/shim_policies.json"), 380),),
+          minutes=7, budget="the reference run's peak reserved less the AdamW state (bench/shim_policies.py)"),
+    Suite("scale-in", "N -> N/2 GPUs on one host at the same global batch (the N/2 layout accumulates twice): "
+          "per-GPU TFLOPS, peaks, offloaded bytes and collective bytes against the planner (bench/scale_in.py), "
+          "then the matrix with and without recomputation, advise and the staged step (bench/scale_in_matrix.py)",
+          (Step("scale-in", ("python3", "bench/scale_in.py", "--gpus", "{gpus}", "--out", "{out}/scale_in.json"),
+                300, None, 2),
+           Step("matrix", ("python3", "bench/scale_in_matrix.py", "--gpus", "{gpus}", "--configs", "ac:1,noac:1",
+                           "--layouts", "full,half-advise,half-staged", "--repeats", "1", "--steps", "10",
+                           "--timeout", "150", "--deadline", "300", "--out", "{out}/scale_in_matrix.json"),
+                450, None, 2)),
+          minutes=12,
+          budget="the emulated GPU: the planner's size that fits the N-GPU layout and not the N/2 one "
+                 "(bench/scale_in.py --print-budget), raised to the full layout's measured peak where that is more"),
+    Suite("rho", "rho(40 Gbit/s, 10 Gbit/s) over NCCL sockets between network namespaces, the N-GPU layout without "
+          "offloading against the N/2-GPU advise layout under the scale-in's emulated GPU (bench/rho_layouts.py)",
+          (Step("netcheck", ("bash", "bench/netcheck.sh"), 60, None, 0),
+           Step("rho", ("python3", "bench/rho_layouts.py", "--device", "cuda", "--layouts",
+                        "{gpus},{half}:advise:{emulated_gpu}", "--bandwidths", "40gbit,10gbit",
+                        "--global-batch", "{twice}", "--micro-batch", "2", "--model", "--seq-len 8192", "--steps", "5",
+                        "--repeat", "2", "--single-rank-repeat", "1", "--timeout", "120",
+                        "--out", "{out}/rho_sockets.json"), 420, None, 2,
+                # several sockets and threads per NCCL connection: NCCL itself must not cap a veth
+                {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"})),
+          minutes=8, carry=(".net",),
+          derive={"emulated_gpu": ("python3", "bench/scale_in.py", "--gpus", "{gpus}", "--print-budget")},
+          budget="the scale-in's emulated GPU from the planner (bench/scale_in.py --print-budget)"),
+    Suite("fidelity", "the planner's memory formula against its measurements: the measured mode on the CPU "
+          "(bench/planner_fidelity.py, the held-out layouts too), the example trainer's peaks on a GPU "
+          "(bench/calibrate.py) and TorchTitan's own memory on the catalog models at truncated depth "
+          "(bench/titan_memory.py)",
+          (Step("planner", ("python3", "bench/planner_fidelity.py", "--out", "{out}/planner_fidelity.json"),
+                600, None, 0),
+           Step("held-out", ("python3", "bench/planner_fidelity.py", "--held-out",
+                             "--out", "{out}/planner_heldout.json"), 600, None, 0),
+           Step("calibration", ("python3", "bench/calibrate.py", "--measure", "--compare", "{out}/calibration.json",
+                                "--out", "{out}/calibration.json"), 200, None, 1),
+           Step("titan-memory", ("python3", "bench/titan_memory.py", "--matrix", TITAN_MATRIX, "--lanes", "{gpus}",
+                                 "--timeout", "110", "--deadline", "430", "--out", "{out}/titan_memory.json"),
+                560, None, 2)),
+          minutes=25, carry=(".whl",), modules=("torchtitan",),
+          budget="none: no offloading; the formula is compared with the peaks as measured"),
+    Suite("torchtitan", "TorchTitan unchanged (Llama3-8B dimensions at 16 layers, one GPU): every step's time "
+          "without offloading, under advise and with the streamed step (TRANSIT_OVERLAP_STEP=stream), at 16 and "
+          "1 microbatches (bench/titan_steps.py); its losses with and without the shim "
+          "(bench/torchtitan_check.py); the GPU tests of the state pool and the streamed step",
+          (Step("accum16", (*TITAN_STEPS, "--accum", "16", "--out", "{out}/titan_steps_accum16_stream.json"), 345),
+           Step("accum1", (*TITAN_STEPS, "--accum", "1", "--out", "{out}/titan_steps_accum1_stream.json"), 160,
+                lane=1),
+           Step("losses", ("python3", "bench/torchtitan_check.py", "--steps", "10", "--timeout", "110",
+                           "--out", "{out}/torchtitan.json"), 240, lane=1),
+           Step("gpu-tests", ("python3", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_gpu.py",
+                              "-k", "state_pool or stream or wide"), 200, None, 1)),
+          minutes=10, carry=(".whl",), modules=("torchtitan",),
+          budget="the reference run's peak reserved less the AdamW state (bench/titan_steps.py --budget 0)"),
+    Suite("gpu-tests", "the shim on a real GPU: doctor, tests/test_gpu.py (bit-identical losses under every "
+          "policy, the budget held, the overlap modes), and the acceptance command (advise at half the trainer's "
+          "peak, bench/gpu_checks.sh accept)",
+          (Step("doctor", ("python3", "-m", "transit_launch", "doctor"), 60, None, 1),
+           Step("tests", ("python3", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_gpu.py"),
+                420, None, 1),
+           Step("acceptance", ("bash", "bench/gpu_checks.sh", "accept"), 300, None, 1,
+                {"OUT": "{out}", "TRANSIT_SKIP_BUILD": "1"})),
+          minutes=10, budget="half the trainer's measured peak reserved (bench/gpu_checks.sh)"),
+    Suite("plan", "the planner without a GPU: `plan`'s wall time as a user runs it (bench/plan_latency.py) and "
+          "its predicted efficiency against the recorded TorchTitan runs (bench/prediction.py)",
+          (Step("latency", ("python3", "bench/plan_latency.py", "--runs", "20"), 120, None, 0),
+           Step("prediction", ("python3", "bench/prediction.py"), 120, None, 0)),
+          minutes=1),
+]}
