@@ -9,6 +9,7 @@ import subprocess
 from importlib import metadata, util
 
 from transit_launch.shim import inject
+from transit_launch.table import table
 
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "sacct", "scancel")
 
@@ -108,16 +109,13 @@ def check_shim() -> dict:
     if path:
         return _item("shim", False, f"TRANSIT_SHIM points to {path}, which does not exist")
     return _item("shim", False, "libtransit.so is not built in this installation: "
-                 + shim_missing_reason())
+                 + inject.shim_missing_reason())
 
 
-def shim_missing_reason() -> str:
-    if os.environ.get("TRANSIT_SHIM") == "":
-        return "TRANSIT_SHIM is set empty, which disables it"
-    why = inject._PKG / "lib" / "BUILD_SKIPPED"
-    if why.is_file():
-        return why.read_text().strip()
-    return "no build of it in this installation; reinstall with `pip install .` where CUDA headers exist"
+def text(checks: list[dict]) -> str:
+    """The checks as the table people read."""
+    return table(["check", "status", "detail"],
+                 [[c["check"], "ok" if c["ok"] else "missing", c["detail"]] for c in checks], "lll")
 
 
 def check_slurm() -> list[dict]:
@@ -223,12 +221,11 @@ def cmd_doctor(a, command):
     import json
 
     from transit_launch.errors import UsageError
-    from transit_launch.planning import report
     if not a.on_node and (a.partition or a.account):
         raise UsageError("--partition and --account say where --on-node runs; without --on-node doctor checks "
                          "this machine")
     checks = on_node(a.partition, a.account) if a.on_node else run_checks()
-    print(json.dumps(checks, indent=2, default=str) if a.json else report.doctor_text(checks))
+    print(json.dumps(checks, indent=2, default=str) if a.json else text(checks))
     return 0
 
 

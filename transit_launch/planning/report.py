@@ -264,11 +264,6 @@ def models_text(cards: dict) -> str:
                  "lrrrrrrl")
 
 
-def doctor_text(checks: list[dict]) -> str:
-    return table(["check", "status", "detail"],
-                 [[c["check"], "ok" if c["ok"] else "missing", c["detail"]] for c in checks], "lll")
-
-
 # --- plot ------------------------------------------------------------------------------
 
 # Cold terms (read once a step, what advise serves from the host first) in blues, hot ones

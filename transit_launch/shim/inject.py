@@ -30,6 +30,16 @@ def shim_path() -> Path | None:
     return built if built.is_file() else None
 
 
+def shim_missing_reason() -> str:
+    """Why shim_path() found none, in words for a warning or doctor's row."""
+    if os.environ.get(ENV["SHIM"]) == "":
+        return f"{ENV['SHIM']} is set empty, which disables it"
+    why = _PKG / "lib" / "BUILD_SKIPPED"
+    if why.is_file():
+        return why.read_text().strip()
+    return "no build of it in this installation; reinstall with `pip install .` where CUDA headers exist"
+
+
 def adapter_dir() -> Path | None:
     env = os.environ.get(ENV["ADAPTER_DIR"])
     if env:

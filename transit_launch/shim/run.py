@@ -41,8 +41,7 @@ def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | No
     _stats_dir(stats_dir)
     shim = inject.shim_path()
     if policy != "off" and (shim is None or not shim.is_file()):
-        from transit_launch.doctor import shim_missing_reason
-        print(f"transit-launch: warning: libtransit.so is not available ({shim_missing_reason()}); "
+        print(f"transit-launch: warning: libtransit.so is not available ({inject.shim_missing_reason()}); "
               "running without it", file=sys.stderr)
     env = launch_env(policy, gpu_budget, stats_dir, log, overlap=overlap)
     try:

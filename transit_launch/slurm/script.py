@@ -114,7 +114,7 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     env = inject.shim_env(policy, shim_opts.gpu_budget, shim_opts.stats, shim_opts.log, overlap=shim_opts.overlap)
     ctx = dict(shim=shim, adapter=adapter, env=env, policy=policy, gpus_per_node=gpus_per_node, command=command)
     if policy != "off" and shim is None:
-        from transit_launch.doctor import shim_missing_reason
+        from transit_launch.shim.inject import shim_missing_reason
         print(f"transit-launch: warning: libtransit.so is not installed ({shim_missing_reason()}); "
               f"the job will run without the shim", file=sys.stderr)
     if local:
