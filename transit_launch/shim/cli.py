@@ -30,15 +30,17 @@ def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
                    help=stats_help or "TRANSIT_STATS: directory (or file) for the shim's per-rank stats JSON")
     g.add_argument("--log", choices=LOG_LEVELS, help="TRANSIT_LOG level")
     g.add_argument("--overlap", choices=OVERLAP_MODES,
-                   help="TRANSIT_OVERLAP_STEP: the optimizer step overlapped with backward (1: reading the state in "
-                        "place; staged: through the copy engines, the fastest measured, with a second host copy of "
-                        "the state); torch's Adam, AdamW and SGD, bit-identical, anything else falls back")
+                   help="TRANSIT_OVERLAP_STEP (opt-in): 1, staged and serial overlap the optimizer step with "
+                        "backward (reading the state in place; through the copy engines; on the compute stream, a "
+                        "diagnostic); stream runs the step after clipping through the copy engines. torch's Adam, "
+                        "AdamW and SGD, bit-identical; anything else falls back (docs/environment.md)")
 
 
 def cmd_run(a, command):
     from transit_launch.shim import inject, run as runmod
+    from transit_launch.shim.options import ShimOptions
     inject.check_off(a.policy, a.overlap, a.gpu_budget)
-    rc, stats = runmod.run(command, a.policy, a.gpu_budget, a.stats, a.log, a.overlap)
+    rc, stats = runmod.run(command, ShimOptions.from_args(a))
     summ = runmod.summary(stats)
     if a.json:
         print(json.dumps(summ | {"returncode": rc}, indent=2))

@@ -14,15 +14,15 @@ from pathlib import Path
 
 from transit_launch.argtypes import check_program
 from transit_launch.shim import inject
+from transit_launch.shim.options import ShimOptions
 from transit_launch.errors import UsageError
 from transit_launch.table import table
 from transit_launch.units import gb
 
 
-def launch_env(policy: str, gpu_budget: int | None, stats_dir: str, log: str | None,
-               environ: dict | None = None, overlap: str | None = None) -> dict:
+def launch_env(opts: ShimOptions, stats_dir: str, environ: dict | None = None) -> dict:
     env = dict(os.environ if environ is None else environ)
-    env.update(inject.shim_env(policy, gpu_budget, stats_dir, log, environ=env, overlap=overlap))
+    env.update(opts.env(environ=env, stats=stats_dir))
     shim, adapter = inject.shim_path(), inject.adapter_dir()
     if shim is not None:  # off too: the shim's pass-through mode, for A/B runs
         env["LD_PRELOAD"] = inject.prepend("LD_PRELOAD", str(shim), env)
@@ -31,19 +31,18 @@ def launch_env(policy: str, gpu_budget: int | None, stats_dir: str, log: str | N
     return env
 
 
-def run(command: list[str], policy: str, gpu_budget: int | None, stats: str | None, log: str | None,
-        overlap: str | None = None) -> tuple[int, list[dict]]:
+def run(command: list[str], opts: ShimOptions) -> tuple[int, list[dict]]:
     if not command:
         raise UsageError("run needs the command after --, e.g. -- python train.py")
     # what would stop the run is refused before the warnings and the start
     check_program(command)
-    stats_dir = stats or tempfile.mkdtemp(prefix="transit-stats-")
+    stats_dir = opts.stats or tempfile.mkdtemp(prefix="transit-stats-")
     _stats_dir(stats_dir)
     shim = inject.shim_path()
-    if policy != "off" and (shim is None or not shim.is_file()):
+    if opts.policy != "off" and (shim is None or not shim.is_file()):
         print(f"transit-launch: warning: libtransit.so is not available ({inject.shim_missing_reason()}); "
               "running without it", file=sys.stderr)
-    env = launch_env(policy, gpu_budget, stats_dir, log, overlap=overlap)
+    env = launch_env(opts, stats_dir)
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as e:

@@ -15,7 +15,8 @@ from transit_launch.planning.titan_config import DEFAULT_COMMAND
 from transit_launch.rules import POLICIES
 from transit_launch.shim.cli import add_shim_args
 from transit_launch.slurm import scalein
-from transit_launch.slurm.script import JobOptions, ShimOptions, job_script
+from transit_launch.shim.options import ShimOptions
+from transit_launch.slurm.script import JobOptions, job_script
 
 
 def add_job_args(sp):
@@ -39,7 +40,7 @@ def add_job_args(sp):
 
 
 def _shim_opts(a) -> ShimOptions:
-    return ShimOptions(a.policy, a.gpu_budget, a.stats, a.log, a.overlap)
+    return ShimOptions.from_args(a)
 
 
 def _job_opts(a) -> JobOptions:

@@ -11,6 +11,7 @@ from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.planning.choice import policy_for
 from transit_launch.shim import inject
+from transit_launch.shim.options import ShimOptions
 from transit_launch.slurm.render import render
 
 
@@ -76,20 +77,6 @@ class JobOptions:
                 raise UsageError(f"--sbatch-arg {opt}: transit-launch sets {opt} itself ({_OURS[opt]})")
 
 
-@dataclass(frozen=True)
-class ShimOptions:
-    """What the shim is told (TRANSIT_*); policy None: advise below the no-offload minimum."""
-    policy: str | None = None
-    gpu_budget: int | None = None
-    stats: str | None = None
-    log: str | None = None
-    overlap: str | None = None  # TRANSIT_OVERLAP_STEP (rules.OVERLAP_MODES)
-
-    def __post_init__(self):
-        if self.stats is not None and _CONTROL.search(self.stats):
-            raise UsageError(f"--stats {self.stats!r}: a path with control characters cannot go into a job script")
-
-
 def job_name(p, job: JobOptions) -> str:
     return job.name or (f"transit-{p.req.card.name}" if p else "transit")
 
@@ -111,7 +98,7 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
         inject.check_budget(shim_opts.gpu_budget, p.req.gpu)
     shim = inject.shim_path() if policy != "off" else None
     adapter = inject.adapter_dir() if shim else None
-    env = inject.shim_env(policy, shim_opts.gpu_budget, shim_opts.stats, shim_opts.log, overlap=shim_opts.overlap)
+    env = shim_opts.env(policy)
     ctx = dict(shim=shim, adapter=adapter, env=env, policy=policy, gpus_per_node=gpus_per_node, command=command)
     if policy != "off" and shim is None:
         from transit_launch.shim.inject import shim_missing_reason
