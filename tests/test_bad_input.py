@@ -13,7 +13,6 @@ Trace rows that cannot be read are not errors: they are dropped and counted
 import json
 import os
 import stat
-import time
 
 import pytest
 
@@ -338,9 +337,8 @@ def files(tmp_path):
 def check_row(run, files, args, needle):
     before = _tree(files)
     env = {"PATH": f"{files / 'bin'}{os.pathsep}{os.environ['PATH']}"}  # a Slurm whose controller is down
-    t0 = time.monotonic()
+    # a hang is the run's timeout (rc 'timeout'), not a wall-clock bound here
     rc, out, err = run(*[a.replace(D, str(files)) for a in args], env=env)[:3]
-    elapsed = time.monotonic() - t0
     lines = err.splitlines()
     assert "Traceback" not in err, err
     assert rc == 2, (rc, err)
@@ -348,7 +346,6 @@ def check_row(run, files, args, needle):
     assert len(lines) == 1 and lines[0].startswith("transit-launch: error: "), err
     assert needle.replace(D, str(files)) in lines[0]
     assert _tree(files) == before  # nothing written, not even a partial file
-    assert elapsed < 20
 
 
 @pytest.mark.parametrize("args,needle", ROWS, ids=[f"{i:03d} " + " ".join(a)[:60] for i, (a, _) in enumerate(ROWS)])

@@ -436,8 +436,12 @@ def test_a_value_refused_on_the_node_forges_no_log_line(lab, shared):
     assert info["JobState"] == "COMPLETED", out
     rows = [line for line in out.splitlines() if line.startswith("ROW|")]
     assert rows == ["ROW|prefetch|20GB|"] * 2, out
-    time.sleep(0.5)
-    new = "".join(p.read_text(errors="replace")[sizes[p]:] for p in logs)
+    def new_lines():
+        return "".join(p.read_text(errors="replace")[sizes[p]:] for p in logs)
+    deadline = time.monotonic() + 30  # slurmd's log is written after the step ends: wait for the plugin's line
+    while "transit:" not in new_lines() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    new = new_lines()
     lines = new.splitlines()
     assert not [ln for ln in lines if ln.startswith("FORGED")], new[-3000:]
     assert not [ln for ln in lines if len(ln) > 2000], "a log line holds the 100 KB value"
