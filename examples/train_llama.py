@@ -16,7 +16,9 @@ batch. With --checkpoint-dir it saves model and optimizer through
 torch.distributed.checkpoint (DCP) every --checkpoint-every steps into step-N/, as
 TorchTitan does, and resumes from the newest complete one (its .metadata, which DCP
 writes last) on whatever world size it is started with: what a job that lost a node
-needs to continue on the survivors (transit-launch --on-node-loss scale-in).
+needs to continue on the survivors (transit-launch --on-node-loss scale-in). A save is
+written into a temporary directory (.step-N.*.tmp), synced and renamed to step-N/, so a
+save cut short never leaves a step-N/; a resume removes the temporary ones left behind.
 
     python examples/train_llama.py --steps 20
     torchrun --nproc-per-node 2 examples/train_llama.py --device cpu --steps 5
@@ -28,7 +30,9 @@ import json
 import math
 import os
 import resource
+import secrets
 import socket
+import shutil
 import statistics
 import sys
 import time
@@ -302,9 +306,10 @@ def global_microbatches(a, step: int, rank: int, world: int):
 
 
 def complete_checkpoints(root: str) -> list[int]:
-    """Steps of the checkpoints under root that DCP finished (step-N/.metadata, written last
-    and renamed into place): a save cut short by a lost node leaves none, and the one
-    before it is used."""
+    """Steps of the checkpoints under root that DCP finished (step-N/.metadata, its
+    completion marker): a save cut short by a lost node leaves no step-N/ (save_checkpoint
+    renames it into place when complete) and the one before it is used; a step-N/ without
+    .metadata (another writer's, cut short) is ignored."""
     steps = []
     for d in os.listdir(root) if os.path.isdir(root) else ():
         if d.startswith("step-") and d[5:].isdigit() and os.path.isfile(os.path.join(root, d, ".metadata")):
@@ -320,9 +325,77 @@ def checkpoint_state(a, model, opt, step: int) -> dict:
                                                   "batch": a.batch, "seq_len": a.seq_len, "vocab": a.vocab}}
 
 
-def save_checkpoint(a, model, opt, step: int) -> None:
+# Test-only (tests/test_node_loss.py): "STEP:PATH" makes the save of step STEP stop inside
+# the write, once: every shard is in the temporary directory and .metadata is not; the
+# coordinator writes PATH (JSON: the step and the directory) and waits there to be killed.
+# It stands in for a write that is slow at that point; a PATH that exists disarms it.
+PAUSE_SAVE_ENV = "TRAIN_LLAMA_TEST_PAUSE_SAVE"
+PAUSE_SAVE_S = 120
+TMP_SUFFIX = ".tmp"
+
+
+def _pause_in_save(step: int, tmp: str) -> None:
+    spec = os.environ.get(PAUSE_SAVE_ENV, "")
+    at, _, path = spec.partition(":")
+    if not path or at != str(step) or os.path.exists(path):
+        return
+    with open(path + TMP_SUFFIX, "w") as f:
+        json.dump({"step": step, "tmp": tmp, "pid": os.getpid()}, f)
+    os.rename(path + TMP_SUFFIX, path)
+    time.sleep(PAUSE_SAVE_S)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _new_dir(root: str, prefix: str) -> str:
+    """A directory of a name nothing else uses, with the umask's mode (as DCP's own)."""
+    path = os.path.join(root, f"{prefix}{secrets.token_hex(6)}{TMP_SUFFIX}")
+    os.mkdir(path)
+    return path
+
+
+def save_checkpoint(a, model, opt, step: int, rank: int, world: int) -> None:
+    """DCP's save into a temporary directory rank 0 names (a fresh one: a lost attempt's
+    is never written into again), then rank 0 syncs it and renames it to step-N: step-N/
+    exists only complete. DCP fsyncs every file it writes; the renames are synced here."""
     import torch.distributed.checkpoint as dcp
-    dcp.save(checkpoint_state(a, model, opt, step), checkpoint_id=os.path.join(a.checkpoint_dir, f"step-{step}"))
+    root = a.checkpoint_dir
+    name = [None]
+    if rank == 0:
+        os.makedirs(root, exist_ok=True)
+        name[0] = _new_dir(root, f".step-{step}.")
+    if world > 1:
+        dist.broadcast_object_list(name, src=0)
+    tmp = name[0]
+
+    class Writer(dcp.FileSystemWriter):
+        def finish(self, metadata, results):  # the coordinator, once every rank's shards are written
+            _pause_in_save(step, tmp)
+            super().finish(metadata, results)
+
+    dcp.save(checkpoint_state(a, model, opt, step), storage_writer=Writer(tmp))
+    if rank == 0:  # dcp.save returns on every rank after .metadata is in place
+        _fsync_dir(tmp)
+        final = os.path.join(root, f"step-{step}")
+        if os.path.exists(final):  # not made by this trainer's saves (they never redo a finished step)
+            aside = _new_dir(root, f".step-{step}.old.")
+            os.rename(final, os.path.join(aside, "step"))
+            shutil.rmtree(aside)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+
+
+def remove_partial_saves(root: str) -> None:
+    """The temporary directories of saves cut short (a lost node); rank 0, before a resume."""
+    for d in os.listdir(root) if os.path.isdir(root) else ():
+        if d.startswith(".step-") and d.endswith(TMP_SUFFIX):
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
 
 
 def resume(a, model, opt, rank: int) -> int:
@@ -330,6 +403,8 @@ def resume(a, model, opt, rank: int) -> int:
     its step (0: none)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
+    if rank == 0:
+        remove_partial_saves(a.checkpoint_dir)
     steps = complete_checkpoints(a.checkpoint_dir)
     if not steps:
         return 0
@@ -451,7 +526,7 @@ def main():
             print("loss is not finite", file=sys.stderr)
             return 1
         if a.checkpoint_dir and (step == a.steps or (a.checkpoint_every and step % a.checkpoint_every == 0)):
-            save_checkpoint(a, model, opt, step)
+            save_checkpoint(a, model, opt, step, rank, world)
     steady = times[3:] if len(times) > 5 else times[1:] or times or [0.0]  # none: resumed after the last step
     med = statistics.median(steady)
     summ = {"params": n_params, "flop_params": n_flop_params, "tokens_per_step": tokens_per_step,

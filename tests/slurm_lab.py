@@ -71,11 +71,28 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _free_port_block(n: int) -> int:
-    """A base port with n free ports after it (the lab must not clash with a stale one)."""
-    for base in range(17000, 30000, 50):
+# The lab's ports: a block of BLOCK from PORT_LOW up, aligned, below Linux's ephemeral
+# range (32768 up, where srun, slurmstepd and gloo listen): slurmctld on the first, the
+# slurmds on the next NODES, the rest for the jobs' rendezvous (job_ports). A block is
+# taken only when all of it is free, and slurmctld holding its first port keeps another
+# lab from taking any of it (labs of other test runs on this machine, at the same time).
+BLOCK, PORT_LOW, PORT_HIGH = 50, 17000, 30000
+START_TRIES = 5
+CLASH = "Address already in use"  # what slurmctld and slurmd log when their bind fails
+
+
+class PortClash(RuntimeError):
+    """A daemon could not bind its port: something took it after the probe."""
+
+
+def _free_port_block(skip: set[int] = frozenset()) -> int:
+    """The first block whose ports are all free now (a probe: the daemons bind later, so
+    start() checks that they did and tries another block when one did not)."""
+    for base in range(PORT_LOW, PORT_HIGH, BLOCK):
+        if base in skip:
+            continue
         ok = True
-        for p in range(base, base + n):
+        for p in range(base, base + BLOCK):
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))
@@ -116,31 +133,94 @@ class SlurmLab:
             link = lab / "dev" / f"gpu{i}"
             if not link.exists():
                 link.symlink_to("/dev/null")
-        base = _free_port_block(NODES + 1)
-        self.conf.write_text(SLURM_CONF.format(host=self.host, lab=lab, ctld_port=base, node_port=base + 1,
-                                               node_port_end=base + NODES, nodes=NODES, gpus=GPUS))
         (lab / "etc/gres.conf").write_text(f"AutoDetect=off\nNodeName=n[1-{NODES}] Name=gpu File={lab}/dev/gpu[0-{GPUS - 1}]\n")
         self.write_plugstack(self.plugstack)
+        tried: set[int] = set()
+        for _ in range(START_TRIES):
+            base = _free_port_block(tried)
+            tried.add(base)
+            try:
+                self._start_slurm(base, timeout)
+                return self
+            except PortClash:
+                self._stop_slurm()  # ours only (pid files); then the next free block
+        raise RuntimeError(f"Slurm lab: ports taken under it {START_TRIES} times (blocks {sorted(tried)})")
+
+    def _start_slurm(self, base: int, timeout: float) -> None:
+        """slurmctld and the slurmds on the port block at base, each checked to be up: ping
+        answers UP only with our munge key (a daemon of another lab on the port cannot),
+        and the nodes go idle only when our slurmds registered; a daemon that died on a
+        bind failure raises PortClash at once."""
+        lab = self.lab
+        self.port_base, self._next_job_port = base, base + NODES + 1
+        self.conf.write_text(SLURM_CONF.format(host=self.host, lab=lab, ctld_port=base, node_port=base + 1,
+                                               node_port_end=base + NODES, nodes=NODES, gpus=GPUS))
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=self.env, capture_output=True)
-        self._wait(lambda: self.cmd("scontrol", "ping").stdout.find("UP") >= 0, timeout, "slurmctld")
+        # a short timeout: a ping held by whatever took the port would wait out MessageTimeout
+        self._wait(lambda: self.cmd("scontrol", "ping", timeout=3).stdout.find("UP") >= 0, timeout, "slurmctld",
+                   daemons=["slurmctld"])
         for n in range(1, NODES + 1):
             (lab / f"state/slurmd-n{n}").mkdir(parents=True, exist_ok=True)
             subprocess.run(["slurmd", "-f", str(self.conf), "-N", f"n{n}"], check=True, env=self.env,
                            capture_output=True)
         self._wait(lambda: self.cmd("sinfo", "-h", "-t", "idle", "-o", "%D").stdout.strip() == str(NODES),
-                   timeout, "four idle nodes")
-        return self
+                   timeout, "four idle nodes", daemons=["slurmctld", *(f"slurmd-n{n}" for n in range(1, NODES + 1))])
+
+    def _daemon_failed(self, names: list[str]) -> None:
+        """PortClash when one of these daemons (pid file and log named after it) is gone
+        after a bind failure; RuntimeError when it is gone otherwise."""
+        for name in names:
+            try:
+                pid = int((self.lab / "run" / f"{name}.pid").read_text().strip())
+                # alive unless gone or a zombie (this machine's init may not reap them)
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX":
+                    continue
+            except (OSError, ValueError, IndexError):  # no pid file yet, or the daemon is gone
+                pass
+            log = self.lab / "log" / f"{name}.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if CLASH in text:
+                raise PortClash(f"{name}: {CLASH}")
+            if (self.lab / "run" / f"{name}.pid").exists():
+                raise RuntimeError(f"Slurm lab: {name} died; logs in {self.lab / 'log'}:\n" + self.logs())
+
+    def _stop_slurm(self) -> None:
+        """Kill this lab's slurmctld and slurmds (munged stays) and clear what they left, so
+        that the next try starts clean."""
+        for pidfile in (self.lab / "run").glob("slurm*.pid"):
+            try:
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+            except (ValueError, OSError):
+                pass
+            pidfile.unlink(missing_ok=True)
+        time.sleep(0.2)
+        for d in [self.lab / "state/ctld", *self.lab.glob("state/slurmd-*")]:
+            shutil.rmtree(d, ignore_errors=True)
+        (self.lab / "state/ctld").mkdir(parents=True, exist_ok=True)
+        for log in (self.lab / "log").glob("slurm*.log"):
+            log.unlink()
+
+    def job_ports(self, n: int) -> int:
+        """The first of n ports of the lab's block that no other job of this lab used (a
+        rendezvous: torchrun's agent joins whatever store listens on its port, so one of
+        another lab's or an earlier job's would mix the runs)."""
+        first = self._next_job_port
+        if first + n > self.port_base + BLOCK:
+            raise RuntimeError(f"Slurm lab: its port block has no {n} ports left for jobs")
+        self._next_job_port += n
+        return first
 
     def write_plugstack(self, text: str) -> None:
         (self.lab / "etc/plugstack.conf").write_text(text + ("\n" if text and not text.endswith("\n") else ""))
 
-    def _wait(self, ok, timeout, what):
+    def _wait(self, ok, timeout, what, daemons=()):
         t0 = time.time()
         while time.time() - t0 < timeout:
+            self._daemon_failed(list(daemons))
             try:
                 if ok():
                     return
-            except OSError:
+            except (OSError, subprocess.TimeoutExpired):
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"Slurm lab: {what} not up after {timeout} s; logs in {self.lab / 'log'}:\n"
@@ -169,26 +249,39 @@ class SlurmLab:
         raise RuntimeError(f"job {job_id} did not finish in {timeout} s:\n{self.logs()}")
 
     # --- node loss ------------------------------------------------------------------
-    def kill_node(self, node: str, job_id: str, mark_down: bool = True) -> None:
-        """What losing node `node` does to job `job_id`: its slurmd, the job's slurmstepd
-        there and every process of the job on it die at once (SIGKILL). The processes are
-        found by the SLURMD_NODENAME and SLURM_JOB_ID in their environment (all "nodes"
-        share this machine); slurmstepd as their parent. mark_down: also tell slurmctld,
-        which would otherwise notice after SlurmdTimeout (30 s) and its next ping."""
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-        tasks, steps = [], set()
-        for pid in pids:
+    def job_processes(self, job_id: str, node: str | None = None) -> list[tuple[int, int]]:
+        """(pid, parent pid) of every process of this lab's job `job_id` (on `node`, or any):
+        found by the SLURM_JOB_ID, SLURMD_NODENAME and SLURM_CONF in their environment (all
+        "nodes" share this machine, and so may other labs, whose job ids are the same
+        numbers: SLURM_CONF tells them apart)."""
+        out = []
+        for p in os.listdir("/proc"):
+            if not p.isdigit():
+                continue
             try:
-                raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                raw = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
                 env = dict(kv.split(b"=", 1) for kv in raw if b"=" in kv)
-                if env.get(b"SLURMD_NODENAME") != node.encode() or env.get(b"SLURM_JOB_ID") != job_id.encode():
+                if (env.get(b"SLURM_JOB_ID") != job_id.encode() or env.get(b"SLURM_CONF") != bytes(self.conf)
+                        or (node is not None and env.get(b"SLURMD_NODENAME") != node.encode())):
                     continue
-                tasks.append(pid)
-                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                if Path(f"/proc/{ppid}/cmdline").read_bytes().startswith(b"slurmstepd"):
-                    steps.add(ppid)
+                out.append((int(p), int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])))
             except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile, or not ours to read
+        return out
+
+    def kill_node(self, node: str, job_id: str, mark_down: bool = True) -> None:
+        """What losing node `node` does to job `job_id`: its slurmd, the job's slurmstepd
+        there and every process of the job on it die at once (SIGKILL): the processes
+        job_processes finds, and slurmstepd as their parent. mark_down: also tell slurmctld,
+        which would otherwise notice after SlurmdTimeout (30 s) and its next ping."""
+        tasks, steps = [], set()
+        for pid, ppid in self.job_processes(job_id, node):
+            tasks.append(pid)
+            try:
+                if Path(f"/proc/{ppid}/cmdline").read_bytes().startswith(b"slurmstepd"):
+                    steps.add(ppid)
+            except OSError:
+                continue
         slurmd = int((self.lab / "run" / f"slurmd-{node}.pid").read_text().strip())
         for pid in [slurmd, *steps, *tasks]:
             try:

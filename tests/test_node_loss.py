@@ -81,6 +81,21 @@ def test_step_lines_and_finished_checkpoints():
     assert nodeloss.checkpoint_steps(["step-2", "step-4", "step-6", "step-x", "other"], done.__contains__) == [2, 4]
 
 
+def test_resume_step_is_the_last_complete_checkpoint(tmp_path):
+    """What the transition record says is resumed, on a directory as a save cut short
+    leaves it: the example trainer's temporary directory (even with its .metadata written,
+    before the rename) and another writer's step-N/ without .metadata never count."""
+    from transit_launch.slurm import scalein
+    for name, marker in (("step-2", True), ("step-4", True), ("step-6", False), (".step-8.1a2b.tmp", True),
+                         ("step-10.tmp", True)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__0_0.distcp").write_bytes(b"x")
+        if marker:
+            (tmp_path / name / ".metadata").write_bytes(b"x")
+    assert scalein._checkpoint_step(str(tmp_path)) == 4
+    assert scalein._checkpoint_step(str(tmp_path / "none-yet")) == 0 and scalein._checkpoint_step(None) is None
+
+
 def _tiny_plan(tmp_path, global_batch, **kw):
     card = tmp_path / "tiny.toml"
     card.write_text(TINY)
@@ -144,12 +159,39 @@ def _losses(text: str) -> dict[int, list[float]]:
     return out
 
 
-def _reference(tmp_path) -> dict[int, float]:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, float]:
     """The uninterrupted run: the same trainer and settings on four ranks, no checkpoints."""
     res = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "4", str(TRAINER), *MODEL],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **JOB_ENV})
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.mktemp("reference"),
+                         env={**os.environ, **JOB_ENV})
     assert res.returncode == 0, res.stderr[-3000:]
     return {s: v[0] for s, v in _losses(res.stdout).items()}
+
+
+def _check_losses(text: str, ref: dict[int, float], resumed_at: int) -> float:
+    """Every step's loss, before and after each resume (the first at step resumed_at), is
+    the uninterrupted run's within the bound below; returns the largest difference.
+    The runs differ only in the order of fp32 sums, never in the data or its batch: the
+    loss of a step is the mean of 12 per-sequence losses (each about ln 256 = 5.5), which
+    a different split over ranks and microbatches sums in another order: at most
+    11 roundings of u = 2^-24 relative to a sum of 12 x 5.8, so 11 u x 5.8 on the mean
+    (3.8e-6). The weights differ too, through the gradient's sum of 12 terms in another
+    order (11 u relative); Adam divides the gradient by its own scale, so an update moves
+    by at most lr x 11 u per weight a step (2e-10), and the loss, whose gradient is below
+    1 in every one of the model's weights, by less than their count x 2e-10 a step: ~1e-5
+    over the steps after a resume. A wrong data order, a lost optimizer state or a
+    different global batch moves it by 1e-3 to 1e-1."""
+    n_weights = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"summary"')))["summary"]["params"]
+    u = 2.0**-24
+    per_step = n_weights * LR * (GLOBAL_BATCH - 1) * u
+    worst = 0.0
+    for step, vals in _losses(text).items():
+        tol = (GLOBAL_BATCH - 1) * u * 5.8 + max(0, step - resumed_at) * per_step
+        for v in vals:
+            assert v == pytest.approx(ref[step], abs=tol), (step, v, ref[step], tol)
+            worst = max(worst, abs(v - ref[step]))
+    return worst
 
 
 def _wait_for(path: Path, ok, what: str, timeout: float = 240) -> str:
@@ -170,21 +212,23 @@ def _job_dir(lab, name: str) -> Path:
     return d
 
 
-def _submit(lab, d: Path, *args: str) -> str:
+def _submit(lab, d: Path, *args: str, env: dict | None = None) -> str:
     res = subprocess.run([sys.executable, "-m", "transit_launch", "submit", *args], capture_output=True, text=True,
-                         cwd=d, env={**lab.env, **JOB_ENV}, timeout=120)
+                         cwd=d, env={**lab.env, **JOB_ENV, **(env or {})}, timeout=120)
     assert res.returncode == 0, res.stderr
     return res.stdout.split()[2]
 
 
 @lab_only
 @needs_torch
-def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, tmp_path):
-    ref = _reference(tmp_path)
+def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, reference):
+    ref = reference
     d = _job_dir(lab, "node-loss-scale-in")
+    # rendezvous ports of the lab's own (attempt k uses port + k): torchrun's default 29500
+    # is every lab's, and an agent joins whatever store listens there, another job's too
     job = _submit(lab, d, "--model", "tiny.toml", "--nodes", "4", "--gpus-per-node", "1", "--seq-len", str(SEQ),
                   "--global-batch", str(GLOBAL_BATCH), "--on-node-loss", "scale-in", "--checkpoint-dir", "ckpt",
-                  "--output", "%x-%j.out", "--",
+                  "--port", str(lab.job_ports(3)), "--output", "%x-%j.out", "--",
                   "python3", str(TRAINER), *MODEL, "--checkpoint-dir", "ckpt", "--checkpoint-every", "2")
     out = d / f"transit-tiny-node-loss-{job}.out"
     try:
@@ -206,29 +250,9 @@ def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, tmp_path):
     resumed = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"resumed"')]
     assert [(r["world"], r["accum"]) for r in resumed] == [(4, 3), (3, 4), (2, 6)], text[-3000:]
     assert resumed[0]["resumed"] == 0 and 0 < resumed[1]["resumed"] < resumed[2]["resumed"] < STEPS
-    # every step of the job, before and after each resume, has the uninterrupted run's loss.
-    # The runs differ only in the order of fp32 sums, never in the data or its batch: the
-    # loss of a step is the mean of 12 per-sequence losses (each about ln 256 = 5.5), which
-    # a different split over ranks and microbatches sums in another order: at most
-    # 11 roundings of u = 2^-24 relative to a sum of 12 x 5.8, so 11 u x 5.8 on the mean
-    # (3.8e-6). The weights differ too, through the gradient's sum of 12 terms in another
-    # order (11 u relative); Adam divides the gradient by its own scale, so an update moves
-    # by at most lr x 11 u per weight a step (2e-10), and the loss, whose gradient is below
-    # 1 in every one of the model's weights, by less than their count x 2e-10 a step: ~1e-5
-    # over the steps after a resume. A wrong data order, a lost optimizer state or a
-    # different global batch moves it by 1e-3 to 1e-1.
-    losses = _losses(text)
-    assert set(losses) == set(range(1, STEPS + 1))
-    n_weights = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"summary"')))["summary"]["params"]
-    u = 2.0**-24
-    per_step = n_weights * LR * (GLOBAL_BATCH - 1) * u
-    worst = 0.0
-    for step, vals in losses.items():
-        after = step - resumed[1]["resumed"]
-        tol = (GLOBAL_BATCH - 1) * u * 5.8 + max(0, after) * per_step
-        for v in vals:
-            assert v == pytest.approx(ref[step], abs=tol), (step, v, ref[step], tol)
-            worst = max(worst, abs(v - ref[step]))
+    # every step of the job, before and after each resume, has the uninterrupted run's loss
+    assert set(_losses(text)) == set(range(1, STEPS + 1))
+    worst = _check_losses(text, ref, resumed[1]["resumed"])
     print(f"\nlargest loss difference to the uninterrupted run: {worst:.2e}")
     # one line per transition in the job's output, and its record in status --json
     lines = [ln for ln in text.splitlines() if ln.startswith("transit-launch: node loss")]
@@ -257,6 +281,79 @@ def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, tmp_path):
     assert all(re.fullmatch(r"step-\d+", p.name) for p in (d / "ckpt").iterdir())
 
 
+SAVE_STEPS = 12  # this test's run: the reference's first 12 steps (the data depends on the step only)
+PAUSE_AT = 6      # the save held inside its write; step-4 is the last complete one then
+
+
+@lab_only
+@needs_torch
+def test_node_lost_during_a_checkpoint_write_resumes_from_the_one_before(lab, reference, tmp_path):
+    """n3 is lost while step 6's checkpoint is being written: every rank's shard is in the
+    save's temporary directory and .metadata is not (the trainer's test knob holds the
+    write there and says so, in place of a slow write). The survivors resume from step 4,
+    never from the partial save, and write step 6 again."""
+    from transit_launch.slurm import scalein
+    d = _job_dir(lab, "node-loss-in-save")
+    paused = tmp_path / "paused.json"  # the test's own file, outside the job's directories
+    t_submit = time.time()
+    job = _submit(lab, d, "--model", "tiny.toml", "--nodes", "4", "--gpus-per-node", "1", "--seq-len", str(SEQ),
+                  "--global-batch", str(GLOBAL_BATCH), "--on-node-loss", "scale-in", "--checkpoint-dir", "ckpt",
+                  "--port", str(lab.job_ports(2)), "--output", "%x-%j.out", "--",
+                  "python3", str(TRAINER), *MODEL, "--steps", str(SAVE_STEPS), "--checkpoint-dir", "ckpt",
+                  "--checkpoint-every", "2", env={"TRAIN_LLAMA_TEST_PAUSE_SAVE": f"{PAUSE_AT}:{paused}"})
+    out, ckpt = d / f"transit-tiny-node-loss-{job}.out", d / "ckpt"
+    try:
+        hold = json.loads(_wait_for(paused, bool, f"the pause inside step {PAUSE_AT}'s save"))
+        # inside the write: all four shards in the temporary directory, no completion marker
+        partial = d / hold["tmp"]
+        assert hold["step"] == PAUSE_AT and partial.parent == ckpt and partial.name.startswith(f".step-{PAUSE_AT}.")
+        assert sorted(p.name for p in partial.iterdir()) == [f"__{r}_0.distcp" for r in range(4)]
+        assert sorted(p.name for p in ckpt.iterdir()) == sorted([partial.name, "step-2", "step-4"])
+        assert scalein._checkpoint_step(str(ckpt)) == 4  # what the transition record will say
+        lab.kill_node("n3", job)
+        info = lab.wait_job(job, timeout=240)
+        text = out.read_text()
+        assert info["JobState"] == "COMPLETED", text[-4000:]
+    finally:
+        lab.revive_node("n3")
+    took = time.time() - t_submit
+    # resumed from step 4 on three ranks, the global batch kept
+    resumed = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"resumed"')]
+    assert [(r["resumed"], r["world"], r["accum"]) for r in resumed] == [(0, 4, 3), (4, 3, 4)], text[-3000:]
+    # steps 5 and 6 ran twice (before the loss and after the resume), every one with the
+    # uninterrupted run's loss
+    losses = _losses(text)
+    assert set(losses) == set(range(1, SAVE_STEPS + 1))
+    assert {s for s, v in losses.items() if len(v) == 2} == {5, 6}
+    worst = _check_losses(text, reference, 4)
+    # the job's line and its record: the step resumed and the steps lost
+    lines = [ln for ln in text.splitlines() if ln.startswith("transit-launch: node loss")]
+    assert len(lines) == 1 and lines[0].startswith("transit-launch: node loss: n3 lost (3 of 4 nodes left); "
+                                                   "re-planned 4 -> 3 nodes, dp 4 -> 3, microbatches 3 -> 4"), lines
+    assert lines[0].endswith("resuming from checkpoint step 4, 2 step(s) lost"), lines
+    res = lab.cmd(sys.executable, "-m", "transit_launch", "status", job, "--json")
+    assert res.returncode == 0, res.stderr
+    [rec] = json.loads(res.stdout)["transitions"]
+    assert (rec["action"], rec["lost_nodes"], rec["checkpoint_step"], rec["last_step"], rec["steps_lost"],
+            rec["first_step"]) == ("scale-in", ["n3"], 4, PAUSE_AT, 2, 5)
+    assert rec["downtime_s"] > 0
+    # the allocation ends cleanly: no process of the job left (the held writer included)
+    t0 = time.time()
+    while lab.job_processes(job) and time.time() - t0 < 10:
+        time.sleep(0.2)
+    assert not lab.job_processes(job) and not Path(f"/proc/{hold['pid']}").exists()
+    # nothing outside the job's directories; every checkpoint complete, no partial one left
+    assert sorted(p.name for p in d.iterdir()) == sorted(["tiny.toml", out.name, "ckpt", f"transit-{job}"])
+    assert sorted(p.name for p in (d / f"transit-{job}").iterdir()) == sorted(
+        ["attempt.env", "transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
+                                                for k in range(2)])
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{s}" for s in sorted(range(2, SAVE_STEPS + 1, 2), key=str)]
+    assert all((p / ".metadata").is_file() for p in ckpt.iterdir())
+    print(f"\nnode lost inside step {PAUSE_AT}'s save: resumed from step {rec['checkpoint_step']}, "
+          f"{rec['steps_lost']} step(s) lost, downtime {rec['downtime_s']} s, largest loss difference {worst:.2e}, "
+          f"job {took:.1f} s")
+
+
 @lab_only
 @needs_torch
 def test_no_layout_on_the_survivors_requeues(lab):
@@ -265,6 +362,7 @@ def test_no_layout_on_the_survivors_requeues(lab):
     d = _job_dir(lab, "node-loss-requeue")
     job = _submit(lab, d, "--model", "llama3-8b", "--gpu-mem", "60GB", "--host-mem", "12GB", "--nodes", "4",
                   "--gpus-per-node", "1", "--global-batch", "12", "--on-node-loss", "scale-in",
+                  "--port", str(lab.job_ports(2)),
                   "--output", "%x-%j.out", "--", "python3", str(TRAINER), *MODEL)
     out = d / f"transit-llama3-8b-{job}.out"
     try:
