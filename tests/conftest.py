@@ -119,7 +119,7 @@ def lab(built):
         pytest.skip(why)
     root = Path(tempfile.mkdtemp(prefix="transit-slurm-"))
     plugin = spank.build(root / "plugin")
-    lab = SlurmLab(root, plugstack=spank.plugstack_line(plugin, built["shim"], inject._PKG / "adapter"))
+    lab = SlurmLab(root, plugstack=spank.plugstack_line(plugin, built["shim"], inject.adapter_dir()))
     try:
         lab.start()
         lab.plugin = plugin

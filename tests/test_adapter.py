@@ -1,4 +1,4 @@
-"""The framework adapter's staging driver (transit_launch/shim/adapter/sitecustomize.py,
+"""The framework adapter's staging driver (transit_launch/adapter/sitecustomize.py,
 TRANSIT_STAGE=1) on a CPU model: it finds the start of every backward without the
 application's help and calls the shim's staging API at the right points of a step."""
 

@@ -1,5 +1,5 @@
 """The optimizer step overlapped with backward (TRANSIT_OVERLAP_STEP=1,
-transit_launch/shim/adapter/transit_overlap.py), on CPU models: parameters, optimizer state
+transit_launch/adapter/transit_overlap.py), on CPU models: parameters, optimizer state
 and losses bit-identical to the normal step for every supported optimizer path, with
 gradient accumulation and under FSDP2 (one gloo rank); every case that could change the
 result falls back to the normal step with one line saying why; deliberately broken

@@ -1,4 +1,4 @@
-"""The optimizer state's private pool (transit_launch/shim/adapter/transit_state_pool.py) on
+"""The optimizer state's private pool (transit_launch/adapter/transit_state_pool.py) on
 CPU optimizers, with a stand-in for torch.cuda's pool API that records what it is asked:
 which calls run inside the pool, for which optimizers, and that nothing else does. The
 same on a GPU, with PyTorch's real pools and the allocator's own segment records, is in

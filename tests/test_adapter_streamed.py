@@ -1,5 +1,5 @@
 """The optimizer step streamed through the staging ring (TRANSIT_OVERLAP_STEP=stream,
-transit_launch/shim/adapter/transit_streamed.py) on CPU models: parameters, optimizer state
+transit_launch/adapter/transit_streamed.py) on CPU models: parameters, optimizer state
 and losses bit-identical to the normal step with clipping, gradient accumulation, a
 TorchTitan-like container of optimizers and parameters cut into many slices; what cannot
 stream steps normally, said once. The CPU stands in for the GPU: the ring is a CPU tensor,

@@ -29,7 +29,7 @@ def test_imported_from_the_wheel_not_the_tree():
 @needs_wheel
 @pytest.mark.parametrize("part", [
     "sim/run.py", "sim/trace.py", "planning/cards/llama3-70b.toml", "slurm/templates/sbatch.j2",
-    "slurm/templates/local.j2", "shim/adapter/sitecustomize.py", "shim/adapter/transit_api.py",
+    "slurm/templates/local.j2", "adapter/sitecustomize.py", "adapter/transit_api.py",
     "_csrc/spank/plugin.c", "_csrc/spank/transit_spank.map", "_csrc/shim/transit.h", "_csrc/shim/transit_size.h",
     "_csrc/shim/transit_rules.h", "_csrc/shim/exports.map",
 ])

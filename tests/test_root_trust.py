@@ -206,14 +206,14 @@ def test_install_copies_no_shim_or_adapter_a_user_controls(cli, built, shim_env,
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     shutil.copy(built["shim"], theirs / "libtransit.so")
-    shutil.copytree(inject._PKG / "adapter", theirs / "adapter", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(inject.adapter_dir(), theirs / "adapter", ignore=shutil.ignore_patterns("__pycache__"))
     _own(theirs)
     # a root-owned adapter directory holding one module of the user's, and one holding a link
     mixed = tmp_path / "mixed"
-    shutil.copytree(inject._PKG / "adapter", mixed, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(inject.adapter_dir(), mixed, ignore=shutil.ignore_patterns("__pycache__"))
     os.chown(mixed / "transit_api.py", NOBODY, NOBODY)
     linked = tmp_path / "linked"
-    shutil.copytree(inject._PKG / "adapter", linked, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(inject.adapter_dir(), linked, ignore=shutil.ignore_patterns("__pycache__"))
     (linked / "transit_api.py").unlink()
     (linked / "transit_api.py").symlink_to(theirs / "adapter" / "transit_api.py")
     for env, needle in (
@@ -234,7 +234,7 @@ def test_installed_files_are_the_checked_ones(cli, built, shim_env, tmp_path):
     _need_root()
     _need_build()
     from transit_launch.shim import inject
-    rc, out, err, prefix = _install(cli, tmp_path, dict(shim_env, TRANSIT_ADAPTER_DIR=str(inject._PKG / "adapter")))
+    rc, out, err, prefix = _install(cli, tmp_path, dict(shim_env, TRANSIT_ADAPTER_DIR=str(inject.adapter_dir())))
     assert rc == 0, err
     lib = prefix / "lib" / "transit-launch"
     assert (lib / "libtransit.so").read_bytes() == Path(built["shim"]).read_bytes()
@@ -672,7 +672,7 @@ def test_installed_adapter_has_roots_own_bytecode(cli, built, shim_env, tmp_path
     _need_root()
     _need_build()
     from transit_launch.shim import inject
-    rc, out, err, prefix = _install(cli, tmp_path, dict(shim_env, TRANSIT_ADAPTER_DIR=str(inject._PKG / "adapter")))
+    rc, out, err, prefix = _install(cli, tmp_path, dict(shim_env, TRANSIT_ADAPTER_DIR=str(inject.adapter_dir())))
     assert rc == 0, err
     adapter = prefix / "lib" / "transit-launch" / "adapter"
     cache = adapter / "__pycache__"

@@ -14,7 +14,7 @@ from tests.slurm_lab import missing
 from transit_launch.shim import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
-ADAPTER = inject._PKG / "adapter"  # the lab's plugstack points here (conftest.lab)
+ADAPTER = inject.adapter_dir()  # the lab's plugstack points here (conftest.lab)
 
 
 def job_script(lab, name, body):

@@ -27,7 +27,7 @@ from tests.slurm_lab import missing
 from transit_launch.shim import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
-ADAPTER = str(inject._PKG / "adapter")
+ADAPTER = str(inject.adapter_dir())
 ROW = ('echo "ROW|$0|$SLURMD_NODENAME|$LD_PRELOAD|$TRANSIT_POLICY|$PYTHONPATH|$PYTORCH_ALLOC_CONF|'
        '$TRANSIT_GPU_BUDGET|$TRANSIT_STATS|${TRANSIT_ALLOW_OVERSUBSCRIBE-unset}"')
 FIELDS = ("tag", "node", "preload", "policy", "pypath", "alloc", "budget", "stats", "allow")

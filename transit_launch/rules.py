@@ -44,7 +44,7 @@ ENV = {
     "COLD_TAIL": "TRANSIT_COLD_TAIL",
     "HOST_STATE": "TRANSIT_HOST_STATE",  # 0: optimizer state over the budget stays managed memory (hoststate.c)
     # read by the framework adapter only (transit_overlap.py), not by the shim
-    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (shim/adapter/transit_overlap.py)
+    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (adapter/transit_overlap.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # SMs of the early updates' stream, a green context (transit_overlap.py)
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)

@@ -3,7 +3,7 @@
 Used by `render` (sbatch scripts and local torchrun commands) and `run`. The shim is
 found at $TRANSIT_SHIM, else inside the installed package (transit_launch/shim/lib/); the
 framework hint adapter (a sitecustomize module) at $TRANSIT_ADAPTER_DIR, else
-transit_launch/shim/adapter/, which runs inside the job's own Python and imports nothing
+transit_launch/adapter/, which runs inside the job's own Python and imports nothing
 of transit_launch (tests/test_rules.py checks). The adapter is only injected together with the shim.
 """
 
@@ -44,7 +44,7 @@ def adapter_dir() -> Path | None:
     env = os.environ.get(ENV["ADAPTER_DIR"])
     if env:
         return Path(env)
-    d = _PKG / "adapter"
+    d = _PKG.parent / "adapter"  # transit_launch/adapter: the code that runs inside the job
     return d if (d / "sitecustomize.py").is_file() else None
 
 
