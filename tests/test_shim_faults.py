@@ -215,8 +215,9 @@ def test_an_attached_adapter_keeps_cupti_free_under_gradient_accumulation(built,
     first step, so the shim guessed a boundary, had no optimizer hint yet, and started its
     warm-up recording; on the H200 torch.profiler then got CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_
     NOT_SUPPORTED for the rest of the job, cuptiFinalize notwithstanding (bench/RESULTS.md,
-    issue 20's last measurements). Once the adapter attached (it does at the first optimizer's
-    construction) the shim guesses nothing and never touches CUPTI. Without attaching, the
+    "torch.profiler under the shim loses CUPTI at more than one microbatch"). Once the
+    adapter attached (it does at the first optimizer's construction) the shim guesses
+    nothing and never touches CUPTI. Without attaching, the
     recorder starts (the case the fix is for)."""
     res, out, calls = run(built, "loop", 240, 300, GB, "adapter", "accum=80", *(["attach"] if attach else []),
                           env={"LD_LIBRARY_PATH": str(cupti), "TRANSIT_STATS": str(tmp_path / "s.json")})
