@@ -488,7 +488,7 @@ def test_run_command_summarizes_stats(built, tmp_path):
 def test_bindings_stage_nothing_with_an_older_shim(monkeypatch):
     """A site's older libtransit.so (API version 2, no device buffers) under a newer adapter:
     no ring (0), never a call of the missing symbol (it would end the adapter's hook)."""
-    from transit_launch.shim.adapter import transit_api
+    from transit_launch.adapter import transit_api
 
     class OldShim:
         def transit_api_version(self):
@@ -504,7 +504,7 @@ def test_python_bindings_declare_what_the_header_declares():
     does not ship with the package, and cffi's cdef takes no preprocessor): they must agree."""
     import re
 
-    from transit_launch.shim.adapter import transit_api
+    from transit_launch.adapter import transit_api
     header = (Path(__file__).resolve().parent.parent / "shim" / "transit_api.h").read_text()
     header = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
     protos = {" ".join(line.split()) for line in header.splitlines() if re.match(r"^\s*[a-z].*\);\s*$", line)}
