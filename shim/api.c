@@ -123,11 +123,8 @@ EXPORT size_t transit_stage_out(uintptr_t stream) { return (size_t)staged(tr_sta
 
 EXPORT void transit_state_alloc(int on)
 {
-    if (!transit_active())
-        return;
-    pthread_mutex_lock(&tr_lock);
-    tr_hoststate_mark(on);
-    pthread_mutex_unlock(&tr_lock);
+    if (transit_active())
+        tr_hoststate_mark(on); /* the calling thread's own mark: no lock */
 }
 
 EXPORT int transit_host_state(uintptr_t ptr, size_t size)

@@ -11,6 +11,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from transit_launch.rules import ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 # (file, run) -> the constants of planning/plan.py fitted to it
@@ -40,7 +42,7 @@ NOT_ADVISE = {
         "went to the host, 4 points slower",
     ("titan_steps_accum1_hoststate_2026-12-02.json", "advise"): "the same build",
 }
-OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # a run with a step mode of its own is not advise's either
+OVERLAP_ENV = ENV["OVERLAP_STEP"]  # a run with a step mode of its own is not advise's either
 TARGET = 0.03  # issue 31: within 3 points of the measured per-GPU TFLOPS ratio
 
 

@@ -160,10 +160,10 @@ def test_a_deliberately_wrong_slice_is_caught(streamed, monkeypatch):
     ts = sys.modules["transit_streamed"]
     real = ts.StreamedStep._slices
 
-    def drop_last(opt, items, cap):
-        batches = list(real(opt, items, cap))
+    def drop_last(self, opt, items, cap):
+        batches = list(real(self, opt, items, cap))
         return batches[:-1]
-    monkeypatch.setattr(ts.StreamedStep, "_slices", staticmethod(drop_last))
+    monkeypatch.setattr(ts.StreamedStep, "_slices", drop_last)
     ref = train(OPTIMIZERS["adamw-foreach"])
     got = train(OPTIMIZERS["adamw-foreach"], streamed())
     with pytest.raises(AssertionError):
@@ -223,3 +223,35 @@ def test_the_mode_is_wired_by_the_adapter(monkeypatch):
     assert site._Hooks(Api()).pool.mark is None and site._Hooks(Api()).overlap is None
     for m in ("transit_overlap", "transit_streamed", "transit_state_pool"):
         sys.modules.pop(m, None)
+
+
+def test_an_error_inside_a_streamed_step_never_updates_a_parameter_twice(streamed, capsys, monkeypatch):
+    """torch's step fails on the second batch of the first streamed step (out of memory in its
+    temporaries, say): the first batch's slices were written and the application's step must
+    not write them again. The first slice of the 64 x 1000 weight equals the reference's after
+    that step (updated once); the line says the step is not bit-identical; later steps run
+    unstreamed."""
+    import torch
+    ov = sys.modules["transit_overlap"]
+    real = ov._raw_step
+    calls = [0]
+
+    def failing(opt):
+        raw = real(opt)
+
+        def step(o):
+            calls[0] += 1
+            if calls[0] == 2:
+                raise torch.OutOfMemoryError("no room for the step's temporaries")
+            return raw(o)
+        return step if raw is not None else None
+    monkeypatch.setattr(ov, "_raw_step", failing)
+    make = OPTIMIZERS["adamw-foreach"]
+    ref = train(make, steps=2)
+    got = train(make, streamed(), steps=2)
+    first = 8192  # elements of a slice: 64 KiB of state / 8 bytes an element
+    w_ref, w_got = ref[1][0].view(-1), got[1][0].view(-1)
+    assert torch.equal(w_got[:first], w_ref[:first])  # written once, by the streamed slice
+    assert not torch.equal(w_got, w_ref)  # the rest of it was not stepped again either
+    err = capsys.readouterr().err
+    assert err.count("step streaming off") == 1 and "this step is not bit-identical" in err, err

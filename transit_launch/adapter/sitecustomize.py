@@ -18,7 +18,6 @@ import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 ADAPTER_ENV = "TRANSIT_ADAPTER"  # rules.ENV["ADAPTER"]: 0 installs nothing; a test keeps them equal
-OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # rules.ENV["OVERLAP_STEP"], also transit_overlap.OVERLAP_ENV
 # TRANSIT_OVERLAP_STEP modes whose step copies the state from pinned host homes
 PINNED_STATE_MODES = ("staged", "stream")
 
@@ -236,12 +235,13 @@ def _state_pool(api):
     """The optimizer state's private pool (transit_state_pool.py, on unless
     TRANSIT_STATE_POOL=0), its allocations marked for the shim as state; else None."""
     try:
+        import transit_overlap
         import transit_state_pool
 
         # the state is marked for the shim (born in pinned host memory when over the budget) where
         # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
         # touch of managed memory, so plain advise keeps managed state (bench/RESULTS.md)
-        mark = api.state_alloc if os.environ.get(OVERLAP_ENV) in PINNED_STATE_MODES else None
+        mark = api.state_alloc if os.environ.get(transit_overlap.OVERLAP_ENV) in PINNED_STATE_MODES else None
         return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
     except Exception as e:
         print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)

@@ -21,6 +21,7 @@ transit_overlap._group_refusal), non-contiguous or sparse tensors, a state that 
 """
 
 import atexit
+import contextlib
 import sys
 import weakref
 
@@ -39,11 +40,6 @@ def _container(opt):
                for v in vars(opt).values())
 
 
-def _local(t):
-    """A DTensor's local tensor (its storage), else t."""
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
-
-
 class StreamedStep:
     """Global optimizer step pre/post hooks. pre_step streams the step and hides the gradients
     of what it updated from the application's step (torch's steps skip a parameter without a
@@ -58,7 +54,10 @@ class StreamedStep:
         self.streamed = 0               # parameters streamed, all steps (tests, logs)
         self.slices = 0                 # slices streamed, all steps
         self.handles = []
-        self.align = sys.modules[type(staging).__module__].ALIGN  # bytes: each buffer's start in the ring
+        self.entered = []               # parameters whose slices entered torch's step in this call
+        mod = sys.modules[type(staging).__module__]
+        self.align = mod.ALIGN  # bytes: each buffer's start in the ring
+        self.local = mod._storage_tensor  # a DTensor's local tensor (its storage), else the tensor
         self.steps = 0                  # optimizer steps streamed
         atexit.register(self.report)
 
@@ -90,14 +89,23 @@ class StreamedStep:
             if why:
                 self._once(opt, why)
                 return
-            done = self._stream(opt, raw)
-            self.hidden[opt] = [(p, p.grad) for p in done]
-            for p in done:
-                p.grad = None
-        except Exception as e:  # never the reason a job dies; what was not updated, the step does
-            self._once(opt, f"an error while streaming: {e!r}")
-            for p, g in self.hidden.pop(opt, []):
-                p.grad = g
+            self.entered = []
+            self._hide(opt, self._stream(opt, raw))
+        except Exception as e:  # never the reason a job dies
+            # A parameter whose slice entered torch's step may have been written (in part): the
+            # application's step must not update it again. What never entered, the step does.
+            hit = list({id(p): p for p in self.entered}.values())
+            self._once(opt, f"an error while streaming: {e!r}" + (
+                f"; {len(hit)} parameter(s) updated in part or whole are not stepped again: this step is not "
+                "bit-identical" if hit else ""))
+            self._hide(opt, hit)
+
+    def _hide(self, opt, params):
+        """The application's step skips these (torch's steps skip a parameter without a
+        gradient); post_step gives the gradients back."""
+        self.hidden[opt] = [(p, p.grad) for p in params]
+        for p in params:
+            p.grad = None
 
     def post_step(self, opt, args, kwargs):
         for p, g in self.hidden.pop(opt, []):
@@ -144,10 +152,10 @@ class StreamedStep:
             keys = self.staging.staged_keys(state, p)
             if not keys:
                 return None, "a parameter without parameter-shaped floating-point state"
-            lp, lg = _local(p), _local(g)
+            lp, lg = self.local(p), self.local(g)
             if not (lp.is_contiguous() and not lg.is_sparse and lg.is_contiguous() and lg.dtype == lp.dtype):
                 return None, "a non-contiguous or sparse parameter or gradient"
-            if not all(_local(state[k]).data_ptr() in self.staging.homes for k in keys):
+            if not all(self.local(state[k]).data_ptr() in self.staging.homes for k in keys):
                 return None, "a state not in pinned host memory (not contiguous, or not on a GPU)"
             items.append((p, keys))
         return items, None
@@ -163,29 +171,28 @@ class StreamedStep:
                     self._once(opt, why)
                 return []
             plans.append((group, items))
-        if any(self.staging._ring(_local(items[0][0]).device) is None for _, items in plans if items):
+        if any(self.staging._ring(self.local(items[0][0]).device) is None for _, items in plans if items):
             return []  # no ring (said by staging): the step reads the state in place
         done = []
         for group, items in plans:
             if items:
                 self._stream_group(opt, raw, group, items)
                 done += [p for p, _ in items]
-        for dev in {_local(p).device for p in done}:
+        for dev in {self.local(p).device for p in done}:
             if dev.type == "cuda":
                 self.staging.wait(dev)  # the application's stream waits for the last copies home
         self.streamed += len(done)
         self.steps += bool(done)
         return done
 
-    @staticmethod
-    def _slices(opt, items, cap):
+    def _slices(self, opt, items, cap):
         """Batches of flat slices (param, keys, start, end), each batch at most `cap` state
         bytes; a slice starts at a multiple of ALIGN_ELEMS (kernels split a slice into the same
         vector body and tail as the whole tensor)."""
         batch, size = [], 0
         for p, keys in items:
-            per = sum(_local(opt.state[p][k]).element_size() for k in keys)  # state bytes per element
-            n = _local(p).numel()
+            per = sum(self.local(opt.state[p][k]).element_size() for k in keys)  # state bytes per element
+            n = self.local(p).numel()
             step = max(ALIGN_ELEMS, cap // per // ALIGN_ELEMS * ALIGN_ELEMS)
             for a in range(0, n, step):
                 b = min(n, a + step)
@@ -201,7 +208,7 @@ class StreamedStep:
         import torch
 
         st = self.staging
-        dev = _local(items[0][0]).device
+        dev = self.local(items[0][0]).device
         streams = st._streams(dev) if dev.type == "cuda" else None
         ring, mem = st._ring(dev)
         if streams:
@@ -212,16 +219,18 @@ class StreamedStep:
             s_upd.wait_event(ready)
             st.after_step.pop(dev, None)  # covered by `ready`
         counts = {}  # param -> its step count after the step (every slice's is the same)
-        with st.lock:
-            for batch in self._slices(opt, items, min(st.batch, ring.size)):
-                self._stream_batch(opt, raw, group, batch, ring, mem, streams, counts)
-        with _on(streams[1] if streams else None):
-            for p, c in counts.items():  # the step count, once per parameter, after its slices
-                own = opt.state[p]
-                if torch.is_tensor(own["step"]):
-                    own["step"].copy_(c)
-                else:
-                    own["step"] = c
+        try:
+            with st.lock:
+                for batch in self._slices(opt, items, min(st.batch, ring.size)):
+                    self._stream_batch(opt, raw, group, batch, ring, mem, streams, counts)
+        finally:  # also after an error: what entered the step has counted it
+            with _on(streams[1] if streams else None):
+                for p, c in counts.items():  # the step count, once per parameter, after its slices
+                    own = opt.state[p]
+                    if torch.is_tensor(own["step"]):
+                        own["step"].copy_(c)
+                    else:
+                        own["step"] = c
 
     def _stream_batch(self, opt, raw, group, batch, ring, mem, streams, counts):
         import torch
@@ -230,7 +239,7 @@ class StreamedStep:
         layout, size = [], 0  # (param, key, start, end, state tensor, offset in the batch's buffer)
         for p, keys, a, b in batch:
             for k in keys:
-                t = _local(opt.state[p][k])
+                t = self.local(opt.state[p][k])
                 layout.append((p, k, a, b, t, size))
                 size += -(-(b - a) * t.element_size() // self.align) * self.align
         base, wait = ring.take(size)
@@ -250,8 +259,8 @@ class StreamedStep:
         try:
             with _on(s_upd):
                 for p, keys, a, b in batch:
-                    v = _local(p).detach().view(-1)[a:b]
-                    v.grad = _local(p.grad).detach().view(-1)[a:b]
+                    v = self.local(p).detach().view(-1)[a:b]
+                    v.grad = self.local(p.grad).detach().view(-1)[a:b]
                     state = {k: bufs[(id(p), k, a)] for k in keys}
                     own = opt.state[p]
                     if "step" in own:  # its own count: the parameter's is advanced once, after
@@ -259,6 +268,7 @@ class StreamedStep:
                     opt.state[v] = state
                     views.append((p, v))
                 opt.param_groups = [dict(group, params=[v for _, v in views])]
+                self.entered += [p for p, _ in views]
                 raw(opt)
         finally:
             opt.param_groups = groups
@@ -280,18 +290,10 @@ class StreamedStep:
         self.slices += len(batch)
 
 
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _on(stream):
     """torch.cuda.stream(stream), or nothing on the CPU (tests)."""
     if stream is None:
-        return _Null()
+        return contextlib.nullcontext()
     import torch
 
     return torch.cuda.stream(stream)
