@@ -79,9 +79,9 @@ def worker(a):
 
 
 def _run_env(name):
-    """`policy:K=V,K=V` -> (policy, {K: V})."""
+    """`policy:K=V+K=V` -> (policy, {K: V}) (`+`: the runs themselves are a comma list)."""
     policy, _, extra = name.partition(":")
-    return policy, dict(kv.split("=", 1) for kv in extra.split(",") if kv)
+    return policy, dict(kv.split("=", 1) for kv in extra.split("+") if kv)
 
 
 def run_one(a, name, budget, assets):
@@ -109,7 +109,7 @@ def run_one(a, name, budget, assets):
 
 
 def _budget_of(name, runs, budget):
-    """A run's own budget: `policy:STATE_OFF=f` is the reference's peak reserved less f of the
+    """A run's own budget: `policy:STATE_OFF=f` (also `policy:K=V+STATE_OFF=f`) is the reference's peak reserved less f of the
     AdamW state (0: nothing needs to move; 0.5: half the state), else the common one."""
     env = _run_env(name)[1]
     if "STATE_OFF" not in env:

@@ -1,16 +1,16 @@
 /* Optimizer state born in pinned host memory (transit_state_alloc, API version 5).
  *
  * An allocation the adapter marks as optimizer state (its first step, on the calling thread)
- * is made under advise as pinned host memory instead of managed memory: anonymous memory
+ * that the budget cannot hold is made under advise as pinned host memory instead of managed
+ * memory (tr_hoststate_wanted): anonymous memory
  * whose pages up to 16 threads write first, then registered with the runtime (mapped for the
  * device at the same address, UVA): several times faster than cudaHostAlloc, which pins
  * slowly in threads too (bench/RESULTS.md, "The optimizer state made in pinned host
  * memory"). Kernels read it zero-copy as advise's
  * host placement does, the copy engines move it at full speed, and nothing in the table (ranking, replay,
  * staging) migrates it. The adapter marks the state only where its step streams the state
- * from host homes (TRANSIT_OVERLAP_STEP=stream or staged): there managed state would be
- * copied into pinned homes anyway and its storage kept, on the host or, for the part the
- * budget held, on the GPU where the application's hot data then finds no room. When the host
+ * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or staged); the state the
+ * budget holds is stepped where it is. When the host
  * refuses the memory or its registration, the allocation takes the managed path.
  * TRANSIT_HOST_STATE=0 turns it off. The list is kept under tr_lock; the memory is made and
  * given back outside it. */
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "transit.h"
+#include "transit_rules.h"
 
 #define FILL_THREADS 16           /* the probe's count: pinning's cost is the page population */
 #define FILL_SPLIT (64ull << 20)  /* smaller allocations are written by the calling thread alone */
@@ -34,11 +35,27 @@ static _Thread_local int marked; /* the calling thread allocates optimizer state
 
 void tr_hoststate_mark(int on) { marked = on ? marked + 1 : (marked > 0 ? marked - 1 : 0); }
 
-/* Whether this thread's allocation is state that goes to pinned host memory. */
-int tr_hoststate_wanted(void)
+/* Whether this thread's allocation of size bytes is state that goes to pinned host memory:
+ * marked, and more than the budget can hold beside the most the device has held so far (the
+ * step's activations, made before the state), the adapter's staging ring, and the share by
+ * which PyTorch's cache grows after the first step (TR_SHIM_RESERVED_GAP_PERCENT: state kept
+ * in that room pushed hot data to the host). What fits stays managed on the device, where the
+ * application's step reads it at full speed: only the overflow crosses PCIe. */
+int tr_hoststate_wanted(size_t size)
 {
-    return marked && tr_cfg.policy == TR_ADVISE && tr_cfg.host_state && tr_real.host_register &&
-           tr_real.host_unregister;
+    if (!(marked && tr_cfg.policy == TR_ADVISE && tr_cfg.host_state && tr_real.host_register &&
+          tr_real.host_unregister))
+        return 0;
+    pthread_mutex_lock(&tr_lock);
+    uint64_t buf = tr_devbuf_bytes(), peak = tr_count.dev_placed_peak > buf ? tr_count.dev_placed_peak - buf : 0;
+    uint64_t placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak, room = tr_budget();
+    uint64_t spare = tr_budget_total() / 100 * TR_SHIM_RESERVED_GAP_PERCENT + (buf ? 0 : TR_STAGE_RING_BYTES);
+    room = room > spare ? room - spare : 0;
+    int fits = placed <= room && size <= room - placed;
+    if (fits)
+        tr_count.host_state_kept += size;
+    pthread_mutex_unlock(&tr_lock);
+    return !fits;
 }
 
 struct fill { char *p; size_t len; };

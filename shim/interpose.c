@@ -81,8 +81,8 @@ EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
     if (!on || size == 0 || !devPtr) /* the runtime's own answers (a NULL devPtr: cudaErrorInvalidValue) */
         return tr_real.malloc(devPtr, size);
 
-    /* optimizer state the adapter marked: pinned host memory (hoststate.c) */
-    void *host = tr_hoststate_wanted() ? tr_hoststate_alloc(size) : NULL;
+    /* optimizer state the adapter marked that the budget cannot hold: pinned host memory (hoststate.c) */
+    void *host = tr_hoststate_wanted(size) ? tr_hoststate_alloc(size) : NULL;
     if (host) {
         *devPtr = host;
         return cudaSuccess;

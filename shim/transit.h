@@ -169,7 +169,7 @@ HIDDEN int tr_devbuf_free(uintptr_t ptr);      /* -1: not one of them */
 
 /* ---- optimizer state in pinned host memory (hoststate.c) ------------------------- */
 HIDDEN void tr_hoststate_mark(int on);          /* the calling thread's next allocations are state (lock-free) */
-HIDDEN int tr_hoststate_wanted(void);           /* this thread's allocation goes to pinned memory */
+HIDDEN int tr_hoststate_wanted(size_t size);    /* this thread's allocation goes to pinned memory */
 HIDDEN void *tr_hoststate_alloc(size_t size);   /* not under tr_lock; NULL: refused (the managed path then) */
 HIDDEN int tr_hoststate_free(uintptr_t ptr, cudaError_t *err); /* not under tr_lock; 1: it was one */
 HIDDEN int tr_hoststate_holds(uintptr_t ptr, size_t size);     /* under tr_lock */
@@ -192,7 +192,7 @@ struct tr_stats {
     uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need, stage_overflows;
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];
-    uint64_t host_state_allocs, host_state_peak; /* hoststate.c */
+    uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];
     int n_iter_ms;

@@ -540,6 +540,7 @@ def test_an_update_that_fails_part_way_is_not_applied_twice(T, monkeypatch, caps
 # --- wiring ----------------------------------------------------------------------------------
 
 class Api:
+    def policy(self): return "advise"  # the shim's policy
     def stage_enabled(self):
         return False
 
@@ -561,10 +562,12 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
     assert T._staging_module().STAGE_LIMIT == rules.STAGE_RING_BYTES  # what the plan counts against the budget
     assert T.SMS_ENV == rules.ENV["OVERLAP_SMS"] == "TRANSIT_OVERLAP_SMS"
-    assert T.MODES == rules.OVERLAP_MODES  # the CLI's --overlap choices are the modes the adapter knows
+    assert (T.OFF, *T.MODES) == rules.OVERLAP_MODES  # the CLI's --overlap choices are the modes the adapter knows
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
-    monkeypatch.delenv(T.OVERLAP_ENV, raising=False)
+    monkeypatch.delenv(T.OVERLAP_ENV, raising=False)  # unset: advise's default, the streamed step
+    assert type(site._Hooks(Api()).overlap).__name__ == "StreamedStep"
+    monkeypatch.setenv(T.OVERLAP_ENV, "0")
     assert site._Hooks(Api()).overlap is None
     monkeypatch.setenv(T.OVERLAP_ENV, "1")
     hooks = site._Hooks(Api())
@@ -592,6 +595,7 @@ site = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(site)
 
 class Api:  # the shim's API as the adapter sees it, on a machine without the shim
+    def policy(self): return "advise"  # the shim's policy
     HOT, MASTER, OPTIMIZER = 0, 1, 2
     def hint(self, ptr, size, kind): return 0
     def iteration(self): return 0

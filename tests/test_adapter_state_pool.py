@@ -216,6 +216,7 @@ def test_overlap_counts_the_pool_hooks_as_the_adapters_own(monkeypatch):
     monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "1")
 
     class Api:
+        def policy(self): return "advise"  # the shim's policy
         def stage_enabled(self):
             return False
         device_alloc = device_free = state_alloc = host_state = None

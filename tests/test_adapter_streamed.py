@@ -131,6 +131,53 @@ def test_streamed_step_is_bit_identical(streamed, name, clip):
     assert drv.said == {}  # nothing refused
 
 
+@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
+def test_state_the_budget_holds_is_stepped_in_place(monkeypatch, clip):
+    """Only the overflow streams: the shim pinned the 64 x 1000 weight's state alone (host_state
+    says so for its 256,000-byte tensors) and kept the rest on the device. That parameter is
+    streamed, the other three are left to the application's step, nothing is said, and the
+    result is bit-identical to the plain step's."""
+    staging, drv = kept_run(monkeypatch, lambda ptr, n: n == 64000 * 4)
+    ref = train(OPTIMIZERS["adamw-foreach"], clip=clip)
+    got = train(OPTIMIZERS["adamw-foreach"], drv, clip=clip)
+    same(got, ref)
+    assert drv.streamed == STEPS - 1 and drv.resident == 3 * (STEPS - 1) and drv.said == {}
+    # exp_avg and exp_avg_sq: the weight's homed where they are, nothing copied, the rest kept
+    assert staging.in_place == 2 * 64000 * 4 and staging.kept == []
+    assert staging.homes == {} and staging.resident == {}  # forgotten with their optimizer
+
+
+def kept_run(monkeypatch, host_state):
+    """A CPU StreamedStep whose shim pinned what host_state(ptr, nbytes) says, in the order the
+    states are homed (exp_avg, then exp_avg_sq, of each parameter)."""
+    monkeypatch.setenv("TRANSIT_OVERLAP_INFLIGHT", str(RING))
+    ov = load("transit_overlap")
+    st = ov._staging_module()
+    load("transit_streamed")
+    monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: t.is_contiguous()))
+    staging = st.Staging(host_state=host_state)
+    return staging, sys.modules["transit_streamed"].StreamedStep(staging, ov)
+
+
+@pytest.mark.parametrize("name", ["adamw-foreach", "adam-amsgrad"])
+def test_a_parameter_with_part_of_its_state_kept_streams_the_rest(monkeypatch, name):
+    """The state pool's segments are decided one by one, so one parameter's exp_avg can be
+    pinned and its exp_avg_sq kept on the GPU (every other state pinned here). Each parameter
+    streams its pinned keys through the ring and reads the kept ones in place: bit-identical,
+    all four streamed, half the state homed."""
+    import itertools
+    turn = itertools.cycle([True, False])
+    staging, drv = kept_run(monkeypatch, lambda ptr, n: next(turn))
+    ref = train(OPTIMIZERS[name], clip=0.05)
+    got = train(OPTIMIZERS[name], drv, clip=0.05)
+    same(got, ref)
+    assert drv.streamed == 4 * (STEPS - 1) and drv.resident == 0 and drv.said == {}
+    # the cycle over (exp_avg, exp_avg_sq[, max_exp_avg_sq]) of the 64000, 1000, 4000 and 4
+    # element parameters: AdamW pins every exp_avg; amsgrad's three keys shift it by one a parameter
+    pinned = {"adamw-foreach": 64000 + 1000 + 4000 + 4, "adam-amsgrad": 2 * 64000 + 1000 + 2 * 4000 + 4}[name]
+    assert staging.in_place == 4 * pinned and staging.kept == []
+
+
 def test_clipping_that_binds_changes_the_result(streamed):
     """The clip of the test above binds (the comparison would not see a streamed step that
     ignored the clipped gradients otherwise)."""
@@ -207,6 +254,8 @@ def test_the_mode_is_wired_by_the_adapter(monkeypatch):
     calls = []
 
     class Api:
+        def __init__(self, policy="advise"): self.name = policy
+        def policy(self): return self.name
         def stage_enabled(self): return False
         def device_alloc(self, n): return calls.append(("alloc", n)) or 0
         def device_free(self, p): return -1
@@ -219,8 +268,13 @@ def test_the_mode_is_wired_by_the_adapter(monkeypatch):
     assert hooks.pool.mark is not None
     monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "1")  # the overlap: its state stays managed
     assert site._Hooks(Api()).pool.mark is None
-    monkeypatch.delenv("TRANSIT_OVERLAP_STEP")
+    monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "0")  # the opt-out: nothing of the step's own, state managed
     assert site._Hooks(Api()).pool.mark is None and site._Hooks(Api()).overlap is None
+    monkeypatch.delenv("TRANSIT_OVERLAP_STEP")  # unset: advise streams its step, base and prefetch do not
+    default = site._Hooks(Api())
+    assert type(default.overlap).__name__ == "StreamedStep" and default.pool.mark is not None
+    for policy in ("base", "prefetch"):
+        assert site._Hooks(Api(policy)).pool.mark is None and site._Hooks(Api(policy)).overlap is None
     for m in ("transit_overlap", "transit_streamed", "transit_state_pool"):
         sys.modules.pop(m, None)
 

@@ -6,16 +6,19 @@ the shim's stats alone."""
 
 import pytest
 
+from transit_launch import rules
 from tests.test_shim import GB, pytestmark, run, stats_of  # noqa: F401  (pytestmark: the same skip)
 
-BUDGET = {"TRANSIT_GPU_BUDGET": "6GB"}
 MiB = 1 << 20
 STATE = 64 * MiB  # real memory now (the shim writes its pages): three of these, above the threads' split
+# 4 GB of the application's fill the budget but for 32 MiB: no marked 64 MiB state fits beside them
+BUDGET = {"TRANSIT_GPU_BUDGET": f"{4 * GB + 32 * MiB}B"}
 
 
 def state_run(built, tmp_path, policy="advise", env=None, parts=3):
-    """4 GB of the application's, then `parts` marked 64 MiB allocations under a 6 GB budget
-    (they would fit what the budget has left: marked state is pinned all the same)."""
+    """4 GB of the application's, then `parts` marked 64 MiB allocations, then two unmarked
+    ones (another thread's, and the caller's after the mark), under a budget that holds the
+    4 GB and 32 MiB more: the marked state does not fit."""
     stats = tmp_path / "s.json"
     res, out, calls = run(built, "state", 4 * GB, STATE, parts, stats, policy=policy, env={**BUDGET, **(env or {})})
     assert res.returncode == 0, res.stderr
@@ -43,12 +46,40 @@ def test_marked_state_is_pinned_host_memory(built, tmp_path):
     assert int(out["fake_pinned"]) == 3 * STATE
     assert int(out["fake_zero_copy"]) >= 3 * STATE
     # the device never held more than the budget (plain + managed pages, the fake's count)
-    assert int(out["fake_device_used_peak"]) <= 6 * GB
+    assert int(out["fake_device_used_peak"]) <= 4 * GB + 32 * MiB
     assert stats["host_state_bytes"] == 3 * STATE and stats["host_state_peak_bytes"] == 3 * STATE
-    assert stats["host_state_allocs"] == 3
-    # pinned state takes nothing from the budget: on the device, 4 GB hot, the unmarked
-    # allocation and the other thread's; nothing managed went to the host
-    assert stats["device_placed_peak_bytes"] == 4 * GB + 2 * STATE and stats["host_placed_peak_bytes"] == 0
+    assert stats["host_state_allocs"] == 3 and stats["host_state_kept_bytes"] == 0
+    # pinned state takes nothing from the budget: on the device the 4 GB; the two unmarked
+    # allocations, managed, did not fit either and went to the host
+    assert stats["device_placed_peak_bytes"] == 4 * GB and stats["host_placed_peak_bytes"] == 2 * STATE
+
+
+def spare(budget):
+    """What the shim leaves free beside the device's peak before it keeps state (hoststate.c): the
+    cache's growth share and, with no ring yet, the adapter's staging ring."""
+    return budget // 100 * rules.SHIM_RESERVED_GAP_PERCENT + rules.STAGE_RING_BYTES
+
+
+def budget_for(room):
+    """The budget that leaves `room` bytes for state beside the 4 GB and spare(budget)."""
+    b = 4 * GB + rules.STAGE_RING_BYTES + room
+    while b - 4 * GB - spare(b) < room:
+        b += MiB
+    return b
+
+
+@pytest.mark.parametrize("budget, kept", [(6 * GB, 3), (budget_for(2 * STATE + STATE // 2), 2)])
+def test_state_the_budget_holds_stays_managed_on_the_device(built, tmp_path, budget, kept):
+    """Only the overflow is pinned: under 6 GB all three states fit beside the 4 GB and the
+    spare room, and stay managed, placed on the device (the fake's pages say so); with room for
+    two and a half, the first two fit and the third, which would not, is pinned."""
+    res, out, calls, stats = state_run(built, tmp_path, env={"TRANSIT_GPU_BUDGET": f"{budget}B"})
+    assert [c.split()[1] for c in host_allocs(calls)] == [str(STATE)] * (3 - kept), calls
+    assert [out[f"state{i}_host"] for i in range(3)] == ["0"] * kept + ["1"] * (3 - kept)
+    assert stats["host_state_kept_bytes"] == kept * STATE and stats["host_state_bytes"] == (3 - kept) * STATE
+    assert int(out["fake_pinned"]) == (3 - kept) * STATE
+    assert int(out["fake_device_used_peak"]) <= budget
+    assert stats["device_placed_peak_bytes"] >= 4 * GB + kept * STATE
 
 
 def test_only_the_marked_thread_allocates_state(built, tmp_path):

@@ -24,10 +24,16 @@ POLICIES = ("off", "base", "prefetch", "advise")
 # place; "staged" its state staged through the copy engines (the fastest measured, a second
 # host copy of the state); "serial" a diagnostic. The adapter keeps its own copy (a test
 # keeps them equal): it runs in the job's Python, which need not have transit_launch.
-OVERLAP_MODES = ("1", "staged", "serial", "stream")
+# "stream" the step streamed through the copy engines, the default under advise; "0" the opt-out.
+OVERLAP_MODES = ("0", "1", "staged", "serial", "stream")
 # "staged": the ring of plain device memory each GPU stages through, out of the GPU budget
 # (the adapter's transit_staging.STAGE_LIMIT; a test keeps them equal). The plan counts it.
 STAGE_RING_BYTES = 256 << 20
+# Under the shim PyTorch's cache keeps what a real GPU's allocator would have freed, and grows
+# past the first step's peak by about this share of the budget (bench/RESULTS.md, "The streamed
+# step by default"). The plan adds it to the reserved bytes; the shim keeps marked optimizer
+# state on the GPU only with this share of the budget spare beside the device's peak.
+SHIM_RESERVED_GAP_PERCENT = 5
 LOG_LEVELS = ("error", "warn", "info", "debug")
 
 # The shim's environment contract (shim/config.c reads these names from the header).
@@ -145,6 +151,8 @@ def c_header() -> str:
         f"#define TR_SIZE_FRAC_DIGITS {SIZE_FRAC_DIGITS}",
         f'#define TR_SIZE_EXAMPLES "{SIZE_EXAMPLES}"',
         f"#define TR_GPU_BUDGET_MIN {GPU_BUDGET_MIN}ull",
+        f"#define TR_SHIM_RESERVED_GAP_PERCENT {SHIM_RESERVED_GAP_PERCENT}",
+        f"#define TR_STAGE_RING_BYTES {STAGE_RING_BYTES}ull",
         f'#define TR_GPU_BUDGET_MIN_TEXT "{format_size(GPU_BUDGET_MIN)}"',
         f"#define TR_SIZE_UNITS {{{units}}}",
         "",

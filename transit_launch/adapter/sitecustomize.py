@@ -6,8 +6,8 @@ each step it reports the optimizer states (and fp32 parameters, the master weigh
 FSDP2 mixed precision; those also when the first optimizer is made) to libtransit.so as
 cold ranges and marks the iteration boundary. Each optimizer's first step makes its state
 in a memory pool of its own (transit_state_pool.py).
-With TRANSIT_OVERLAP_STEP=1 it also overlaps the optimizer step with backward
-(transit_overlap.py). Any failure here disables the adapter and leaves the job running. A
+Under advise the optimizer step is streamed through the copy engines (transit_streamed.py;
+TRANSIT_OVERLAP_STEP=0 turns it off, =1 or staged overlap it with backward instead). Any failure here disables the adapter and leaves the job running. A
 site's own sitecustomize further down sys.path still runs."""
 
 import functools
@@ -241,7 +241,7 @@ def _state_pool(api):
         # the state is marked for the shim (born in pinned host memory when over the budget) where
         # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
         # touch of managed memory, so plain advise keeps managed state (bench/RESULTS.md)
-        mark = api.state_alloc if os.environ.get(transit_overlap.OVERLAP_ENV) in PINNED_STATE_MODES else None
+        mark = api.state_alloc if transit_overlap.mode(api.policy()) in PINNED_STATE_MODES else None
         return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
     except Exception as e:
         print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)
@@ -249,13 +249,13 @@ def _state_pool(api):
 
 
 def _overlap(api, hooks):
-    """TRANSIT_OVERLAP_STEP (opt-in): the driver of transit_overlap.py, or under "stream" the
-    streamed step (transit_streamed.py); else None."""
+    """TRANSIT_OVERLAP_STEP (under advise "stream" unless set): the driver of transit_overlap.py,
+    or under "stream" the streamed step (transit_streamed.py); else None."""
     try:
         import transit_overlap
 
-        mode = os.environ.get(transit_overlap.OVERLAP_ENV)
-        if mode not in transit_overlap.MODES:
+        mode = transit_overlap.mode(api.policy())
+        if mode is None:
             return None
         if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
             import transit_streamed

@@ -34,6 +34,27 @@ _GREEN = []  # green contexts made for side streams (kept alive with them)
 # (transit_staging.py; the fastest measured, with a second host copy); "serial": the early updates on the
 # current stream (a diagnostic: the same order and bytes without concurrency)
 MODES = ("1", "staged", "serial", "stream")  # stream: not an overlap with backward (transit_streamed.py)
+OFF = "0"  # the opt-out: no mode, the application's step reads the state where the shim put it
+# the mode when TRANSIT_OVERLAP_STEP is unset, by the shim's policy: under advise the streamed
+# step, which moves only the state the budget cannot hold (bench/RESULTS.md, "The streamed step
+# by default")
+DEFAULT_MODES = {"advise": "stream"}
+
+
+def mode(policy):
+    """The step's mode for this job: TRANSIT_OVERLAP_STEP, else the policy's default; None when
+    off (TRANSIT_OVERLAP_STEP=0) or not a mode (said once)."""
+    import os
+
+    raw = os.environ.get(OVERLAP_ENV, "")
+    if not raw:
+        return DEFAULT_MODES.get(policy)
+    if raw == OFF:
+        return None
+    if raw not in MODES:
+        _say(f"{OVERLAP_ENV}={raw!r} is not one of {', '.join((OFF, *MODES))}: the step runs as without the adapter")
+        return None
+    return raw
 DIGEST_CHUNK = 1 << 20  # elements a checksum sums at once (its int64 temporary: 8 MiB)
 LEARN = 2  # steps with the same backward pattern before the first overlapped one
 # torch.optim classes whose update is elementwise per parameter (exact classes: a subclass

@@ -170,6 +170,7 @@ class Staging:
         self.streams = {}    # device -> (in, update, out) streams
         self.staged = 0      # early updates staged (tests, logs)
         self.in_place = 0    # bytes homed where they were born (the shim's pinned host memory)
+        self.resident = {}   # data_ptr -> (bytes, id() of its optimizer) of a state the shim kept on the GPU: not homed
 
     # --- home ---------------------------------------------------------------------------
 
@@ -195,8 +196,8 @@ class Staging:
                     state = opt.state.get(p, {})
                     for k in self.staged_keys(state, p):
                         t = _storage_tensor(state[k])
-                        if self._homeable(t) and t.data_ptr() not in self.homes:
-                            self._home(t, opt)
+                        if (self._homeable(t) and t.data_ptr() not in self.homes and t.data_ptr() not in self.resident
+                                and self._home(t, opt)):
                             moved += _nbytes(t)
                             if t.is_cuda:
                                 devices.add(t.device)
@@ -227,6 +228,7 @@ class Staging:
         """An optimizer was freed: its homes, wrappers and the storages its states left go too
         (its managed state would have gone back to PyTorch's cache as well)."""
         self._drop({q for q, o in self.owner.items() if o == oid})
+        self.resident = {q: v for q, v in self.resident.items() if v[1] != oid}
         self.kept = [(o, st) for o, st in self.kept if o != oid]
         self.finalizers.pop(oid, None)
 
@@ -235,14 +237,20 @@ class Staging:
         return t.is_cuda and t.is_contiguous()
 
     def _home(self, t, opt):
+        """Whether t has a pinned home now. Under the shim (host_state given) only the state it
+        made in pinned host memory has one: the rest is what the budget holds on the GPU, and
+        stays there (stepped where it is, nothing copied). Without it, t is copied home."""
         import torch
 
-        if self.host_state is not None and self.host_state(t.data_ptr(), _nbytes(t)):
+        if self.host_state is not None:
+            if not self.host_state(t.data_ptr(), _nbytes(t)):
+                self.resident[t.data_ptr()] = (_nbytes(t), id(opt))
+                return False
             # born in pinned host memory (the shim's, under advise): already its home; no copy
             self.homes[t.data_ptr()] = _pinned_cpu_view(t)
             self.owner[t.data_ptr()] = id(opt)
             self.in_place += _nbytes(t)
-            return
+            return True
         host = torch.empty(_nbytes(t), dtype=torch.uint8, pin_memory=True)
         view = torch.as_tensor(_CudaView(host)).view(t.dtype).view(t.shape)
         if view.device != t.device or view.data_ptr() != host.data_ptr():
@@ -253,6 +261,7 @@ class Staging:
         t.set_(view)
         self.homes[t.data_ptr()] = cpu
         self.owner[t.data_ptr()] = id(opt)
+        return True
 
     # --- stage ----------------------------------------------------------------------------
 

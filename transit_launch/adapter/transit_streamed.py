@@ -1,4 +1,5 @@
-"""TRANSIT_OVERLAP_STEP=stream (opt-in): the optimizer step streamed through the copy engines.
+"""TRANSIT_OVERLAP_STEP=stream (the default under advise): the optimizer step streamed
+through the copy engines.
 
 Under advise the step reads and writes the state zero-copy from the host: the SMs wait on
 PCIe. Here the step of an Adam, AdamW or SGD runs when the application calls it (after
@@ -8,8 +9,9 @@ runs on the slice on a second, and the result is copied home on a third, so copi
 and copies out of successive slices overlap, on the copy engines. Optimizers inside a
 container (TorchTitan's OptimizersContainer) are stepped, and so streamed, one by one.
 
-The state lives in pinned host memory (transit_staging.py's homes; under the shim the state
-pool has it made there, so nothing is copied to get it home). A parameter of any size is cut
+The state the GPU budget cannot hold lives in pinned host memory (transit_staging.py's homes;
+under the shim the state pool has it made there, so nothing is copied to get it home); the
+state the budget holds stays on the GPU and its parameters are left to the application's step. A parameter of any size is cut
 into flat slices: the updates of Adam, AdamW and SGD are elementwise (docs/lifetime-policy.md),
 so a slice updated alone gets the values the whole step would give it. Each slice steps with
 its own copy of the parameter's step count, which is then written back once.
@@ -17,7 +19,7 @@ its own copy of the parameter's step count, which is then written back once.
 What is not streamed steps as without the adapter, said once per optimizer: its first step
 (the state does not exist before it), other optimizer classes, a closure, step hooks that are
 not the adapter's, param groups torch's step would treat differently per subset (see
-transit_overlap._group_refusal), non-contiguous or sparse tensors, a state that is not homed.
+transit_overlap._group_refusal), non-contiguous or sparse tensors, a state homed in part.
 """
 
 import atexit
@@ -53,6 +55,7 @@ class StreamedStep:
         self.hidden = weakref.WeakKeyDictionary()  # optimizer -> [(param, grad)] hidden from its step
         self.streamed = 0               # parameters streamed, all steps (tests, logs)
         self.slices = 0                 # slices streamed, all steps
+        self.resident = 0               # parameters stepped in place (their state on the GPU), all steps
         self.handles = []
         self.entered = []               # parameters whose slices entered torch's step in this call
         mod = sys.modules[type(staging).__module__]
@@ -64,7 +67,8 @@ class StreamedStep:
     def report(self):
         if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
             _say(f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
-                 f"{self.slices} slices; a {self.staging.limit / 2**20:.0f} MiB ring on each GPU)")
+                 f"{self.slices} slices; a {self.staging.limit / 2**20:.0f} MiB ring on each GPU; {self.resident} "
+                 "parameters stepped in place, their state held on the GPU by the budget)")
 
     def install(self):
         from torch.optim import optimizer as o
@@ -138,9 +142,10 @@ class StreamedStep:
         return None
 
     def _items(self, opt, group):
-        """([(param, state keys)] of the group's parameters with a gradient, None) when all of
-        them can stream this step, else (None, why); why is None for the first step (no state
-        yet: it is made by this step, then homed)."""
+        """([(param, state keys)] of the group's parameters with a gradient and a pinned home,
+        None) when all of those can stream this step, else (None, why); why is None for the
+        first step (no state yet: it is made by this step, then homed). A state the budget holds
+        on the GPU has no home: its parameter is left to the application's step."""
         items = []
         for p in group["params"]:
             g = p.grad
@@ -155,9 +160,11 @@ class StreamedStep:
             lp, lg = self.local(p), self.local(g)
             if not (lp.is_contiguous() and not lg.is_sparse and lg.is_contiguous() and lg.dtype == lp.dtype):
                 return None, "a non-contiguous or sparse parameter or gradient"
-            if not all(self.local(state[k]).data_ptr() in self.staging.homes for k in keys):
-                return None, "a state not in pinned host memory (not contiguous, or not on a GPU)"
-            items.append((p, keys))
+            homed = [self.local(state[k]).data_ptr() in self.staging.homes for k in keys]
+            if not any(homed):
+                self.resident += 1  # held by the budget on the GPU (or not on a GPU): stepped in place
+                continue
+            items.append((p, keys))  # (a key the budget held is read where it is: _stream_batch)
         return items, None
 
     def _stream(self, opt, raw):
@@ -186,12 +193,13 @@ class StreamedStep:
         return done
 
     def _slices(self, opt, items, cap):
-        """Batches of flat slices (param, keys, start, end), each batch at most `cap` state
-        bytes; a slice starts at a multiple of ALIGN_ELEMS (kernels split a slice into the same
-        vector body and tail as the whole tensor)."""
+        """Batches of flat slices (param, keys, start, end), each batch at most `cap` bytes of
+        homed state; a slice starts at a multiple of ALIGN_ELEMS (kernels split a slice into the
+        same vector body and tail as the whole tensor)."""
         batch, size = [], 0
         for p, keys in items:
-            per = sum(self.local(opt.state[p][k]).element_size() for k in keys)  # state bytes per element
+            homed = [t for t in (self.local(opt.state[p][k]) for k in keys) if t.data_ptr() in self.staging.homes]
+            per = sum(t.element_size() for t in homed)  # homed state bytes per element
             n = self.local(p).numel()
             step = max(ALIGN_ELEMS, cap // per // ALIGN_ELEMS * ALIGN_ELEMS)
             for a in range(0, n, step):
@@ -237,16 +245,19 @@ class StreamedStep:
 
         s_in, s_upd, s_out = streams or (None, None, None)
         layout, size = [], 0  # (param, key, start, end, state tensor, offset in the batch's buffer)
+        bufs = {}
+        homes = self.staging.homes
         for p, keys, a, b in batch:
             for k in keys:
                 t = self.local(opt.state[p][k])
+                if t.data_ptr() not in homes:  # a state the budget held on the GPU: its slice, in place
+                    bufs[(id(p), k, a)] = t.detach().view(-1)[a:b]
+                    continue
                 layout.append((p, k, a, b, t, size))
                 size += -(-(b - a) * t.element_size() // self.align) * self.align
-        base, wait = ring.take(size)
+        base, wait = ring.take(max(size, self.align))
         if wait is not None:  # its bytes are reused: after their copy home (on the GPU)
             s_in.wait_event(wait)
-        bufs = {}
-        homes = self.staging.homes
         with _on(s_in):
             for p, k, a, b, t, off in layout:
                 buf = mem[base + off:base + off + (b - a) * t.element_size()].view(t.dtype)

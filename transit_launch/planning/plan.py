@@ -19,7 +19,7 @@ from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Lay
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import OVERLAP_MODES, STAGE_RING_BYTES
+from transit_launch.rules import OVERLAP_MODES, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
@@ -45,7 +45,7 @@ STATE_LINK_SHARE = 0.84
 # Under the shim PyTorch's cache never runs short (what does not fit the GPU is placed on the
 # host, not refused), so it keeps the blocks a real GPU's allocator would free and retry
 # with, and the budget bounds reserved bytes: TorchTitan's reserved peak over the estimate.
-SHIM_RESERVED_GAP = 0.05
+SHIM_RESERVED_GAP = SHIM_RESERVED_GAP_PERCENT / 100
 # The first step makes the optimizer state, what does not fit in host memory through the
 # GPU's first writes: bytes a second, for the warm-up the plan states (within a factor of 2).
 WARMUP_STATE_RATE = 2.0e9
