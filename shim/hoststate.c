@@ -38,8 +38,8 @@ void tr_hoststate_mark(int on) { marked = on ? marked + 1 : (marked > 0 ? marked
 /* Whether this thread's allocation of size bytes is state that goes to pinned host memory:
  * marked, and more than the budget can hold beside the most the device has held so far (the
  * step's activations, made before the state), the adapter's staging ring, and the share by
- * which PyTorch's cache grows after the first step (TR_SHIM_RESERVED_GAP_PERCENT: state kept
- * in that room pushed hot data to the host). What fits stays managed on the device, where the
+ * which PyTorch's cache grows after the first step (TR_STATE_ROOM_SPARE_PERCENT of the
+ * budget: state kept in that room pushed hot data to the host). What fits stays managed on the device, where the
  * application's step reads it at full speed: only the overflow crosses PCIe. */
 int tr_hoststate_wanted(size_t size)
 {
@@ -49,7 +49,7 @@ int tr_hoststate_wanted(size_t size)
     pthread_mutex_lock(&tr_lock);
     uint64_t buf = tr_devbuf_bytes(), peak = tr_count.dev_placed_peak > buf ? tr_count.dev_placed_peak - buf : 0;
     uint64_t placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak, room = tr_budget();
-    uint64_t spare = tr_budget_total() / 100 * TR_SHIM_RESERVED_GAP_PERCENT + (buf ? 0 : TR_STAGE_RING_BYTES);
+    uint64_t spare = tr_budget_total() / 100 * TR_STATE_ROOM_SPARE_PERCENT + (buf ? 0 : TR_STAGE_RING_BYTES);
     room = room > spare ? room - spare : 0;
     int fits = placed <= room && size <= room - placed;
     if (fits)

@@ -57,7 +57,7 @@ def test_marked_state_is_pinned_host_memory(built, tmp_path):
 def spare(budget):
     """What the shim leaves free beside the device's peak before it keeps state (hoststate.c): the
     cache's growth share and, with no ring yet, the adapter's staging ring."""
-    return budget // 100 * rules.SHIM_RESERVED_GAP_PERCENT + rules.STAGE_RING_BYTES
+    return budget // 100 * rules.STATE_ROOM_SPARE_PERCENT + rules.STAGE_RING_BYTES
 
 
 def budget_for(room):

@@ -23,10 +23,10 @@ TITAN_MATRIX = ("llama3-8b:2,4:4:1gpu;llama3-8b:4:1:1gpu;qwen3-30b-a3b:2,4:4:1gp
 TITAN_STEPS = ("python3", "bench/titan_steps.py", "--model", "llama3-8b", "--layers", "16", "--steps", "6",
                "--timeout", "140", "--budget", "0")
 # advise as users get it (the streamed step by default) against plain advise (its opt-out)
-TITAN_RUNS = "ref,advise:TRANSIT_OVERLAP_STEP=0,advise"
+TITAN_RUNS = "ref,advise,advise:TRANSIT_OVERLAP_STEP=0"
 # ... where the budget holds all of the state (nothing needs to move: within 1% of ref is the
 # goal) and half of it (only the overflow may move)
-TITAN_RUNS_ROOM = ("ref,advise:STATE_OFF=0,advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5,advise:STATE_OFF=0.5")
+TITAN_RUNS_ROOM = "ref,advise:STATE_OFF=0,advise:STATE_OFF=0.5,advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"
 
 
 @dataclass(frozen=True)
