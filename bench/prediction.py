@@ -27,12 +27,12 @@ def main():
         print(json.dumps(rs, indent=1))
         return
     from transit_launch.table import table
-    body = [[r["file"].removeprefix("titan_steps_").removesuffix(".json"), r["run"].replace("TRANSIT_SHIM=", "")[:30],
-             r["microbatches"], f"{r['budget'] / 1e9:.2f}", f"{r['host_bytes'] / 1e9:.1f}",
+    body = [[r["file"].replace("titan_steps_", "").removesuffix(".json"), r["run"].replace("TRANSIT_SHIM=", "")[:30],
+             r["step"], r["microbatches"], f"{r['budget'] / 1e9:.2f}", f"{r['host_bytes'] / 1e9:.1f}",
              f"{r['offload_predicted'] / 1e9:.1f}", f"{100 * r['measured']:.1f}%", f"{100 * r['predicted']:.1f}%",
              f"{100 * r['error']:+.1f}", f"{r['first_step_extra_s']:.1f}", f"{r['warm_up_predicted_s']:.1f}",
              role(r)] for r in rs]
-    print(table(["file", "run", "microbatches", "budget GB", "on host GB", "plan's offload GB", "measured",
+    print(table(["file", "run", "step", "microbatches", "budget GB", "on host GB", "plan's offload GB", "measured",
                  "pred. eff", "points", "first step +s", "plan's warm-up s", "role"], body))
     new = [r for r in rs if r["new_job"]]
     print(f"\nworst: {100 * max(abs(r['error']) for r in rs):.1f} points; on jobs no constant was fitted to "

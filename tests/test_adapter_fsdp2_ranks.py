@@ -25,9 +25,12 @@ RANK = r"""
 import importlib.util, json, os, runpy, sys
 mode, adapter, trainer, out, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 hooks = None
-if mode == "overlap":
+if mode in ("overlap", "default"):
     import torch.optim.optimizer
-    os.environ["TRANSIT_OVERLAP_STEP"] = "1"
+    if mode == "overlap":
+        os.environ["TRANSIT_OVERLAP_STEP"] = "1"
+    else:  # unset: advise's default, the streamed step
+        os.environ.pop("TRANSIT_OVERLAP_STEP", None)
     sys.path.insert(0, adapter)
     spec = importlib.util.spec_from_file_location("transit_site", os.path.join(adapter, "sitecustomize.py"))
     site = importlib.util.module_from_spec(spec)
@@ -42,8 +45,11 @@ if mode == "overlap":
         def device_alloc(self, size): return 0
         def device_free(self, ptr): return -1
         def state_alloc(self, on): return False
-        def host_state(self, ptr, size): return False
+        def host_state(self, ptr, size): return mode == "default"  # every state "pinned" by the stand-in
 
+    if mode == "default":  # the CPU stands in for the GPU: a state's own memory is its home
+        import transit_overlap
+        transit_overlap._staging_module().Staging._homeable = staticmethod(lambda t: t.is_contiguous())
     hooks = site._Hooks(Api())
     hooks.register(sys.modules["torch.optim.optimizer"])
 sys.argv = [trainer, *args]
@@ -51,9 +57,10 @@ try:
     runpy.run_path(trainer, run_name="__main__")
 except SystemExit as e:
     assert e.code in (0, None), e.code
-early = hooks.overlap.early if hooks and hooks.overlap else 0
+early = getattr(hooks.overlap, "early", 0) if hooks and hooks.overlap else 0
+streamed = getattr(hooks.overlap, "streamed", 0) if hooks and hooks.overlap else 0
 with open(os.path.join(out, f"{mode}-{os.environ['RANK']}.json"), "w") as f:
-    json.dump({"early": early, "world": int(os.environ["WORLD_SIZE"])}, f)
+    json.dump({"early": early, "streamed": streamed, "world": int(os.environ["WORLD_SIZE"])}, f)
 """
 
 ARGS = ["--device", "cpu", "--dp", "fsdp", "--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
@@ -83,3 +90,13 @@ def test_overlapped_step_is_bit_identical_on_two_fsdp2_ranks(tmp_path):
     # example's 21 parameters: two blocks of 9, the embedding, the final norm, the output)
     assert [r["early"] for r in oranks] == [3 * 21, 3 * 21], (oranks, err[-2000:])
     assert [r["early"] for r in nranks] == [0, 0]
+
+
+def test_the_default_streamed_step_is_bit_identical_on_two_fsdp2_ranks(tmp_path):
+    """advise's default (TRANSIT_OVERLAP_STEP unset: the streamed step, transit_streamed.py) on
+    the same two ranks: every sharded parameter streamed from the second step on (the first
+    makes the state), each rank its own shard, losses bit for bit."""
+    normal, _, _ = job(tmp_path, "normal")
+    got, ranks, err = job(tmp_path, "default")
+    assert [s["loss"] for s in got] == [s["loss"] for s in normal]
+    assert [r["streamed"] for r in ranks] == [5 * 21, 5 * 21], (ranks, err[-2000:])

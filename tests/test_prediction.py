@@ -17,7 +17,7 @@ ROWS = prediction.rows()
 def test_what_is_left_out_is_named_and_was_recorded():
     """Every run left out of the points exists in the records, so none is dropped silently."""
     import json
-    runs = {(p.name, r["name"]) for p in prediction.RESULTS.glob("**/titan_steps_*.json")
+    runs = {(p.relative_to(prediction.RESULTS).as_posix(), r["name"]) for p in prediction.RESULTS.glob("**/titan_steps_*.json")
             for r in json.loads(p.read_text())["runs"]}
     assert set(prediction.NOT_ADVISE) <= runs
 
@@ -28,9 +28,19 @@ def test_there_are_points_and_some_are_jobs_no_constant_was_fitted_to():
     assert {r["microbatches"] for r in ROWS if r["new_job"]} - {r["microbatches"] for r in ROWS if r["fit"]}
 
 
-@pytest.mark.parametrize("r", ROWS, ids=lambda r: f"{r['file']}:{r['run']}")
+@pytest.mark.parametrize("r", [r for r in ROWS if not r["off_target"]], ids=lambda r: f"{r['file']}:{r['run']}")
 def test_predicted_efficiency_is_within_3_points_of_the_measured(r):
     assert abs(r["error"]) <= prediction.TARGET, (r["measured"], r["predicted"])
+
+
+@pytest.mark.parametrize("r", [r for r in ROWS if r["off_target"]], ids=lambda r: f"{r['file']}:{r['run']}")
+def test_a_point_off_target_is_off_for_its_named_reason(r):
+    """Each named exception is really past the target (else its name must go), and its reason,
+    the plan's offload, holds: with the bytes the shim placed on the host in its place the
+    step-time model is within the target."""
+    assert abs(r["error"]) > prediction.TARGET
+    assert abs(prediction.predict_at_measured_offload(r) - r["measured"]) <= prediction.TARGET
+    assert r["offload_predicted"] > r["host_bytes"]
 
 
 def test_the_state_link_share_is_what_its_fit_runs_measured():
@@ -41,6 +51,16 @@ def test_the_state_link_share_is_what_its_fit_runs_measured():
     assert len(fit) == 2
     share = statistics.mean(r["host_bytes"] / r["state_s"] / h200 for r in fit)
     assert planmod.STATE_LINK_SHARE == pytest.approx(share, abs=0.01)
+
+
+def test_the_stream_link_share_is_what_its_fit_runs_measured():
+    """The same for the streamed step (advise's default): its fit runs moved the state at the
+    full link, each way at once."""
+    h200 = GPUS["h200-141gb"].host_link
+    fit = [r for r in ROWS if "STREAM_LINK_SHARE" in r["fit"]]
+    assert len(fit) == 2 and {r["step"] for r in fit} == {"streamed"}
+    share = statistics.mean(r["host_bytes"] / r["state_s"] / h200 for r in fit)
+    assert planmod.STREAM_LINK_SHARE == pytest.approx(share, abs=0.01)
 
 
 def test_the_reserved_gap_is_what_its_fit_runs_reserved():
@@ -57,8 +77,10 @@ def test_the_stated_warm_up_is_within_a_factor_of_two_of_the_measured():
     Only runs of main's build: earlier builds of the same day had other first steps."""
     main = [r for r in ROWS if not r["other_build"] and not r["pool_off"] and r["warm_up_predicted_s"] > 0]
     assert len(main) >= 3
-    for r in main:
-        assert 0.5 <= r["first_step_extra_s"] / r["warm_up_predicted_s"] <= 2, r
+    for r in main:  # never more than twice the stated; at least half of it but where named
+        ratio = r["first_step_extra_s"] / r["warm_up_predicted_s"]
+        assert ratio <= 2, r
+        assert (ratio < 0.5) == bool(r["warm_up_overstated"]), r
 
 
 @pytest.mark.parametrize("r", [r for r in ROWS if r["host_bytes"] > 5e9], ids=lambda r: f"{r['file']}:{r['run']}")

@@ -26,6 +26,9 @@ POLICIES = ("off", "base", "prefetch", "advise")
 # keeps them equal): it runs in the job's Python, which need not have transit_launch.
 # "stream" the step streamed through the copy engines, the default under advise; "0" the opt-out.
 OVERLAP_MODES = ("0", "1", "staged", "serial", "stream")
+# the mode when TRANSIT_OVERLAP_STEP is unset, by policy (the adapter's DEFAULT_MODES; a test
+# keeps them equal); the plan predicts advise with it
+DEFAULT_OVERLAP = {"advise": "stream"}
 # "staged": the ring of plain device memory each GPU stages through, out of the GPU budget
 # (the adapter's transit_staging.STAGE_LIMIT; a test keeps them equal). The plan counts it.
 STAGE_RING_BYTES = 256 << 20

@@ -8,7 +8,7 @@
 #SBATCH --time=04:00:00
 #SBATCH --output=%x-%j.out
 # Plan: llama3-70b, fsdp, h100-80gb; no-offload minimum 6 nodes (24 GPUs).
-# This job: 3 nodes, dp12, 126.6 GB per GPU, offload 47.5 GB per GPU, predicted efficiency 99%.
+# This job: 3 nodes, dp12, 126.6 GB per GPU, offload 47.7 GB per GPU, predicted efficiency 99%.
 
 set -euo pipefail
 

@@ -297,7 +297,7 @@ class Staging:
 
         if self.limit < ALIGN:
             return f"{INFLIGHT_ENV}={self.limit} is less than one {ALIGN}-byte staging buffer"
-        if self.device_memory is None:  # no shim (tests): torch's memory is plain device memory
+        if self.device_memory is None or dev.type != "cuda":  # no shim, or a CPU (tests): torch's memory
             self.rings[dev] = (Ring(self.limit), torch.empty(self.limit, dtype=torch.uint8, device=dev))
             return None
         with torch.cuda.device(dev):  # the shim allocates on the calling thread's device

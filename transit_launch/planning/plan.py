@@ -19,7 +19,8 @@ from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Lay
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import OVERLAP_MODES, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES
+from transit_launch.rules import (DEFAULT_OVERLAP, OVERLAP_MODES, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES,
+                                  STATE_ROOM_SPARE_PERCENT)
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
@@ -42,6 +43,9 @@ ASSUMED_MFU = 0.42
 # advise serves offloaded optimizer state zero-copy: the optimizer step reads and writes it
 # once over the full-duplex host link, at this share of host_link in state bytes a second.
 STATE_LINK_SHARE = 0.84
+# advise's default step streams the pinned state through the copy engines (transit_streamed.py):
+# in and out at once at this share of host_link in state bytes a second.
+STREAM_LINK_SHARE = 1.0
 # Under the shim PyTorch's cache never runs short (what does not fit the GPU is placed on the
 # host, not refused), so it keeps the blocks a real GPU's allocator would free and retry
 # with, and the budget bounds reserved bytes: TorchTitan's reserved peak over the estimate.
@@ -165,10 +169,13 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     c = Candidate(nodes, lay, est, per_node(req.card, lay, req.gpus_per_node), microsteps)
     # what the shim places on the host: the reserved bytes over the budget (SHIM_RESERVED_GAP)
     c.offload = est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory if est.total > req.gpu.memory else 0.0
-    ring = req.overlap in ("staged", "stream") and c.offload > 0
-    staged = ring and req.overlap == "staged"
-    if ring:  # the staging ring comes out of the budget (staged: the state's pinned home is a second host copy;
-        c.offload += STAGE_RING_BYTES  # stream: the offloaded state is made in pinned memory, not copied)
+    mode = step_mode(req)
+    ring = mode in ("staged", "stream") and c.offload > 0
+    staged = ring and mode == "staged"
+    if ring and mode == "stream":
+        c.offload = streamed_offload(req, est)
+    elif ring:  # the staging ring comes out of the budget (staged: the state's pinned home is a second host copy)
+        c.offload += STAGE_RING_BYTES
     c.spill = max(0.0, c.offload - est.cold)
     c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK + (est.optimizer if staged else 0.0))
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
@@ -181,7 +188,7 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     if staged:
         c.notes.append(f"staged: +{gb(est.optimizer):.1f} GB host/GPU (the state's pinned copy), "
                        f"{STAGE_RING_BYTES >> 20} MiB ring")
-    elif ring:
+    elif ring and req.overlap == "stream":  # asked for; as advise's default it is not repeated on every row
         c.notes.append(f"stream: {STAGE_RING_BYTES >> 20} MiB ring")
     if c.spill:
         c.notes.append(f"{gb(c.spill)} GB of hot data (gradients/activations) must leave the GPU")
@@ -190,11 +197,28 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     return c
 
 
+def streamed_offload(req: Request, est) -> float:
+    """What the streamed step leaves on the host, by the shim's rule for marked state
+    (shim/hoststate.c): the state stays on the GPU only where the budget, less the ring and
+    STATE_ROOM_SPARE_PERCENT of it, has room beside everything else; the rest is pinned. What
+    else does not fit beside the ring goes to the host as under advise."""
+    other = est.total * (1 + SHIM_RESERVED_GAP) - est.optimizer
+    room = req.gpu.memory * (1 - STATE_ROOM_SPARE_PERCENT / 100) - STAGE_RING_BYTES - other
+    kept = min(est.optimizer, max(0.0, room))
+    return est.optimizer - kept + max(0.0, other - (req.gpu.memory - STAGE_RING_BYTES))
+
+
+def step_mode(req: Request) -> str:
+    """The optimizer step's mode the job runs with: --overlap, else advise's default."""
+    return req.overlap if req.overlap is not None else DEFAULT_OVERLAP["advise"]
+
+
 def host_terms(req: Request, c: Candidate) -> dict:
     """The step's parts in seconds: compute, and the host link's share of what is offloaded.
     advise keeps on the GPU hot data first, then the fp32 master weights, then optimizer
     state, so what leaves is optimizer state first (read and written once a step, at
-    STATE_LINK_SHARE of the link), then master weights (also read by FSDP's two gathers of
+    STREAM_LINK_SHARE of the link when the step streams it, the default, else at
+    STATE_LINK_SHARE), then master weights (also read by FSDP's two gathers of
     every microstep: an assumption, not measured), then hot data, which migrates on faults
     both ways in every microstep (an assumption). Network effects are not included (see
     traffic_ratio)."""
@@ -205,7 +229,8 @@ def host_terms(req: Request, c: Candidate) -> dict:
     opt = min(c.offload, c.est.optimizer)
     master = min(c.offload - opt, max(0.0, c.est.cold - c.est.optimizer))
     state_link = STATE_LINK_SHARE * req.gpu.host_link
-    return {"compute_s": t_compute, "state_s": (opt + master) / state_link,
+    opt_link = (STREAM_LINK_SHARE if step_mode(req) == "stream" else STATE_LINK_SHARE) * req.gpu.host_link
+    return {"compute_s": t_compute, "state_s": opt / opt_link + master / state_link,
             "master_reads_s": c.microsteps * 2 * master / req.gpu.host_link,
             "spill_s": c.microsteps * 2 * c.spill / req.gpu.fault_link,
             "warm_up_s": (opt + master) / WARMUP_STATE_RATE}
