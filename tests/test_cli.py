@@ -118,6 +118,14 @@ def test_plot_data_is_the_json(monkeypatch, tmp_path):
     sums = [sum(col) for col in zip(*bars)]
     # each of the 8 terms is rounded to 0.01 GB in --json: their sum may differ by 0.04
     assert sums == [pytest.approx(o["per_gpu_gb"]["total"], abs=0.045) for o in d["options"]]
+    # the PNG carries the numbers it drew (what keeps docs/plan.png current, tests/test_readme.py):
+    # the bars, bottom up, and the options they belong to
+    from PIL import Image
+    with Image.open(tmp_path / "p.png") as im:
+        drawn = json.loads(im.text[report.PLOT_KEY])
+    assert bars == [[o["per_gpu_gb"][t] for o in drawn["options"]] for t in report.PLOT_TERMS]
+    assert [(o["nodes"], o["recommended"]) for o in drawn["options"]] == [(o["nodes"], o["recommended"])
+                                                                         for o in d["options"]]
 
 
 FAKE_SINFO = """#!/bin/sh
@@ -140,16 +148,26 @@ def fake_slurm(tmp_path, sinfo):
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 
+def _only_fake_slurm(tmp_path, sinfo):
+    """A PATH of the fake sinfo and sbatch alone: no scontrol to ping the controller with
+    (the real Slurm's doctor rows: tests/test_doctor_slurm.py, on the lab cluster)."""
+    env = fake_slurm(tmp_path, sinfo)
+    return dict(env, PATH=env["PATH"].split(os.pathsep)[0])
+
+
 def test_doctor_slurm_needs_a_controller(cli, tmp_path):
-    rc, out, _ = cli("doctor", "--json", env=fake_slurm(tmp_path, DOWN_SINFO))
+    rc, out, _ = cli("doctor", "--json", env=_only_fake_slurm(tmp_path, DOWN_SINFO))
     slurm = next(c for c in json.loads(out) if c["check"] == "slurm")
-    assert rc == 0 and not slurm["ok"] and "controller does not answer: sinfo: error: Unable to contact" in slurm["detail"]
+    assert rc == 0 and not slurm["ok"] and slurm["status"] == "no answer"
+    assert slurm["detail"] == ("Slurm's commands are installed (missing: srun, squeue, scontrol, sacct, scancel), but "
+                               "the controller does not answer: sinfo: error: Unable to contact slurm controller "
+                               "(connect failure)")
 
 
 def test_doctor_slurm_ok_when_the_controller_answers(cli, tmp_path):
-    rc, out, _ = cli("doctor", "--json", env=fake_slurm(tmp_path, FAKE_SINFO))
+    rc, out, _ = cli("doctor", "--json", env=_only_fake_slurm(tmp_path, FAKE_SINFO))
     slurm = next(c for c in json.loads(out) if c["check"] == "slurm")
-    assert rc == 0 and slurm["ok"] and "slurm 22.05.8, partitions gpu" in slurm["detail"]
+    assert rc == 0 and slurm["ok"] and "slurm 22.05.8, partitions gpu*" in slurm["detail"]
 
 
 SUBMIT = ["submit", "--model", "llama3-70b", "--dry-run"]

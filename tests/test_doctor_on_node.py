@@ -2,6 +2,8 @@
 node through srun, with the shim path a job rendered here would name."""
 
 import json
+import re
+import socket
 
 
 def _env(lab, **more):
@@ -27,12 +29,25 @@ def test_a_shim_path_missing_on_the_node_is_said(cli, lab, tmp_path):
     assert "missing" in row and f"TRANSIT_SHIM points to {gone}, which does not exist" in row
 
 
-def test_a_partition_that_does_not_exist_is_one_failed_check(cli, lab):
-    rc, out, err = cli("doctor", "--on-node", "--json", "--partition", "nosuch", env=_env(lab), timeout=180)
-    assert rc == 0, err
-    (only,) = json.loads(out)
-    assert not only["ok"] and only["detail"].startswith("srun could not start a step there: srun: error:"), only
-    assert "partition" in only["detail"].lower(), only
+def test_a_partition_that_does_not_exist_fails_in_one_line(cli, lab):
+    """Nothing was checked: the exit code says so (it was 0, with one failed row)."""
+    for fmt in ([], ["--json"]):
+        rc, out, err = cli("doctor", "--on-node", *fmt, "--partition", "nosuch", env=_env(lab), timeout=180)
+        assert (rc, out) == (2, ""), (rc, out, err)
+        assert err == ("transit-launch: error: doctor --on-node checked no node: srun could not start a step: "
+                       "srun: error: Unable to allocate resources: Invalid partition name specified\n"), err
+
+
+def test_a_controller_that_does_not_answer_fails_in_one_line(cli, lab, tmp_path):
+    with socket.socket() as held:  # bound, never listening: srun's connection is refused
+        held.bind(("127.0.0.1", 0))
+        conf = tmp_path / "slurm.conf"
+        conf.write_text(re.sub(r"^SlurmctldPort=.*$", f"SlurmctldPort={held.getsockname()[1]}", lab.conf.read_text(),
+                               flags=re.M))
+        rc, out, err = cli("doctor", "--on-node", env={"SLURM_CONF": str(conf)}, timeout=180)
+    assert (rc, out) == (2, ""), (rc, out, err)
+    assert err == ("transit-launch: error: doctor --on-node checked no node: srun could not start a step: srun: error: "
+                   "Unable to allocate resources: Unable to contact slurm controller (connect failure)\n"), err
 
 
 def test_without_srun_or_without_on_node_the_options_are_refused(cli, tmp_path):

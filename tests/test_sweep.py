@@ -5,6 +5,7 @@ commands (read, set, restore) and that a failing set still restores."""
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -366,3 +367,86 @@ def test_caps_left_by_an_earlier_sweep_are_refused_before_anything_changes(cli, 
     rc, out, err = cli("netcap", "check", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidth", "400gbit",
                        "--journal", str(journal), env=env)
     assert rc == 2 and "a previous sweep left caps in" in err and "--restore` there first" in err
+
+
+def test_every_node_failing_alike_is_one_message_in_the_table(lab, tmp_path):
+    """A 2-node allocation whose NICs (the stand-in mlnx_qos on both "nodes") refuse the cap
+    at 100 Gbit/s, twice: the table says the message once, for both runs and both nodes
+    (it ran the four together); --json keeps each run's message from each node."""
+    env, log = standins(tmp_path, fail_on="-r 100,")
+    sweep = [sys.executable, "-m", "transit_launch", "sweep", "--slurm", "--cap", "mlnx_qos", "--iface", "lo",
+             "--bandwidths", "100,200", "--repeat", "2", "--journal", str(tmp_path / "netcap-%n.json"),
+             "--metric-regex", r"throughput: ([0-9.]+)"]
+    job = ["--", sys.executable, "-c", "print('throughput: 42.0')"]
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n" + shlex.join(sweep + job) + f" > {tmp_path / 'table.txt'}\n"
+                      + shlex.join(sweep + ["--json"] + job) + f" > {tmp_path / 'report.json'}\n")
+    res = lab.cmd("sbatch", "--parsable", "-N2", "-o", str(tmp_path / "out.txt"), str(script),
+                  env=dict(lab.env, PATH=env["PATH"]))
+    assert res.returncode == 0, res.stderr
+    info = lab.wait_job(res.stdout.strip(), timeout=240)
+    assert info["JobState"] == "FAILED", info  # exit 1: a bandwidth without one good run
+    said = "setting mlnx_qos: mlnx_qos -i lo -r 100,100,100,100,100,100,100,100 failed: netlink error"
+    rows = {line.split()[0]: line for line in (tmp_path / "table.txt").read_text().splitlines()
+            if line.startswith(("100Gbit", "200Gbit"))}
+    assert rows["100Gbit"].split(None, 5)[1] == "0/2" and rows["100Gbit"].endswith(f"  all 2 runs: all 2 nodes: {said}")
+    assert rows["200Gbit"].split()[1:3] == ["2/2", "42.0"] and len(rows["200Gbit"].split()) == 5, rows  # no failures
+    rep = json.loads((tmp_path / "report.json").read_text())
+    failed = [r for r in rep["runs"] if r["failure"]]
+    assert [(r["bandwidth"], r["repeat"]) for r in failed] == [(100e9, 1), (100e9, 2)]
+    assert all(r["node_failures"] == {"n1": said, "n2": said} for r in failed), failed
+    assert rep["bandwidths"][0]["failures"] == [f"run {i}: all 2 nodes: {said}" for i in (1, 2)]
+    assert not rep["restore_errors"] and not list(tmp_path.glob("netcap-*.json"))
+
+
+def test_runs_failing_alike_are_one_message_in_the_table(cli, tmp_path):
+    """A job that fails the same way in every run: the table says it once per bandwidth, for
+    all its runs (it was "run 1: ...; run 2: ..."); different failures are each said once,
+    apart. --json keeps every run's."""
+    env, _ = standins(tmp_path)
+    count = tmp_path / "count"
+
+    def job(*outcomes):
+        """The job's n-th run: hang (fails on stderr), 4 (exit 4, silent) or ok."""
+        return [sys.executable, "-c", "import sys; from pathlib import Path; p = Path(sys.argv[1]); "
+                "n = int(p.read_text()) + 1 if p.exists() else 0; p.write_text(str(n)); o = sys.argv[2 + n]; "
+                "sys.exit('RuntimeError: the peer hung up') if o == 'hang' else sys.exit(4) if o == '4' else "
+                "print('throughput: 42.0')", str(count), *outcomes]
+
+    args = ["sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths", "100,200", "--journal",
+            str(tmp_path / "j.json"), "--metric-regex", r"throughput: ([0-9.]+)"]
+    rc, out, err = cli(*args, "--repeat", "2", "--", *job("hang", "hang", "4", "ok"), env=env)
+    assert rc == 1, err
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("100Gbit", "200Gbit"))}
+    assert rows["100Gbit"].endswith("  all 2 runs: exit 1: RuntimeError: the peer hung up"), rows
+    assert rows["200Gbit"].endswith("  run 1: exit 4"), rows
+    three = job("hang", "hang", "4", "hang", "hang", "ok")
+    count.unlink()
+    rc, out, err = cli(*args, "--repeat", "3", "--json", "--", *three, env=env)
+    rep = json.loads(out)
+    assert [b["failures"] for b in rep["bandwidths"]] == [
+        ["run 1: exit 1: RuntimeError: the peer hung up", "run 2: exit 1: RuntimeError: the peer hung up",
+         "run 3: exit 4"],
+        ["run 1: exit 1: RuntimeError: the peer hung up", "run 2: exit 1: RuntimeError: the peer hung up"]]
+    assert all(r["node_failures"] == {} for r in rep["runs"])
+    count.unlink()
+    rc, out, err = cli(*args, "--repeat", "3", "--", *three, env=env)
+    row = next(line for line in out.splitlines() if line.startswith("100Gbit"))
+    assert row.endswith("  runs 1, 2: exit 1: RuntimeError: the peer hung up | run 3: exit 4"), row
+
+
+def test_a_cap_refused_on_the_nodes_is_one_line_before_anything_changes(lab, tmp_path):
+    """Under Slurm the nodes check the caps first: an interface none of them has was a
+    traceback ending in srun's "task 1: Exited with exit code 2"; it is the nodes' own
+    refusal, said once, exit 2, like the same sweep on one machine."""
+    cmd = [sys.executable, "-m", "transit_launch", "sweep", "--slurm", "--cap", "tc", "--iface", "nosuch0",
+           "--bandwidths", "100mbit", "--journal", str(tmp_path / "netcap-%n.json"), "--", "true"]
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n{shlex.join(cmd)} 2> {tmp_path / 'err.txt'}\necho \"rc=$?\"\n")
+    res = lab.cmd("sbatch", "--parsable", "-N2", "-o", str(tmp_path / "out.txt"), str(script))
+    assert res.returncode == 0, res.stderr
+    lab.wait_job(res.stdout.strip(), timeout=120)
+    assert (tmp_path / "out.txt").read_text() == "rc=2\n"
+    assert (tmp_path / "err.txt").read_text() == ("transit-launch: error: netcap check on the allocation's nodes "
+                                                  "failed: unknown interface nosuch0\n")
+    assert not list(tmp_path.glob("netcap-*.json"))

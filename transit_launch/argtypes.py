@@ -236,12 +236,13 @@ def write_atomically(path: str, write) -> None:
             os.unlink(tmp)
 
 
-def save_figure(fig, path: str, dpi: int) -> None:
-    """A matplotlib figure to `path`, laid out, written atomically, then released."""
+def save_figure(fig, path: str, dpi: int, metadata: dict[str, str] | None = None) -> None:
+    """A matplotlib figure to `path`, laid out, written atomically, then released.
+    metadata: text the file carries besides matplotlib's own (a PNG's text chunks)."""
     import matplotlib.pyplot as plt
     fig.tight_layout()
     fmt = Path(path).suffix.lstrip(".").lower() or None  # matplotlib takes the format from the name
-    write_atomically(path, lambda f: fig.savefig(f, dpi=dpi, format=fmt))
+    write_atomically(path, lambda f: fig.savefig(f, dpi=dpi, format=fmt, metadata=metadata))
     plt.close(fig)
 
 

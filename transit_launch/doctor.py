@@ -1,9 +1,11 @@
 """What this machine has for transit-launch: GPU, driver, managed memory, host memory,
-the shim, Slurm and spank.h. Every probe degrades to 'missing, because ...'."""
+the shim, Slurm and spank.h. Every probe degrades to "missing, because ...", or for Slurm
+installed without a controller that answers, to "no answer" and which one did not."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from importlib import metadata, util
@@ -112,16 +114,22 @@ def check_shim() -> dict:
                  + inject.shim_missing_reason())
 
 
+def status(c: dict) -> str:
+    """The status column: ok, missing (not installed, not found), or the check's own word
+    for a third state (slurm's "no answer": installed, but no controller answers)."""
+    return c.get("status") or ("ok" if c["ok"] else "missing")
+
+
 def text(checks: list[dict]) -> str:
     """The checks as the table people read."""
-    return table(["check", "status", "detail"],
-                 [[c["check"], "ok" if c["ok"] else "missing", c["detail"]] for c in checks], "lll")
+    return table(["check", "status", "detail"], [[c["check"], status(c), c["detail"]] for c in checks], "lll")
 
 
 def check_slurm() -> list[dict]:
     """Slurm is usable when its commands are here and a controller answers: `sinfo`
     printing the partitions is what submit itself needs (commands on PATH with no
-    controller, or a broken slurm.conf, are not "ok")."""
+    controller, or a broken slurm.conf, are not "ok", and not "missing" either: they are
+    installed, and the row says which controller did not answer)."""
     found = {c: shutil.which(c) for c in SLURM_COMMANDS}
     present = [c for c, p in found.items() if p]
     if not present:
@@ -130,11 +138,49 @@ def check_slurm() -> list[dict]:
     have = ", ".join(present) + (f" (missing: {', '.join(missing)})" if missing else "")
     if not found["sinfo"]:
         return [_item("slurm", False, f"{have}: no sinfo to ask the controller", commands=found)]
+    silent = "Slurm's commands are installed" + (f" (missing: {', '.join(missing)})" if missing else "") + ", but "
+    if found["scontrol"]:  # first: it names the controller, and a refused connection fails at once
+        answered, why = _ping(found["scontrol"])
+        if not answered:
+            return [_item("slurm", False, silent + why, status=NO_ANSWER, commands=found)]
     answered, why = _controller_answers(found["sinfo"])
     if not answered:
-        return [_item("slurm", False, f"{have}; but the controller does not answer: {why}", commands=found)]
+        return [_item("slurm", False, f"{silent}the controller does not answer: {why}", status=NO_ANSWER,
+                      commands=found)]
     ok = "sbatch" in present
     return [_item("slurm", ok, f"{why}: {have}" if ok else f"{why}, but no sbatch: {have}", commands=found)]
+
+
+NO_ANSWER = "no answer"  # slurm's status when its commands are installed but no controller answers
+_PING = re.compile(r"^Slurmctld\((\w+)\) at (\S+) is (UP|DOWN)", re.M)
+
+
+def _ping(scontrol: str, timeout: float = 10) -> tuple[bool, str]:
+    """(True, '') when `scontrol ping` finds a slurmctld UP, else (False, why): which
+    controllers (slurm.conf's SlurmctldHost) did not answer and Slurm's last word on it, or
+    why none could be asked (no slurm.conf, no DNS SRV record)."""
+    try:
+        res = subprocess.run([scontrol, "ping"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:  # e.g. a SLURM_CONF that does not exist: it retries for a minute
+        return False, f"scontrol ping did not finish in {timeout:.0f} s" + _last_words(e.stderr)
+    except OSError as e:
+        return False, f"scontrol cannot run ({e.strerror})"
+    states = _PING.findall(res.stdout)
+    if any(state == "UP" for _, _, state in states):
+        return True, ""
+    if not states:
+        return False, "no controller is configured for them" + (_last_words(res.stderr)
+                                                                  or f": scontrol ping exit code {res.returncode}")
+    hosts = " and ".join(host for _, host, _ in states)
+    return False, f"slurmctld at {hosts} did not answer" + _last_words(res.stderr)
+
+
+def _last_words(stderr) -> str:
+    """': ' and the last line a command that was stopped had written to stderr, or ''."""
+    if isinstance(stderr, bytes):  # what TimeoutExpired holds, whatever text= said
+        stderr = stderr.decode(errors="replace")
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    return f": {lines[-1]}" if lines else ""
 
 
 def _controller_answers(sinfo: str, timeout: float = 10) -> tuple[bool, str]:
@@ -142,8 +188,8 @@ def _controller_answers(sinfo: str, timeout: float = 10) -> tuple[bool, str]:
     (False, why). A misconfigured client can hang for a minute: doctor waits `timeout`."""
     try:
         res = subprocess.run([sinfo, "-h", "-o", "%P"], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return False, f"sinfo did not answer in {timeout:.0f} s"
+    except subprocess.TimeoutExpired as e:
+        return False, f"sinfo did not answer in {timeout:.0f} s" + _last_words(e.stderr)
     except OSError as e:
         return False, f"sinfo cannot run ({e.strerror})"
     if res.returncode != 0:
@@ -178,8 +224,9 @@ def run_checks() -> list[dict]:
 def on_node(partition: str | None = None, account: str | None = None, timeout: float = 300) -> list[dict]:
     """The checks run on one compute node by srun, with this installation's Python and the
     shim path a job rendered here would name (TRANSIT_SHIM): what a job will find there.
-    The node's answer comes back as doctor's JSON; a node where this Python or transit-launch
-    does not run is one failed check saying so."""
+    The node's answer comes back as doctor's JSON. When none comes back (Slurm refused the
+    step, or this Python or transit-launch does not run on the node) nothing was checked:
+    a UsageError, one line saying why."""
     import json
     import sys
 
@@ -196,23 +243,24 @@ def on_node(partition: str | None = None, account: str | None = None, timeout: f
     cmd = [srun, "--nodes=1", "--ntasks=1", "--export=ALL", f"--time={max(1, int(timeout // 60))}",
            *([f"--partition={partition}"] if partition else []), *([f"--account={account}"] if account else []),
            "--", sys.executable, "-c", code]
+    failed = "doctor --on-node checked no node: "
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return [_item("on a compute node", False, f"srun did not finish in {timeout:.0f} s (is the partition busy?)")]
+        raise UsageError(f"{failed}srun did not finish in {timeout:.0f} s (is the partition busy?)") from None
     node, _, body = res.stdout.partition("\n")
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     if not node:  # nothing ran there: Slurm refused the step, or this Python is not on the node
         why = (lines or [f"exit code {res.returncode}"])[-1]
         if not any(ln.startswith("slurmstepd") for ln in lines) and why.startswith("srun:"):
-            return [_item("on a compute node", False, f"srun could not start a step there: {why}")]
+            raise UsageError(f"{failed}srun could not start a step: {why}")
         why = next((ln for ln in lines if ln.startswith("slurmstepd")), why)
-        return [_item("on a compute node", False, f"{sys.executable} does not run there through srun: {why}")]
+        raise UsageError(f"{failed}{sys.executable} does not run there through srun: {why}")
     try:
         checks = json.loads(body)
     except ValueError:  # the program's own last line says more than srun's "exited with exit code"
         why = ([ln for ln in lines if not ln.startswith("srun:")] or lines or [f"exit code {res.returncode}"])[-1]
-        return [_item("on a compute node", False, f"transit-launch does not run there: {why}")]
+        raise UsageError(f"{failed}transit-launch does not run on {node}: {why}") from None
     return [_item("on a compute node", True, f"{node}, through srun with {sys.executable}", node=node),
             *[dict(c, check=f"{node}: {c['check']}") for c in checks]]
 

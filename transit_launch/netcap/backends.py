@@ -84,7 +84,12 @@ def run(cmd: list[str], what: str) -> str:
 
 
 class CapError(Exception):
-    """A cap could not be read, applied or restored (runtime, not bad input)."""
+    """A cap could not be read, applied or restored (runtime, not bad input). nodes: under
+    Slurm, what each node that failed said (node -> its message)."""
+
+    def __init__(self, message: str, nodes: dict[str, str] | None = None):
+        super().__init__(message)
+        self.nodes = dict(nodes or {})
 
 
 class Backend:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -94,6 +95,25 @@ def check_ready(be: Backend, ifaces: list, bws: list[float], journal: Journal, n
                          f"--restore`{there} first")
 
 
+def by_nodes(said: dict[str, str], nodes: int, names: int = 4) -> str:
+    """What failing nodes said, each message once after the nodes that said it: "all 4
+    nodes: ...", "n1, n3: ...; n2: ..." (up to `names` names, then how many more)."""
+    groups: dict[str, list[str]] = {}
+    for node in sorted(said, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)]):
+        groups.setdefault(said[node], []).append(node)
+    out = []
+    for msg, who in groups.items():
+        if len(who) == nodes > 1:
+            out.append(f"all {nodes} nodes: {msg}")
+        else:
+            more = f" and {len(who) - names} more" if len(who) > names else ""
+            out.append(f"{', '.join(who[:names])}{more}: {msg}")
+    return "; ".join(out)
+
+
+ERROR = "transit-launch: error: "  # how the per-node helper's refusals start (cli.main)
+
+
 class SlurmCapper:
     """The same on every node of a Slurm allocation: one task per node runs
     `transit-launch netcap ...` there (srun --overlap, inside the job's allocation); each
@@ -108,6 +128,7 @@ class SlurmCapper:
         self.ifaces = []
         self.hold: subprocess.Popen | None = None
         self.lines: queue.Queue = queue.Queue()
+        self.done: list[dict] = []  # the holding step's rows that reported a restore already
 
     def names(self) -> list[str]:
         return [f"{self.spec} on {n_nodes(self.nodes)}"]
@@ -124,13 +145,21 @@ class SlurmCapper:
         res = subprocess.run(self._cmd(*args), capture_output=True, text=True, timeout=120)
         rows = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
         if res.returncode != 0 or len(rows) != self.nodes:
-            msg = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+            lines = res.stderr.strip().splitlines()
+            # the helpers' own one-line errors (each once: the nodes often say the same), not
+            # srun's "task 1: Exited with exit code 2" after them
+            said = list(dict.fromkeys(ln.removeprefix(ERROR) for ln in lines if ln.startswith(ERROR)))
+            msg = "; ".join(said) or (lines or [f"exit {res.returncode}"])[-1]
             raise CapError(f"netcap {args[0]} on the allocation's nodes failed: {msg}")
         return rows
 
     def check(self, bws: list[float]) -> None:
-        """check_ready on every node, before anything is changed."""
-        self._srun("check", "--bandwidth", ",".join(f"{int(b)}bit" for b in bws))
+        """check_ready on every node, before anything is changed: refused like bad input here
+        (one line, exit 2), with what the nodes said."""
+        try:
+            self._srun("check", "--bandwidth", ",".join(f"{int(b)}bit" for b in bws))
+        except CapError as e:
+            raise UsageError(str(e)) from None
 
     def _rows(self, want: int, timeout: float) -> list[dict]:
         """Up to `want` JSON rows of the holding step, within timeout seconds."""
@@ -163,10 +192,12 @@ class SlurmCapper:
         for stream, sink in ((proc.stdout, lines.put), (proc.stderr, self.err.append)):
             threading.Thread(target=pump, args=(stream, sink), daemon=True).start()
         rows = self._rows(self.nodes, self.APPLY_TIMEOUT)
-        failed = [f"{r['node']}: {r['error']}" for r in rows if r.get("error")]
+        # a node that failed has restored already: its one row says so (restore() counts it)
+        self.done = [r for r in rows if "restored" in r]
+        failed = {r["node"]: r["error"] for r in rows if r.get("error")}
         if failed or len(rows) < self.nodes:
-            raise CapError("; ".join(failed) or f"netcap hold: {len(rows)} of {self.nodes} nodes applied the cap"
-                           + (f" ({self.err[-1]})" if self.err else ""))
+            raise CapError(by_nodes(failed, self.nodes) or f"netcap hold: {len(rows)} of {self.nodes} nodes applied "
+                           "the cap" + (f" ({self.err[-1]})" if self.err else ""), failed)
 
     def restore(self) -> list[str]:
         """Release the holding step (its tasks restore their nodes) and check that every
@@ -178,7 +209,8 @@ class SlurmCapper:
             proc.stdin.close()
         except OSError:
             pass
-        rows = self._rows(self.nodes, self.RESTORE_TIMEOUT)
+        rows, self.done = self.done, []
+        rows += self._rows(self.nodes - len(rows), self.RESTORE_TIMEOUT)
         if len(rows) < self.nodes and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # srun passes it to the tasks, which restore on it
             rows += self._rows(self.nodes - len(rows), 20)

@@ -53,6 +53,7 @@ class Run:
     traffic: dict = field(default_factory=dict)
     failure: str | None = None
     seconds: float = 0.0
+    node_failures: dict = field(default_factory=dict)  # under Slurm: node -> what it said when its cap failed
 
 
 class Signals:
@@ -184,7 +185,7 @@ def sweep(capper: Capper, bandwidths: list[float], command: list[str], repeat: i
                         elif run.throughput is None:
                             run.failure = "no throughput in the job's output"
                     except CapError as e:
-                        run.failure = str(e)
+                        run.failure, run.node_failures = str(e), e.nodes
                     finally:
                         run.seconds = round(time.time() - t0, 2)
                         restore_errors += capper.restore()
@@ -242,6 +243,22 @@ def summarize(runs: list[Run], bandwidths: list[float]) -> dict:
             "runs": [r.__dict__ for r in runs]}
 
 
+def failures_cell(runs: list[dict]) -> str:
+    """One bandwidth's failed runs for the table: each distinct message once, after the runs
+    that ended with it ("run 2: ...", "runs 1, 3: ...", "all 3 runs: ..."); distinct ones
+    apart by " | ". --json keeps every run's own (and under Slurm each node's)."""
+    by_message: dict[str, list[int]] = {}
+    for r in runs:
+        if r["failure"]:
+            by_message.setdefault(r["failure"], []).append(r["repeat"])
+    cells = []
+    for message, repeats in by_message.items():
+        who = (f"all {len(runs)} runs" if len(repeats) == len(runs) > 1 else
+               f"run{'s' if len(repeats) > 1 else ''} {', '.join(map(str, repeats))}")
+        cells.append(f"{who}: {message}")
+    return " | ".join(cells)
+
+
 def text(report: dict) -> str:
     rows = []
     for b in report["bandwidths"]:
@@ -249,7 +266,8 @@ def text(report: dict) -> str:
         rows.append([b["bandwidth"], f"{b['ok']}/{b['runs']}",
                      f"{b['throughput_median']:.1f}" if b["throughput_median"] else "-",
                      f"{b['throughput_spread']:.1%}" if b["throughput_spread"] is not None else "-",
-                     f"{traffic / 1e6:.1f}", "; ".join(b["failures"]) or ""])
+                     f"{traffic / 1e6:.1f}",
+                     failures_cell([r for r in report["runs"] if r["bandwidth"] == b["bandwidth_bps"]])])
     out = [f"cap: {report['cap']} on {', '.join(report['ifaces'])}",
            table(["bandwidth", "ok", "throughput", "spread", "traffic MB (tx+rx, all ifaces)", "failures"], rows,
                  "lrrrrl")]

@@ -277,20 +277,41 @@ def require_plot_backend():
     return require_matplotlib("--plot")
 
 
+# the stack, bottom up: advise's order of keeping data on the GPU
+PLOT_TERMS = ("overhead", "comm", "logits", "activations", "fsdp", "gradients", "parameters", "optimizer")
+# the PNG text chunk that holds what the picture was drawn from (plot_data), so that a
+# picture can be checked against today's plan without comparing pixels (tests/test_readme.py
+# keeps docs/plan.png current that way)
+PLOT_KEY = "transit-launch plan"
+
+
+def plot_data(d: dict) -> dict:
+    """What plot draws of plan_json's d, and nothing else."""
+    return {"model": d["model"], "parallel": d["parallel"], "gpus_per_node": d["gpus_per_node"],
+            "gpu": {k: d["gpu"][k] for k in ("name", "memory_gb", "capacity_gb")},
+            "options": [{"nodes": o["nodes"], "layout": o["layout"], "baseline": o["baseline"],
+                         "recommended": o["recommended"], "predicted_efficiency": o["predicted_efficiency"],
+                         "per_gpu_gb": {t: o["per_gpu_gb"][t] for t in (*PLOT_TERMS, "total")}}
+                        for o in d["options"]]}
+
+
 def plot(d: dict, path: str) -> None:
     """Stacked bars of each option's per-GPU memory terms (plan_json's options, the same
     numbers --json prints) against the GPU memory the plan sizes against and, when
     --gpu-mem emulates a smaller GPU, the part's own capacity. The stack follows advise's
     order of keeping data on the GPU (overheads and hot data first, then fp32 master
     weights, then optimizer states), so what stands above the line is what it serves from
-    host DRAM."""
+    host DRAM. Drawn from plot_data(d) alone, which the PNG carries as its PLOT_KEY text."""
+    import json
+
     from transit_launch.argtypes import save_figure
     plt = require_plot_backend()
-    opts, gpu = d["options"], d["gpu"]
+    drawn = plot_data(d)
+    opts, gpu = drawn["options"], drawn["gpu"]
     x = list(range(len(opts)))
     fig, ax = plt.subplots(figsize=(max(8.0, 1.0 * len(opts) + 4), 4.8))
     bottom = [0.0] * len(opts)
-    for term in ("overhead", "comm", "logits", "activations", "fsdp", "gradients", "parameters", "optimizer"):
+    for term in PLOT_TERMS:
         vals = [o["per_gpu_gb"][term] for o in opts]
         ax.bar(x, vals, bottom=bottom, color=TERM_COLORS[term], label=term, width=0.7)
         bottom = [b + v for b, v in zip(bottom, vals)]
@@ -309,11 +330,11 @@ def plot(d: dict, path: str) -> None:
                       for o in opts], fontsize=8)
     ax.set_ylabel("GB per GPU at the peak")
     ax.set_ylim(0, max(bottom + [gpu["capacity_gb"]]) * 1.12)
-    ax.set_title(f"{d['model']}, {d['parallel']}, {d['gpus_per_node']} x {gpu['name']} per node\n"
+    ax.set_title(f"{drawn['model']}, {drawn['parallel']}, {drawn['gpus_per_node']} x {gpu['name']} per node\n"
                  "above the line: served from host DRAM; label: predicted efficiency, * recommended", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    save_figure(fig, path, dpi=100)
+    save_figure(fig, path, dpi=100, metadata={PLOT_KEY: json.dumps(drawn, sort_keys=True)})
 
 
 def layout_str_json(lay: dict) -> str:
