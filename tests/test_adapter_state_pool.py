@@ -216,8 +216,6 @@ def test_overlap_counts_the_pool_hooks_as_the_adapters_own(monkeypatch):
     monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "1")
 
     class Api:
-        def stage_enabled(self):
-            return False
         device_alloc = device_free = state_alloc = host_state = None
     hooks = site._Hooks(Api())
     assert hooks.pool is not None and hooks.overlap is not None
