@@ -37,19 +37,17 @@ from transit_launch.rules import ENV
 
 PAPER_RATIO = 26e9 / (6 * 70.55e9 * 8192)  # bytes offloaded per model FLOP per GPU: Llama3-70B, 16 GPUs
 TRANSIT = ("off", "base", "prefetch", "advise")
-# a transit run named POLICY-SUFFIX: the policy with the adapter's experiment switched on
-VARIANTS = {"stage": {ENV["STAGE"]: "1"},              # experimental staging (docs/lifetime-policy.md)
-            "overlap": {ENV["OVERLAP_STEP"]: "1"},     # the optimizer step overlapped with backward
+# a transit run named POLICY-SUFFIX: the policy with the adapter's experiment switched on. The
+# retired experiments' runs (advise-stage, advise-green16, advise-serial: docs/retired-experiments.md)
+# are no longer offered; their recorded results still --report.
+VARIANTS = {"overlap": {ENV["OVERLAP_STEP"]: "1"},     # the optimizer step overlapped with backward
             "staged": {ENV["OVERLAP_STEP"]: "staged"},  # its state staged through the copy engines
             # (before the ring: 16 GiB in flight, so the CPU never waited for copies; a diagnostic)
             "stagedwide": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(16 << 30)},
             # staged through a ring of 512 MiB, 256 MiB (the default) or 1 GiB (the ring comes out of the GPU budget)
             "staged512": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(512 << 20)},
             "staged256": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(256 << 20)},
-            "staged1024": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(1 << 30)},
-            # the early updates on a green context of 16 SMs (zero-copy kernels hold fewer SMs)
-            "green16": {ENV["OVERLAP_STEP"]: "1", ENV["OVERLAP_SMS"]: "16"},
-            "serial": {ENV["OVERLAP_STEP"]: "serial"}}  # its early updates without the side stream
+            "staged1024": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(1 << 30)}}
 PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "deepspeed", "--zero", "offload"],
          "zero-infinity": ["--engine", "deepspeed", "--zero", "infinity"],
          # ZeRO-Offload++ Twin-Flow (a quarter of the optimizer stepped on the GPU), ZenFlow (a
@@ -69,8 +67,8 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="transit",
                     help="comma list of run names or groups: transit (reference + transit policies), peers, all; "
-                         "POLICY-stage and POLICY-overlap run a transit policy with TRANSIT_STAGE=1 or "
-                         "TRANSIT_OVERLAP_STEP=1 (advise-overlap is in the transit group)")
+                         "POLICY-overlap and POLICY-staged run a transit policy with TRANSIT_OVERLAP_STEP=1 or "
+                         "staged (advise-overlap is in the transit group)")
     ap.add_argument("--gpu", type=int, default=0, help="physical GPU index (NVML order)")
     ap.add_argument("--cpus", default="", help="pin the runs to these host cores, e.g. 0-15")
     ap.add_argument("--accum", default="12,1,3", help="microbatches per step: the curve's points, in run order")
@@ -125,8 +123,8 @@ class GpuMeter(threading.Thread):
 
 def variant(name):
     """(the transit policy or None for a peer, the environment it adds) of a run name such
-    as advise, advise-stage or advise-overlap; the environment is None for a suffix that is
-    no variant."""
+    as advise, advise-overlap or advise-staged256; the environment is None for a suffix that is
+    no variant (a retired one, such as advise-stage, among them: its records still report)."""
     policy, _, suffix = name.partition("-")
     if policy not in TRANSIT:
         return None, {}
@@ -184,7 +182,7 @@ def run_one(a, name, accum, budget, meter):
                                                "cold_hint_bytes", "zero_copy_mapped_peak_bytes", "managed_peak_bytes",
                                                "gpu_resident_peak_bytes", "cuda_malloc_calls", "cuda_free_calls",
                                                "managed_allocs", "evict_calls", "prefetch_calls", "hint_errors",
-                                               "host_placed_bytes", "device_placed_bytes", "staging",
+                                               "host_placed_bytes", "device_placed_bytes",
                                                "iterations", "iteration_ms")}
     if rc != 0:
         r["stderr_tail"] = err[-2500:]

@@ -95,31 +95,15 @@ EXPORT int transit_device_free(uintptr_t ptr)
     return r;
 }
 
-EXPORT int transit_stage_enabled(void)
-{
-    tr_init_once();
-    pthread_mutex_lock(&tr_lock);
-    int on = tr_stage_enabled();
-    pthread_mutex_unlock(&tr_lock);
-    return on;
-}
-
-/* A staging call on the application's stream, under the table lock. */
-static uint64_t staged(uint64_t (*fn)(cudaStream_t), uintptr_t stream)
-{
-    if (!transit_active())
-        return 0;
-    pthread_mutex_lock(&tr_lock);
-    uint64_t n = fn((cudaStream_t)stream);
-    pthread_mutex_unlock(&tr_lock);
-    return n;
-}
-
-static uint64_t wait_on(cudaStream_t s) { return (uint64_t)tr_stage_wait(s); }
-
-EXPORT size_t transit_stage_in(uintptr_t stream) { return (size_t)staged(tr_stage_in, stream); }
-EXPORT int transit_stage_wait(uintptr_t stream) { return (int)staged(wait_on, stream); }
-EXPORT size_t transit_stage_out(uintptr_t stream) { return (size_t)staged(tr_stage_out, stream); }
+/* Retired (TRANSIT_STAGE, docs/retired-experiments.md): the staging calls of API versions 1-5,
+ * kept as exported no-ops so that an adapter of those versions still runs against this shim
+ * (its bindings resolve them unconditionally; a missing symbol would end its hooks, or under
+ * ctypes its import). They answer what a shim with staging off always answered: not
+ * enabled, nothing staged, nothing waited for. Not in transit_api.h: nothing new calls them. */
+EXPORT int transit_stage_enabled(void) { return 0; }
+EXPORT size_t transit_stage_in(uintptr_t stream) { (void)stream; return 0; }
+EXPORT int transit_stage_wait(uintptr_t stream) { (void)stream; return 0; }
+EXPORT size_t transit_stage_out(uintptr_t stream) { (void)stream; return 0; }
 
 EXPORT void transit_state_alloc(int on)
 {

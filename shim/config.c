@@ -120,6 +120,16 @@ static enum tr_policy env_policy(void)
     return TR_OFF;
 }
 
+/* A retired experiment's variable (docs/retired-experiments.md), still set: said once (the
+ * configuration is read once a process), then ignored; the job runs on. */
+static void retired(const char *name, const char *instead)
+{
+    const char *v = env(name);
+    if (v)
+        tr_log(TR_WARN, "%s=%.100s%s is retired and ignored (docs/retired-experiments.md): %s", name, v,
+               strlen(v) > 100 ? "..." : "", instead);
+}
+
 void tr_config_load(void)
 {
     tr_cfg.log_level = TR_WARN; /* until TRANSIT_LOG is read: its own warning shows */
@@ -132,9 +142,9 @@ void tr_config_load(void)
     tr_cfg.reserve = env_size(TR_ENV_RESERVE, 1ull << 30, "1GiB");
     tr_cfg.warmup_iters = env_warmup();
     tr_cfg.merge_gap = env_size(TR_ENV_MERGE_GAP, 128 * 1024, "128KiB");
-    tr_cfg.stage = env_flag(TR_ENV_STAGE);
     tr_cfg.host_state = env_flag_or(TR_ENV_HOST_STATE, 1);
     tr_cfg.cold_tail_ppm = env_cold_tail();
+    retired(TR_RETIRED_ENV_STAGE, TR_ENV_OVERLAP_STEP "=stream or staged moves the optimizer state instead");
     const char *v = env(TR_ENV_STATS);
     tr_cfg.stats_path[0] = 0;
     if (v && strlen(v) >= sizeof tr_cfg.stats_path)

@@ -27,7 +27,7 @@ static void fit(void)
         for (int i = tr_tab.n - 1; i >= 0 && tr_tab.dev_bytes > tr_budget(); i--)
             for (int j = tr_tab.a[i].nreg - 1; j >= 0 && tr_tab.dev_bytes > tr_budget(); j--) {
                 struct tr_region *r = &tr_tab.a[i].reg[j];
-                if (r->kind == kind && r->place == TR_DEV && r->stage == TR_HOME) {
+                if (r->kind == kind && r->place == TR_DEV) {
                     tr_place_demote(r);
                     r->for_buffer = 1;
                 }
@@ -47,17 +47,15 @@ static void refit(void)
                     continue;
                 r->for_buffer = 0;
                 if (tr_tab.dev_bytes + tr_region_bytes(r) <= tr_budget())
-                    tr_move_to_device(r, 0);
+                    tr_move_to_device(r);
             }
 }
 
 uintptr_t tr_devbuf_alloc(size_t size)
 {
     if (!tr_real.malloc || !size || nbufs == MAX_BUFS || size > tr_budget_total() ||
-        held > tr_budget_total() - size ||
-        tr_stage_lent_bytes() + tr_tab.dev_inflight > tr_budget_total() - held - size)
-        return 0; /* no runtime yet, or no room in the budget (what staging lends, and what is being
-                   * freed, cannot be demoted now) */
+        held > tr_budget_total() - size || tr_tab.dev_inflight > tr_budget_total() - held - size)
+        return 0; /* no runtime yet, or no room in the budget (what is being freed cannot be demoted) */
     if (!tr_cfg.allow_oversubscribe && (size > tr_guard_room() || tr_tab.managed_bytes > tr_guard_room() - size))
         return 0; /* physically: the guard's limit (what was free at start-up) holds managed memory and buffers */
     void *p = NULL;

@@ -7,8 +7,8 @@
  * device at the same address, UVA): several times faster than cudaHostAlloc, which pins
  * slowly in threads too (bench/RESULTS.md, "The optimizer state made in pinned host
  * memory"). Kernels read it zero-copy as advise's
- * host placement does, the copy engines move it at full speed, and nothing in the table (ranking, replay,
- * staging) migrates it. The adapter marks the state only where its step streams the state
+ * host placement does, the copy engines move it at full speed, and nothing in the table (ranking,
+ * replay) migrates it. The adapter marks the state only where its step streams the state
  * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or staged); the state the
  * budget holds is stepped where it is. When the host
  * refuses the memory or its registration, the allocation takes the managed path.

@@ -101,9 +101,8 @@ static void to_host(struct tr_region *r, int evict)
         evict_region(r);
 }
 
-/* Counted on the device from the moment the prefetch is enqueued on s (staging: its side
- * stream). */
-void tr_move_to_device(struct tr_region *r, cudaStream_t s)
+/* Counted on the device from the moment the prefetch is enqueued (on the legacy stream). */
+void tr_move_to_device(struct tr_region *r)
 {
     void *p = (void *)r->start;
     tr_replay_forget(r->start, r->end); /* placed on the device now: no longer the window's to send home */
@@ -114,7 +113,7 @@ void tr_move_to_device(struct tr_region *r, cudaStream_t s)
         tr_count.zero_copy_bytes -= rsize(r);
     }
     tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_DEVICE, tr_s.device);
-    tr_prefetch(p, rsize(r), TR_LOC_DEVICE, tr_s.device, s);
+    tr_prefetch(p, rsize(r), TR_LOC_DEVICE, tr_s.device, 0);
     tr_count.prefetch_calls++;
     tr_count.prefetch_bytes += rsize(r);
     r->place = TR_DEV;
@@ -122,37 +121,11 @@ void tr_move_to_device(struct tr_region *r, cudaStream_t s)
     tr_count.host_placed_bytes -= rsize(r);
 }
 
-static void to_device(struct tr_region *r) { tr_move_to_device(r, 0); }
-
 void tr_place_demote(struct tr_region *r) { to_host(r, 1); }
 
 void tr_place_peaks(void) { peaks(); }
 
 uint64_t tr_region_bytes(const struct tr_region *r) { return rsize(r); }
-
-/* Staging: the copy home is enqueued on s; the bytes stay counted on the device until
- * tr_move_settled (stage.c knows when the copy is done). Advice is not stream-ordered,
- * and harmless to kernels still running: resident pages do not fault. */
-void tr_move_to_host(struct tr_region *r, cudaStream_t s)
-{
-    void *p = (void *)r->start;
-    tr_advise(p, rsize(r), cudaMemAdviseSetPreferredLocation, TR_LOC_HOST, tr_s.device);
-    tr_advise(p, rsize(r), cudaMemAdviseSetAccessedBy, TR_LOC_DEVICE, tr_s.device);
-    tr_prefetch(p, rsize(r), TR_LOC_HOST, 0, s);
-    tr_count.evict_calls++;
-    tr_count.evict_bytes += rsize(r);
-}
-
-void tr_move_settled(struct tr_region *r)
-{
-    r->place = TR_HOST;
-    tr_tab.dev_bytes -= rsize(r);
-    tr_count.host_placed_bytes += rsize(r);
-    r->advised = 1;
-    r->zero_copy = 1;
-    tr_count.zero_copy_bytes += rsize(r);
-    r->evicted = 1;
-}
 
 /* advise keeps optimizer state on the GPU at a boundary while it fits; the next step's
  * new segments (the caching allocator grows after the first optimizer step has taken
@@ -170,7 +143,7 @@ static void make_room(uint64_t need)
         return;
     for (int kind = TR_COLD_OPT; kind >= TR_COLD_MASTER; kind--)
         for (struct tr_cursor c = {0, 0}; tr_tab.dev_bytes + need > tr_budget() && (r = tr_region_next(&c));)
-            if (r->kind == kind && r->place == TR_DEV && r->stage == TR_HOME) {
+            if (r->kind == kind && r->place == TR_DEV) {
                 to_host(r, 1);
                 tr_count.room_demotions++;
             }
@@ -180,25 +153,19 @@ void tr_place_new(struct tr_alloc *a)
 {
     struct tr_region *r = &a->reg[0];
     if (tr_tab.dev_bytes + a->size > tr_budget())
-        tr_stage_settle(1); /* staged data on its way home holds room this allocation needs */
-    if (tr_tab.dev_bytes + a->size > tr_budget())
         make_room(a->size);
     if (tr_tab.dev_bytes + a->size <= tr_budget()) {
         tr_replay_yield(a->size); /* prefetch's window holds device room too */
         tr_tab.dev_bytes += a->size;
-        tr_stage_placed((int64_t)a->size);
         /* Populate the new pages on the device now rather than by a storm of first-touch
-         * faults: the caching allocator grows through the first step (and, with staging,
-         * allocates again every step). Not during prefetch's warm-up, whose faults must be
-         * observable. TRANSIT_NO_POPULATE: a build without it, for bench/titan_steps.py. */
+         * faults: the caching allocator grows through the first step. Not during prefetch's
+         * warm-up, whose faults must be observable. TRANSIT_NO_POPULATE: a build without it,
+         * for bench/titan_steps.py. */
 #ifndef TRANSIT_NO_POPULATE
         if (!tr_s.defer_advice)
-#else
-        if (tr_stage_enabled() && !tr_s.defer_advice && tr_count.iterations > 0)
-#endif
             tr_prefetch((void *)a->ptr, a->size, TR_LOC_DEVICE, tr_s.device, 0);
+#endif
     } else {
-        tr_stage_overflowed(); /* lent state pushed the application's memory to the host */
         r->place = TR_HOST;
         tr_count.host_placed_bytes += a->size;
         advise_host(r);
@@ -216,11 +183,9 @@ uint64_t tr_place_drop(struct tr_alloc *a)
     uint64_t dev = 0;
     for (int i = 0; i < a->nreg; i++) {
         struct tr_region *r = &a->reg[i];
-        if (r->place == TR_DEV) {
+        if (r->place == TR_DEV)
             dev += rsize(r);
-            if (r->stage == TR_HOME)
-                tr_stage_placed(-(int64_t)rsize(r));
-        } else
+        else
             tr_count.host_placed_bytes -= rsize(r);
         if (r->zero_copy)
             tr_count.zero_copy_bytes -= rsize(r);
@@ -267,8 +232,8 @@ static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
 {
     struct tr_region *r;
     for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
-        if (r->kind != kind || r->place != place || r->stage != TR_HOME)
-            continue; /* lent regions are stage.c's until they are home */
+        if (r->kind != kind || r->place != place)
+            continue;
         if (rsize(r) <= *room) {
             r->want = TR_DEV;
             *room -= rsize(r);
@@ -282,20 +247,11 @@ static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
  * comes first, so that a steady state moves nothing). */
 static void rank(void)
 {
-    uint64_t budget = tr_budget(), held = tr_stage_lent_bytes() + tr_tab.dev_inflight; /* not in the table */
+    uint64_t budget = tr_budget(), held = tr_tab.dev_inflight; /* freed, not yet given back: not in the table */
     uint64_t room = budget > held ? budget - held : 0;
-    /* Staging: the optimizer ranges live on the host and are lent per step; the room seen
-     * here, at the boundary, is not there at the step's peak when the framework gives its
-     * cache back mid-step. */
-    int last = tr_stage_enabled() ? TR_COLD_MASTER : TR_COLD_OPT;
-    for (int k = TR_HOT; k <= last; k++) {
+    for (int k = TR_HOT; k <= TR_COLD_OPT; k++) {
         rank_kind((enum tr_kind)k, TR_DEV, &room);
         rank_kind((enum tr_kind)k, TR_HOST, &room);
-    }
-    if (last != TR_COLD_OPT) {
-        uint64_t none = 0;
-        rank_kind(TR_COLD_OPT, TR_DEV, &none);
-        rank_kind(TR_COLD_OPT, TR_HOST, &none);
     }
 }
 
@@ -305,12 +261,10 @@ static void place_ranked(void)
     struct tr_region *r;
     for (int pass = 0; pass < 2; pass++) {
         for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
-            if (r->stage != TR_HOME)
-                continue;
             if (pass == 0 && r->place == TR_DEV && r->want == TR_HOST)
                 to_host(r, 1);
             else if (pass == 1 && r->place == TR_HOST && r->want == TR_DEV)
-                to_device(r);
+                tr_move_to_device(r);
         }
     }
 }
@@ -324,7 +278,7 @@ static void evict_new_host_regions(int ranked)
         return;
     struct tr_region *r;
     for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));)
-        if (r->place == TR_HOST && !r->evicted && r->stage == TR_HOME && !(ranked && r->want == TR_DEV))
+        if (r->place == TR_HOST && !r->evicted && !(ranked && r->want == TR_DEV))
             evict_region(r);
 }
 

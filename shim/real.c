@@ -68,12 +68,6 @@ int tr_real_resolve(void)
     RESOLVE(device_synchronize, "cudaDeviceSynchronize");
     RESOLVE(get_last_error, "cudaGetLastError");
     RESOLVE(peek_last_error, "cudaPeekAtLastError");
-    RESOLVE(stream_create, "cudaStreamCreateWithFlags");
-    RESOLVE(event_create, "cudaEventCreateWithFlags");
-    RESOLVE(event_record, "cudaEventRecord");
-    RESOLVE(stream_wait_event, "cudaStreamWaitEvent");
-    RESOLVE(event_synchronize, "cudaEventSynchronize");
-    RESOLVE(event_query, "cudaEventQuery");
     RESOLVE(host_register, "cudaHostRegister");
     RESOLVE(host_unregister, "cudaHostUnregister");
     if (!tr_real.malloc || !tr_real.free) {
@@ -117,8 +111,8 @@ typedef cudaError_t (*advise_dev_t)(const void *, size_t, enum cudaMemoryAdvise,
 typedef cudaError_t (*prefetch_loc_t)(const void *, size_t, struct tr_loc, unsigned int, cudaStream_t);
 typedef cudaError_t (*prefetch_dev_t)(const void *, size_t, int, cudaStream_t);
 
-/* A failed runtime call of the shim's own (advice, prefetch, staging's streams and
- * events) also sets the runtime's last error, which the application would then read
+/* A failed runtime call of the shim's own (advice, prefetch, a device buffer's cudaMalloc,
+ * the host state's registration) also sets the runtime's last error, which the application would then read
  * after its next kernel launch (PyTorch checks cudaGetLastError there) as its own
  * failure. Clear what the shim caused, unless an error of the application's was already
  * pending (`pending`: tr_pending_error() before the call), and count it. */

@@ -137,7 +137,6 @@ void tr_iteration_boundary(int source)
 
     if (tr_cfg.policy == TR_OFF || tr_s.passthrough || !tr_s.runtime_ready)
         return;
-    tr_stage_boundary();
     tr_sample_residency();
     if (tr_s.cupti && it >= record_until) {
         tr_cupti_stop(1); /* builds replay ranges / cold hints from the records */

@@ -244,11 +244,6 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_count.evict_calls, (unsigned long long)tr_count.evict_bytes,
             (unsigned long long)tr_count.advise_calls, (unsigned long long)tr_count.hint_errors,
             (unsigned long long)tr_replay_positions(), (unsigned long long)tr_count.room_demotions);
-    fprintf(f, "  \"staging\": {\"enabled\": %d, \"in_bytes\": %llu, \"out_bytes\": %llu, \"steps\": %llu, "
-               "\"syncs\": %llu, \"learned_need_bytes\": %llu, \"overflows\": %llu},\n",
-            tr_stage_enabled(), (unsigned long long)tr_count.stage_in_bytes, (unsigned long long)tr_count.stage_out_bytes,
-            (unsigned long long)tr_count.stage_steps, (unsigned long long)tr_count.stage_syncs,
-            (unsigned long long)tr_count.stage_need, (unsigned long long)tr_count.stage_overflows);
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
             tr_count.iterations, sources[tr_count.boundary_source], (unsigned long long)tr_count.period);
     fprintf(f, "  \"first_iteration_ms\": %.3f,\n", tr_count.first_iter_ms);

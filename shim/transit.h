@@ -27,7 +27,6 @@ struct tr_config {
     uint64_t merge_gap;       /* TRANSIT_MERGE_GAP */
     char stats_path[4096];    /* TRANSIT_STATS ("" = none) */
     int log_level;            /* 0 error, 1 warn, 2 info, 3 debug */
-    int stage;                /* TRANSIT_STAGE=1 (advise): the adapter stages cold data per step */
     int host_state;           /* TRANSIT_HOST_STATE (default 1): state over the budget in pinned memory */
     uint32_t cold_tail_ppm;   /* TRANSIT_COLD_TAIL in millionths (observe.c) */
 };
@@ -59,13 +58,6 @@ struct tr_real {
     cudaError_t (*device_synchronize)(void);
     cudaError_t (*get_last_error)(void);
     cudaError_t (*peek_last_error)(void);
-    /* staging (stage.c): optional, staging is off without them */
-    cudaError_t (*stream_create)(cudaStream_t *, unsigned int);
-    cudaError_t (*event_create)(cudaEvent_t *, unsigned int);
-    cudaError_t (*event_record)(cudaEvent_t, cudaStream_t);
-    cudaError_t (*stream_wait_event)(cudaStream_t, cudaEvent_t, unsigned int);
-    cudaError_t (*event_synchronize)(cudaEvent_t);
-    cudaError_t (*event_query)(cudaEvent_t);
     /* optimizer state born on the host (hoststate.c): optional */
     cudaError_t (*host_register)(void *, size_t, unsigned int);
     cudaError_t (*host_unregister)(void *);
@@ -88,14 +80,12 @@ HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, c
 /* ---- allocation table and placement (table.c, place.c) --------------------- */
 enum tr_kind { TR_HOT = 0, TR_COLD_MASTER = 1, TR_COLD_OPT = 2 };
 enum tr_place { TR_DEV = 0, TR_HOST = 1 };
-enum tr_stage { TR_HOME = 0, TR_STAGED = 1, TR_LEAVING = 2 }; /* LEAVING: still counted on the device */
 
 struct tr_region {          /* page-aligned piece of one allocation */
     uintptr_t start, end;
     uint8_t kind, place, zero_copy, advised;
     uint8_t evicted;        /* host region pushed off the GPU since it was placed there */
     uint8_t want;           /* rebalance: the placement it is given (enum tr_place) */
-    uint8_t stage;          /* enum tr_stage: lent to the device for one step (stage.c) */
     uint8_t for_buffer;     /* demoted for a device buffer in the call under way (devbuf.c) */
     uint32_t touches;       /* distinct launch positions seen migrating it (warm-up) */
 };
@@ -146,21 +136,8 @@ HIDDEN uint64_t tr_guard_room(void);   /* the guard's limit less the device buff
 HIDDEN void tr_place_demote(struct tr_region *r); /* to the host, evicted now */
 HIDDEN void tr_place_peaks(void);
 HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
-HIDDEN void tr_move_to_device(struct tr_region *r, cudaStream_t s);
-HIDDEN void tr_move_to_host(struct tr_region *r, cudaStream_t s); /* still counted on the device */
-HIDDEN void tr_move_settled(struct tr_region *r);                  /* ... until this */
+HIDDEN void tr_move_to_device(struct tr_region *r);
 HIDDEN uint64_t tr_region_bytes(const struct tr_region *r);
-
-/* ---- staging (stage.c): cold data lent to the device for part of a step ------- */
-HIDDEN int tr_stage_enabled(void);
-HIDDEN uint64_t tr_stage_in(cudaStream_t app);   /* bytes staged; under tr_lock */
-HIDDEN uint64_t tr_stage_out(cudaStream_t app);  /* bytes leaving; under tr_lock */
-HIDDEN int tr_stage_wait(cudaStream_t app);      /* under tr_lock */
-HIDDEN void tr_stage_settle(int block);          /* finish leaving moves: block, or if done */
-HIDDEN void tr_stage_placed(int64_t delta);      /* the application's placement changed */
-HIDDEN void tr_stage_overflowed(void);           /* an allocation went to the host: stop if lent */
-HIDDEN uint64_t tr_stage_lent_bytes(void);       /* staged + leaving bytes on the device */
-HIDDEN void tr_stage_boundary(void);
 
 /* ---- the adapter's plain device buffers (devbuf.c), under tr_lock -------------- */
 HIDDEN uint64_t tr_devbuf_bytes(void);
@@ -189,7 +166,6 @@ struct tr_stats {
     uint64_t advise_calls;
     uint64_t room_demotions; /* optimizer regions demoted for a new allocation (place.c) */
     uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
-    uint64_t stage_in_bytes, stage_out_bytes, stage_steps, stage_syncs, stage_need, stage_overflows;
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[3];
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */

@@ -32,16 +32,8 @@ int transit_write_stats(const char *path);
 uintptr_t transit_device_alloc(size_t size);
 /* Gives it back: 0, or -1 when ptr is not from transit_device_alloc. */
 int transit_device_free(uintptr_t ptr);
-/* Staging (TRANSIT_STAGE=1 with advise; experimental): optimizer ranges lent to the device
- * for the end of a step. `stream` is the application's cudaStream_t (0: legacy default).
- * 1 when staging is on. */
-int transit_stage_enabled(void);
-/* Start of the last backward, after the framework gave its free cache back: bytes staged. */
-size_t transit_stage_in(uintptr_t stream);
-/* Before the optimizer step: `stream` waits for the staged copies; 1 if it had to. */
-int transit_stage_wait(uintptr_t stream);
-/* After the optimizer step: the staged ranges go home after `stream`'s work; bytes. */
-size_t transit_stage_out(uintptr_t stream);
+/* (transit_stage_enabled/in/wait/out, the retired staging of versions 1-5, are still exported
+ * as no-ops for adapters of those versions: api.c. Not for new callers.) */
 /* The calling thread's next allocations are optimizer state (on = 1) until on = 0; calls
  * nest (version 5). Under advise they are made in pinned host memory, mapped at the same
  * address for the device: read zero-copy by the step, moved by the copy engines, never

@@ -41,7 +41,6 @@ if mode in ("overlap", "default"):
         HOT, MASTER, OPTIMIZER = 0, 1, 2
         def hint(self, ptr, size, kind): return 0
         def iteration(self): return 0
-        def stage_enabled(self): return False
         def device_alloc(self, size): return 0
         def device_free(self, ptr): return -1
         def state_alloc(self, on): return False

@@ -323,7 +323,6 @@ def test_refusals_at_the_first_step(T, capsys):
     class MyAdamW(torch.optim.AdamW):
         pass
     cases = [(lambda ps: MyAdamW(ps, lr=1e-2), T.Overlap(), "MyAdamW is not torch.optim's"),
-             (optim("AdamW", lr=1e-2), T.Overlap(stage_enabled=lambda: True), "TRANSIT_STAGE=1"),
              (optim("Adam", lr=torch.tensor(1e-2), fused=True), T.Overlap(), "tensor hyper-parameters")]
     for make, ov, why in cases:
         assert same(train(make), train(make, ov)) and ov.early == 0
@@ -541,9 +540,6 @@ def test_an_update_that_fails_part_way_is_not_applied_twice(T, monkeypatch, caps
 
 class Api:
     def policy(self): return "advise"  # the shim's policy
-    def stage_enabled(self):
-        return False
-
     def device_alloc(self, size):  # the shim's plain device memory: none here
         return 0
 
@@ -561,7 +557,6 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
     assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
     assert T._staging_module().STAGE_LIMIT == rules.STAGE_RING_BYTES  # what the plan counts against the budget
-    assert T.SMS_ENV == rules.ENV["OVERLAP_SMS"] == "TRANSIT_OVERLAP_SMS"
     assert (T.OFF, *T.MODES) == rules.OVERLAP_MODES  # the CLI's --overlap choices are the modes the adapter knows
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
@@ -573,14 +568,11 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     hooks = site._Hooks(Api())
     assert type(hooks.overlap).__name__ == "Overlap"
     assert hooks.overlap.ours == [hooks.post_step, hooks.pool.pre_step, hooks.pool.post_step]
-    assert hooks.overlap.side_stream and hooks.overlap.staging is None  # reading the state where it is
+    assert hooks.overlap.staging is None  # reading the state where it is
     monkeypatch.setenv(T.OVERLAP_ENV, "staged")  # the experiment: the state staged through the copy engines
     ov = site._Hooks(Api()).overlap
-    assert ov.side_stream and ov.staging is not None
+    assert ov.staging is not None
     assert ov.staging.device_memory[0](1 << 20) == 0  # the ring's memory comes from the shim's API
-    monkeypatch.setenv(T.OVERLAP_ENV, "serial")  # the diagnostic: early updates without the side stream
-    ov = site._Hooks(Api()).overlap
-    assert ov.side_stream is False and ov.staging is None
     monkeypatch.setenv(T.OVERLAP_ENV, "yes")  # anything else leaves the step alone
     assert site._Hooks(Api()).overlap is None
     sys.modules.pop("transit_overlap", None)
@@ -599,7 +591,6 @@ class Api:  # the shim's API as the adapter sees it, on a machine without the sh
     HOT, MASTER, OPTIMIZER = 0, 1, 2
     def hint(self, ptr, size, kind): return 0
     def iteration(self): return 0
-    def stage_enabled(self): return False
     def device_alloc(self, size): return 0
     def device_free(self, ptr): return -1
     def state_alloc(self, on): return False
@@ -766,27 +757,24 @@ def test_state_born_in_pinned_memory_is_homed_in_place(T, monkeypatch):
         assert torch.equal(t, values + 1)
 
 
-def test_early_updates_on_a_green_context_or_a_plain_stream(T, monkeypatch, capsys):
-    """TRANSIT_OVERLAP_SMS=N asks for the early updates' stream from a green context of N SMs;
-    where torch or the driver has none (this CPU build) it says so once and uses a plain
-    stream; unset, a plain stream without a word. The calls made are checked (no GPU here)."""
-    import torch
-    import torch.cuda.green_contexts as gc
-    plain = object()
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: plain)
-    dev = torch.device("cuda", 0)
-    monkeypatch.delenv(T.SMS_ENV, raising=False)
-    assert T._side_stream(dev) is plain and capsys.readouterr().err == ""
-    monkeypatch.setenv(T.SMS_ENV, "16")
-    assert T._side_stream(dev) is plain
-    assert "TRANSIT_OVERLAP_SMS=16 not applied" in capsys.readouterr().err
-    made = []
-
-    class Green:
-        def Stream(self):
-            return "green stream"
-    monkeypatch.setattr(gc.GreenContext, "create", staticmethod(lambda **kw: made.append(kw) or Green()))
-    assert T._side_stream(dev) == "green stream" and made == [{"num_sms": 16, "device_id": 0}]
-    assert "early updates on a green context of 16 SMs" in capsys.readouterr().err
-    monkeypatch.setenv(T.SMS_ENV, "many")
-    assert T._side_stream(dev) is plain and "not applied" in capsys.readouterr().err
+def test_retired_settings_are_said_once_and_ignored(T, monkeypatch, capsys):
+    """TRANSIT_OVERLAP_STEP=serial and TRANSIT_OVERLAP_SMS (retired, docs/retired-experiments.md):
+    a job that still sets them is told, a line each, when the adapter starts, and runs as if
+    they were unset: advise's default for serial (the streamed step), a plain side stream
+    whatever the SMs asked."""
+    monkeypatch.syspath_prepend(str(inject.adapter_dir()))
+    site = load("sitecustomize")  # installs nothing here: no shim is loaded
+    monkeypatch.setenv(T.OVERLAP_ENV, "serial")
+    monkeypatch.setenv("TRANSIT_OVERLAP_SMS", "16")
+    assert type(site._Hooks(Api()).overlap).__name__ == "StreamedStep"
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["transit adapter: TRANSIT_OVERLAP_STEP=serial is retired and ignored (docs/retired-experiments.md): "
+                   "the optimizer step runs as if it were unset; the modes are 0, 1, staged, stream",
+                   "transit adapter: TRANSIT_OVERLAP_SMS=16 is retired and ignored (docs/retired-experiments.md): "
+                   "no green context is made (the early updates of 1 and staged run on a plain side stream)"], err
+    monkeypatch.setenv(T.OVERLAP_ENV, "1")
+    assert type(site._Hooks(Api()).overlap).__name__ == "Overlap"
+    assert capsys.readouterr().err.count("\n") == 1  # the SMs' line only
+    monkeypatch.delenv("TRANSIT_OVERLAP_SMS")
+    assert T.retired({T.OVERLAP_ENV: "1"}) == [] and T.retired({"TRANSIT_OVERLAP_SMS": ""}) == []
+    sys.modules.pop("transit_overlap", None)

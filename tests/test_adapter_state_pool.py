@@ -217,8 +217,6 @@ def test_overlap_counts_the_pool_hooks_as_the_adapters_own(monkeypatch):
 
     class Api:
         def policy(self): return "advise"  # the shim's policy
-        def stage_enabled(self):
-            return False
         device_alloc = device_free = state_alloc = host_state = None
     hooks = site._Hooks(Api())
     assert hooks.pool is not None and hooks.overlap is not None

@@ -256,7 +256,6 @@ def test_the_mode_is_wired_by_the_adapter(monkeypatch):
     class Api:
         def __init__(self, policy="advise"): self.name = policy
         def policy(self): return self.name
-        def stage_enabled(self): return False
         def device_alloc(self, n): return calls.append(("alloc", n)) or 0
         def device_free(self, p): return -1
         def state_alloc(self, on): calls.append(("mark", on))

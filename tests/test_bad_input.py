@@ -209,6 +209,12 @@ ROWS = [
     ([*RENDER, "--gpu-budget", "0GB", *CMD], "must be at least one byte"),
     ([*RENDER, "--policy", "turbo", *CMD], "invalid choice"),
     ([*RENDER, "--log", "chatty", *CMD], "invalid choice"),
+    # a retired step mode is named as retired, with the modes there are (docs/retired-experiments.md)
+    ([*RENDER, "--overlap", "serial", *CMD],
+     "argument --overlap: 'serial' is retired (docs/retired-experiments.md): the modes are 0, 1, staged, stream"),
+    (["run", "--overlap", "serial", "--", "true"], "argument --overlap: 'serial' is retired"),
+    ([*PLAN, "--overlap", "serial"], "argument --overlap: 'serial' is retired"),
+    ([*SUBMIT, "--overlap", "serial", *CMD], "argument --overlap: 'serial' is retired"),
     # --- submit ------------------------------------------------------------------------------
     ([*SUBMIT, "--nodes", "0", *CMD], "--nodes must be auto or a positive integer of at most 100000, got '0'"),
     ([*SUBMIT, "--nodes", "-3", *CMD], "got '-3'"),

@@ -173,12 +173,23 @@ def test_the_adapter_imports_nothing_of_transit_launch():
 
 def test_the_environment_table_lists_every_variable_and_only_those():
     """docs/environment.md, the contract users read, has a row for every name in rules.ENV
-    and names no TRANSIT_* variable that rules.ENV lacks."""
+    and names no TRANSIT_* variable that rules.ENV lacks; its section "Retired" has a row for
+    every name in rules.RETIRED_ENV (what a job that still sets one is told) and names no
+    other."""
     import re
     doc = (Path(__file__).resolve().parent.parent / "docs" / "environment.md").read_text()  # the sdist's docs
-    rows = set(re.findall(r"^\| `(TRANSIT_[A-Z_]+)` \|", doc, flags=re.M))
+    current, found, retired = doc.partition("\n## Retired\n")
+    assert found, "docs/environment.md has no section '## Retired'"
+    row = re.compile(r"^\| `(TRANSIT_[A-Z_]+)[=`]", flags=re.M)
+    rows = set(row.findall(current))
     assert rows == set(rules.ENV.values()), (rows ^ set(rules.ENV.values()))
-    assert set(re.findall(r"TRANSIT_[A-Z_]+", doc)) <= set(rules.ENV.values())
+    assert set(re.findall(r"TRANSIT_[A-Z_]+", current)) <= set(rules.ENV.values())
+    assert set(row.findall(retired)) == set(rules.RETIRED_ENV.values()) | {rules.ENV["OVERLAP_STEP"]}
+    assert set(re.findall(r"TRANSIT_[A-Z_]+", retired)) <= set(rules.RETIRED_ENV.values()) | set(rules.ENV.values())
+    for mode in rules.RETIRED_OVERLAP_MODES:
+        assert f"| `{rules.ENV['OVERLAP_STEP']}={mode}` |" in retired
+    assert not set(rules.RETIRED_ENV.values()) & set(rules.ENV.values())
+    assert not set(rules.RETIRED_OVERLAP_MODES) & set(rules.OVERLAP_MODES)
 
 
 def test_the_adapter_spells_its_variables_as_the_rules_do():
@@ -194,6 +205,9 @@ def test_the_adapter_spells_its_variables_as_the_rules_do():
         assert site.ADAPTER_ENV == rules.ENV["ADAPTER"]
         assert transit_overlap.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"]
         assert set(site.PINNED_STATE_MODES) <= set(rules.OVERLAP_MODES)
+        # the retired settings the adapter names (TRANSIT_STAGE is the shim's: TR_RETIRED_ENV_STAGE)
+        assert transit_overlap.RETIRED_MODES == rules.RETIRED_OVERLAP_MODES
+        assert set(transit_overlap.RETIRED_ENV) == set(rules.RETIRED_ENV.values()) - {rules.RETIRED_ENV["STAGE"]}
     finally:
         sys.path.remove(str(inject.adapter_dir()))
         for m in ("transit_overlap", "transit_state_pool", "transit_api"):

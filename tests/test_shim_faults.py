@@ -243,7 +243,6 @@ BAD_SETTINGS = [
     ("TRANSIT_WARMUP_ITERS", "99999999999", "using 2"),
     ("TRANSIT_WARMUP_ITERS", "2x", "using 2"),
     ("TRANSIT_ALLOW_OVERSUBSCRIBE", "yes", "using 0"),
-    ("TRANSIT_STAGE", "true", "using 0"),
     ("TRANSIT_GPU_BUDGET", "0", "using no budget"),
     ("TRANSIT_GPU_BUDGET", "0.5", "using no budget"),
     ("TRANSIT_GPU_BUDGET", "1e30", "using no budget"),
@@ -287,7 +286,7 @@ def test_a_bare_number_is_refused_by_name_not_read_as_bytes(built):
 
 @pytest.mark.parametrize("var,value", [
     ("TRANSIT_LOG", "ERROR"), ("TRANSIT_WARMUP_ITERS", "3"), ("TRANSIT_ALLOW_OVERSUBSCRIBE", "0"),
-    ("TRANSIT_ALLOW_OVERSUBSCRIBE", "1"), ("TRANSIT_STAGE", "1"), ("TRANSIT_STAGE", "0"), ("TRANSIT_GPU_BUDGET", "40GB"),
+    ("TRANSIT_ALLOW_OVERSUBSCRIBE", "1"), ("TRANSIT_GPU_BUDGET", "40GB"),
     ("TRANSIT_GPU_BUDGET", "40 GB"), ("TRANSIT_GPU_BUDGET", "40000000000B"), ("TRANSIT_RESERVE", "512MiB"),
     ("TRANSIT_MERGE_GAP", "4096B"), ("TRANSIT_COLD_TAIL", "0.05"),
     ("TRANSIT_COLD_TAIL", ".1"), ("TRANSIT_GPU_BUDGET", ""), ("TRANSIT_WARMUP_ITERS", ""),
@@ -295,3 +294,16 @@ def test_a_bare_number_is_refused_by_name_not_read_as_bytes(built):
 def test_a_good_setting_is_silent(built, var, value):
     res, out, _ = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", var: value})
     assert res.returncode == 0 and out["alloc0"] == "0" and res.stderr == ""
+
+
+@pytest.mark.parametrize("value", ["1", "0", "true", "x" * 300])
+def test_a_retired_setting_gets_one_line_and_the_job_runs(built, value):
+    """TRANSIT_STAGE (rules.RETIRED_ENV, docs/retired-experiments.md), whatever its value:
+    one line that it is retired and ignored; set empty it is unset, and silent."""
+    res, out, _ = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", "TRANSIT_STAGE": value})
+    assert res.returncode == 0 and out["alloc0"] == "0", res.stderr
+    [line] = res.stderr.splitlines()
+    assert f"TRANSIT_STAGE={value[:100]}" in line and "is retired and ignored" in line, line
+    assert len(line) < 400
+    res, _, _ = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", "TRANSIT_STAGE": ""})
+    assert res.stderr == ""

@@ -1,9 +1,9 @@
 """The shim, the fake runtime, the fake CUPTI and the test program built with
 AddressSanitizer + UndefinedBehaviorSanitizer (GCC's `undefined` leaves out
 float-cast-overflow: added) and, separately, with ThreadSanitizer, all with -Werror, then
-the fake-runtime scenarios (threads, fork, faults, hints, launches, staging, recording,
-bad settings, the stress) under each. Any sanitizer report fails: the exit code is
-checked, and the output searched for the reports' headers.
+the fake-runtime scenarios (threads, fork, faults, hints, launches, device buffers,
+recording, bad and retired settings, the stress) under each. Any sanitizer report fails:
+the exit code is checked, and the output searched for the reports' headers.
 
 A sanitizer runtime must come first in the process, and LD_PRELOAD puts libtransit.so
 ahead of the program's own libraries: the runtime's absolute path
@@ -111,11 +111,8 @@ SCENARIOS = {
     "launches-replay": (("loop", 3, 20, 2 * GiB, "adapter", "replay", "straddle"), "prefetch",
                         {"TRANSIT_GPU_BUDGET": "3GB"}, False),
     "launches-period": (("layers", 60, 40), "advise", {}, False),
-    "stage": (("stage", 3, STATS), "advise", {"TRANSIT_GPU_BUDGET": f"{11 * GiB // 2}B", "TRANSIT_STAGE": "1"}, False),
-    "stage-grow": (("stage", 4, STATS, "grow"), "advise",
-                   {"TRANSIT_GPU_BUDGET": f"{11 * GiB // 2}B", "TRANSIT_STAGE": "1"}, False),
-    "fault-event": (("stage", 3, STATS), "advise", {"TRANSIT_GPU_BUDGET": f"{11 * GiB // 2}B", "TRANSIT_STAGE": "1",
-                                                    "FAKE_EVENT_FAIL": "1"}, False),
+    "retired-stage": (("place", 4 * GB, 0, STATS, f"1000000:{2 * GB}:2"), "advise",
+                      {"TRANSIT_GPU_BUDGET": "8GB", "TRANSIT_STAGE": "1" * 300}, False),
     "fault-not-supported": (("alloc", GB, GB), "advise", {"FAKE_MANAGED_FAIL": "1"}, False),
     "fault-oom": (("threads", 4, 500, MiB, 2), "advise", {"FAKE_MANAGED_OOM_EVERY": "3"}, False),
     "fault-prefetch": (("loop", 3, 20, 2 * GiB, "adapter", "replay"), "prefetch",
@@ -150,7 +147,7 @@ def test_scenario_is_sanitizer_clean(sanitized, tmp_path, scenario):
     clean(res)
 
 
-@pytest.mark.parametrize("name", ["advise-stage", "prefetch-replay", "prefetch-recording"])
+@pytest.mark.parametrize("name", ["advise", "prefetch-replay", "prefetch-recording"])
 def test_stress_is_sanitizer_clean(sanitized, tmp_path, name):
     env = dict(sanitized["env"])
     if name == "prefetch-recording":

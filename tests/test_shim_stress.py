@@ -1,6 +1,6 @@
 """Concurrency stress of the shim against the fake runtime: 8 threads x 20000 seeded random
 allocations, frees (of any thread's memory), hints, launches (some touching memory),
-iteration boundaries, staging calls and table checks, with a budget and a tight guard.
+iteration boundaries, device buffers and table checks, with a budget and a tight guard.
 A fixed count of operations, no clock: what each run must see (guard refusals, host
 placement, device buffers) follows from the operations themselves (about 1% of the
 allocations ask for nearly SIZE_MAX bytes, which the guard refuses). After every run:
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(CUDA_INC is None or not shutil.which("cc"),
 
 # (policy, extra arguments, environment): every placement path the threads can reach
 SCENARIOS = {
-    "advise-stage": ("advise", (), {"TRANSIT_STAGE": "1"}),
+    "advise": ("advise", (), {}),
     "prefetch-replay": ("prefetch", ("replay",), {}),
     "base": ("base", (), {}),
     "prefetch-recording": ("prefetch", (), {}),  # with the fake CUPTI: warm-up recorded under threads
@@ -98,5 +98,5 @@ def test_budget_holds_at_every_instant_under_threads(built, tmp_path):
     that room first, 150-200 MB resident under the 128 MiB budget in every run."""
     _, out, _ = run(built, "stress", 3, 8, 20000, tmp_path / "s.json", policy="advise",
                     env={"FAKE_GPU_MEM": str(GUARD + RESERVE), "TRANSIT_GPU_BUDGET": f"{BUDGET}B",
-                         "TRANSIT_LOG": "error", "FAKE_CUDART_LOG": "", "TRANSIT_STAGE": "1"})
+                         "TRANSIT_LOG": "error", "FAKE_CUDART_LOG": ""})
     assert int(out["fake_device_used_peak"]) <= BUDGET

@@ -361,20 +361,116 @@ def _mesh(log: str, ranks: int) -> str:
     return m[0]
 
 
-def test_lab_job_runs_the_layout_the_plan_chose(titan, lab, tmp_path):
-    """submit --torchtitan (the plan's node count, and --nodes 2) runs TorchTitan's debug model
-    unchanged on the lab cluster, on CPU with gloo (tests/torchtitan/cpu_standin: TorchTitan
-    0.2.2 insists on a CUDA device); the layout TorchTitan logs is the plan's."""
+def _assets(tmp_path) -> Path:
+    """A working directory with the debug config's assets: its tokenizer and the c4_test
+    dataset's path (64 rows of words in the tokenizer)."""
     work = tmp_path / "work"
     (work / "tests" / "assets").mkdir(parents=True)
     os.chmod(tmp_path, 0o755)
     shutil.copytree(HERE / "tokenizer", work / "tests" / "assets" / "tokenizer")  # the config's hf_assets_path
-    c4 = work / "tests" / "assets" / "c4_test"  # the c4_test dataset's path: 64 rows of words in the tokenizer
+    c4 = work / "tests" / "assets" / "c4_test"
     c4.mkdir()
     words = "the of and to in a is that for it as was with be by on not he this are or his from at".split()
     c4.joinpath("data.json").write_text("".join(json.dumps({"text": " ".join(words[(i + j) % len(words)]
                                                                              for j in range(150))}) + "\n"
                                                 for i in range(64)))
+    return work
+
+
+# One rank of TorchTitan's own trainer (torchtitan.train.main, unchanged), with the adapter's
+# hooks installed as sitecustomize installs them under the shim ("default": advise's streamed
+# step, on a stand-in for the shim's API that calls every state pinned; the CPU stands in for
+# the GPU, a state's own memory its home) or without them ("plain"). It records every
+# microbatch's loss and every step's gradient norm before clipping, exactly (floats as JSON).
+TITAN_RANK = r"""
+import importlib.util, json, os, sys
+mode, adapter, out = sys.argv[1:4]
+sys.argv = ["torchtitan.train", *sys.argv[4:]]
+import torch.optim.optimizer
+hooks = None
+if mode == "default":
+    os.environ.pop("TRANSIT_OVERLAP_STEP", None)
+    sys.path.insert(0, adapter)
+    spec = importlib.util.spec_from_file_location("transit_site", os.path.join(adapter, "sitecustomize.py"))
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+
+    class Api:
+        HOT, MASTER, OPTIMIZER = 0, 1, 2
+        def policy(self): return "advise"
+        def hint(self, ptr, size, kind): return 0
+        def iteration(self): return 0
+        def adapter_attach(self): return None
+        def apply(self): return None
+        def device_alloc(self, size): return 0
+        def device_free(self, ptr): return -1
+        def state_alloc(self, on): return False
+        def host_state(self, ptr, size): return True
+
+    import transit_overlap
+    transit_overlap._staging_module().Staging._homeable = staticmethod(lambda t: t.is_contiguous())
+    hooks = site._Hooks(Api())
+    hooks.register(sys.modules["torch.optim.optimizer"])
+import torchtitan.train as tt
+from torchtitan.distributed import utils as du
+losses, norms = [], []
+fb, clip = tt.Trainer.forward_backward_step, du.clip_grad_norm_
+def forward_backward_step(self, *a, **k):
+    loss = fb(self, *a, **k)
+    losses.append(float(loss.detach()))
+    return loss
+def clip_grad_norm_(*a, **k):
+    norm = clip(*a, **k)
+    norms.append(float(norm))
+    return norm
+tt.Trainer.forward_backward_step, du.clip_grad_norm_ = forward_backward_step, clip_grad_norm_
+tt.main(tt.Trainer)
+ov = hooks.overlap if hooks else None
+with open(os.path.join(out, f"{mode}-{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"losses": losses, "norms": norms, "streamed": getattr(ov, "streamed", 0),
+               "said": [str(v) for v in getattr(ov, "said", {}).values()]}, f)
+"""
+
+
+def test_the_default_streamed_step_under_torchtitans_trainer_is_bit_identical(titan, tmp_path):
+    """Issue 27's CPU check: TorchTitan 0.2.2's trainer unchanged (its debug model, FSDP2 on two
+    gloo ranks, its OptimizersContainer, 2 microbatches a step, its clipping, here at 0.05 so
+    that it binds) under advise's default step: every sharded parameter of the container's
+    AdamW streamed from the second step on, nothing refused, and every microbatch's loss and
+    every gradient norm equal to the run without the adapter (both seeded, deterministic), bit
+    for bit."""
+    from transit_launch.shim import inject
+    work = _assets(tmp_path)
+    driver = tmp_path / "titan_rank.py"
+    driver.write_text(TITAN_RANK)
+    steps = 4
+    args = ["--job.config_file", str(DEBUG), f"--training.steps={steps}", "--training.max_norm=0.05",
+            "--training.local_batch_size=1", "--training.global_batch_size=4", "--training.seq_len=64",
+            "--comm.init_timeout_seconds=120", "--metrics.log_freq=1", "--debug.seed=7", "--debug.deterministic"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE / "cpu_standin"), os.environ.get("PYTHONPATH")])))
+    got = {}
+    for mode in ("plain", "default"):
+        res = subprocess.run([str(titan.venv / "bin" / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                              str(driver), mode, str(inject.adapter_dir()), str(tmp_path), *args],
+                             capture_output=True, text=True, timeout=600, cwd=work, env=env)
+        assert res.returncode == 0, res.stderr[-4000:]
+        got[mode] = [json.loads((tmp_path / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
+    plain, default = got["plain"], got["default"]
+    assert [len(r["losses"]) for r in plain] == [2 * steps] * 2 and len(plain[0]["norms"]) == steps
+    assert all(n > 0.05 for n in plain[0]["norms"])  # the clipping binds at every step
+    for p, d in zip(plain, default):
+        assert d["losses"] == p["losses"] and d["norms"] == p["norms"]
+    streamed = [r["streamed"] for r in default]
+    assert streamed[0] == streamed[1] > 0 and streamed[0] % (steps - 1) == 0, default
+    assert all(r["said"] == [] for r in default), default  # nothing refused
+
+
+def test_lab_job_runs_the_layout_the_plan_chose(titan, lab, tmp_path):
+    """submit --torchtitan (the plan's node count, and --nodes 2) runs TorchTitan's debug model
+    unchanged on the lab cluster, on CPU with gloo (tests/torchtitan/cpu_standin: TorchTitan
+    0.2.2 insists on a CUDA device); the layout TorchTitan logs is the plan's."""
+    work = _assets(tmp_path)
     env = dict(lab.env, PATH=f"{titan.venv / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(HERE / "cpu_standin"), os.environ.get("PYTHONPATH")])))
     req = ["--torchtitan", DEBUG, "--gpus-per-node", "2", "--seq-len", "64", "--local-batch", "1",

@@ -115,6 +115,15 @@ def gpu_budget(text):
     return v
 
 
+def overlap_mode(text):
+    """argparse type of --overlap (its choices are rules.OVERLAP_MODES): a retired mode is
+    refused as retired, with what remains, rather than as an unknown word."""
+    if text in rules.RETIRED_OVERLAP_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r} is retired (docs/retired-experiments.md): the modes are "
+                                         f"{', '.join(rules.OVERLAP_MODES)}")
+    return text
+
+
 def fractions(flag, allow_zero=False):
     """Comma-separated fractions: in (0, 1), or [0, 1) with allow_zero."""
     def conv(text):

@@ -22,10 +22,11 @@ import sys
 POLICIES = ("off", "base", "prefetch", "advise")
 # TRANSIT_OVERLAP_STEP: "1" the optimizer step overlapped with backward, reading the state in
 # place; "staged" its state staged through the copy engines (the fastest measured, a second
-# host copy of the state); "serial" a diagnostic. The adapter keeps its own copy (a test
-# keeps them equal): it runs in the job's Python, which need not have transit_launch.
-# "stream" the step streamed through the copy engines, the default under advise; "0" the opt-out.
-OVERLAP_MODES = ("0", "1", "staged", "serial", "stream")
+# host copy of the state); "stream" the step run when the application calls it, in slices
+# through the copy engines, the default under advise; "0" the opt-out. The adapter keeps its
+# own copy (a test keeps them equal): it runs in the job's Python, which need not have
+# transit_launch.
+OVERLAP_MODES = ("0", "1", "staged", "stream")
 # the mode when TRANSIT_OVERLAP_STEP is unset, by policy (the adapter's DEFAULT_MODES; a test
 # keeps them equal); the plan predicts advise with it
 DEFAULT_OVERLAP = {"advise": "stream"}
@@ -52,19 +53,26 @@ ENV = {
     "MERGE_GAP": "TRANSIT_MERGE_GAP",
     "STATS": "TRANSIT_STATS",
     "LOG": "TRANSIT_LOG",
-    "STAGE": "TRANSIT_STAGE",
     "COLD_TAIL": "TRANSIT_COLD_TAIL",
     "HOST_STATE": "TRANSIT_HOST_STATE",  # 0: optimizer state over the budget stays managed memory (hoststate.c)
     # read by the framework adapter only (transit_overlap.py), not by the shim
     "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (adapter/transit_overlap.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
-    "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # SMs of the early updates' stream, a green context (transit_overlap.py)
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
     "ADAPTER": "TRANSIT_ADAPTER",  # 0: the hint adapter installs nothing (sitecustomize.py)
     # read by the launcher only (shim/inject.py): where libtransit.so and the adapter are
     "SHIM": "TRANSIT_SHIM",
     "ADAPTER_DIR": "TRANSIT_ADAPTER_DIR",
 }
+# Retired experiments (docs/retired-experiments.md): nothing reads them any more. A job that
+# still sets one is told once on stderr that it is ignored, and runs on: TRANSIT_STAGE by the
+# shim (shim/config.c), the others by the adapter (its own copies, which a test keeps equal).
+# The CLI refuses a retired --overlap mode in one line.
+RETIRED_ENV = {
+    "STAGE": "TRANSIT_STAGE",              # the shim lent optimizer state to the GPU for a step's end
+    "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # the early updates' stream on a CUDA green context of N SMs
+}
+RETIRED_OVERLAP_MODES = ("serial",)        # the early updates on the compute stream (a diagnostic)
 # PyTorch's expandable segments and its cudaMallocAsync backend allocate through
 # cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
 # would see nothing: every job with the shim gets the native caching allocator without
@@ -150,6 +158,7 @@ def c_header() -> str:
         f'#define TR_LOG_LEVEL_NAMES {{{", ".join(f"{chr(34)}{lv}{chr(34)}" for lv in LOG_LEVELS)}}}',
         f"#define TR_N_LOG_LEVELS {len(LOG_LEVELS)}",
         *(f'#define TR_ENV_{k} "{v}"' for k, v in ENV.items()),
+        *(f'#define TR_RETIRED_ENV_{k} "{v}"' for k, v in RETIRED_ENV.items()),
         f'#define TR_ALLOC_CONF "{ALLOC_CONF}"',
         "",
         f"#define TR_SIZE_MAX {SIZE_MAX}ull",

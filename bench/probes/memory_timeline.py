@@ -149,9 +149,9 @@ def bound(marks: list[dict], opt_bytes: float, budget: float, rate: float) -> di
 
 
 def staged(marks: list[dict], opt_bytes: float, budget: float, rate: float, t_opt: float, step_s: float) -> dict:
-    """What the built staging (TRANSIT_STAGE=1, docs/lifetime-policy.md) should reach with
-    this profile, before the costs it adds (empty_cache's synchronization, allocating
-    again): at the last backward start it lends X = min(O, budget - the most allocated from
+    """What the shim's staging (TRANSIT_STAGE=1, retired: docs/retired-experiments.md) would
+    reach with this profile, before the costs it adds (empty_cache's synchronization,
+    allocating again): at the last backward start it lends X = min(O, budget - the most allocated from
     there to the step's end) and the optimizer waits for X / rate beyond the time left to
     it; the rest, O - X, is still read zero-copy (O - X) / rate; going home X / rate
     overlaps the next step up to its first peak (the loss), beyond that the step waits.

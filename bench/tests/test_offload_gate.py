@@ -23,10 +23,12 @@ def test_the_gate_runs_advise_overlap_with_the_switch(monkeypatch):
     assert offload.expand("reference,advise-staged512,zenflow") == ["reference", "advise-staged512", "zenflow"]
 
 
-@pytest.mark.parametrize("bad", ["advise-stagedd", "zero-offlaod", "advise-", "Reference"])
+@pytest.mark.parametrize("bad", ["advise-stagedd", "zero-offlaod", "advise-", "Reference",
+                                 "advise-stage", "advise-serial", "advise-green16"])
 def test_the_gate_refuses_a_misspelt_run(monkeypatch, capsys, bad):
     """A misspelt variant ran the plain policy, and a misspelt peer the reference, under the
-    name asked for: one line and exit 2 instead."""
+    name asked for: one line and exit 2 instead. So are the retired experiments' runs
+    (docs/retired-experiments.md): their switches do nothing now."""
     monkeypatch.setattr(sys, "argv", ["offload.py"])
     offload = importlib.import_module("offload")
     with pytest.raises(SystemExit) as e:

@@ -12,7 +12,6 @@
  *                                 first (an optimizer was made)
  *   app hint SIZE OFF LEN KIND    allocate, hint a sub-range, apply, print
  *   app fork SIZE                 allocate, fork a child that allocates too, wait
- *   app stage STEPS STATS         steps of a training loop with staging calls (TRANSIT_STAGE=1)
  *   app place SIZE EXTRA STATS OFF:LEN:KIND... [late:SIZE]   allocate SIZE then EXTRA (0:
  *                                 none), hint ranges of the first, apply, allocate the late
  *                                 SIZE (the next step's new segment), apply, write stats
@@ -27,8 +26,8 @@
  *   app stress SEED THREADS OPS STATS [replay]   THREADS threads of OPS seeded random calls
  *                                 each (below), then the tallies; replay: a random replay table first
  * Kernels that touch memory (fake_touch.h) are what the fake runtime's residency follows:
- * alloc ... touch, place (the step after the last boundary), loop ... touch, stage and
- * stress launch them; print_tally prints the fake's own residency account (fake_*).
+ * alloc ... touch, place (the step after the last boundary), loop ... touch and stress
+ * launch them; print_tally prints the fake's own residency account (fake_*).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -128,10 +127,10 @@ static void *worker(void *arg)
 /* ---- stress: THREADS threads, each OPS seeded random calls (or until SECONDS pass):
  * allocations (some of 0 bytes, some near SIZE_MAX, some with a NULL devPtr), frees of
  * any thread's allocation, hints over live or freed memory, launches on two streams,
- * iteration boundaries, apply, cudaMemGetInfo, staging calls, the adapter's device
- * buffers (taken and given back), frees of pointers never allocated, stats and table checks. Counts what the runtime's contract says must not
- * happen (`wrong`: an unexpected return code, or cudaGetLastError not the failed call's
- * error). */
+ * iteration boundaries, apply, cudaMemGetInfo, the adapter's device buffers (taken and
+ * given back), frees of pointers never allocated, stats and table checks. Counts what the
+ * runtime's contract says must not happen (`wrong`: an unexpected return code, or
+ * cudaGetLastError not the failed call's error). */
 #define SLOTS 64
 static _Atomic uintptr_t slot[SLOTS];
 static _Atomic uintptr_t dbuf[8]; /* transit_device_alloc's buffers */
@@ -142,8 +141,6 @@ static struct {
     int (*iteration)(void);
     void (*apply)(void);
     int (*write_stats)(const char *);
-    size_t (*stage_in)(uintptr_t), (*stage_out)(uintptr_t);
-    int (*stage_wait)(uintptr_t);
     int (*check)(char *, size_t);
 } T;
 static uint64_t stress_seed, stress_ops;
@@ -257,7 +254,7 @@ static void stress_dbuf(uint64_t *r)
 static void stress_one(uint64_t *r)
 {
     uint64_t op = rnd(r) % 1000, k = rnd(r);
-    uintptr_t p = atomic_load(&slot[k % SLOTS]), stream = k % 3 ? 0 : 0x77;
+    uintptr_t p = atomic_load(&slot[k % SLOTS]);
     if (op < 300) {
         stress_alloc(r);
     } else if (op < 550) {
@@ -285,14 +282,6 @@ static void stress_one(uint64_t *r)
         if (e != cudaErrorInvalidValue)
             wrong("cudaFree of a foreign pointer", (int)e);
         expect_last(e);
-    } else if (op < 960) {
-        int which = (int)(k % 3);
-        if (which == 0)
-            T.stage_in(stream);
-        else if (which == 1)
-            T.stage_wait(stream);
-        else
-            T.stage_out(stream);
     } else if (op < 995) {
         char why[256] = "";
         if (T.check && T.check(why, sizeof why) != 0)
@@ -326,12 +315,10 @@ static int stress(int argc, char **argv)
     stress_stats = argv[5];
 #define L(f, name) T.f = (__typeof__(T.f))api(name)
     L(hint, "transit_hint"); L(iteration, "transit_iteration"); L(apply, "transit_apply");
-    L(write_stats, "transit_write_stats"); L(stage_in, "transit_stage_in"); L(stage_out, "transit_stage_out");
-    L(stage_wait, "transit_stage_wait"); L(check, "transit_test_check");
+    L(write_stats, "transit_write_stats"); L(check, "transit_test_check");
     L(dalloc, "transit_device_alloc"); L(dfree, "transit_device_free");
 #undef L
-    if (!T.hint || !T.iteration || !T.apply || !T.write_stats || !T.stage_in || !T.stage_out || !T.stage_wait ||
-        !T.dalloc || !T.dfree || n < 1 || n > 64)
+    if (!T.hint || !T.iteration || !T.apply || !T.write_stats || !T.dalloc || !T.dfree || n < 1 || n > 64)
         return 2;
     if (argc > 6 && !strcmp(argv[6], "replay")) { /* ranges over the first 64 GiB of the fake's addresses */
         void (*add)(uint64_t, uintptr_t, uint64_t) = (void (*)(uint64_t, uintptr_t, uint64_t))api("transit_test_replay_add");
@@ -645,51 +632,6 @@ int main(int argc, char **argv)
         if (late)
             cudaFree(late);
         cudaFree(p);
-        return 0;
-    }
-    if (!strcmp(argv[1], "stage") && argc >= 4) {
-        /* STEPS STATS: a 4 GiB hot allocation, 2 GiB of optimizer state in two hinted
-         * halves; each step allocates 1 GiB of activations, frees them (the framework's
-         * cache given back at the start of backward), stages, allocates 0.5 GiB of
-         * gradients, waits, runs the optimizer, ends the iteration, stages out, frees.
-         * A 4th argument "grow": from step 3 the gradients take 1 GiB, more than learned. */
-        const size_t GiB = 1ull << 30;
-        int steps = atoi(argv[2]), grow = argc > 4 && !strcmp(argv[4], "grow");
-        size_t (*in)(uintptr_t) = (size_t(*)(uintptr_t))api("transit_stage_in");
-        size_t (*out)(uintptr_t) = (size_t(*)(uintptr_t))api("transit_stage_out");
-        int (*wait)(uintptr_t) = (int (*)(uintptr_t))api("transit_stage_wait");
-        int (*hint)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
-        int (*iteration)(void) = (int (*)(void))api("transit_iteration");
-        int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
-        if (!in || !out || !wait || !hint || !iteration)
-            return 1;
-        cudaStream_t app = (cudaStream_t)0x77;
-        void *a, *o, *t, *g;
-        cudaMalloc(&a, 4 * GiB);
-        cudaMalloc(&o, 2 * GiB);
-        hint((uintptr_t)o, GiB, 2);
-        hint((uintptr_t)o + GiB, GiB, 2);
-        printf("o=0x%llx\n", (unsigned long long)(uintptr_t)o);
-        for (int i = 1; i <= steps; i++) {
-            cudaMalloc(&t, GiB);
-            struct fake_touch fwd[3] = {{(uintptr_t)a, 4 * GiB}, {(uintptr_t)t, GiB}, {0, 0}};
-            touch_kernel(fwd, app); /* forward and backward: the weights and the activations */
-            cudaFree(t);
-            printf("staged%d=%zu\n", i, in((uintptr_t)app));
-            cudaMalloc(&g, grow && i >= 3 ? GiB : GiB / 2);
-            printf("waited%d=%d\n", i, wait((uintptr_t)app));
-            size_t gsize = grow && i >= 3 ? GiB : GiB / 2;
-            struct fake_touch step[4] = {{(uintptr_t)a, 4 * GiB}, {(uintptr_t)o, 2 * GiB}, {(uintptr_t)g, gsize}, {0, 0}};
-            touch_kernel(step, app); /* the optimizer: weights, its state, the gradients */
-            iteration();
-            printf("out%d=%zu\n", i, out((uintptr_t)app));
-            cudaFree(g);
-        }
-        printf("stats=%d\n", write_stats(argv[3]));
-        printf("last_error=%d\n", (int)cudaPeekAtLastError());
-        print_tally();
-        cudaFree(o);
-        cudaFree(a);
         return 0;
     }
     if (!strcmp(argv[1], "uvm") && argc >= 3) {

@@ -4,8 +4,7 @@
  * Knobs: FAKE_GPU_MEM, FAKE_HOST_MEM (managed bytes that fit, 2 TiB), FAKE_RUNTIME_VERSION
  * (13000), FAKE_NO_MANAGED=1, FAKE_MANAGED_FAIL=1 (cudaMallocManaged returns
  * cudaErrorNotSupported), FAKE_MANAGED_OOM_EVERY=N (every Nth cudaMallocManaged runs out
- * of memory), FAKE_PREFETCH_FAIL=1, FAKE_EVENT_FAIL=1, FAKE_EVENT_BUSY=1 (below),
- * FAKE_HOST_REGISTER_FAIL=1 (cudaHostRegister runs out of memory),
+ * of memory), FAKE_PREFETCH_FAIL=1, FAKE_HOST_REGISTER_FAIL=1 (cudaHostRegister runs out of memory),
  * FAKE_CUDART_RESIDENCY=PATH (the residency account as JSON at exit; %p: the pid).
  *
  * Where each answer comes from. "probe": bench/probes/cuda_error_probe.c on the H200, its
@@ -30,9 +29,7 @@
  *     memgetinfo_managed_resident; the UVM driver keeps the chunks, bench/RESULTS.md);
  *     that the driver hands them back under pressure is not modelled (ASSUMPTION)
  *   managed memory and concurrent managed access supported (probe: attr_managed,
- *     attr_concurrent), runtime 13000 (the H200's CUDA 13, gpu-lab); streams and events:
- *     handles and logging only (ASSUMPTION: no probe; FAKE_EVENT_FAIL's
- *     cudaErrorInvalidResourceHandle is the docs' answer for an event of another context)
+ *     attr_concurrent), runtime 13000 (the H200's CUDA 13, gpu-lab)
  *
  * Residency (issue 33): which 4 KiB page of every managed allocation is on the device,
  * on the host or nowhere yet, driven by prefetches, advice and the "kernels" the test
@@ -593,65 +590,6 @@ cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation
         prefetch_pages(b, (uint64_t)(uintptr_t)p, n, loc.type == cudaMemLocationTypeDevice ? LOC_DEV : LOC_HOST);
     pthread_mutex_unlock(&mu);
     return ok ? cudaSuccess : fail(cudaErrorInvalidValue);
-}
-
-/* Streams and events: handles are small numbers, every call is logged. cudaEventQuery
- * says not-ready while FAKE_EVENT_BUSY is set (a copy still running). */
-static uintptr_t next_handle = 0x100;
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
-{
-    pthread_mutex_lock(&mu);
-    *s = (cudaStream_t)next_handle++;
-    logcall("cudaStreamCreateWithFlags %p %u", (void *)*s, flags);
-    pthread_mutex_unlock(&mu);
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
-{
-    pthread_mutex_lock(&mu);
-    *e = (cudaEvent_t)next_handle++;
-    logcall("cudaEventCreateWithFlags %p %u", (void *)*e, flags);
-    pthread_mutex_unlock(&mu);
-    return cudaSuccess;
-}
-
-#define LOG2(fmt, a, b)                  \
-    do {                                 \
-        pthread_mutex_lock(&mu);         \
-        logcall(fmt, (void *)(a), (void *)(b)); \
-        pthread_mutex_unlock(&mu);       \
-    } while (0)
-
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
-{
-    LOG2("cudaEventRecord %p %p", e, s);
-    if (getenv("FAKE_EVENT_FAIL")) /* e.g. an event of another context */
-        return fail(cudaErrorInvalidResourceHandle);
-    return cudaSuccess;
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
-{
-    (void)flags;
-    LOG2("cudaStreamWaitEvent %p %p", s, e);
-    return cudaSuccess;
-}
-
-static void log1(const char *what, cudaEvent_t e)
-{
-    pthread_mutex_lock(&mu);
-    logcall("%s %p", what, (void *)e);
-    pthread_mutex_unlock(&mu);
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { log1("cudaEventSynchronize", e); return cudaSuccess; }
-
-cudaError_t cudaEventQuery(cudaEvent_t e)
-{
-    log1("cudaEventQuery", e);
-    return getenv("FAKE_EVENT_BUSY") ? cudaErrorNotReady : cudaSuccess;
 }
 
 /* Both launch entry points share this; like the real runtime, no internal call goes back

@@ -30,102 +30,12 @@ def _chain_next_sitecustomize():
         spec.loader.exec_module(mod)
 
 
-def _guarded(fn):
-    """A staging hook that fails switches staging off; the job goes on."""
-    def call(self, *args):
-        if self.off:
-            return None
-        try:
-            return fn(self, *args)
-        except Exception as e:
-            self.off = True
-            print(f"transit adapter: staging disabled after an error: {e!r}", file=sys.stderr)
-            return None
-    return call
-
-
-class _Stager:
-    """TRANSIT_STAGE=1 (experimental, docs/lifetime-policy.md): drives the shim's staging.
-    The start of a backward is the gradient of the outermost module's output; at the last
-    one of a step (microbatches counted the step before) PyTorch gives its free cache back
-    (torch.cuda.empty_cache: the shim sees the cudaFree) and the shim lends the optimizer
-    state to the device on a side stream; the optimizer step waits for it; after the step
-    it goes home."""
-
-    def __init__(self, api):
-        self.api, self.depth, self.count, self.micro = api, 0, 0, 0
-        self.off = False
-
-    def install(self):
-        from torch.nn.modules import module
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        self.handles = [module.register_module_forward_pre_hook(self.pre),
-                        module.register_module_forward_hook(self.post),
-                        register_optimizer_step_pre_hook(self.pre_step)]
-
-    def uninstall(self):
-        for h in self.handles:
-            h.remove()
-
-    @staticmethod
-    def stream():
-        import torch
-
-        return torch.cuda.current_stream().cuda_stream
-
-    @staticmethod
-    def in_backward():
-        import torch
-
-        return torch._C._current_graph_task_id() != -1
-
-    # Only the forward pass counts depth: activation checkpointing's recompute in backward
-    # calls the pre-hooks but stops early, before the post-hooks (non-reentrant early stop).
-    @_guarded
-    def pre(self, mod, args):
-        if not self.in_backward():
-            self.depth += 1
-
-    @_guarded
-    def post(self, mod, args, out):
-        import torch
-
-        if self.in_backward():
-            return
-        self.depth -= 1
-        if self.depth == 0 and torch.is_tensor(out) and out.requires_grad:
-            out.register_hook(self.backward_start)
-
-    @_guarded
-    def backward_start(self, grad):
-        import torch
-
-        self.count += 1
-        if self.micro and self.count == self.micro:
-            torch.cuda.empty_cache()
-            self.api.stage_in(self.stream())
-
-    @_guarded
-    def pre_step(self, opt, args, kwargs):
-        self.api.stage_wait(self.stream())
-
-    @_guarded
-    def step_end(self):
-        self.micro, self.count = self.count, 0
-        self.api.stage_out(self.stream())
-        if not self.api.stage_enabled():  # the shim stopped staging (a failed call, an overflow)
-            self.off = True               # so no more empty_cache: it costs a re-grown cache a step
-            self.uninstall()
-
-
 class _Hooks:
     def __init__(self, api):
         self.api = api
         self.reported = {}
         self.first = None
         self.failed = False
-        self.stager = None
         self.pool = _state_pool(api)
         self.overlap = _overlap(api, self)
 
@@ -214,12 +124,6 @@ class _Hooks:
             # One boundary per training step, also when several optimizers step in turn.
             if opt is self.first:
                 self.api.iteration()
-                if self.stager is None:  # the shim knows once CUDA is up: after the first step
-                    self.stager = _Stager(self.api) if self.api.stage_enabled() else False
-                    if self.stager:
-                        self.stager.install()
-                elif self.stager:
-                    self.stager.step_end()
         except Exception as e:  # never the reason a job dies
             self.failed = True
             print(f"transit adapter: disabled after an error: {e!r}", file=sys.stderr)
@@ -250,10 +154,13 @@ def _state_pool(api):
 
 def _overlap(api, hooks):
     """TRANSIT_OVERLAP_STEP (under advise "stream" unless set): the driver of transit_overlap.py,
-    or under "stream" the streamed step (transit_streamed.py); else None."""
+    or under "stream" the streamed step (transit_streamed.py); else None. A retired setting
+    still in the job's environment is said here, once, and ignored."""
     try:
         import transit_overlap
 
+        for line in transit_overlap.retired(os.environ):
+            transit_overlap._say(line)
         mode = transit_overlap.mode(api.policy())
         if mode is None:
             return None
@@ -262,8 +169,7 @@ def _overlap(api, hooks):
 
             staging = transit_overlap._staging_module().Staging((api.device_alloc, api.device_free), api.host_state)
             return transit_streamed.StreamedStep(staging, transit_overlap, ours=hooks.ours())
-        return transit_overlap.Overlap(stage_enabled=api.stage_enabled, ours=hooks.ours(),
-                                       side_stream=mode != "serial", staged=mode == "staged",
+        return transit_overlap.Overlap(ours=hooks.ours(), staged=mode == "staged",
                                        device_memory=(api.device_alloc, api.device_free),
                                        host_state=api.host_state)
     except Exception as e:

@@ -18,10 +18,6 @@ void transit_apply(void);
 int transit_write_stats(const char *path);
 uintptr_t transit_device_alloc(size_t size);
 int transit_device_free(uintptr_t ptr);
-int transit_stage_enabled(void);
-size_t transit_stage_in(uintptr_t stream);
-int transit_stage_wait(uintptr_t stream);
-size_t transit_stage_out(uintptr_t stream);
 void transit_state_alloc(int on);
 int transit_host_state(uintptr_t ptr, size_t size);
 """
@@ -50,9 +46,6 @@ def _load():
     lib.transit_hint.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
     lib.transit_policy.restype = ctypes.c_char_p
     lib.transit_write_stats.argtypes = [ctypes.c_char_p]
-    for f in ("transit_stage_in", "transit_stage_out"):
-        getattr(lib, f).argtypes, getattr(lib, f).restype = [ctypes.c_size_t], ctypes.c_size_t
-    lib.transit_stage_wait.argtypes = [ctypes.c_size_t]
     version = lib.transit_api_version()  # an older libtransit.so (a site's TRANSIT_SHIM) lacks the newer calls
     if version >= 3:
         lib.transit_device_alloc.argtypes, lib.transit_device_alloc.restype = [ctypes.c_size_t], ctypes.c_size_t
@@ -123,22 +116,6 @@ def device_alloc(size: int) -> int:
 
 def device_free(ptr: int) -> int:
     return _lib.transit_device_free(ptr) if _since(3) else -1
-
-
-def stage_enabled() -> bool:
-    return bool(available and _lib.transit_stage_enabled())
-
-
-def stage_in(stream: int) -> int:
-    return _lib.transit_stage_in(stream) if available else 0
-
-
-def stage_wait(stream: int) -> int:
-    return _lib.transit_stage_wait(stream) if available else 0
-
-
-def stage_out(stream: int) -> int:
-    return _lib.transit_stage_out(stream) if available else 0
 
 
 def state_alloc(on: bool) -> bool:

@@ -16,7 +16,7 @@ the kernel path are those of the normal step. Those are what is checked: each op
 watched for LEARN steps first (how many gradients each parameter gets a step, whether its
 gradient is still bit-for-bit the same when the step runs, whether anything else could change
 the step), and anything that could make the result differ (clipping, GradScaler, closures,
-other step hooks, sparse gradients, changed param groups, shared parameters, staging, ...)
+other step hooks, sparse gradients, changed param groups, shared parameters, ...)
 turns the overlap off for that optimizer with one line on stderr; its steps then run as
 without the adapter. Steps that break the learned pattern later are detected at the step and
 reported; see the docs for what cannot be undone then.
@@ -27,13 +27,16 @@ import threading
 import weakref
 
 OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STEP"]; a test keeps them equal
-SMS_ENV = "TRANSIT_OVERLAP_SMS"  # rules.py ENV["OVERLAP_SMS"]: SMs of the early updates' stream (green context)
-_GREEN = []  # green contexts made for side streams (kept alive with them)
 # "1": early updates on a side stream beside backward, reading the state where it is (over
 # PCIe under advise); "staged": their state staged through the copy engines instead
-# (transit_staging.py; the fastest measured, with a second host copy); "serial": the early updates on the
-# current stream (a diagnostic: the same order and bytes without concurrency)
-MODES = ("1", "staged", "serial", "stream")  # stream: not an overlap with backward (transit_streamed.py)
+# (transit_staging.py; the fastest measured, with a second host copy)
+MODES = ("1", "staged", "stream")  # stream: not an overlap with backward (transit_streamed.py)
+# Retired experiments (docs/retired-experiments.md; rules.RETIRED_OVERLAP_MODES and
+# rules.RETIRED_ENV, a test keeps them equal): a job that still sets one is told once, and
+# runs as if it were unset. "serial" ran the early updates on the compute stream (a
+# diagnostic); TRANSIT_OVERLAP_SMS put their side stream on a CUDA green context of N SMs.
+RETIRED_MODES = ("serial",)
+RETIRED_ENV = ("TRANSIT_OVERLAP_SMS",)
 OFF = "0"  # the opt-out: no mode, the application's step reads the state where the shim put it
 # the mode when TRANSIT_OVERLAP_STEP is unset, by the shim's policy: under advise the streamed
 # step, which moves only the state the budget cannot hold (bench/RESULTS.md, "The streamed step
@@ -42,12 +45,13 @@ DEFAULT_MODES = {"advise": "stream"}
 
 
 def mode(policy):
-    """The step's mode for this job: TRANSIT_OVERLAP_STEP, else the policy's default; None when
-    off (TRANSIT_OVERLAP_STEP=0) or not a mode (said once)."""
+    """The step's mode for this job: TRANSIT_OVERLAP_STEP, else the policy's default (also for
+    a retired mode, which retired() has said); None when off (TRANSIT_OVERLAP_STEP=0) or not a
+    mode (said once)."""
     import os
 
     raw = os.environ.get(OVERLAP_ENV, "")
-    if not raw:
+    if not raw or raw in RETIRED_MODES:
         return DEFAULT_MODES.get(policy)
     if raw == OFF:
         return None
@@ -80,28 +84,18 @@ def _staging_module():
     return sys.modules[name]
 
 
-def _side_stream(device):
-    """The early updates' stream. With TRANSIT_OVERLAP_SMS=N a stream of a CUDA green context
-    of N SMs (torch's beta API), so that zero-copy updates waiting on PCIe hold at most N SMs
-    and backward keeps the rest (an experiment: a zero-copy update slows the GEMMs beside it,
-    bench/RESULTS.md); a plain stream when unset or unavailable (said once)."""
-    import os
-
-    import torch
-
-    sms = os.environ.get(SMS_ENV, "")
-    if sms:
-        try:
-            from torch.cuda.green_contexts import GreenContext
-
-            ctx = GreenContext.create(num_sms=int(sms), device_id=device.index)
-            stream = ctx.Stream()
-            _GREEN.append(ctx)  # the stream lives while its context does
-            _say(f"early updates on a green context of {sms} SMs")
-            return stream
-        except Exception as e:  # no green contexts in this torch or driver, or a bad value
-            _say(f"{SMS_ENV}={sms} not applied ({e!r}): early updates on a plain stream")
-    return torch.cuda.Stream(device=device)
+def retired(environ) -> list:
+    """What to say about the retired settings environ still holds: a line each."""
+    lines = []
+    mode = environ.get(OVERLAP_ENV)
+    if mode in RETIRED_MODES:
+        lines.append(f"{OVERLAP_ENV}={mode} is retired and ignored (docs/retired-experiments.md): the optimizer "
+                     f"step runs as if it were unset; the modes are {', '.join((OFF, *MODES))}")
+    for name in RETIRED_ENV:
+        if environ.get(name):
+            lines.append(f"{name}={environ[name][:100]} is retired and ignored (docs/retired-experiments.md): "
+                         "no green context is made (the early updates of 1 and staged run on a plain side stream)")
+    return lines
 
 
 def _say(msg):
@@ -299,10 +293,7 @@ class Overlap:
     on every parameter of an adopted optimizer (on FSDP2's sharded parameters FSDP2 calls it
     after the reduce-scatter)."""
 
-    def __init__(self, stage_enabled=lambda: False, ours=(), side_stream=True, staged=False, device_memory=None,
-                 host_state=None):
-        self.stage_enabled = stage_enabled
-        self.side_stream = side_stream
+    def __init__(self, ours=(), staged=False, device_memory=None, host_state=None):
         # device_memory: the shim's (alloc, free) of plain device memory for the staging ring;
         # host_state(ptr, nbytes): whether the shim made that state in pinned host memory
         self.staging = _staging_module().Staging(device_memory, host_state) if staged else None
@@ -388,8 +379,6 @@ class Overlap:
     def _refusal(self, opt, plan):
         if plan.raw is None:
             return f"{type(opt).__name__} is not torch.optim's Adam, AdamW or SGD (the elementwise updates verified)"
-        if self.stage_enabled():
-            return "TRANSIT_STAGE=1 moves the optimizer state at the same point of the step"
         for group in opt.param_groups:
             why = _group_refusal(group)
             if why:
@@ -430,8 +419,6 @@ class Overlap:
             return why
         if _regrouped(plan):
             return "its param groups changed"
-        if self.stage_enabled():
-            return "TRANSIT_STAGE=1 moves the optimizer state at the same point of the step"
         if _compiled_autograd():
             return "compiled autograd traces the gradient hooks (not verified)"
         learning = plan.phase == "learn"
@@ -583,9 +570,7 @@ class Overlap:
         if local.is_cuda:
             side = self.streams.get(local.device)
             if side is None:
-                # serial: the compute (default) stream, between backward's kernels
-                side = self.streams[local.device] = (_side_stream(local.device) if self.side_stream
-                                                     else torch.cuda.default_stream(local.device))
+                side = self.streams[local.device] = torch.cuda.Stream(device=local.device)
             # The side stream starts after the gradient is ready (this is the stream that made
             # it: the compute stream, or FSDP2's reduce-scatter stream) and runs while backward
             # goes on; the step's current stream waits for it (pre_step), before anything reads

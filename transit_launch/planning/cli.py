@@ -6,7 +6,7 @@ import json
 import sys
 
 from transit_launch.errors import UsageError
-from transit_launch.argtypes import finite_float, fractions, output_file, positive_int, size
+from transit_launch.argtypes import finite_float, fractions, output_file, overlap_mode, positive_int, size
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPUS, gpu_profile
 from transit_launch.planning import titan_config
 from transit_launch.planning.plan import DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
@@ -167,9 +167,10 @@ def register(sub):
     sp = sub.add_parser("plan", help="per-GPU memory, minimum nodes without offloading, scale-in options")
     add_plan_args(sp)
     from transit_launch.rules import OVERLAP_MODES
-    sp.add_argument("--overlap", choices=OVERLAP_MODES,
-                    help="plan for render/submit/run's --overlap: staged adds the state's second host copy to host "
-                         "DRAM and the staging ring to the GPU budget (default: none)")
+    sp.add_argument("--overlap", choices=OVERLAP_MODES, type=overlap_mode,
+                    help="plan for render/submit/run's --overlap (default: advise's, stream, which moves only the "
+                         "state the budget cannot hold and pays the staging ring from it); staged adds the state's "
+                         "second host copy to host DRAM; 0 plans the step in place")
     sp.add_argument("--json", action="store_true", help="machine-readable output (every row)")
     sp.add_argument("--all", action="store_true",
                     help=f"show every node count in the table (without it, a plan of more than "

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from transit_launch.argtypes import gpu_budget
+from transit_launch.argtypes import gpu_budget, overlap_mode
 from transit_launch.rules import GPU_BUDGET_MIN, LOG_LEVELS, OVERLAP_MODES, POLICIES, format_size
 
 
@@ -29,11 +29,11 @@ def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
     g.add_argument("--stats", type=_stats_path,
                    help=stats_help or "TRANSIT_STATS: directory (or file) for the shim's per-rank stats JSON")
     g.add_argument("--log", choices=LOG_LEVELS, help="TRANSIT_LOG level")
-    g.add_argument("--overlap", choices=OVERLAP_MODES,
-                   help="TRANSIT_OVERLAP_STEP (opt-in): 1, staged and serial overlap the optimizer step with "
-                        "backward (reading the state in place; through the copy engines; on the compute stream, a "
-                        "diagnostic); stream runs the step after clipping through the copy engines. torch's Adam, "
-                        "AdamW and SGD, bit-identical; anything else falls back (docs/environment.md)")
+    g.add_argument("--overlap", choices=OVERLAP_MODES, type=overlap_mode,
+                   help="TRANSIT_OVERLAP_STEP: stream (advise's default) runs the step after clipping through "
+                        "the copy engines for the state the budget cannot hold; 0 turns it off; 1 and staged "
+                        "overlap the step with backward (reading the state in place; through the copy engines). "
+                        "torch's Adam, AdamW and SGD, bit-identical; anything else falls back (docs/environment.md)")
 
 
 def cmd_run(a, command):

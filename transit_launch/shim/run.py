@@ -136,10 +136,6 @@ def summary(stats: list[dict]) -> dict:
             "iterations": s["iterations"], "iteration_source": s["iteration_source"],
             "median_iteration_ms": round(statistics.median(steady), 2) if steady else None,
             "budget_held": budget_held(s), "measured_within": measured_within(s), "file": s.get("file"),
-            # experimental staging (TRANSIT_STAGE=1): bytes lent to the GPU per staged step
-            "staged_gb_per_step": gb(st["in_bytes"] / st["steps"]) if (st := s.get("staging") or {}).get("steps")
-            else None,
-            "staging_stopped_by_overflow": bool(st.get("overflows")),
             # allocations the runtime refused as managed memory, served as plain device memory
             "managed_fallbacks": s.get("managed_fallbacks", 0),
             "warm_up": warm_up(s),
@@ -173,8 +169,4 @@ def summary_text(summ: dict) -> str:
         if p["managed_fallbacks"]:
             text += (f"\npid {p['pid']}: {p['managed_fallbacks']} allocation(s) could not be managed memory and "
                      "stayed plain device memory (not placed by the policy)")
-        if p.get("staged_gb_per_step") is not None:
-            text += f"\npid {p['pid']}: staging lent {p['staged_gb_per_step']} GB a step to the GPU (experimental)"
-            if p.get("staging_stopped_by_overflow"):
-                text += "; stopped after a step outgrew the room it had learned"
     return text
