@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,34 +24,11 @@ pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 # then the trainer as `python train_llama.py` would run it.
 RANK = r"""
 import importlib.util, json, os, runpy, sys
-mode, adapter, trainer, out, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+mode, adapter, standin, trainer, out, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
 hooks = None
 if mode in ("overlap", "default"):
-    import torch.optim.optimizer
-    if mode == "overlap":
-        os.environ["TRANSIT_OVERLAP_STEP"] = "1"
-    else:  # unset: advise's default, the streamed step
-        os.environ.pop("TRANSIT_OVERLAP_STEP", None)
-    sys.path.insert(0, adapter)
-    spec = importlib.util.spec_from_file_location("transit_site", os.path.join(adapter, "sitecustomize.py"))
-    site = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(site)
-
-    class Api:
-        def policy(self): return "advise"  # the shim's policy
-        HOT, MASTER, OPTIMIZER = 0, 1, 2
-        def hint(self, ptr, size, kind): return 0
-        def iteration(self): return 0
-        def device_alloc(self, size): return 0
-        def device_free(self, ptr): return -1
-        def state_alloc(self, on): return False
-        def host_state(self, ptr, size): return mode == "default"  # every state "pinned" by the stand-in
-
-    if mode == "default":  # the CPU stands in for the GPU: a state's own memory is its home
-        import transit_overlap
-        transit_overlap._staging_module().Staging._homeable = staticmethod(lambda t: t.is_contiguous())
-    hooks = site._Hooks(Api())
-    hooks.register(sys.modules["torch.optim.optimizer"])
+    sys.path.insert(0, os.path.dirname(standin))
+    hooks = __import__("adapter_standin").install(adapter, mode)
 sys.argv = [trainer, *args]
 try:
     runpy.run_path(trainer, run_name="__main__")
@@ -70,7 +48,8 @@ def job(tmp_path, mode):
     driver = tmp_path / "rank.py"
     driver.write_text(RANK)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(driver), mode,
-           str(inject.adapter_dir()), str(ROOT / "examples" / "train_llama.py"), str(tmp_path), *ARGS]
+           str(inject.adapter_dir()), str(Path(__file__).with_name("adapter_standin.py")),
+           str(ROOT / "examples" / "train_llama.py"), str(tmp_path), *ARGS]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]

@@ -383,34 +383,14 @@ def _assets(tmp_path) -> Path:
 # the GPU, a state's own memory its home) or without them ("plain"). It records every
 # microbatch's loss and every step's gradient norm before clipping, exactly (floats as JSON).
 TITAN_RANK = r"""
-import importlib.util, json, os, sys
-mode, adapter, out = sys.argv[1:4]
+import json, os, sys
+mode, standin, out = sys.argv[1:4]
 sys.argv = ["torchtitan.train", *sys.argv[4:]]
-import torch.optim.optimizer
 hooks = None
 if mode == "default":
-    os.environ.pop("TRANSIT_OVERLAP_STEP", None)
-    sys.path.insert(0, adapter)
-    spec = importlib.util.spec_from_file_location("transit_site", os.path.join(adapter, "sitecustomize.py"))
-    site = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(site)
-
-    class Api:
-        HOT, MASTER, OPTIMIZER = 0, 1, 2
-        def policy(self): return "advise"
-        def hint(self, ptr, size, kind): return 0
-        def iteration(self): return 0
-        def adapter_attach(self): return None
-        def apply(self): return None
-        def device_alloc(self, size): return 0
-        def device_free(self, ptr): return -1
-        def state_alloc(self, on): return False
-        def host_state(self, ptr, size): return True
-
-    import transit_overlap
-    transit_overlap._staging_module().Staging._homeable = staticmethod(lambda t: t.is_contiguous())
-    hooks = site._Hooks(Api())
-    hooks.register(sys.modules["torch.optim.optimizer"])
+    sys.path.insert(0, os.path.dirname(standin))
+    from transit_launch.shim import inject
+    hooks = __import__("adapter_standin").install(str(inject.adapter_dir()), mode)
 import torchtitan.train as tt
 from torchtitan.distributed import utils as du
 losses, norms = [], []
@@ -439,7 +419,6 @@ def test_the_default_streamed_step_under_torchtitans_trainer_is_bit_identical(ti
     AdamW streamed from the second step on, nothing refused, and every microbatch's loss and
     every gradient norm equal to the run without the adapter (both seeded, deterministic), bit
     for bit."""
-    from transit_launch.shim import inject
     work = _assets(tmp_path)
     driver = tmp_path / "titan_rank.py"
     driver.write_text(TITAN_RANK)
@@ -452,7 +431,8 @@ def test_the_default_streamed_step_under_torchtitans_trainer_is_bit_identical(ti
     got = {}
     for mode in ("plain", "default"):
         res = subprocess.run([str(titan.venv / "bin" / "torchrun"), "--standalone", "--nproc-per-node", "2",
-                              str(driver), mode, str(inject.adapter_dir()), str(tmp_path), *args],
+                              str(driver), mode, str(Path(__file__).with_name("adapter_standin.py")),
+                              str(tmp_path), *args],
                              capture_output=True, text=True, timeout=600, cwd=work, env=env)
         assert res.returncode == 0, res.stderr[-4000:]
         got[mode] = [json.loads((tmp_path / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
