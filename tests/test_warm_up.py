@@ -32,6 +32,19 @@ def test_without_an_attach_the_first_step_is_unknown(built, tmp_path):
     assert runmod.warm_up(s) is None
 
 
+def test_the_summary_says_where_the_optimizer_state_went():
+    """The streamed default's run at half the state (bench/results/2026-12-02/torchtitan-3/
+    titan_steps_accum1_stream.json, advise:STATE_OFF=0.5): the shim pinned 15.83 GB of the
+    state and the budget kept 20.50 GB on the GPU; the summary says both, in GB as printed."""
+    import json
+    from tests.prediction_records import RESULTS
+    rec = next(r for r in json.loads((RESULTS / "2026-12-02/torchtitan-3/titan_steps_accum1_stream.json")
+                                     .read_text())["runs"] if r["name"] == "advise:STATE_OFF=0.5")
+    text = runmod.summary_text(runmod.summary(rec["stats"]))
+    assert "15.83 GB of optimizer state made in pinned host memory" in text
+    assert "and 20.5 GB more of it kept on the GPU by the budget (stepped in place)" in text
+
+
 def test_the_summary_reports_the_warm_up_against_steady_steps():
     """TorchTitan's 16-microbatch run under advise (bench/results/2026-12-01/
     titan_steps_accum16_masterroom_2026-12-01.json, shim clocks rounded): first step 37.3 s,

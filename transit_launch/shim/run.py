@@ -130,6 +130,8 @@ def summary(stats: list[dict]) -> dict:
             "zero_copy_peak_gb": gb(s["zero_copy_mapped_peak_bytes"]),
             # optimizer state made in pinned host memory (advise; read zero-copy, never migrated)
             "host_state_peak_gb": gb(s.get("host_state_peak_bytes", 0)),
+            # ... and the state marked for it that the budget held on the GPU (stepped in place)
+            "host_state_kept_gb": gb(s.get("host_state_kept_bytes", 0)),
             "optimizer_hint_gb": gb(s["cold_hint_bytes"]["optimizer"]),
             "gpu_in_use_steady_gb": gb(s["gpu_resident_peak_steady_bytes"]),
             "prefetch_gb": gb(s["prefetch_bytes"]), "htod_gb": gb(s["htod_bytes"]),
@@ -163,9 +165,10 @@ def summary_text(summ: dict) -> str:
             text += (f"\npid {p['pid']}: first step {w['first_s']} s (from its optimizer's creation), second "
                      f"{w['second_s']} s, steady {w['steady_s']} s: {w['extra_s']} s beyond two steady steps "
                      f"({w['steady_steps']} steady steps; a job's first step is slower without the shim too)")
-        if p["host_state_peak_gb"]:
+        if p["host_state_peak_gb"] or p["host_state_kept_gb"]:
             text += (f"\npid {p['pid']}: {p['host_state_peak_gb']} GB of optimizer state made in pinned host memory "
-                     "(in the on-host and zero-copy columns; it did not fit the budget when it was made)")
+                     "(in the on-host and zero-copy columns; it did not fit the budget when it was made) "
+                     f"and {p['host_state_kept_gb']} GB more of it kept on the GPU by the budget (stepped in place)")
         if p["managed_fallbacks"]:
             text += (f"\npid {p['pid']}: {p['managed_fallbacks']} allocation(s) could not be managed memory and "
                      "stayed plain device memory (not placed by the policy)")
