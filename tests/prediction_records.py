@@ -96,7 +96,7 @@ def points(paths=None):
 def predict(pt):
     """What `plan` says of the point's job at its budget: the candidate (with its warm-up)."""
     from transit_launch.planning.plan import evaluate, layout_for
-    req = c_req(pt)
+    req = request_of(pt)
     return evaluate(req, 1, layout_for(req, 1))
 
 
@@ -118,10 +118,10 @@ def predict_at_measured_offload(pt):
     from transit_launch.planning.plan import efficiency_of, host_terms
     c = predict(pt)
     c.offload = pt["host_bytes"]
-    return efficiency_of(host_terms(c_req(pt), c))
+    return efficiency_of(host_terms(request_of(pt), c))
 
 
-def c_req(pt):
+def request_of(pt):
     from transit_launch.planning.hardware import gpu_profile
     from transit_launch.planning.models import load_model
     from transit_launch.planning.plan import Request

@@ -558,6 +558,7 @@ def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
     assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
     assert T._staging_module().STAGE_LIMIT == rules.STAGE_RING_BYTES  # what the plan counts against the budget
     assert (T.OFF, *T.MODES) == rules.OVERLAP_MODES  # the CLI's --overlap choices are the modes the adapter knows
+    assert T.DEFAULT_MODES == rules.DEFAULT_OVERLAP  # what the plan predicts is what the adapter runs
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
     monkeypatch.delenv(T.OVERLAP_ENV, raising=False)  # unset: advise's default, the streamed step
@@ -755,6 +756,19 @@ def test_state_born_in_pinned_memory_is_homed_in_place(T, monkeypatch):
         assert home.device.type == "cpu" and home.data_ptr() == ptr and home.dtype == t.dtype
         home.add_(1)  # the same bytes: a write through the home is the state's
         assert torch.equal(t, values + 1)
+
+
+def test_a_mode_that_is_none_is_said_once_and_the_step_runs_as_without_the_adapter(T, monkeypatch, capsys):
+    """A TRANSIT_OVERLAP_STEP that is no mode: one line when the adapter starts (its state pool
+    and its step driver both ask for the mode), no step driver, the state not marked."""
+    monkeypatch.syspath_prepend(str(inject.adapter_dir()))
+    site = load("sitecustomize")
+    monkeypatch.setenv(T.OVERLAP_ENV, "sideways")
+    hooks = site._Hooks(Api())
+    assert hooks.overlap is None and hooks.pool.mark is None
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["transit adapter: TRANSIT_OVERLAP_STEP='sideways' is not one of 0, 1, staged, stream: the step "
+                   "runs as without the adapter"], err
 
 
 def test_retired_settings_are_said_once_and_ignored(T, monkeypatch, capsys):

@@ -36,8 +36,9 @@ class _Hooks:
         self.reported = {}
         self.first = None
         self.failed = False
-        self.pool = _state_pool(api)
-        self.overlap = _overlap(api, self)
+        mode = _step_mode(api)  # asked once: a bad value is said once
+        self.pool = _state_pool(api, mode)
+        self.overlap = _overlap(api, self, mode)
 
     def ours(self):
         """The adapter's own step hooks (not foreign to the overlap's checks)."""
@@ -135,35 +136,44 @@ class _Hooks:
             self.api.hint(ptr, size, kind)
 
 
-def _state_pool(api):
+def _step_mode(api):
+    """The optimizer step's mode (transit_overlap.mode: TRANSIT_OVERLAP_STEP, else the policy's
+    default), retired settings said once; None when off or not to be had."""
+    try:
+        import transit_overlap
+
+        for line in transit_overlap.retired(os.environ):
+            transit_overlap._say(line)
+        return transit_overlap.mode(api.policy())
+    except Exception as e:
+        print(f"transit adapter: step overlap not available: {e!r}", file=sys.stderr)
+        return None
+
+
+def _state_pool(api, mode):
     """The optimizer state's private pool (transit_state_pool.py, on unless
     TRANSIT_STATE_POOL=0), its allocations marked for the shim as state; else None."""
     try:
-        import transit_overlap
         import transit_state_pool
 
         # the state is marked for the shim (born in pinned host memory when over the budget) where
         # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
         # touch of managed memory, so plain advise keeps managed state (bench/RESULTS.md)
-        mark = api.state_alloc if transit_overlap.mode(api.policy()) in PINNED_STATE_MODES else None
+        mark = api.state_alloc if mode in PINNED_STATE_MODES else None
         return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
     except Exception as e:
         print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)
         return None
 
 
-def _overlap(api, hooks):
-    """TRANSIT_OVERLAP_STEP (under advise "stream" unless set): the driver of transit_overlap.py,
-    or under "stream" the streamed step (transit_streamed.py); else None. A retired setting
-    still in the job's environment is said here, once, and ignored."""
+def _overlap(api, hooks, mode):
+    """The step's driver for `mode` (_step_mode): transit_overlap.py's under "1" and "staged",
+    the streamed step (transit_streamed.py) under "stream"; else None."""
+    if mode is None:
+        return None
     try:
         import transit_overlap
 
-        for line in transit_overlap.retired(os.environ):
-            transit_overlap._say(line)
-        mode = transit_overlap.mode(api.policy())
-        if mode is None:
-            return None
         if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
             import transit_streamed
 

@@ -255,7 +255,7 @@ class StreamedStep:
                     continue
                 layout.append((p, k, a, b, t, size))
                 size += -(-(b - a) * t.element_size() // self.align) * self.align
-        base, wait = ring.take(max(size, self.align))
+        base, wait = ring.take(size)  # (size > 0: every item has a homed key, _items)
         if wait is not None:  # its bytes are reused: after their copy home (on the GPU)
             s_in.wait_event(wait)
         with _on(s_in):
