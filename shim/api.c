@@ -51,6 +51,10 @@ EXPORT int transit_hint(uintptr_t ptr, size_t size, int kind)
         return -1;
     pthread_mutex_lock(&tr_lock);
     int r = tr_hint(ptr, size, (enum tr_kind)kind);
+    if (r != 0 && kind == TRANSIT_HINT_OPTIMIZER && tr_hoststate_holds(ptr, size))
+        r = 0; /* state the shim made in pinned host memory: already where cold state goes */
+    if (r == 0 && kind == TRANSIT_HINT_OPTIMIZER)
+        tr_s.cold_reported = 1; /* advise needs no access probe to find it (state.c) */
     pthread_mutex_unlock(&tr_lock);
     return r;
 }

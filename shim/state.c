@@ -117,7 +117,9 @@ static int needs_observation(void)
 {
     if (tr_cfg.policy == TR_PREFETCH)
         return 1;
-    return tr_cfg.policy == TR_ADVISE && tr_count.hint_bytes[TR_COLD_OPT] == 0;
+    /* advise probes access only when no optimizer state was named: state all in pinned host
+     * memory is named too, though none of it is in the table (its hints find no managed range) */
+    return tr_cfg.policy == TR_ADVISE && tr_count.hint_bytes[TR_COLD_OPT] == 0 && !tr_s.cold_reported;
 }
 
 /* Called with tr_lock held. */

@@ -191,6 +191,7 @@ struct tr_state {
     _Atomic uint64_t boundary_launch; /* launch count at the last iteration boundary */
     double t_last_boundary;
     double t_attach;          /* when the adapter attached (transit_adapter_attach); 0: not yet */
+    int cold_reported;        /* the adapter named optimizer state (managed or pinned): under tr_lock */
 };
 HIDDEN extern struct tr_state tr_s;
 HIDDEN void tr_init_once(void);    /* configuration */

@@ -19,7 +19,8 @@ int transit_iteration(void);
  * before the first step and started a warm-up recording, which kept CUPTI's one subscriber
  * slot from torch.profiler for the rest of the job. Boundaries guessed before are dropped. */
 void transit_adapter_attach(void);
-/* [ptr, ptr + size) holds data of the given kind; -1 if it is not shim-managed memory. */
+/* [ptr, ptr + size) holds data of the given kind; -1 if it is not shim-managed memory (nor,
+ * for optimizer state, state the shim made in pinned host memory). */
 int transit_hint(uintptr_t ptr, size_t size, int kind);
 /* Apply placement for the hints given so far. */
 void transit_apply(void);

@@ -550,9 +550,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "state") && argc >= 6) {
-        /* HOT STATE PARTS STATS: HOT bytes of the application's, then PARTS allocations of
-         * STATE bytes marked as optimizer state (transit_state_alloc), then one unmarked
-         * allocation of STATE bytes; a kernel touches everything; stats; all freed. */
+        /* HOT STATE PARTS STATS [step|step-nohint]: HOT bytes of the application's, then PARTS
+         * allocations of STATE bytes marked as optimizer state (transit_state_alloc), then one
+         * unmarked allocation of STATE bytes; a kernel touches everything; (with step: the
+         * adapter's hints and two boundaries); stats; all freed. */
         size_t hot = strtoull(argv[2], NULL, 10), state = strtoull(argv[3], NULL, 10);
         int parts = atoi(argv[4]);
         void (*mark)(int) = (void (*)(int))api("transit_state_alloc");
@@ -583,6 +584,20 @@ int main(int argc, char **argv)
                is_host((uintptr_t)h, hot), is_host((uintptr_t)o.p, state));
         all[1 + parts] = (struct fake_touch){(uintptr_t)after, state};
         touch_kernel(all, 0);
+        if (argc >= 7 && strncmp(argv[6], "step", 4) == 0) {
+            /* what the adapter does after the first optimizer step: the state's hints
+             * ("step"; "step-nohint": none), then two iteration boundaries */
+            int (*hint)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
+            int (*iteration)(void) = (int (*)(void))api("transit_iteration");
+            if (!hint || !iteration)
+                return 1;
+            for (int i = 0; i < parts && strcmp(argv[6], "step") == 0; i++)
+                printf("hint%d=%d\n", i, hint((uintptr_t)s[i], state, 2));
+            for (int it = 0; it < 2; it++) {
+                iteration();
+                touch_kernel(all, 0);
+            }
+        }
         printf("stats=%d\n", write_stats(argv[5]));
         print_tally();
         for (int i = 0; i < parts; i++)
