@@ -47,10 +47,12 @@ EXPORT int transit_iteration(void)
 
 EXPORT int transit_hint(uintptr_t ptr, size_t size, int kind)
 {
-    if (!transit_active() || kind < TRANSIT_HINT_HOT || kind > TRANSIT_HINT_OPTIMIZER)
+    static const enum tr_kind of[] = {[TRANSIT_HINT_HOT] = TR_HOT, [TRANSIT_HINT_MASTER] = TR_COLD_MASTER,
+                                      [TRANSIT_HINT_OPTIMIZER] = TR_COLD_OPT, [TRANSIT_HINT_SPARSE] = TR_COLD_SPARSE};
+    if (!transit_active() || kind < TRANSIT_HINT_HOT || kind > TRANSIT_HINT_SPARSE)
         return -1;
     pthread_mutex_lock(&tr_lock);
-    int r = tr_hint(ptr, size, (enum tr_kind)kind);
+    int r = tr_hint(ptr, size, of[kind]);
     if (r != 0 && kind == TRANSIT_HINT_OPTIMIZER && tr_hoststate_holds(ptr, size))
         r = 0; /* state the shim made in pinned host memory: already where cold state goes */
     if (r == 0 && kind == TRANSIT_HINT_OPTIMIZER)

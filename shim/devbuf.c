@@ -19,18 +19,25 @@ uint64_t tr_devbuf_bytes(void) { return held; }
 
 /* Demote managed data until what is placed fits the room the buffers leave: cold data
  * first, and within a kind from the end of the table, which advise's ranking gives room
- * last (so its next boundary moves nothing back). Before the runtime is asked, so that
+ * last (so its next boundary moves nothing back); of the last region only what is needed.
+ * Before the runtime is asked, so that
  * what is on the device never exceeds the budget. Marks what it demoted. */
 static void fit(void)
 {
     for (int kind = TR_COLD_OPT; kind >= TR_HOT; kind--)
         for (int i = tr_tab.n - 1; i >= 0 && tr_tab.dev_bytes > tr_budget(); i--)
             for (int j = tr_tab.a[i].nreg - 1; j >= 0 && tr_tab.dev_bytes > tr_budget(); j--) {
-                struct tr_region *r = &tr_tab.a[i].reg[j];
-                if (r->kind == kind && r->place == TR_DEV) {
-                    tr_place_demote(r);
-                    r->for_buffer = 1;
-                }
+                struct tr_alloc *a = &tr_tab.a[i];
+                struct tr_region *r = &a->reg[j];
+                if (r->kind != kind || r->place != TR_DEV)
+                    continue;
+                /* only the bytes the buffer needs leave: the region's tail, to the grain */
+                uint64_t need = tr_tab.dev_bytes - tr_budget(), size = tr_region_bytes(r);
+                uint64_t keep = size > need ? (size - need) & ~(TR_PLACE_GRAIN - 1) : 0;
+                if (keep && tr_region_cut_at(a, j, r->start + keep) == 0)
+                    r = &a->reg[j + 1];
+                tr_place_demote(r);
+                r->for_buffer = 1;
             }
 }
 

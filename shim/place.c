@@ -9,8 +9,10 @@
  *   prefetch: as base after warm-up; replay prefetches its recorded ranges in a window
  *   advise:   preferred location host + accessed-by GPU: zero-copy with no faults
  * advise ranks data at every iteration boundary: hot data, then fp32 master weights (read
- * in every forward and backward), then optimizer states (touched once a step), and keeps
- * on the device what fits the budget in that order; the rest is served zero-copy. So
+ * in every forward and backward), then embedding tables the forward reads only in part
+ * (the SPARSE hint), then optimizer states (touched once a step), and keeps on the device
+ * what fits the budget in that order, the region at the line cut to the grain; the rest is
+ * served zero-copy. So
  * cold data leaves only when the budget needs its room, as transit_launch/planning/plan.py
  * assumes (only what does not fit crosses PCIe). */
 #include <stdio.h>
@@ -18,6 +20,10 @@
 #include "transit.h"
 
 #define HINT_ALIGN (64u * 1024u) /* hints are aligned inwards to 64 KiB */
+/* A region is cut where only part of it fits (or must leave): at this grain, the UVM
+ * driver's 2 MiB block, so that what moves is the bytes needed, not a whole tensor (a
+ * 2.1 GB output projection zero-copy for want of 1 GB of room, bench/RESULTS.md). */
+#define PLACE_GRAIN TR_PLACE_GRAIN
 
 uint64_t tr_budget_total(void)
 {
@@ -144,9 +150,22 @@ static void make_room(uint64_t need)
     for (int kind = TR_COLD_OPT; kind >= TR_COLD_MASTER; kind--)
         for (struct tr_cursor c = {0, 0}; tr_tab.dev_bytes + need > tr_budget() && (r = tr_region_next(&c));)
             if (r->kind == kind && r->place == TR_DEV) {
+                r = tr_place_leave_part(&c, r, tr_tab.dev_bytes + need - tr_budget());
                 to_host(r, 1);
                 tr_count.room_demotions++;
             }
+}
+
+/* Of the cursor's region r, which must give `bytes` of the device: the piece that leaves. A
+ * region larger than that by a grain or more is cut, its head staying, its tail (bytes rounded
+ * up to the grain) leaving; the cursor then stands on the tail. */
+struct tr_region *tr_place_leave_part(struct tr_cursor *c, struct tr_region *r, uint64_t bytes)
+{
+    uint64_t keep = rsize(r) > bytes ? (rsize(r) - bytes) & ~(PLACE_GRAIN - 1) : 0;
+    struct tr_region *head = keep ? tr_region_cut(c, r->start + keep) : NULL;
+    if (!head)
+        return r;
+    return tr_region_next(c); /* the tail */
 }
 
 void tr_place_new(struct tr_alloc *a)
@@ -234,16 +253,22 @@ static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
     for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
         if (r->kind != kind || r->place != place)
             continue;
-        if (rsize(r) <= *room) {
+        uint64_t fit = *room & ~(PLACE_GRAIN - 1);
+        if (rsize(r) > *room && fit && (r = tr_region_cut(&c, r->start + fit))) {
+            r->want = TR_DEV; /* the head that fits; the tail comes next, and stays or goes to the host */
+            *room -= rsize(r);
+        } else if (rsize(r) <= *room) {
+            r = &tr_tab.a[c.i].reg[c.j - 1];
             r->want = TR_DEV;
             *room -= rsize(r);
         } else {
+            r = &tr_tab.a[c.i].reg[c.j - 1];
             r->want = TR_HOST;
         }
     }
 }
 
-/* advise: rank (hot, master, optimizer; within a kind what is on the device already
+/* advise: rank (hot, master, sparse, optimizer; within a kind what is on the device already
  * comes first, so that a steady state moves nothing). */
 static void rank(void)
 {
@@ -290,6 +315,7 @@ void tr_rebalance(void)
     evict_new_host_regions(advise);
     if (advise)
         place_ranked();
+    tr_table_coalesce();
     peaks();
 }
 

@@ -230,8 +230,9 @@ int tr_write_stats(const char *path)
     fprintf(f, "  \"host_state_kept_bytes\": %llu,\n", (unsigned long long)tr_count.host_state_kept);
     fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",
             (unsigned long long)tr_count.zero_copy_bytes, (unsigned long long)tr_count.zero_copy_peak);
-    fprintf(f, "  \"cold_hint_bytes\": {\"optimizer\": %llu, \"master\": %llu},\n",
-            (unsigned long long)tr_count.hint_bytes[TR_COLD_OPT], (unsigned long long)tr_count.hint_bytes[TR_COLD_MASTER]);
+    fprintf(f, "  \"cold_hint_bytes\": {\"optimizer\": %llu, \"master\": %llu, \"sparse\": %llu},\n",
+            (unsigned long long)tr_count.hint_bytes[TR_COLD_OPT], (unsigned long long)tr_count.hint_bytes[TR_COLD_MASTER],
+            (unsigned long long)tr_count.hint_bytes[TR_COLD_SPARSE]);
     fprintf(f, "  \"gpu_resident_peak_bytes\": %llu,\n  \"gpu_resident_peak_steady_bytes\": %llu,\n",
             (unsigned long long)tr_count.resident_peak, (unsigned long long)tr_count.resident_peak_steady);
     fprintf(f, "  \"page_faults\": %llu,\n  \"htod_bytes\": %llu,\n  \"dtoh_bytes\": %llu,\n",

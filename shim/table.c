@@ -113,6 +113,41 @@ int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end)
     return cut(a, start) || cut(a, end) ? -1 : 0;
 }
 
+int tr_region_cut_at(struct tr_alloc *a, int j, uintptr_t at)
+{
+    if (j < 0 || j >= a->nreg || at <= a->reg[j].start || at >= a->reg[j].end)
+        return -1;
+    return cut(a, at);
+}
+
+struct tr_region *tr_region_cut(struct tr_cursor *c, uintptr_t at)
+{
+    struct tr_alloc *a = &tr_tab.a[c->i];
+    if (c->j < 1 || tr_region_cut_at(a, c->j - 1, at))
+        return NULL;
+    return &a->reg[c->j - 1]; /* the array may have moved; the second piece is the cursor's next */
+}
+
+/* Neighbours that agree in everything become one region again, so that the cuts of
+ * partial placements (place.c) do not pile up over a long job. */
+void tr_table_coalesce(void)
+{
+    for (int i = 0; i < tr_tab.n; i++) {
+        struct tr_alloc *a = &tr_tab.a[i];
+        int k = 0;
+        for (int j = 1; j < a->nreg; j++) {
+            struct tr_region *x = &a->reg[k], *y = &a->reg[j];
+            if (x->kind == y->kind && x->place == y->place && x->zero_copy == y->zero_copy &&
+                x->advised == y->advised && x->evicted == y->evicted && x->for_buffer == y->for_buffer &&
+                x->touches == y->touches)
+                x->end = y->end;
+            else
+                a->reg[++k] = *y;
+        }
+        a->nreg = k + 1;
+    }
+}
+
 struct tr_region *tr_region_next(struct tr_cursor *c)
 {
     while (c->i < tr_tab.n) {
@@ -131,7 +166,7 @@ struct tr_region *tr_region_next(struct tr_cursor *c)
 /* The table agrees with itself and with the counters kept beside it; NULL when it does. */
 static const char *inconsistency(void)
 {
-    uint64_t sizes = 0, dev = 0, host = 0, zc = 0, hinted[3] = {0, 0, 0};
+    uint64_t sizes = 0, dev = 0, host = 0, zc = 0, hinted[TR_KINDS] = {0};
     for (int i = 0; i < tr_tab.n; i++) {
         const struct tr_alloc *a = &tr_tab.a[i];
         if (i + 1 < tr_tab.n && a->ptr + a->size > tr_tab.a[i + 1].ptr)
@@ -153,8 +188,9 @@ static const char *inconsistency(void)
         return "managed_bytes is not the table's bytes and those in flight";
     if (dev + tr_tab.dev_inflight != tr_tab.dev_bytes || host != tr_count.host_placed_bytes || zc != tr_count.zero_copy_bytes)
         return "placement counters are not the sum of the regions";
-    if (hinted[TR_COLD_MASTER] != tr_count.hint_bytes[TR_COLD_MASTER] || hinted[TR_COLD_OPT] != tr_count.hint_bytes[TR_COLD_OPT])
-        return "hint counters are not the sum of the regions";
+    for (int k = TR_COLD_MASTER; k < TR_KINDS; k++)
+        if (hinted[k] != tr_count.hint_bytes[k])
+            return "hint counters are not the sum of the regions";
     if (tr_tab.dev_bytes > tr_budget())
         return "placed above the budget";
     if (!tr_cfg.allow_oversubscribe && tr_tab.managed_bytes > tr_guard_room())

@@ -78,7 +78,10 @@ HIDDEN cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, i
 HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s);
 
 /* ---- allocation table and placement (table.c, place.c) --------------------- */
-enum tr_kind { TR_HOT = 0, TR_COLD_MASTER = 1, TR_COLD_OPT = 2 };
+/* Placement cuts a region only at this grain (the UVM driver's 2 MiB block; place.c). */
+#define TR_PLACE_GRAIN (2ull << 20)
+/* In advise's order of giving the GPU (and a hint only ever raises a range's kind). */
+enum tr_kind { TR_HOT = 0, TR_COLD_MASTER = 1, TR_COLD_SPARSE = 2, TR_COLD_OPT = 3, TR_KINDS };
 enum tr_place { TR_DEV = 0, TR_HOST = 1 };
 
 struct tr_region {          /* page-aligned piece of one allocation */
@@ -120,6 +123,11 @@ HIDDEN int tr_region_split(struct tr_alloc *a, uintptr_t start, uintptr_t end); 
  *   for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) */
 struct tr_cursor { int i, j; };
 HIDDEN struct tr_region *tr_region_next(struct tr_cursor *c);
+/* Cut the cursor's current region (the one tr_region_next returned last) at `at`: the first
+ * piece is returned (NULL: at is not inside it, or no memory), the second is the cursor's next. */
+HIDDEN struct tr_region *tr_region_cut(struct tr_cursor *c, uintptr_t at);
+HIDDEN int tr_region_cut_at(struct tr_alloc *a, int j, uintptr_t at); /* region j of a at `at`; 0 ok */
+HIDDEN void tr_table_coalesce(void);
 
 HIDDEN void tr_place_new(struct tr_alloc *a);
 HIDDEN uint64_t tr_place_drop(struct tr_alloc *a); /* its device bytes, still counted: tr_place_freed */
@@ -134,6 +142,7 @@ HIDDEN uint64_t tr_budget_total(void); /* TRANSIT_GPU_BUDGET, or the guard's lim
 HIDDEN uint64_t tr_guard_limit(void);
 HIDDEN uint64_t tr_guard_room(void);   /* the guard's limit less the device buffers */
 HIDDEN void tr_place_demote(struct tr_region *r); /* to the host, evicted now */
+HIDDEN struct tr_region *tr_place_leave_part(struct tr_cursor *c, struct tr_region *r, uint64_t bytes);
 HIDDEN void tr_place_peaks(void);
 HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
 HIDDEN void tr_move_to_device(struct tr_region *r);
@@ -167,7 +176,7 @@ struct tr_stats {
     uint64_t room_demotions; /* optimizer regions demoted for a new allocation (place.c) */
     uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
-    uint64_t hint_bytes[3];
+    uint64_t hint_bytes[TR_KINDS];
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];

@@ -5,8 +5,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 5
-enum { TRANSIT_HINT_HOT = 0, TRANSIT_HINT_MASTER = 1, TRANSIT_HINT_OPTIMIZER = 2 };
+#define TRANSIT_API_VERSION 6
+/* SPARSE (version 6): master weights the forward reads only in part, an nn.Embedding's table
+ * outside FSDP (a gather of the step's rows): advise gives them the GPU after the dense
+ * master weights and before the optimizer state. */
+enum { TRANSIT_HINT_HOT = 0, TRANSIT_HINT_MASTER = 1, TRANSIT_HINT_OPTIMIZER = 2, TRANSIT_HINT_SPARSE = 3 };
 
 int transit_api_version(void);
 /* 1 when allocations are managed by a policy, 0 when off or passing through. */

@@ -24,7 +24,8 @@ def install(adapter: str, mode: str):
     spec.loader.exec_module(site)
 
     class Api:
-        HOT, MASTER, OPTIMIZER = 0, 1, 2
+        HOT, MASTER, OPTIMIZER, SPARSE = 0, 1, 2, 3
+        def _since(self, version): return True
         def policy(self): return "advise"
         def hint(self, ptr, size, kind): return 0
         def iteration(self): return 0

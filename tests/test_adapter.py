@@ -80,3 +80,103 @@ def test_adapter_attaches_to_the_shim_when_the_first_optimizer_is_made(monkeypat
     site._Hooks(bad)._attach_at_first_optimizer(Plain)
     assert Plain(7).x == 7 and bad.attached == 1
     assert "could not attach to the shim: OSError('an older libtransit.so')" in capsys.readouterr().err
+
+
+class HintApi:
+    """The shim's API as the adapter's hooks use it, recording nothing but what they ask."""
+    HOT, MASTER, OPTIMIZER, SPARSE = 0, 1, 2, 3
+
+    def __init__(self):
+        self.iterations = 0
+
+    def _since(self, version): return True
+    def policy(self): return "advise"
+    def adapter_attach(self): return True
+    def hint(self, ptr, size, kind): return 0
+    def state_alloc(self, on): return None
+    def host_state(self, ptr, size): return False
+
+    def iteration(self):
+        self.iterations += 1
+        return self.iterations
+
+
+def test_embedding_tables_read_only_by_their_gather_are_hinted_sparse(monkeypatch):
+    """From the first optimizer's creation to its first step the adapter watches module calls
+    (forward and the recomputation of checkpointed blocks): a table only an nn.Embedding or
+    nn.EmbeddingBag holds is read in part (its rows) and is hinted SPARSE; a table tied by
+    attribute to an output Linear, and every other weight, stays MASTER. The watch ends at the
+    first step: a module called afterwards changes nothing, and no global hook is left."""
+    import torch
+    import torch.nn as nn
+    from torch.nn.modules import module as nn_module
+    from torch.utils.checkpoint import checkpoint
+
+    monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "0")
+    monkeypatch.syspath_prepend(str(inject.adapter_dir()))  # as the launcher's PYTHONPATH has it
+    site = load_site()
+    hooks_before = len(nn_module._global_forward_pre_hooks)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.bag = nn.Embedding(100, 8), nn.EmbeddingBag(30, 8)
+            self.tied, self.head = nn.Embedding(50, 8), nn.Linear(8, 50, bias=False)
+            self.head.weight = self.tied.weight  # tied by attribute: read whole by the head
+            self.block = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.emb(x) + self.tied(x % 50) + self.bag(x % 30).unsqueeze(1)
+            h = checkpoint(self.block, h, use_reentrant=False)
+            return self.head(h)
+
+    torch.manual_seed(0)
+    model = Model()
+    api = HintApi()
+    hooks = site._Hooks(api)
+
+    class Adam(torch.optim.AdamW):  # the hooks' first-optimizer wrapper, on a class of this test's own
+        pass
+    hooks._attach_at_first_optimizer(Adam)
+    opt = Adam(model.parameters(), lr=1e-3)
+    assert len(nn_module._global_forward_pre_hooks) == hooks_before + 1  # watching
+    x = torch.randint(0, 100, (2, 5))
+    model(x).square().mean().backward()
+    opt.step()
+    hooks.post_step(opt, (), {})
+    assert len(nn_module._global_forward_pre_hooks) == hooks_before  # the watch is over
+    assert hooks.sparse_ids == {id(model.emb.weight), id(model.bag.weight)}
+    kinds = {n: hooks._master_kind(p) for n, p in model.named_parameters()}
+    assert kinds == {"emb.weight": 3, "bag.weight": 3, "tied.weight": 1, "block.weight": 1, "block.bias": 1}
+    later = nn.Linear(8, 100, bias=False)
+    later.weight = model.emb.weight  # held by a Linear only after the first step: not seen
+    later(torch.zeros(1, 8))
+    assert hooks._master_kind(model.emb.weight) == 3 and api.iterations == 1
+
+
+def test_a_table_another_module_holds_is_not_sparse():
+    """transit_sparse on its own: a weight seen as an Embedding's and also held by a Linear is
+    dense; a DTensor-like parameter (it has to_local: FSDP2 reads the whole shard) never sparse."""
+    import torch
+    import torch.nn as nn
+
+    from transit_launch.adapter import transit_sparse
+
+    reads = transit_sparse.SparseReads()
+    reads.start()
+    try:
+        emb, lin, lone = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False), nn.Embedding(6, 4)
+        lin.weight = emb.weight
+        x = torch.tensor([[1, 2]])
+        lin(emb(x)), lone(x)
+
+        class Sharded(nn.Parameter):
+            def to_local(self):
+                return self
+        shard = nn.Embedding(6, 4)
+        shard.weight = Sharded(shard.weight.detach())
+        shard(x)
+    finally:
+        got = reads.finish()
+    assert got == {id(lone.weight)}
+    assert reads.finish() == got and reads.done  # finishing again changes nothing

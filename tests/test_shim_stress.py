@@ -49,7 +49,7 @@ def stress(built, tmp_path, name, seed, threads=8, ops=20000, env=None):
     fake, s = tally(out), stats_of(stats)
     # everything freed, in the shim and in the runtime
     assert s["managed_bytes"] == s["device_placed_bytes"] == s["host_placed_bytes"] == s["device_buffer_bytes"] == 0
-    assert s["zero_copy_mapped_bytes"] == 0 and s["cold_hint_bytes"] == {"optimizer": 0, "master": 0}
+    assert s["zero_copy_mapped_bytes"] == 0 and s["cold_hint_bytes"] == {"optimizer": 0, "master": 0, "sparse": 0}
     assert fake["managed_live"] == fake["live_ptrs"] == 0
     # the guard and the budget held, by the runtime's own account: managed memory it gave
     # out, and what was resident on its device (managed pages and the plain device buffers)

@@ -36,6 +36,8 @@ class _Hooks:
         self.reported = {}
         self.first = None
         self.failed = False
+        self.sparse = _sparse_reads(api)  # which master weights the forward reads in part
+        self.sparse_ids = set()
         mode = _step_mode(api)  # asked once: a bad value is said once
         self.pool = _state_pool(api, mode)
         self.overlap = _overlap(api, self, mode)
@@ -91,6 +93,8 @@ class _Hooks:
                 # new segments can take their room (advise's ranking) instead of the host's
                 try:
                     hooks._hint_masters(opt)
+                    if hooks.sparse:
+                        hooks.sparse.start()  # until the first step: which of them are read in part
                 except Exception as e:
                     print(f"transit adapter: could not report the master weights: {e!r}", file=sys.stderr)
             return out
@@ -104,7 +108,11 @@ class _Hooks:
             for p in group["params"]:
                 local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 DTensor shard
                 if local.is_cuda and local.dtype == torch.float32:
-                    self._hint(local, self.api.MASTER)
+                    self._hint(local, self._master_kind(p))
+
+    def _master_kind(self, p):
+        """SPARSE for a table the forward reads only in part (transit_sparse.py), else MASTER."""
+        return self.api.SPARSE if id(p) in self.sparse_ids else self.api.MASTER
 
     def post_step(self, opt, args, kwargs):
         if self.failed:
@@ -114,6 +122,8 @@ class _Hooks:
 
             if self.first is None:
                 self.first = opt
+            if self.sparse and not self.sparse.done:
+                self.sparse_ids = self.sparse.finish()
             for group in opt.param_groups:
                 for p in group["params"]:
                     for v in opt.state.get(p, {}).values():
@@ -134,6 +144,20 @@ class _Hooks:
         if self.reported.get(ptr) != (size, kind):
             self.reported[ptr] = (size, kind)
             self.api.hint(ptr, size, kind)
+
+
+def _sparse_reads(api):
+    """transit_sparse.SparseReads where the shim takes the SPARSE hint (API version 6); else None."""
+    try:
+        since = getattr(api, "_since", None)
+        if since is None or not since(6):
+            return None
+        import transit_sparse
+
+        return transit_sparse.SparseReads()
+    except Exception as e:
+        print(f"transit adapter: no sparse reads: {e!r}", file=sys.stderr)
+        return None
 
 
 def _step_mode(api):

@@ -6,7 +6,7 @@ may not have cffi. The shim is found in the process's global scope, where LD_PRE
 put it; without it every call is a no-op and `available` is False.
 """
 
-HOT, MASTER, OPTIMIZER = 0, 1, 2
+HOT, MASTER, OPTIMIZER, SPARSE = 0, 1, 2, 3  # SPARSE: API version 6
 CDEF = """
 int transit_api_version(void);
 int transit_active(void);
