@@ -16,6 +16,7 @@ steps: an estimate), the process's peak host RSS, the shim's stats, and the loss
 
     python3 bench/offload.py --set transit --gpu 0 --out $OUT/transit.json
     python3 bench/offload.py --set reference,advise,advise-overlap --gpu 0 --accum 1,3 --out $OUT/overlap.json
+    python3 bench/offload.py --set reference,advise,advise-plain --model="--clip 1.0 --tie-embeddings" --out $OUT/s.json
     python3 bench/offload.py --set peers --gpu 1 --budget BYTES --out $OUT/peers.json
     python3 bench/offload.py --report bench/results/*/offload_*.json --plot offload.png
 """
@@ -41,6 +42,9 @@ TRANSIT = ("off", "base", "prefetch", "advise")
 # retired experiments' runs (advise-stage, advise-green16, advise-serial: docs/retired-experiments.md)
 # are no longer offered; their recorded results still --report.
 VARIANTS = {"overlap": {ENV["OVERLAP_STEP"]: "1"},     # the optimizer step overlapped with backward
+            # the opt-out: no step mode, the application's step reads the state where the shim put
+            # it (plain advise; advise alone is the streamed step, its default)
+            "plain": {ENV["OVERLAP_STEP"]: "0"},
             "staged": {ENV["OVERLAP_STEP"]: "staged"},  # its state staged through the copy engines
             # (before the ring: 16 GiB in flight, so the CPU never waited for copies; a diagnostic)
             "stagedwide": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(16 << 30)},
@@ -67,14 +71,17 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="transit",
                     help="comma list of run names or groups: transit (reference + transit policies), peers, all; "
-                         "POLICY-overlap and POLICY-staged run a transit policy with TRANSIT_OVERLAP_STEP=1 or "
-                         "staged (advise-overlap is in the transit group)")
+                         "POLICY-overlap, POLICY-staged and POLICY-plain run a transit policy with "
+                         "TRANSIT_OVERLAP_STEP=1, staged or 0 (advise-overlap is in the transit group; advise alone "
+                         "is its default, the streamed step, and advise-plain its opt-out)")
     ap.add_argument("--gpu", type=int, default=0, help="physical GPU index (NVML order)")
     ap.add_argument("--cpus", default="", help="pin the runs to these host cores, e.g. 0-15")
     ap.add_argument("--accum", default="12,1,3", help="microbatches per step: the curve's points, in run order")
     ap.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
     ap.add_argument("--seq-len", type=int, default=8192)
-    ap.add_argument("--model", default="", help="trainer model flags (default: its 1.0 B-parameter model)")
+    ap.add_argument("--model", default="",
+                    help="trainer flags, split at spaces (default: its 1.0 B-parameter model); a value that starts "
+                         "with -- needs the = form: --model='--clip 1.0 --dim 4096'")
     ap.add_argument("--steps", type=int, default=13)
     ap.add_argument("--warmup", type=int, default=3, help="steps not measured")
     ap.add_argument("--budget", type=int, default=0,

@@ -6,8 +6,15 @@ TorchTitan's mixed precision), full activation checkpointing, AdamW, synthetic t
 (DDP, fp32) so that bandwidth sweeps can be shown without GPUs.
 
 One JSON line per step on stdout: step, loss, step_time, tokens_per_s, tflops (model
-FLOPs per GPU: 6 x non-embedding parameters x tokens / step time, attention excluded)
-and max_reserved_gb; a final {"summary": ...} line.
+FLOPs per GPU: 6 x non-embedding parameters x tokens / step time, attention excluded),
+max_reserved_gb and, with --clip, grad_norm (the total gradient norm before clipping); a
+final {"summary": ...} line.
+
+--clip MAX_NORM clips the gradients' total norm before every optimizer step
+(torch.nn.utils.clip_grad_norm_ on FSDP2's DTensors, DDP's or plain parameters; DeepSpeed's
+own gradient_clipping). --tie-embeddings shares one matrix between the token embedding and
+the output projection: counted once in "params" (and in the AdamW state), and in
+"flop_params" as the output projection, whose matmul it still is.
 
 With --global-batch the run no longer depends on the world size: the tokens of every
 sequence come from (seed, global step, sequence index), the microbatches per step are
@@ -94,7 +101,20 @@ def parse():
                    help="profile this step with torch.profiler and report the bytes its collectives moved")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels (memory-efficient attention, cuBLAS workspace config), for A/B runs")
-    return p.parse_args()
+    p.add_argument("--clip", type=float, default=0.0, metavar="MAX_NORM",
+                   help="clip the gradients' total (L2) norm to this before each optimizer step, and print it per "
+                        "step as grad_norm (default 0: no clipping)")
+    p.add_argument("--tie-embeddings", action="store_true",
+                   help="the output projection shares the token embedding's matrix (one parameter)")
+    a = p.parse_args()
+    if a.clip < 0 or not math.isfinite(a.clip):
+        p.error(f"--clip takes a norm > 0 (0: off), got {a.clip}")
+    if a.clip and a.engine == "torchao-offload":
+        # its CPU optimizer steps on host copies of the gradients, made during backward: clipping
+        # the GPU's gradients afterwards would not reach the step
+        p.error("--clip does not apply to --engine torchao-offload (its CPU AdamW steps on gradients copied "
+                "to the host during backward)")
+    return a
 
 
 def rope(x, cos, sin):
@@ -142,6 +162,9 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(a) for _ in range(a.layers))
         self.norm = nn.RMSNorm(a.dim, eps=1e-5)
         self.out = nn.Linear(a.dim, a.vocab, bias=False)
+        self.tied = a.tie_embeddings
+        if self.tied:  # one Parameter under both names, with the projection's initialization
+            self.tok.weight = self.out.weight
         hd = a.dim // a.heads
         freqs = 1.0 / (500000.0 ** (torch.arange(0, hd, 2).float() / hd))
         ang = torch.outer(torch.arange(a.seq_len).float(), freqs)
@@ -215,6 +238,8 @@ def build_fsdp(a, model, device, world):
         off = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
         for blk in model.blocks:
             fully_shard(blk, mp_policy=mp, offload_policy=off)
+        # the embedding and the output projection stay in the root's unit: a tied pair is one
+        # parameter there (never shard tok or out on their own)
         fully_shard(model, mp_policy=mp, offload_policy=off)
         if a.cpu_offload:
             model.cos, model.sin = model.cos.cuda(), model.sin.cuda()
@@ -251,7 +276,7 @@ def deepspeed_config(a):
     cfg = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": a.accum,
            # ZenFlow's CPU Adam is outside ZeRO's tested list (its example config sets this too)
            **({"zero_allow_untested_optimizer": True} if a.zero == "zenflow" else {}),
-           "bf16": {"enabled": True}, "zero_optimization": zero, "gradient_clipping": 0.0,
+           "bf16": {"enabled": True}, "zero_optimization": zero, "gradient_clipping": a.clip,
            "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.1, "betas": [0.9, 0.999],
                                                       "eps": 1e-8}},
            "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
@@ -452,8 +477,9 @@ def main():
         torch.cuda.set_device(local)
     torch.manual_seed(a.seed)
     model = Llama(a)
-    n_params = sum(p.numel() for p in model.parameters())
-    n_flop_params = n_params - model.tok.weight.numel()
+    n_params = sum(p.numel() for p in model.parameters())  # a tied matrix once (parameters() removes duplicates)
+    # the embedding's lookup is no matmul, the output projection is: tied, the one matrix counts
+    n_flop_params = n_params - (0 if model.tied else model.tok.weight.numel())
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     engine = opt = None
     optimizer_impl = "torch.optim.AdamW"
@@ -491,6 +517,7 @@ def main():
             prof.__enter__()
         t0 = time.perf_counter()
         total = 0.0
+        norm = None
         for data in micro:
             with autocast:
                 logits = model(data[:, :-1])
@@ -502,6 +529,10 @@ def main():
             else:
                 (loss / a.accum if a.accum > 1 else loss).backward()
             total = total + loss.detach()
+        if engine is not None and a.clip:
+            norm = engine.get_global_grad_norm()  # DeepSpeed clips in its step (gradient_clipping)
+        elif a.clip:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -511,6 +542,10 @@ def main():
             total = total / world
         loss_v = (total / a.accum).item()  # synchronizes: the step's time is complete here
         dt = time.perf_counter() - t0
+        if norm is not None:  # read after the step's time: no synchronization inside the step
+            if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor (the ranks' partial norms reduced)
+                norm = norm.full_tensor()
+            norm = float(norm)
         if prof is not None:
             prof.__exit__(None, None, None)
             comm = collective_bytes(prof)
@@ -520,6 +555,8 @@ def main():
                "tokens_per_s": tokens_per_step / dt, "tflops": 6 * n_flop_params * tokens_per_step / dt / 1e12}
         if device == "cuda":
             rec["max_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
+        if a.clip:
+            rec["grad_norm"] = norm
         if rank == 0:
             print(json.dumps(rec), flush=True)
         if not math.isfinite(loss_v):
@@ -533,6 +570,7 @@ def main():
             "world": world, "device": device, "engine": f"zero-{a.zero}" if a.engine == "deepspeed" else a.engine,
             "dp": {"fsdp": data_parallel(a, device), "deepspeed": "zero"}.get(a.engine, "none"),
             "cpu_offload": a.cpu_offload, "optimizer": optimizer_impl, "accum": a.accum, "seq_len": a.seq_len, "batch": a.batch,
+            "tied_embeddings": a.tie_embeddings, "clip": a.clip,
             "median_step_time": med, "step_time_spread": (max(steady) - min(steady)) / med if med else 0.0,
             "tflops_per_gpu": 6 * n_flop_params * tokens_per_step / med / 1e12 if med else 0.0, "losses": losses,
             # what the collectives carry (fp32): DDP all-reduces every gradient each step

@@ -27,6 +27,14 @@ TITAN_RUNS = "ref,advise,advise:TRANSIT_OVERLAP_STEP=0"
 # ... where the budget holds all of the state (nothing needs to move: within 1% of ref is the
 # goal) and half of it (only the overflow may move)
 TITAN_RUNS_ROOM = "ref,advise:STATE_OFF=0,advise:STATE_OFF=0.5,advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"
+# the example trainer in shapes unlike its 1.0 B default (bench/offload.py --model), gradients
+# clipped: "wide" has Linear weights of 67 M elements (AdamW state 0.54 GB each) and a tied
+# 32000 x 8192 embedding/output matrix (2.1 GB of state); "wide-ffn" FFN weights of 268 M
+# elements (2.1 GB of state each), untied. Sequence 4096 (offload.py's batch 2: 8192 tokens a
+# microbatch) keeps the suite's twelve runs near 6 minutes, most of it start-up
+SHAPES = {"wide": "--dim 8192 --ffn 8192 --heads 64 --kv-heads 8 --layers 2 --tie-embeddings",
+          "wide-ffn": "--dim 4096 --ffn 65536 --heads 32 --kv-heads 8 --layers 2"}
+SHAPES_SET = "reference,advise,advise-plain"  # the streamed step (advise's default) and its opt-out
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,24 @@ class Suite:
 def _offload(name, out, *args, timeout, lane=0):
     return Step(name, ("python3", "bench/offload.py", *args, "--gpu", "{gpu}", "--out", f"{{out}}/{out}"),
                 timeout, lane)
+
+
+def _shape_out(name):
+    return f"shapes_{name.replace('-', '_')}.json"
+
+
+def _shape(name, deadline):
+    """One shape of SHAPES on lane 0: reference, advise and plain advise at 4 and 1 microbatches,
+    clipped at 1.0, each point's budget its reference's peak less the AdamW state (offload.py's
+    default); no run starts after `deadline` s, and the last one started may take its 90 s."""
+    return _offload(name, _shape_out(name), "--set", SHAPES_SET, f"--model=--clip 1.0 {SHAPES[name]}",
+                    "--seq-len", "4096", "--accum", "4,1", "--steps", "8", "--warmup", "3", "--timeout", "90",
+                    "--deadline", str(deadline), timeout=deadline + 110)
+
+
+def _shape_report(name):
+    return Step(f"report-{name}", ("python3", "bench/offload.py", "--report", f"{{out}}/{_shape_out(name)}",
+                                   "--markdown"), 60, None, 0)
 
 
 SUITES = {s.name: s for s in [
@@ -159,6 +185,13 @@ SUITES = {s.name: s for s in [
                               "-k", "state_pool or stream or wide"), 200, None, 1)),
           minutes=10, carry=(".whl",), modules=("torchtitan",),
           budget="the reference run's peak reserved less the AdamW state (bench/titan_steps.py --budget 0)"),
+    Suite("shapes", "the example trainer in two shapes unlike its default model, gradients clipped (--clip 1.0), "
+          "on one GPU: wide (dim 8192, FFN 8192, 2 layers, tied embeddings: 0.54 GB of AdamW state per Linear) and "
+          "wide-ffn (dim 4096, FFN 65536, 2 layers: 2.1 GB per FFN weight), each without offloading, under advise "
+          "(its streamed step, the default) and plain advise (TRANSIT_OVERLAP_STEP=0) at 4 and 1 microbatches "
+          "(bench/offload.py --set " + SHAPES_SET + ")",
+          (_shape("wide", 150), _shape("wide-ffn", 200), _shape_report("wide"), _shape_report("wide-ffn")),
+          minutes=7, budget="each point's reference run: its peak reserved less the AdamW state (bench/offload.py)"),
     Suite("gpu-tests", "the shim on a real GPU: doctor, tests/test_gpu.py (bit-identical losses under every "
           "policy, the budget held, the overlap modes), and the acceptance command (advise at half the trainer's "
           "peak, bench/gpu_checks.sh accept)",

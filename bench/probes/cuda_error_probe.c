@@ -17,6 +17,9 @@
  *   touch_host_resident_no_advice: a device write of host-resident pages without advice
  *     (the fake migrates them: free should drop)
  *   attr_managed, attr_concurrent, attr_pageable: the device attributes
+ *   host_register_*: cudaHostRegister of NULL, of 0 bytes, of 256 MiB (free bytes before and
+ *     after: pinned host memory takes none of the device's), of the same range twice, then
+ *     cudaFree of it, cudaHostUnregister of it and of it again (issue 33, 2026-12-02)
  * Build and run on a GPU machine (the include directory the shim's build finds,
  * transit_launch/shim/build.py's find_header):
  *   cc -O1 -I/usr/local/cuda/include bench/probes/cuda_error_probe.c -L/usr/local/cuda/lib64 -lcudart -lpthread \
@@ -160,6 +163,36 @@ int main(void)
            "\"prefetch_past_end\": %d, \"attr_managed\": %d, \"attr_concurrent\": %d, \"attr_pageable\": %d, ",
            advise_device, advise_host, prefetch_device, prefetch_host, past_end, attr_managed, attr_concurrent,
            attr_pageable);
+
+    /* registered host memory (the shim's pinned optimizer state, shim/hoststate.c): what the
+     * fake runtime answers without a probe until now */
+    char *reg = NULL;
+    cudaError_t reg_null = cudaHostRegister(NULL, MIB, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    cudaGetLastError();
+    cudaError_t reg_zero = cudaErrorUnknown, reg_ok = cudaErrorUnknown, reg_twice = cudaErrorUnknown;
+    cudaError_t reg_free = cudaErrorUnknown, unreg = cudaErrorUnknown, unreg_again = cudaErrorUnknown;
+    long long reg_before = -1, reg_after = -1;
+    if (posix_memalign((void **)&reg, 4096, MANAGED) == 0) {
+        for (size_t i = 0; i < MANAGED; i += 4096)
+            reg[i] = 1; /* its pages exist: registering pins them */
+        reg_zero = cudaHostRegister(reg, 0, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        cudaGetLastError();
+        reg_before = free_bytes();
+        reg_ok = cudaHostRegister(reg, MANAGED, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        reg_after = free_bytes();
+        reg_twice = cudaHostRegister(reg, MANAGED, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        cudaGetLastError();
+        reg_free = cudaFree(reg); /* cudaFree of registered host memory */
+        cudaGetLastError();
+        unreg = cudaHostUnregister(reg);
+        unreg_again = cudaHostUnregister(reg);
+        cudaGetLastError();
+        free(reg);
+    }
+    printf("\"host_register_null\": %d, \"host_register_zero\": %d, \"host_register\": %d, "
+           "\"host_register_free_before\": %lld, \"host_register_free_after\": %lld, \"host_register_twice\": %d, "
+           "\"host_register_cudafree\": %d, \"host_unregister\": %d, \"host_unregister_again\": %d, ",
+           reg_null, reg_zero, reg_ok, reg_before, reg_after, reg_twice, reg_free, unreg, unreg_again);
 
     /* residency as cudaMemGetInfo sees it (free bytes; 256 MiB is the signal) */
     print_residency("memgetinfo_managed_resident", managed_case(0, 1, 0), 0);
