@@ -15,6 +15,8 @@ from tests.test_shim import run
 
 PROBE = json.loads((ROOT / "bench" / "results" / "2026-12-01" / "cuda_error_probe_2026-12-01.json").read_text())
 PROBE_MANAGED = 256 * (1 << 20)  # bench/probes/cuda_error_probe.c's MANAGED
+# its registered-memory cases, added since (issue 33), from the call that first ran them
+PROBE_REGISTER = json.loads((ROOT / "bench" / "results" / "2026-12-02" / "shapes" / "cuda_error_probe.json").read_text())
 
 MiB, PAGE = 1 << 20, 4096
 ADV_PREFERRED, ADV_UNSET_PREFERRED, ADV_ACCESSED_BY = 3, 4, 5
@@ -138,3 +140,16 @@ def test_cpu_writes_populate_on_the_host_and_bring_device_pages_back(built):
             f"advise:0:{8 * MiB}:{ADV_PREFERRED}:{HOST}", f"touch:0:{4 * MiB}")
     assert (s[1]["dev"], s[1]["host"]) == (0, 4 * MiB)
     assert (s[3]["dev"], s[3]["zero_copy"], s[3]["migrated"], s[3]["first_touch"]) == (0, 4 * MiB, 0, 0)
+
+
+def test_registered_host_memory_answers_as_the_h200_did(built):
+    """cudaHostRegister and its neighbours (the shim's pinned optimizer state) on the fake,
+    in the probe's order: each answer is the H200's, read from the probe's record; 256 MiB
+    registered take none of the device's free bytes there and here."""
+    res, out, _ = run(built, "hostreg", preload=False)
+    assert res.returncode == 0, res.stderr
+    keys = ("host_register_null", "host_register_zero", "host_register", "host_register_twice",
+            "host_register_cudafree", "host_unregister", "host_unregister_again")
+    assert {k: int(out[k]) for k in keys} == {k: PROBE_REGISTER[k] for k in keys}
+    assert PROBE_REGISTER["host_register_free_before"] == PROBE_REGISTER["host_register_free_after"]
+    assert int(out["host_register_free_change"]) == 0

@@ -649,6 +649,30 @@ int main(int argc, char **argv)
         cudaFree(p);
         return 0;
     }
+    if (!strcmp(argv[1], "hostreg")) {
+        /* bench/probes/cuda_error_probe.c's registered-memory cases, in its order */
+        unsigned fl = cudaHostRegisterPortable | cudaHostRegisterMapped;
+        size_t n = 256u << 20, f0 = 0, f1 = 0, t = 0;
+        char *reg = NULL;
+        printf("host_register_null=%d\n", (int)cudaHostRegister(NULL, 1u << 20, fl));
+        cudaGetLastError();
+        if (posix_memalign((void **)&reg, 4096, n))
+            return 1;
+        printf("host_register_zero=%d\n", (int)cudaHostRegister(reg, 0, fl));
+        cudaGetLastError();
+        cudaMemGetInfo(&f0, &t);
+        printf("host_register=%d\n", (int)cudaHostRegister(reg, n, fl));
+        cudaMemGetInfo(&f1, &t);
+        printf("host_register_free_change=%lld\n", (long long)f0 - (long long)f1);
+        printf("host_register_twice=%d\n", (int)cudaHostRegister(reg, n, fl));
+        cudaGetLastError();
+        printf("host_register_cudafree=%d\n", (int)cudaFree(reg));
+        cudaGetLastError();
+        printf("host_unregister=%d\n", (int)cudaHostUnregister(reg));
+        printf("host_unregister_again=%d\n", (int)cudaHostUnregister(reg));
+        free(reg);
+        return 0;
+    }
     if (!strcmp(argv[1], "uvm") && argc >= 3) {
         void (*residency)(unsigned long long *) = (void (*)(unsigned long long *))api("fake_cudart_residency");
         char *base;

@@ -429,10 +429,15 @@ cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
     return alloc(p, n, 1);
 }
 
-/* Registered (pinned) host memory: the caller's own pages, never on the device, counted
- * against FAKE_HOST_MEM; cudaFree of it is cudaErrorInvalidValue (ASSUMPTION: not probed),
- * cudaHostUnregister of memory not registered cudaErrorHostMemoryNotRegistered (docs);
- * FAKE_HOST_REGISTER_FAIL=1 refuses with cudaErrorMemoryAllocation (docs lists it). */
+/* Registered (pinned) host memory: the caller's own pages, never on the device (probe:
+ * host_register_free_before/after, cudaMemGetInfo unchanged by 256 MiB registered), counted
+ * against FAKE_HOST_MEM; NULL or 0 bytes cudaErrorInvalidValue (probe: host_register_null,
+ * host_register_zero); a range that overlaps a registered one
+ * cudaErrorHostMemoryAlreadyRegistered (probe: host_register_twice, 712); cudaFree of it
+ * cudaErrorInvalidValue (probe: host_register_cudafree); cudaHostUnregister of memory not
+ * registered cudaErrorHostMemoryNotRegistered (probe: host_unregister_again, 713; all in
+ * bench/results/2026-12-02/shapes/cuda_error_probe.json); FAKE_HOST_REGISTER_FAIL=1 refuses
+ * with cudaErrorMemoryAllocation (docs list it; not probed: it needs the host to run short). */
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 {
     if (!p || !n)
@@ -444,7 +449,14 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
         pthread_mutex_unlock(&mu);
         return fail(cudaErrorMemoryAllocation);
     }
-    add_blk((struct blk){(uint64_t)(uintptr_t)p, n, 0, 1, NULL});
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    for (size_t i = 0; i < nblk; i++)
+        if (blks[i].pinned && a < blks[i].p + blks[i].n && blks[i].p < a + n) {
+            logcall("cudaHostRegister %zu 0x%llx -> already registered", n, (unsigned long long)a);
+            pthread_mutex_unlock(&mu);
+            return fail(cudaErrorHostMemoryAlreadyRegistered);
+        }
+    add_blk((struct blk){a, n, 0, 1, NULL});
     res[FAKE_RES_PINNED] += n;
     logcall("cudaHostRegister %zu 0x%llx %u", n, (unsigned long long)(uintptr_t)p, flags);
     pthread_mutex_unlock(&mu);
