@@ -67,6 +67,16 @@ static long digits_value(const char *s, int digits)
     return i > 0 && !s[i] ? n : -1;
 }
 
+/* The adapter's staging ring (TRANSIT_OVERLAP_INFLIGHT, bytes, as transit_staging._limit reads
+ * it: a positive integer, else the default; the adapter says a bad value): hoststate.c leaves
+ * its room before the ring exists. */
+static uint64_t env_ring(void)
+{
+    const char *v = getenv(TR_ENV_OVERLAP_INFLIGHT);
+    long n = v ? digits_value(v, 15) : -1;
+    return n > 0 ? (uint64_t)n : TR_STAGE_RING_BYTES;
+}
+
 static int env_warmup(void)
 {
     const char *v = env(TR_ENV_WARMUP_ITERS);
@@ -143,6 +153,7 @@ void tr_config_load(void)
     tr_cfg.warmup_iters = env_warmup();
     tr_cfg.merge_gap = env_size(TR_ENV_MERGE_GAP, 128 * 1024, "128KiB");
     tr_cfg.host_state = env_flag_or(TR_ENV_HOST_STATE, 1);
+    tr_cfg.ring_bytes = env_ring();
     tr_cfg.cold_tail_ppm = env_cold_tail();
     retired(TR_RETIRED_ENV_STAGE, TR_ENV_OVERLAP_STEP "=stream or staged moves the optimizer state instead");
     const char *v = env(TR_ENV_STATS);

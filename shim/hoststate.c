@@ -49,7 +49,7 @@ int tr_hoststate_wanted(size_t size)
     pthread_mutex_lock(&tr_lock);
     uint64_t buf = tr_devbuf_bytes(), peak = tr_count.dev_placed_peak > buf ? tr_count.dev_placed_peak - buf : 0;
     uint64_t placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak, room = tr_budget();
-    uint64_t spare = tr_budget_total() / 100 * TR_STATE_ROOM_SPARE_PERCENT + (buf ? 0 : TR_STAGE_RING_BYTES);
+    uint64_t spare = tr_budget_total() / 100 * TR_STATE_ROOM_SPARE_PERCENT + (buf ? 0 : tr_cfg.ring_bytes);
     room = room > spare ? room - spare : 0;
     int fits = placed <= room && size <= room - placed;
     if (fits)

@@ -29,6 +29,7 @@ struct tr_config {
     int log_level;            /* 0 error, 1 warn, 2 info, 3 debug */
     int host_state;           /* TRANSIT_HOST_STATE (default 1): state over the budget in pinned memory */
     uint32_t cold_tail_ppm;   /* TRANSIT_COLD_TAIL in millionths (observe.c) */
+    uint64_t ring_bytes;      /* the adapter's staging ring (TRANSIT_OVERLAP_INFLIGHT) */
 };
 HIDDEN extern struct tr_config tr_cfg;
 HIDDEN void tr_config_load(void);

@@ -45,3 +45,17 @@ def test_a_host_copy_that_does_not_fit_is_flagged_and_warned(cli):
 def test_overlap_is_checked_as_the_cli_checks_it(cli):
     rc, out, err = cli("plan", "--model", "llama3-70b", "--overlap", "sideways")
     assert rc == 2 and out == "" and "invalid choice: 'sideways'" in err and err.count("\n") == 1
+
+
+def test_the_plans_request_says_a_retired_mode_as_the_cli_does():
+    """plan.Request from Python: the retired `serial` gets the CLI's words, an unknown word its own."""
+    from transit_launch.errors import UsageError
+    from transit_launch.planning.hardware import GPUS
+    from transit_launch.planning.models import load_model
+    from transit_launch.planning.plan import Request
+
+    card, gpu = load_model("llama3-8b"), GPUS["h200-141gb"]
+    with pytest.raises(UsageError, match=r"overlap 'serial' is retired \(docs/retired-experiments.md\)"):
+        Request(card=card, gpu=gpu, overlap="serial")
+    with pytest.raises(UsageError, match="overlap 'fast' is not one of 0, 1, staged, stream"):
+        Request(card=card, gpu=gpu, overlap="fast")

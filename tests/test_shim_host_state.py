@@ -164,3 +164,20 @@ def test_hints_on_pinned_state_keep_advise_from_probing_access(built, cupti, tmp
     else:
         assert "cuptiActivityRegisterCallbacks" in used
         assert int(out["fake_to_host"]) >= 4 * GB  # the application's 4 GB went to the host
+
+
+@pytest.mark.parametrize("inflight", [str(64 * MiB), str(1 << 30), "abc", "0"])
+def test_the_room_left_for_the_ring_is_the_ring_the_adapter_makes(built, tmp_path, inflight):
+    """The ring does not exist yet when the state is made, so the shim leaves the room of the
+    ring the adapter will make: TRANSIT_OVERLAP_INFLIGHT's bytes, read by the adapter's rule (a
+    positive integer, else the 256 MiB default). Under a budget with room for two and a half
+    states beside the default ring, a 64 MiB ring leaves room for all three, a 1 GiB ring for
+    none, and a value that is no positive integer changes nothing."""
+    budget = budget_for(2 * STATE + STATE // 2)
+    ring = int(inflight) if inflight.isdigit() and int(inflight) > 0 else rules.STAGE_RING_BYTES
+    room = budget - 4 * GB - (budget // 100 * rules.STATE_ROOM_SPARE_PERCENT + ring)
+    kept = max(0, min(3, room // STATE))
+    assert kept == {str(64 * MiB): 3, str(1 << 30): 0}.get(inflight, 2)  # the cases are the ones meant
+    res, out, calls, stats = state_run(built, tmp_path, env={"TRANSIT_GPU_BUDGET": f"{budget}B",
+                                                             "TRANSIT_OVERLAP_INFLIGHT": inflight})
+    assert stats["host_state_kept_bytes"] == kept * STATE and stats["host_state_bytes"] == (3 - kept) * STATE

@@ -119,8 +119,7 @@ def overlap_mode(text):
     """argparse type of --overlap (its choices are rules.OVERLAP_MODES): a retired mode is
     refused as retired, with what remains, rather than as an unknown word."""
     if text in rules.RETIRED_OVERLAP_MODES:
-        raise argparse.ArgumentTypeError(f"{text!r} is retired (docs/retired-experiments.md): the modes are "
-                                         f"{', '.join(rules.OVERLAP_MODES)}")
+        raise argparse.ArgumentTypeError(rules.overlap_refusal(text))
     return text
 
 

@@ -73,6 +73,17 @@ RETIRED_ENV = {
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # the early updates' stream on a CUDA green context of N SMs
 }
 RETIRED_OVERLAP_MODES = ("serial",)        # the early updates on the compute stream (a diagnostic)
+
+
+def overlap_refusal(mode):
+    """Why `mode` is no TRANSIT_OVERLAP_STEP mode (a retired one said as retired), or None: the
+    one wording of the CLI's --overlap, ShimOptions and the plan's Request."""
+    if mode in RETIRED_OVERLAP_MODES:
+        return f"{mode!r} is retired (docs/retired-experiments.md): the modes are {', '.join(OVERLAP_MODES)}"
+    if mode not in OVERLAP_MODES:
+        return f"{mode!r} is not one of {', '.join(OVERLAP_MODES)}"
+    return None
+
 # PyTorch's expandable segments and its cudaMallocAsync backend allocate through
 # cuMemCreate/cuMemMap or stream-ordered pools and never call cudaMalloc, so the shim
 # would see nothing: every job with the shim gets the native caching allocator without

@@ -19,7 +19,7 @@ from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Lay
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import (DEFAULT_OVERLAP, OVERLAP_MODES, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES,
+from transit_launch.rules import (DEFAULT_OVERLAP, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES, overlap_refusal,
                                   STATE_ROOM_SPARE_PERCENT)
 from transit_launch.units import gb
 
@@ -102,8 +102,8 @@ class Request:
             raise UsageError(f"--scale-in fractions must lie strictly between 0 and 1, got {self.scale_in}")
         if self.max_nodes > MAX_NODES:
             raise UsageError(f"max_nodes {self.max_nodes} is above the planner's {MAX_NODES}")
-        if self.overlap is not None and self.overlap not in OVERLAP_MODES:
-            raise UsageError(f"overlap {self.overlap!r} is not one of {', '.join(OVERLAP_MODES)}")
+        if self.overlap is not None and overlap_refusal(self.overlap):
+            raise UsageError(f"overlap {overlap_refusal(self.overlap)}")
 
 
 @dataclass

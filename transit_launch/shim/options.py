@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from transit_launch.errors import UsageError
-from transit_launch.rules import LOG_LEVELS, OVERLAP_MODES, POLICIES
+from transit_launch.rules import LOG_LEVELS, POLICIES, overlap_refusal
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -23,10 +23,11 @@ class ShimOptions:
     overlap: str | None = None     # TRANSIT_OVERLAP_STEP
 
     def __post_init__(self):
-        for name, value, allowed in (("policy", self.policy, POLICIES), ("log", self.log, LOG_LEVELS),
-                                     ("overlap", self.overlap, OVERLAP_MODES)):
+        for name, value, allowed in (("policy", self.policy, POLICIES), ("log", self.log, LOG_LEVELS)):
             if value is not None and value not in allowed:
                 raise UsageError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.overlap is not None and overlap_refusal(self.overlap):
+            raise UsageError(f"--overlap {overlap_refusal(self.overlap)}")
         if self.gpu_budget is not None and (isinstance(self.gpu_budget, bool) or not isinstance(self.gpu_budget, int)
                                             or self.gpu_budget <= 0):
             raise UsageError(f"--gpu-budget {self.gpu_budget!r} is not a positive number of bytes")
