@@ -6,7 +6,8 @@ tests must pass, so a failure means the breakage was caught, not that the copy i
 The breakages: the planner's optimizer-state term, the plugin's policy check, the tc
 restore, the shim's guard against more managed memory than the GPU has free, its budget
 when an allocation is placed and while a freed one is still the runtime's, the
-installer's trust rule, and the stats writer's rule for links on the way.""" 
+installer's trust rule, the stats writer's rule for links on the way, advise's access probe
+kept off where the state is pinned, and placement's cut of a region at the budget's line.""" 
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ MUTANTS = [
     ("stats-link-rule", "_csrc/shim/stats.c",
      "if (fstat(fd, &ds) ||\n                !(dir_protects(&ds) || ((ds.st_mode & S_ISVTX) && owner_trusted(ds.st_uid) && "
      "owner_trusted(ls.st_uid))))", "if (fstat(fd, &ds))", ["test_root_trust.py::test_root_stats_follow_no_link_another_user_made"]),
+    ("advise-probes-over-pinned-state", "_csrc/shim/state.c",
+     "tr_count.hint_bytes[TR_COLD_OPT] == 0 && !tr_s.cold_reported;", "tr_count.hint_bytes[TR_COLD_OPT] == 0;",
+     ["test_shim_host_state.py::test_hints_on_pinned_state_keep_advise_from_probing_access"]),
+    ("placement-whole-regions", "_csrc/shim/place.c", "uint64_t fit = *room & ~(PLACE_GRAIN - 1);",
+     "uint64_t fit = 0;", ["test_shim.py::test_master_weights_keep_the_gpu_before_optimizer_states"]),
 ]
 
 
