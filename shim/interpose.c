@@ -56,8 +56,12 @@ static size_t untrack(void *p, uint64_t *dev)
     struct tr_alloc *a = tr_table_find((uintptr_t)p);
     if (a && a->ptr == (uintptr_t)p) {
         held = a->size;
-        tr_replay_forget(a->ptr, a->ptr + a->size);
-        *dev = tr_place_drop(a);
+        /* what the window prefetched of it is on the device until the runtime frees it, as
+         * its device-placed bytes are: counted there until then (tr_place_freed) */
+        uint64_t win = tr_replay_forget(a->ptr, a->ptr + a->size);
+        tr_tab.dev_bytes += win;
+        tr_tab.dev_inflight += win;
+        *dev = tr_place_drop(a) + win;
         tr_table_remove(a);
     }
     pthread_mutex_unlock(&tr_lock);

@@ -8,6 +8,7 @@
 #include "transit.h"
 
 struct range { uintptr_t start, end; };
+#define PAGE 4096u /* the host's page: what a prefetch moves at least */
 struct slot { struct range *r; int n, cap; };
 
 static struct slot *slots;
@@ -93,20 +94,64 @@ static void win_evict_one(cudaStream_t stream)
     tr_count.evict_bytes += r.end - r.start;
 }
 
-/* [start, end) is freed: its ranges leave the window, so that no eviction later sends a
- * range home that the runtime no longer manages (it refuses it) or that a new allocation
- * at the same address now holds. Order kept. */
-void tr_replay_forget(uintptr_t start, uintptr_t end)
+/* [start, end) leaves the window: freed (so that no eviction later sends a range home that
+ * the runtime no longer manages, or that a new allocation at the same address now holds), or
+ * placed on the device (counted there from now on). A range that reaches past it keeps its
+ * outer parts, still on the device and still the window's: dropping them too left their
+ * bytes counted nowhere (a region cut at the budget's line lies inside a range). Order kept;
+ * with no memory for the parts a range stays whole, counted twice (over, never under).
+ * Returns the window's bytes that left it. */
+uint64_t tr_replay_forget(uintptr_t start, uintptr_t end)
 {
+    uint64_t before = win_bytes;
+    int hit = 0, parts = 0;
+    for (int i = 0; i < win_len; i++) {
+        struct range r = win[(win_head + i) % win_cap];
+        if (r.start < end && r.end > start) {
+            hit++;
+            parts += (r.start < start) + (r.end > end);
+        }
+    }
+    if (!hit)
+        return 0;
+    if (!parts) { /* whole ranges only (a free: ranges never cross allocations): in place */
+        int kept = 0;
+        for (int i = 0; i < win_len; i++) {
+            struct range r = win[(win_head + i) % win_cap];
+            if (r.start < end && r.end > start)
+                win_bytes -= r.end - r.start;
+            else
+                win[(win_head + kept++) % win_cap] = r;
+        }
+        win_len = kept;
+        return before - win_bytes;
+    }
+    struct range *w = malloc((size_t)(win_len + parts) * sizeof *w);
+    if (!w)
+        return 0;
     int kept = 0;
     for (int i = 0; i < win_len; i++) {
         struct range r = win[(win_head + i) % win_cap];
-        if (r.start < end && r.end > start)
-            win_bytes -= r.end - r.start;
-        else
-            win[(win_head + kept++) % win_cap] = r;
+        if (!(r.start < end && r.end > start)) {
+            w[kept++] = r;
+            continue;
+        }
+        win_bytes -= r.end - r.start;
+        if (r.start < start) {
+            w[kept++] = (struct range){r.start, start};
+            win_bytes += start - r.start;
+        }
+        if (r.end > end) {
+            w[kept++] = (struct range){end, r.end};
+            win_bytes += r.end - end;
+        }
     }
+    free(win);
+    win = w;
+    win_head = 0;
+    win_cap = win_len + parts;
     win_len = kept;
+    return before - win_bytes;
 }
 
 /* Something is about to take `need` bytes of device room (a new allocation placed there, a
@@ -138,7 +183,14 @@ void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
             continue;
         if (s->r[i].end > a->ptr + a->size)
             s->r[i].end = a->ptr + a->size;
-        uint64_t len = s->r[i].end - s->r[i].start;
+        /* a prefetch moves whole pages (CUDA rounds its range out to the page size): the
+         * window counts those, or what it moves exceeds what it holds */
+        struct range pr = {s->r[i].start & ~(uintptr_t)(PAGE - 1), (s->r[i].end + PAGE - 1) & ~(uintptr_t)(PAGE - 1)};
+        if (pr.start < a->ptr)
+            pr.start = a->ptr;
+        if (pr.end > a->ptr + a->size)
+            pr.end = a->ptr + a->size;
+        uint64_t len = pr.end - pr.start;
         if (len > room)
             continue; /* larger than all the room there is: the kernel reads it remotely */
         while (win_len && win_bytes + len > room)
@@ -155,10 +207,10 @@ void tr_replay_before_launch(uint64_t pos, cudaStream_t stream)
             win_head = 0;
             win_cap = cap;
         }
-        win[(win_head + win_len) % win_cap] = s->r[i];
+        win[(win_head + win_len) % win_cap] = pr;
         win_len++;
         win_bytes += len;
-        tr_prefetch((void *)s->r[i].start, len, TR_LOC_DEVICE, tr_s.device, stream);
+        tr_prefetch((void *)pr.start, len, TR_LOC_DEVICE, tr_s.device, stream);
         tr_count.prefetch_calls++;
         tr_count.prefetch_bytes += len;
     }
@@ -244,6 +296,11 @@ void tr_period_observe(const void *func)
 /* Test hooks (built only with -DTRANSIT_TESTING): load a replay table without CUPTI. */
 EXPORT void transit_test_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes)
 {
+    /* like every exported entry: the configuration first. Without it the first CUDA call
+     * loaded it after the table was settled, and prefetch's warm-up deferral (host data left
+     * unadvised) came back with the table ready: a touch then migrated host data past the
+     * budget, which the stress test took for a race */
+    tr_init_once();
     pthread_mutex_lock(&tr_lock);
     tr_replay_add(pos, addr, bytes);
     pthread_mutex_unlock(&tr_lock);
@@ -251,6 +308,7 @@ EXPORT void transit_test_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes
 
 EXPORT void transit_test_replay_finish(void)
 {
+    tr_init_once();
     pthread_mutex_lock(&tr_lock);
     tr_replay_finish();
     if (tr_s.replay_ready)

@@ -220,7 +220,7 @@ HIDDEN void tr_cupti_pop(void);
 HIDDEN void tr_replay_add(uint64_t pos, uintptr_t addr, uint64_t bytes);
 HIDDEN void tr_replay_finish(void);  /* merge ranges per position */
 HIDDEN void tr_replay_before_launch(uint64_t pos, cudaStream_t stream);
-HIDDEN void tr_replay_forget(uintptr_t start, uintptr_t end); /* freed: out of the window */
+HIDDEN uint64_t tr_replay_forget(uintptr_t start, uintptr_t end); /* out of the window: the bytes that left */
 HIDDEN void tr_replay_yield(uint64_t need); /* room for need device bytes: the window gives way */
 HIDDEN uint64_t tr_replay_positions(void);
 HIDDEN void tr_period_observe(const void *func);

@@ -378,6 +378,23 @@ def test_prefetch_replay_window_keeps_budget(built, tmp_path):
     assert s["prefetch_calls"] == 6 and s["replay_positions"] == 2 and s["iteration_source"] == "adapter"
 
 
+@pytest.mark.parametrize("spare", [0, 4096])
+def test_replay_counts_the_pages_a_prefetch_moves(built, tmp_path, spare):
+    """A prefetch moves whole pages (CUDA rounds its range out to the page size): a recorded
+    8 MiB range 100 bytes into q covers 8 MiB and one page more. With exactly 8 MiB of room
+    the window must not take it (it moved a page past the budget, the fake's count says); with
+    that page spare it prefetches the rounded range."""
+    gib = 1 << 30
+    budget = 2 * gib + (8 << 20) + spare
+    res, out, calls = run(built, "loop", 2, 20, 2 * gib, "adapter", "replay", "unaligned", "touch", policy="prefetch",
+                          env={"TRANSIT_GPU_BUDGET": f"{budget}B"})
+    assert res.returncode == 0, res.stderr
+    q = int(out["q"], 16)
+    to_gpu = [c for c in calls if c.startswith(f"cudaMemPrefetchAsync 0x{q:x}") and f" {LOC_DEVICE} 0 " in c]
+    assert to_gpu == ([f"cudaMemPrefetchAsync 0x{q:x} {(8 << 20) + 4096} {LOC_DEVICE} 0 (nil)"] * 2 if spare else [])
+    assert int(out["fake_device_used_peak"]) <= budget
+
+
 def test_replay_ranges_never_span_two_allocations(built, tmp_path):
     """Two recorded ranges closer than TRANSIT_MERGE_GAP but in different allocations (the
     end of p, the start of q right after it) stay two prefetches: on a GPU the gap between

@@ -100,3 +100,12 @@ def test_budget_holds_at_every_instant_under_threads(built, tmp_path):
                     env={"FAKE_GPU_MEM": str(GUARD + RESERVE), "TRANSIT_GPU_BUDGET": f"{BUDGET}B",
                          "TRANSIT_LOG": "error", "FAKE_CUDART_LOG": ""})
     assert int(out["fake_device_used_peak"]) <= BUDGET
+
+
+@pytest.mark.parametrize("seed", [8, 11, 27])
+def test_a_replay_table_loaded_first_holds_the_budget_on_one_thread(built, tmp_path, seed):
+    """prefetch with its replay table loaded before any CUDA call (the test hook): the shim's
+    configuration was read only at the first call, after the table had ended the warm-up's
+    deferral, so host data stayed unadvised and a kernel's touch migrated it past the budget.
+    These seeds did that on one thread, every run."""
+    stress(built, tmp_path, "prefetch-replay", seed=seed, threads=1, ops=4000)

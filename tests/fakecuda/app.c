@@ -403,7 +403,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "loop")) {
         int iters = atoi(argv[2]), launches = atoi(argv[3]);
         size_t size = strtoull(argv[4], NULL, 10);
-        int adapter = 0, replay = 0, straddle = 0, refree = 0, accum = 1, attach = 0, touch = 0;
+        int adapter = 0, replay = 0, straddle = 0, refree = 0, accum = 1, attach = 0, touch = 0, unaligned = 0;
         for (int i = 5; i < argc; i++) {
             adapter |= !strcmp(argv[i], "adapter");
             touch |= !strcmp(argv[i], "touch"); /* every iteration's first kernel touches p and q */
@@ -413,6 +413,7 @@ int main(int argc, char **argv)
             replay |= !strcmp(argv[i], "replay");
             straddle |= !strcmp(argv[i], "straddle");
             refree |= !strcmp(argv[i], "refree");
+            unaligned |= !strcmp(argv[i], "unaligned"); /* one range of 8 MiB of q, 100 bytes in */
         }
         int (*iteration)(void) = (int (*)(void))api("transit_iteration");
         void *p, *q, *r = NULL;
@@ -425,7 +426,9 @@ int main(int argc, char **argv)
         if (replay) {
             void (*add)(uint64_t, uintptr_t, uint64_t) = (void (*)(uint64_t, uintptr_t, uint64_t))api("transit_test_replay_add");
             void (*finish)(void) = (void (*)(void))api("transit_test_replay_finish");
-            if (refree) { /* half of q before launch 5, half of r before launch 10 */
+            if (unaligned) {
+                add(5, (uintptr_t)q + 100, 8u << 20);
+            } else if (refree) { /* half of q before launch 5, half of r before launch 10 */
                 add(5, (uintptr_t)q, size / 2);
                 add(10, (uintptr_t)r, size / 2);
             } else { /* q is on the host: replay 768 MB of it before launch 5, 512 MB before 10 */
