@@ -1,5 +1,9 @@
-"""TRANSIT_OVERLAP_STEP=1 (opt-in, docs/lifetime-policy.md): the optimizer step overlapped
-with backward. Loaded by sitecustomize.py; hooks torch.optim globally, no application change.
+"""TRANSIT_OVERLAP_STEP=1 or staged (opt-in, docs/lifetime-policy.md): the optimizer step
+overlapped with backward. This module decides when a parameter's gradient is final (its hook
+in each backward, the end of backward, the microbatches of a step) and whether the step will
+be the verified torch step; transit_update.py runs the early update. Also the step's mode and
+the verified-step checks transit_streamed.py shares. Loaded by sitecustomize.py; hooks
+torch.optim globally, no application change.
 
 Under advise the AdamW state is served zero-copy from the host, so the step reads and writes
 it over PCIe after backward has ended and nothing hides that traffic. Here a parameter is
@@ -23,7 +27,6 @@ reported; see the docs for what cannot be undone then.
 """
 
 import sys
-import threading
 import weakref
 
 OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STEP"]; a test keeps them equal
@@ -70,18 +73,26 @@ CHANGED_GRAD = ("the gradient of a parameter changed between its last backward a
 CHANGED_PARAM = "a parameter was changed in place between backward and the step (a weight constraint?)"
 
 
-def _staging_module():
-    """transit_staging.py beside this file (the adapter directory need not be on sys.path)."""
+def _sibling(name):
+    """The adapter module name.py beside this file (the adapter directory need not be on sys.path)."""
     import importlib.util
     import os
 
-    name = "transit_staging"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         sys.modules[name] = mod
     return sys.modules[name]
+
+
+def _staging_module():
+    """transit_staging.py beside this file."""
+    return _sibling("transit_staging")
+
+
+_updates = _sibling("transit_update")  # how an early update runs
+_local = _updates._local
 
 
 def retired(environ) -> list:
@@ -100,11 +111,6 @@ def retired(environ) -> list:
 
 def _say(msg):
     print(f"transit adapter: {msg}", file=sys.stderr, flush=True)
-
-
-def _local(t):
-    """An FSDP2 DTensor's local shard (a view: it shares the version counter), else t."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _digest(g):
@@ -288,22 +294,19 @@ class _Plan:
         self.pending_bytes = {}  # (group index, device) -> state bytes pending there
 
 
-class Overlap:
+class Overlap(_updates.EarlyUpdates):
     """The driver: torch.optim's global step pre/post hooks, and a post-accumulate-grad hook
     on every parameter of an adopted optimizer (on FSDP2's sharded parameters FSDP2 calls it
-    after the reduce-scatter)."""
+    after the reduce-scatter). Its early updates run as transit_update.EarlyUpdates runs them."""
 
     def __init__(self, ours=(), staged=False, device_memory=None, host_state=None):
         # device_memory: the shim's (alloc, free) of plain device memory for the staging ring;
         # host_state(ptr, nbytes): whether the shim made that state in pinned host memory
-        self.staging = _staging_module().Staging(device_memory, host_state) if staged else None
+        super().__init__(_staging_module().Staging(device_memory, host_state) if staged else None)
         self.ours = list(ours)  # the adapter's other step hooks: not foreign
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
         self.recs = {}          # id(param) -> _Param of a hooked parameter
         self.owners = {}        # id(param) -> (weak param, _Plan) of every optimizer that stepped
-        self.lock = threading.RLock()  # hooks may run on several autograd device threads
-        self.streams = {}       # device -> side stream for early updates
-        self.early = 0          # parameters updated during backward, all steps (tests, logs)
         self.handles = []
         self.task = None        # the autograd graph task whose end is awaited
         self.fired = []         # parameters whose hook ran in that backward
@@ -521,7 +524,9 @@ class Overlap:
         if rec.done:  # a gradient after the one learned as final: the update used a partial gradient
             self._turn_off(plan, "a parameter got more gradients in a step than in the learning steps")
         elif rec.fires == final:
-            self._update(plan, rec, p)
+            group = self._usable(plan, rec, p)
+            if group is not None:
+                self._update(plan, rec, p, group)
 
     def _await_end(self, rec):
         """Have the end of this backward recorded (autograd runs queued callbacks when the
@@ -547,140 +552,18 @@ class Overlap:
             except Exception as e:  # raised here it would end the application's backward()
                 self._turn_off(rec.plan, f"an error at the end of backward: {e!r}")
 
-    def _update(self, plan, rec, p):
-        """The optimizer's own step on a group holding only p, on a side stream on a GPU."""
-        import torch
-
+    def _usable(self, plan, rec, p):
+        """The param group whose step p's final gradient is updated with early now
+        (transit_update.py runs it), its hyper-parameters recorded for the check at the step;
+        None when p has no gradient, or when its tensors would take another kernel path (its
+        overlap turned off)."""
         opt = plan.opt()
         if p.grad is None:
-            return  # nothing to update with: the step skips it too
+            return None  # nothing to update with: the step skips it too
         # (its state exists: it had gradients in the learning steps, which stepped it)
         if plan.paths[rec.gi] == "foreach" and not _fast_route_alike(p, p.grad, opt.state.get(p, {})):
             self._turn_off(plan, "tensors laid out unlike their parameter on a GPU foreach path")
-            return
+            return None
         group = opt.param_groups[rec.gi]
         plan.hyper.setdefault(rec.gi, _hyper(group))
-        local = _local(p)
-        if local.is_cuda and torch.cuda.is_current_stream_capturing():
-            return  # inside a CUDA graph capture: leave it to the step
-        keys = self.staging.stageable(opt, p) if self.staging else None
-        if keys is not None:
-            self._defer(plan, rec, p, keys)
-            return
-        if local.is_cuda:
-            side = self.streams.get(local.device)
-            if side is None:
-                side = self.streams[local.device] = torch.cuda.Stream(device=local.device)
-            # The side stream starts after the gradient is ready (this is the stream that made
-            # it: the compute stream, or FSDP2's reduce-scatter stream) and runs while backward
-            # goes on; the step's current stream waits for it (pre_step), before anything reads
-            # the parameter or frees the gradient.
-            side.wait_stream(torch.cuda.current_stream(local.device))
-            plan.devices.add(local.device)
-            with torch.cuda.stream(side):
-                self._step_only(plan, group, p, entering=lambda: self._entering(rec))
-        else:
-            self._step_only(plan, group, p, entering=lambda: self._entering(rec))
-
-    def _entering(self, rec):
-        rec.done = True
-        self.early += 1
-
-    def _defer(self, plan, rec, p, keys):
-        """A staged update waits for others of its group on its device: one staged step for
-        several parameters costs the CPU about what one costs (torch's dispatch, the copies'
-        calls). `ready` marks the gradient on the stream that made it (this hook's), which the
-        staged step waits for whichever hook flushes the batch."""
-        import torch
-
-        local = _local(p)
-        ready = None
-        if local.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(local.device))
-        key = (rec.gi, str(local.device))
-        with self.lock:  # autograd's device threads may defer and flush at once
-            plan.pending.setdefault(key, []).append((rec, p, keys, ready))
-            plan.pending_bytes[key] = plan.pending_bytes.get(key, 0) + self.staging.nbytes(plan.opt(), p, keys)
-            full = plan.pending_bytes[key] >= self.staging.batch
-        if full:
-            self._flush(plan, key)
-
-    def _flush(self, plan, key):
-        """The pending staged updates of a param group on one device, as one step on their
-        staged state."""
-        with self.lock:
-            batch = plan.pending.pop(key, [])
-            plan.pending_bytes.pop(key, None)
-        if not batch or plan.phase == "off" or plan.opt() is None:
-            return  # not done: the step updates them
-        opt = plan.opt()
-        group = opt.param_groups[key[0]]
-        ps = [p for _, p, _, _ in batch]
-        local = _local(ps[0])
-        if local.is_cuda:  # before anything is enqueued: the step's stream must wait, whatever follows
-            plan.devices.add(local.device)
-
-        def entering():
-            for rec, _, _, _ in batch:
-                self._entering(rec)
-
-        def step(swaps):
-            self._step_only(plan, group, ps, swaps, entering)
-        self.staging.update(opt, [(p, keys) for _, p, keys, _ in batch], step,
-                            [r for _, _, _, r in batch if r is not None])
-
-    def _flush_all(self, plan):
-        try:
-            for key in list(plan.pending):
-                self._flush(plan, key)
-        except Exception as e:  # raised here it would end the application's backward()
-            plan.pending, plan.pending_bytes = {}, {}
-            self._turn_off(plan, f"an error in a staged update: {e!r}")
-
-    def _step_only(self, plan, group, ps, swaps=None, entering=None):
-        """torch's step on the parameters ps (one, or a batch) alone; swaps: for each of
-        them, state entries it uses instead of its own (staged copies), put back after.
-        entering() runs just before torch's step: from there the parameters count as done,
-        since a step that fails part-way (out of memory in its temporaries) may have written
-        some tensors, which the application's step must not write again; the error then turns
-        the overlap off as not bit-identical. An error before it leaves them to the step."""
-        opt = plan.opt()
-        ps = ps if isinstance(ps, list) else [ps]
-        with self.lock:
-            groups = opt.param_groups
-            opt.param_groups = [dict(group, params=ps)]  # same hyper-parameters and path, these parameters
-            saved = [(opt.state[p], {k: opt.state[p][k] for k in sw}) for p, sw in (swaps or {}).items()]
-            for p, sw in (swaps or {}).items():  # (opt.state is a defaultdict: entries only for swaps)
-                opt.state[p].update(sw)
-            try:
-                if entering:
-                    entering()
-                plan.raw(opt)
-            finally:
-                opt.param_groups = groups
-                for state, old in saved:
-                    state.update(old)
-
-    def _sync(self, plan):
-        if plan.devices:
-            import torch
-
-            for dev in plan.devices:
-                if dev in self.streams:
-                    torch.cuda.current_stream(dev).wait_stream(self.streams[dev])
-                if self.staging:
-                    self.staging.wait(dev)
-            plan.devices = set()
-
-    def _hide_done(self, plan):
-        """The step must skip what was done early: torch's steps skip a parameter without a
-        gradient. post_step gives the gradients back."""
-        try:
-            for rec in plan.params.values():
-                p = rec.param
-                if rec.done and p.grad is not None:
-                    plan.hidden.append((p, p.grad))
-                    p.grad = None
-        except Exception as e:  # an exception here would end the application's step
-            self._turn_off(plan, f"an error in its step hook: {e!r}")
+        return group
