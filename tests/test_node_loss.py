@@ -161,10 +161,16 @@ def _losses(text: str) -> dict[int, list[float]]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[int, float]:
-    """The uninterrupted run: the same trainer and settings on four ranks, no checkpoints."""
-    res = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "4", str(TRAINER), *MODEL],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.mktemp("reference"),
-                         env={**os.environ, **JOB_ENV})
+    """The uninterrupted run: the same trainer and settings on four ranks, no checkpoints.
+    It is this test's input, not its subject: a rank that aborts in torch's C++ ("terminate
+    called without an active exception", SIGABRT; seen once in CI and once by a helper on an
+    unchanged tree, not in 20 runs here) gets the run made once more, and only that."""
+    for attempt in range(2):
+        res = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "4", str(TRAINER), *MODEL],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.mktemp("reference"),
+                             env={**os.environ, **JOB_ENV})
+        if res.returncode == 0 or "terminate called without an active exception" not in res.stderr:
+            break
     assert res.returncode == 0, res.stderr[-3000:]
     return {s: v[0] for s, v in _losses(res.stdout).items()}
 
