@@ -210,6 +210,15 @@ def _wait_for(path: Path, ok, what: str, timeout: float = 240) -> str:
     raise AssertionError(f"no {what} after {timeout} s:\n{text[-3000:]}")
 
 
+def _wait_with_output(lab, job: str, out: Path, timeout: float) -> dict:
+    """lab.wait_job, and when the job does not end, the job's own output beside the daemons' logs."""
+    try:
+        return lab.wait_job(job, timeout=timeout)
+    except RuntimeError as e:
+        tail = out.read_text()[-4000:] if out.exists() else "(no output file)"
+        raise RuntimeError(f"{e}\n--- the job's output ({out.name})\n{tail}") from None
+
+
 def _job_dir(lab, name: str) -> Path:
     d = lab.lab / "jobs" / name
     d.mkdir()
@@ -246,7 +255,7 @@ def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, reference):
                                                        re.M)) >= 2 and "first step on the survivors" in t,
                          "two steps on the survivors")
         lab.kill_node("n2", job)
-        info = lab.wait_job(job, timeout=300)
+        info = _wait_with_output(lab, job, out, 300)
         text = out.read_text()
         assert info["JobState"] == "COMPLETED", text[-4000:]
     finally:
@@ -317,7 +326,7 @@ def test_node_lost_during_a_checkpoint_write_resumes_from_the_one_before(lab, re
         assert sorted(p.name for p in ckpt.iterdir()) == sorted([partial.name, "step-2", "step-4"])
         assert scalein._checkpoint_step(str(ckpt)) == 4  # what the transition record will say
         lab.kill_node("n3", job)
-        info = lab.wait_job(job, timeout=240)
+        info = _wait_with_output(lab, job, out, 240)
         text = out.read_text()
         assert info["JobState"] == "COMPLETED", text[-4000:]
     finally:
