@@ -32,8 +32,7 @@ static void fit(void)
                 if (r->kind != kind || r->place != TR_DEV)
                     continue;
                 /* only the bytes the buffer needs leave: the region's tail, to the grain */
-                uint64_t need = tr_tab.dev_bytes - tr_budget(), size = tr_region_bytes(r);
-                uint64_t keep = size > need ? (size - need) & ~(TR_PLACE_GRAIN - 1) : 0;
+                uint64_t keep = tr_place_keep(tr_region_bytes(r), tr_tab.dev_bytes - tr_budget());
                 if (keep && tr_region_cut_at(a, j, r->start + keep) == 0)
                     r = &a->reg[j + 1];
                 tr_place_demote(r);

@@ -56,12 +56,7 @@ static size_t untrack(void *p, uint64_t *dev)
     struct tr_alloc *a = tr_table_find((uintptr_t)p);
     if (a && a->ptr == (uintptr_t)p) {
         held = a->size;
-        /* what the window prefetched of it is on the device until the runtime frees it, as
-         * its device-placed bytes are: counted there until then (tr_place_freed) */
-        uint64_t win = tr_replay_forget(a->ptr, a->ptr + a->size);
-        tr_tab.dev_bytes += win;
-        tr_tab.dev_inflight += win;
-        *dev = tr_place_drop(a) + win;
+        *dev = tr_place_drop(a);
         tr_table_remove(a);
     }
     pthread_mutex_unlock(&tr_lock);

@@ -20,10 +20,6 @@
 #include "transit.h"
 
 #define HINT_ALIGN (64u * 1024u) /* hints are aligned inwards to 64 KiB */
-/* A region is cut where only part of it fits (or must leave): at this grain, the UVM
- * driver's 2 MiB block, so that what moves is the bytes needed, not a whole tensor (a
- * 2.1 GB output projection zero-copy for want of 1 GB of room, bench/RESULTS.md). */
-#define PLACE_GRAIN TR_PLACE_GRAIN
 
 uint64_t tr_budget_total(void)
 {
@@ -156,12 +152,19 @@ static void make_room(uint64_t need)
             }
 }
 
+/* Of a region of `size` bytes that must give `leave` of them: the head that stays, whole
+ * grains (0: all of it goes); the tail that goes is `leave` rounded up to the grain. */
+uint64_t tr_place_keep(uint64_t size, uint64_t leave)
+{
+    return size > leave ? (size - leave) & ~(TR_PLACE_GRAIN - 1) : 0;
+}
+
 /* Of the cursor's region r, which must give `bytes` of the device: the piece that leaves. A
- * region larger than that by a grain or more is cut, its head staying, its tail (bytes rounded
- * up to the grain) leaving; the cursor then stands on the tail. */
+ * region larger than that by a grain or more is cut, its head staying (tr_place_keep); the
+ * cursor then stands on the tail. */
 struct tr_region *tr_place_leave_part(struct tr_cursor *c, struct tr_region *r, uint64_t bytes)
 {
-    uint64_t keep = rsize(r) > bytes ? (rsize(r) - bytes) & ~(PLACE_GRAIN - 1) : 0;
+    uint64_t keep = tr_place_keep(rsize(r), bytes);
     struct tr_region *head = keep ? tr_region_cut(c, r->start + keep) : NULL;
     if (!head)
         return r;
@@ -199,7 +202,10 @@ void tr_place_new(struct tr_alloc *a)
  * in that room first would be populated on the device while these pages still are. */
 uint64_t tr_place_drop(struct tr_alloc *a)
 {
-    uint64_t dev = 0;
+    /* what prefetch's window moved of it is on the device until then too, as its
+     * device-placed bytes are: it leaves the window and is counted with them */
+    uint64_t win = tr_replay_forget(a->ptr, a->ptr + a->size), dev = win;
+    tr_tab.dev_bytes += win;
     for (int i = 0; i < a->nreg; i++) {
         struct tr_region *r = &a->reg[i];
         if (r->place == TR_DEV)
@@ -253,16 +259,16 @@ static void rank_kind(enum tr_kind kind, enum tr_place place, uint64_t *room)
     for (struct tr_cursor c = {0, 0}; (r = tr_region_next(&c));) {
         if (r->kind != kind || r->place != place)
             continue;
-        uint64_t fit = *room & ~(PLACE_GRAIN - 1);
-        if (rsize(r) > *room && fit && (r = tr_region_cut(&c, r->start + fit))) {
-            r->want = TR_DEV; /* the head that fits; the tail comes next, and stays or goes to the host */
-            *room -= rsize(r);
-        } else if (rsize(r) <= *room) {
-            r = &tr_tab.a[c.i].reg[c.j - 1];
+        uint64_t fit = *room & ~(TR_PLACE_GRAIN - 1);
+        if (rsize(r) > *room && fit) { /* the head that fits gets the room; the tail comes next */
+            struct tr_region *head = tr_region_cut(&c, r->start + fit);
+            if (head) /* (the array may have moved; a cut that failed moved nothing) */
+                r = head;
+        }
+        if (rsize(r) <= *room) {
             r->want = TR_DEV;
             *room -= rsize(r);
         } else {
-            r = &tr_tab.a[c.i].reg[c.j - 1];
             r->want = TR_HOST;
         }
     }

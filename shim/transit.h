@@ -79,7 +79,9 @@ HIDDEN cudaError_t tr_advise(const void *p, size_t n, enum cudaMemoryAdvise a, i
 HIDDEN cudaError_t tr_prefetch(const void *p, size_t n, int loc_type, int dev, cudaStream_t s);
 
 /* ---- allocation table and placement (table.c, place.c) --------------------- */
-/* Placement cuts a region only at this grain (the UVM driver's 2 MiB block; place.c). */
+/* A region is cut where only part of it fits (or must leave), at this grain, the UVM
+ * driver's 2 MiB block: what moves is the bytes needed, not a whole tensor (a 2.1 GB output
+ * projection zero-copy for want of 1 GB of room, bench/RESULTS.md). */
 #define TR_PLACE_GRAIN (2ull << 20)
 /* In advise's order of giving the GPU (and a hint only ever raises a range's kind). */
 enum tr_kind { TR_HOT = 0, TR_COLD_MASTER = 1, TR_COLD_SPARSE = 2, TR_COLD_OPT = 3, TR_KINDS };
@@ -131,7 +133,7 @@ HIDDEN int tr_region_cut_at(struct tr_alloc *a, int j, uintptr_t at); /* region 
 HIDDEN void tr_table_coalesce(void);
 
 HIDDEN void tr_place_new(struct tr_alloc *a);
-HIDDEN uint64_t tr_place_drop(struct tr_alloc *a); /* its device bytes, still counted: tr_place_freed */
+HIDDEN uint64_t tr_place_drop(struct tr_alloc *a); /* its device bytes (the window's too), still counted: tr_place_freed */
 HIDDEN void tr_place_freed(uint64_t dev);          /* ... until the runtime has freed them */
 HIDDEN int tr_hint(uintptr_t ptr, size_t size, enum tr_kind kind);
 HIDDEN void tr_rebalance(void);
@@ -144,6 +146,7 @@ HIDDEN uint64_t tr_guard_limit(void);
 HIDDEN uint64_t tr_guard_room(void);   /* the guard's limit less the device buffers */
 HIDDEN void tr_place_demote(struct tr_region *r); /* to the host, evicted now */
 HIDDEN struct tr_region *tr_place_leave_part(struct tr_cursor *c, struct tr_region *r, uint64_t bytes);
+HIDDEN uint64_t tr_place_keep(uint64_t size, uint64_t leave); /* the head that stays when `leave` bytes go */
 HIDDEN void tr_place_peaks(void);
 HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
 HIDDEN void tr_move_to_device(struct tr_region *r);

@@ -102,8 +102,12 @@ def points(paths=None):
 
 def predict(pt):
     """What `plan` says of the point's job at its budget: the candidate (with its warm-up)."""
+    return evaluate_one_gpu(request_of(pt))
+
+
+def evaluate_one_gpu(req):
+    """`plan`'s candidate for a request on one GPU, the layout it would pick there."""
     from transit_launch.planning.plan import evaluate, layout_for
-    req = request_of(pt)
     return evaluate(req, 1, layout_for(req, 1))
 
 
@@ -178,7 +182,7 @@ def shape_rows(paths=None):
     card, tied where the run tied its embeddings) at that budget, seq, batch and microbatches."""
     from tests.example_trainer import trainer_card, trainer_flags
     from transit_launch.planning.hardware import gpu_profile
-    from transit_launch.planning.plan import Request, evaluate, layout_for
+    from transit_launch.planning.plan import Request
 
     out = []
     for path in paths or sorted(RESULTS.glob("*/shapes/shapes_*.json")):
@@ -194,7 +198,7 @@ def shape_rows(paths=None):
             req = Request(card=card, gpu=gpu_profile("h200-141gb", memory=r["budget_bytes"]), gpus_per_node=1,
                           seq_len=d["seq_len"], local_batch=d["batch"],
                           global_batch=d["batch"] * r["accum"], overlap="0" if step == "in place" else "stream")
-            c = evaluate(req, 1, layout_for(req, 1))
+            c = evaluate_one_gpu(req)
             key = (str(Path(path).relative_to(RESULTS)), r["name"], r["accum"])
             measured = ref[r["accum"]]["median_step_s"] / r["median_step_s"]
             shim = r["shim"]

@@ -54,7 +54,7 @@ MUTANTS = [
     ("advise-probes-over-pinned-state", "_csrc/shim/state.c",
      "tr_count.hint_bytes[TR_COLD_OPT] == 0 && !tr_s.cold_reported;", "tr_count.hint_bytes[TR_COLD_OPT] == 0;",
      ["test_shim_host_state.py::test_hints_on_pinned_state_keep_advise_from_probing_access"]),
-    ("placement-whole-regions", "_csrc/shim/place.c", "uint64_t fit = *room & ~(PLACE_GRAIN - 1);",
+    ("placement-whole-regions", "_csrc/shim/place.c", "uint64_t fit = *room & ~(TR_PLACE_GRAIN - 1);",
      "uint64_t fit = 0;", ["test_shim.py::test_master_weights_keep_the_gpu_before_optimizer_states"]),
 ]
 
