@@ -6,7 +6,10 @@
  * whose pages up to 16 threads write first, then registered with the runtime (mapped for the
  * device at the same address, UVA): several times faster than cudaHostAlloc, which pins
  * slowly in threads too (bench/RESULTS.md, "The optimizer state made in pinned host
- * memory"). Kernels read it zero-copy as advise's
+ * memory"). An allocation of a huge page or more is mapped at a huge page's boundary and
+ * advised MADV_HUGEPAGE (the kernel's default is 4 KiB pages for anonymous memory unless
+ * advised): 512 times fewer faults to fill and pages to pin, the path's rate 2.4 times the
+ * small pages' (RESULTS.md, "Pinning with huge pages"). Kernels read it zero-copy as advise's
  * host placement does, the copy engines move it at full speed, and nothing in the table (ranking,
  * replay) migrates it. The adapter marks the state only where its step streams the state
  * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or staged); the state the
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transit.h"
@@ -26,6 +30,7 @@
 
 #define FILL_THREADS 16           /* the probe's count: pinning's cost is the page population */
 #define FILL_SPLIT (64ull << 20)  /* smaller allocations are written by the calling thread alone */
+#define HUGE_PAGE (2ull << 20)    /* x86-64's transparent huge page */
 
 static struct { uintptr_t ptr; size_t size, mapped; } *held;
 static int n, cap;
@@ -99,11 +104,43 @@ static void say_refused(size_t size, const char *what, int err)
                         "and so is any other such allocation that fails", what, size, err);
 }
 
+/* size bytes (rounded to pages; to huge pages from one huge page up) of anonymous memory, a
+ * huge-page-sized mapping starting at a huge page's boundary and advised MADV_HUGEPAGE
+ * (where the kernel has no transparent huge pages the advice fails and 4 KiB pages serve). */
+static void *map(size_t size, size_t *mapped)
+{
+    int huge = size >= HUGE_PAGE;
+    size_t align = huge ? HUGE_PAGE : 4096, len = (size + align - 1) & ~(align - 1);
+    size_t over = huge ? len + HUGE_PAGE : len; /* room to move the start to a boundary */
+    char *q = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED)
+        return NULL;
+    char *p = q;
+    if (huge) {
+        p = (char *)(((uintptr_t)q + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (p > q)
+            munmap(q, (size_t)(p - q));
+        if (q + over > p + len)
+            munmap(p + len, (size_t)(q + over - (p + len)));
+        (void)madvise(p, len, MADV_HUGEPAGE);
+    }
+    *mapped = len;
+    return p;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
 void *tr_hoststate_alloc(size_t size)
 {
-    size_t mapped = (size + 4095) & ~(size_t)4095;
-    void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    uint64_t t0 = now_ns();
+    size_t mapped;
+    void *p = map(size, &mapped);
+    if (!p) {
         say_refused(size, "mmap", 0);
         return NULL;
     }
@@ -134,6 +171,7 @@ void *tr_hoststate_alloc(size_t size)
     held[n++].mapped = mapped;
     bytes += size;
     tr_count.host_state_allocs++;
+    tr_count.host_state_pin_ns += now_ns() - t0;
     if (bytes > tr_count.host_state_peak)
         tr_count.host_state_peak = bytes;
     pthread_mutex_unlock(&tr_lock);

@@ -227,7 +227,8 @@ int tr_write_stats(const char *path)
     fprintf(f, "  \"host_state_bytes\": %llu,\n  \"host_state_peak_bytes\": %llu,\n  \"host_state_allocs\": %llu,\n",
             (unsigned long long)tr_hoststate_bytes(), (unsigned long long)tr_count.host_state_peak,
             (unsigned long long)tr_count.host_state_allocs);
-    fprintf(f, "  \"host_state_kept_bytes\": %llu,\n", (unsigned long long)tr_count.host_state_kept);
+    fprintf(f, "  \"host_state_kept_bytes\": %llu,\n  \"host_state_pin_s\": %.3f,\n",
+            (unsigned long long)tr_count.host_state_kept, (double)tr_count.host_state_pin_ns / 1e9);
     fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",
             (unsigned long long)tr_count.zero_copy_bytes, (unsigned long long)tr_count.zero_copy_peak);
     fprintf(f, "  \"cold_hint_bytes\": {\"optimizer\": %llu, \"master\": %llu, \"sparse\": %llu},\n",

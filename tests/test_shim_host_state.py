@@ -4,6 +4,8 @@ managed, and what the memory does is read from the fake runtime's own log and ac
 (cudaHostRegister / cudaHostUnregister calls, its pinned bytes, its zero-copy touches), not from
 the shim's stats alone."""
 
+from pathlib import Path
+
 import pytest
 
 from transit_launch import rules
@@ -11,6 +13,8 @@ from tests.test_shim import GB, pytestmark, run, stats_of  # noqa: F401  (pytest
 from tests.test_shim_faults import cupti  # noqa: F401  (the fake CUPTI, a fixture)
 
 MiB = 1 << 20
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists() and "[never]" not in \
+    Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
 STATE = 64 * MiB  # real memory now (the shim writes its pages): three of these, above the threads' split
 # 4 GB of the application's fill the budget but for 32 MiB: no marked 64 MiB state fits beside them
 BUDGET = {"TRANSIT_GPU_BUDGET": f"{4 * GB + 32 * MiB}B"}
@@ -40,6 +44,12 @@ def test_marked_state_is_pinned_host_memory(built, tmp_path):
     assert [c.split()[1] for c in pinned] == [str(STATE)] * 3, calls
     assert (out["state0_host"], out["state1_host"], out["state2_host"]) == ("1", "1", "1")
     ptrs = {c.split()[2] for c in pinned}
+    # each on a huge page's boundary, and advised huge pages by the kernel's own account (the
+    # fake reads the mapping's VmFlags in /proc/self/smaps), where the kernel has them
+    assert all(int(p, 16) % (2 * MiB) == 0 for p in ptrs), pinned
+    if THP:
+        assert all(c.endswith(" hg=1") for c in pinned), pinned
+    assert stats["host_state_pin_s"] > 0
     assert not any(c.startswith("cudaMallocManaged") and c.split()[2] in ptrs for c in calls)
     assert [out[f"state{i}_err"] for i in range(3)] == ["0", "0", "0"] and out["last_error"] == "0"
     # inside one allocation counts, a range past its end does not

@@ -13,6 +13,14 @@ write (zero_) and a second pass (add_, the steady zero-copy rate):
   hostalloc   pinned host memory instead (cudaHostAlloc, mapped): what shim/hoststate.c makes
   hostallocN  the same in N allocations made by N threads at once (does pinning scale?)
   register    anonymous memory the CPU populates with N threads, then cudaHostRegister (mapped)
+  split-small / split-huge
+              the register case timed in its two parts (the N threads' writes, then the
+              registration), with 4 KiB pages (MADV_NOHUGEPAGE) or transparent huge pages
+              (MADV_HUGEPAGE): which part costs, and do huge pages change it?
+  pieces      the shim's path (shim/hoststate.c) for --pieces allocations made one after
+              another, each mmap, N writers, cudaHostRegister: the shape of an optimizer's first step
+  launch      small kernels' launch-to-finish time on this thread while N threads write
+              fresh pages elsewhere, against idle (may the writes run beside a trainer?)
 
     python3 bench/probes/host_populate_probe.py --gb 8 --threads 16 --out probe.json
 
@@ -23,6 +31,7 @@ the GPU has free (the shared-GPU rule), whatever the host placement.
 import argparse
 import ctypes
 import json
+import os
 import threading
 import time
 
@@ -135,7 +144,117 @@ def _check(err, what):
         raise RuntimeError(f"{what}: cudaError {err}")
 
 
-def one(rt, case, nbytes, threads):
+def _thp():
+    out = {}
+    for k in ("enabled", "defrag"):
+        try:
+            out[k] = open(f"/sys/kernel/mm/transparent_hugepage/{k}").read().strip()
+        except OSError as e:
+            out[k] = f"unreadable: {e}"
+    return out
+
+
+def _anon_huge_kb():
+    with open("/proc/meminfo") as f:
+        return next((int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")), None)
+
+
+def _fresh(nbytes, advice):
+    import mmap
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if advice is not None:
+        m.madvise(advice)
+    return m, ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+def split(rt, case, nbytes, threads):
+    """The writes and the registration timed apart, with small or huge pages."""
+    import mmap
+    advice = mmap.MADV_HUGEPAGE if case == "split-huge" else mmap.MADV_NOHUGEPAGE
+    huge0 = _anon_huge_kb()
+    m, ptr = _fresh(nbytes, advice)
+    t0 = time.perf_counter()
+    _memset_threads(ptr, nbytes, threads)
+    t1 = time.perf_counter()
+    huge1 = _anon_huge_kb()
+    _check(rt.cudaHostRegister(ctypes.c_void_p(ptr), nbytes, HOST_PORTABLE_MAPPED), "cudaHostRegister")
+    t2 = time.perf_counter()
+    try:
+        first, second, ok = _passes(ptr, nbytes)
+    finally:
+        t3 = time.perf_counter()
+        rt.cudaHostUnregister(ctypes.c_void_p(ptr))
+        t4 = time.perf_counter()
+        del m
+    gb = nbytes / 1e9
+    return {"case": case, "gb": gb, "fill_s": round(t1 - t0, 3), "fill_gb_s": round(gb / (t1 - t0), 2),
+            "register_s": round(t2 - t1, 3), "register_gb_s": round(gb / (t2 - t1), 2),
+            "populate_gb_s": round(gb / (t2 - t0), 2), "unregister_s": round(t4 - t3, 3),
+            "anon_huge_gb_after_fill": None if huge0 is None else round((huge1 - huge0) * 1024 / 1e9, 2),
+            "first_write_s": round(first, 3), "second_pass_gb_s": round(2 * nbytes / 1e9 / second, 2),
+            "values_ok": ok}
+
+
+def pieces(rt, nbytes, threads, count):
+    """count allocations one after another, each made as shim/hoststate.c makes one."""
+    part = nbytes // count // 4096 * 4096
+    held, fill_s, reg_s = [], 0.0, 0.0
+    t0 = time.perf_counter()
+    try:
+        for _ in range(count):
+            m, ptr = _fresh(part, None)
+            a = time.perf_counter()
+            _memset_threads(ptr, part, threads if part >= (64 << 20) else 1)
+            b = time.perf_counter()
+            _check(rt.cudaHostRegister(ctypes.c_void_p(ptr), part, HOST_PORTABLE_MAPPED), "cudaHostRegister")
+            held.append((m, ptr))
+            fill_s += b - a
+            reg_s += time.perf_counter() - b
+        t1 = time.perf_counter()
+    finally:
+        for m, ptr in held:
+            rt.cudaHostUnregister(ctypes.c_void_p(ptr))
+        held.clear()
+    gb = part * count / 1e9
+    return {"case": "pieces", "gb": gb, "pieces": count, "piece_mb": part / 1e6, "populate_s": round(t1 - t0, 3),
+            "populate_gb_s": round(gb / (t1 - t0), 2), "fill_s": round(fill_s, 3), "register_s": round(reg_s, 3)}
+
+
+def launch(nbytes, threads, reps=2000):
+    """Median and worst launch-to-finish time of a small kernel, idle and beside N writers."""
+    import statistics
+    import torch
+    x = torch.ones(1024, device="cuda")
+
+    def lat():
+        out = []
+        for _ in range(reps):
+            a = time.perf_counter()
+            x.add_(1.0)
+            torch.cuda.synchronize()
+            out.append(time.perf_counter() - a)
+        return out
+    idle = lat()
+    m, ptr = _fresh(nbytes, None)
+    w = threading.Thread(target=_memset_threads, args=(ptr, nbytes, threads))
+    w.start()
+    busy = lat()
+    w.join()
+    del m
+
+    def us(v):
+        return {"median_us": round(statistics.median(v) * 1e6, 1), "p99_us": round(sorted(v)[int(len(v) * 0.99)] * 1e6, 1),
+                "max_us": round(max(v) * 1e6, 1)}
+    return {"case": "launch", "gb": nbytes / 1e9, "idle": us(idle), "beside_writers": us(busy)}
+
+
+def one(rt, case, nbytes, threads, count=64):
+    if case.startswith("split-"):
+        return split(rt, case, nbytes, threads)
+    if case == "pieces":
+        return pieces(rt, nbytes, threads, count)
+    if case == "launch":
+        return launch(nbytes, threads)
     if case in ("hostalloc", "hostallocN", "register"):
         return pinned(rt, case, nbytes, threads)
     p = ctypes.c_void_p()
@@ -172,6 +291,7 @@ def main():
     ap.add_argument("--gb", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--cases", default="fault,prefetch,cpu1,cpuN,hostalloc,hostallocN,register")
+    ap.add_argument("--pieces", type=int, default=64, help="allocations of the pieces case (64)")
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch
@@ -182,12 +302,12 @@ def main():
     rt = cudart()
     rows = []
     for case in a.cases.split(","):
-        r = one(rt, case, nbytes, a.threads)
+        r = one(rt, case, nbytes, a.threads, a.pieces)
         rows.append(r)
         print(json.dumps(r), flush=True)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gb": a.gb, "threads": a.threads, "rows": rows}, f, indent=1)
+            json.dump({"gb": a.gb, "threads": a.threads, "thp": _thp(), "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -438,6 +438,28 @@ cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
  * registered cudaErrorHostMemoryNotRegistered (probe: host_unregister_again, 713; all in
  * bench/results/2026-12-02/shapes/cuda_error_probe.json); FAKE_HOST_REGISTER_FAIL=1 refuses
  * with cudaErrorMemoryAllocation (docs list it; not probed: it needs the host to run short). */
+/* Whether the kernel marks the mapping that holds address a advised MADV_HUGEPAGE ("hg" in
+ * its VmFlags, proc(5)): the kernel's own account of what the caller asked for. */
+static int huge_advised(uint64_t a)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int in = 0, hg = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi;
+        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = a >= lo && a < hi;
+        else if (in && !strncmp(line, "VmFlags:", 8)) {
+            hg = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return hg;
+}
+
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 {
     if (!p || !n)
@@ -458,7 +480,7 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
         }
     add_blk((struct blk){a, n, 0, 1, NULL});
     res[FAKE_RES_PINNED] += n;
-    logcall("cudaHostRegister %zu 0x%llx %u", n, (unsigned long long)(uintptr_t)p, flags);
+    logcall("cudaHostRegister %zu 0x%llx %u hg=%d", n, (unsigned long long)(uintptr_t)p, flags, huge_advised(a));
     pthread_mutex_unlock(&mu);
     return cudaSuccess;
 }

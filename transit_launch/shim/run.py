@@ -132,6 +132,7 @@ def summary(stats: list[dict]) -> dict:
             "host_state_peak_gb": gb(s.get("host_state_peak_bytes", 0)),
             # ... and the state marked for it that the budget held on the GPU (stepped in place)
             "host_state_kept_gb": gb(s.get("host_state_kept_bytes", 0)),
+            "host_state_pin_s": s.get("host_state_pin_s", 0.0),  # the wall time of making it (part of the first step)
             "optimizer_hint_gb": gb(s["cold_hint_bytes"]["optimizer"]),
             "gpu_in_use_steady_gb": gb(s["gpu_resident_peak_steady_bytes"]),
             "prefetch_gb": gb(s["prefetch_bytes"]), "htod_gb": gb(s["htod_bytes"]),
@@ -167,7 +168,7 @@ def summary_text(summ: dict) -> str:
                      f"({w['steady_steps']} steady steps; a job's first step is slower without the shim too)")
         if p["host_state_peak_gb"] or p["host_state_kept_gb"]:
             text += (f"\npid {p['pid']}: {p['host_state_peak_gb']} GB of optimizer state made in pinned host memory "
-                     "(in the on-host and zero-copy columns; it did not fit the budget when it was made) "
+                     f"in {p['host_state_pin_s']:.2f} s (in the on-host and zero-copy columns; it did not fit the budget when it was made) "
                      f"and {p['host_state_kept_gb']} GB more of it kept on the GPU by the budget (stepped in place)")
         if p["managed_fallbacks"]:
             text += (f"\npid {p['pid']}: {p['managed_fallbacks']} allocation(s) could not be managed memory and "
