@@ -26,6 +26,7 @@ FIT = {
     (D1 + "titan_steps_accum1_masterroom_2026-12-01.json", "advise"): ("SHIM_RESERVED_GAP",),
     (D2 + "torchtitan/titan_steps_accum16_stream.json", "advise:TRANSIT_OVERLAP_STEP=stream"): ("STREAM_LINK_SHARE",),
     (D2 + "torchtitan-3/titan_steps_accum16_stream.json", "advise"): ("STREAM_LINK_SHARE",),
+    (D2 + "torchtitan-6/titan_steps_accum16_stream.json", "advise"): ("WARMUP_PINNED_RATE",),
 }
 # runs of a shim or adapter build that is not main's: their first steps differ (up to 2x), their
 # steady steps do not (within 0.5%, RESULTS.md "TorchTitan's first steps under advise")
@@ -39,6 +40,15 @@ OTHER_BUILD = {
         "before the master weights' room",
     (D1 + "titan_steps_accum16_populate_2026-12-01.json", "advise"): "before the master weights' room",
     (D1 + "titan_steps_accum1_populate_2026-12-01.json", "advise"): "before the master weights' room",
+    **{(D2 + f, run): "the streamed step before its state was pinned on huge pages (b56e1be): pinning ran at "
+       "2.2-8 GB/s, not 11-16" for f, run in (
+           ("torchtitan/titan_steps_accum16_stream.json", "advise:TRANSIT_OVERLAP_STEP=stream"),
+           ("torchtitan/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=stream"),
+           ("torchtitan-3/titan_steps_accum16_stream.json", "advise"),
+           ("torchtitan-3/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"),
+           ("torchtitan-4/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"),
+           ("torchtitan-5/titan_steps_accum16_stream.json", "advise"),
+           ("torchtitan-5/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"))},
 }
 # runs of builds whose steady steps are not main's, left out of the points; what they measured
 # is in RESULTS.md ("The optimizer state made in pinned host memory", "The streamed step by default")
@@ -68,6 +78,8 @@ OFF_TARGET = {
     (D2 + "torchtitan-4/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"):
         "the same job",
     (D2 + "torchtitan-5/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"):
+        "the same job",
+    (D2 + "torchtitan-6/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"):
         "the same job",
 }
 OVERLAP_ENV = ENV["OVERLAP_STEP"]  # a run overlapping its step with backward (1, staged) is not a point
@@ -118,14 +130,10 @@ WARM_UP_OVERSTATED = {
         "half the state offloaded at one microbatch: 13.5 GB made on the host in 3.4 s, 4 GB/s",
     (D2 + "torchtitan-3/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"):
         "the same job",
-    (D2 + "torchtitan-3/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"):
-        "the same job streamed: 15.8 GB pinned in 2.0 s",
     (D2 + "torchtitan-4/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"):
         "the same job in place: 13.5 GB in 3.7 s",
-    (D2 + "torchtitan-4/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"):
-        "the same job streamed: 15.8 GB pinned in 1.8 s",
-    (D2 + "torchtitan-5/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"):
-        "the same job streamed: 15.8 GB pinned in 2.5 s",
+    (D2 + "torchtitan-6/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"):
+        "the same job in place: 13.5 GB in 3.7 s",
 }
 
 

@@ -50,9 +50,14 @@ STREAM_LINK_SHARE = 1.0
 # host, not refused), so it keeps the blocks a real GPU's allocator would free and retry
 # with, and the budget bounds reserved bytes: TorchTitan's reserved peak over the estimate.
 SHIM_RESERVED_GAP = SHIM_RESERVED_GAP_PERCENT / 100
-# The first step makes the optimizer state, what does not fit in host memory through the
-# GPU's first writes: bytes a second, for the warm-up the plan states (within a factor of 2).
+# The first step makes the optimizer state, what does not fit in host memory: bytes a second,
+# for the warm-up the plan states (within a factor of 2). In place (plain advise) through the
+# GPU's first writes to managed memory; streamed (the default) pinned by the shim on huge
+# pages, then read zero-copy by the first step (tests/prediction_records.py FIT says which run
+# each was set from; one rank on the host: ranks pinning at once share its memory bandwidth,
+# not measured).
 WARMUP_STATE_RATE = 2.0e9
+WARMUP_PINNED_RATE = 7.7e9
 # 2 TB per node: DGX H100/H200 and the paper's clusters. Override with --host-mem.
 DEFAULT_HOST_MEM = 2000e9
 # A node of less DRAM cannot run a training rank: `--host-mem 1KB` is a typo.
@@ -233,7 +238,8 @@ def host_terms(req: Request, c: Candidate) -> dict:
     return {"compute_s": t_compute, "state_s": opt / opt_link + master / state_link,
             "master_reads_s": c.microsteps * 2 * master / req.gpu.host_link,
             "spill_s": c.microsteps * 2 * c.spill / req.gpu.fault_link,
-            "warm_up_s": (opt + master) / WARMUP_STATE_RATE}
+            "warm_up_s": opt / (WARMUP_PINNED_RATE if step_mode(req) == "stream" else WARMUP_STATE_RATE)
+            + master / WARMUP_STATE_RATE}
 
 
 def efficiency_of(t: dict) -> float:

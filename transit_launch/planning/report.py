@@ -117,6 +117,7 @@ def plan_json(p: Plan) -> dict:
         "assumptions": {"mfu": planmod.ASSUMED_MFU, "state_link_share": planmod.STATE_LINK_SHARE,
                         "shim_reserved_gap": planmod.SHIM_RESERVED_GAP,
                         "warm_up_state_gb_s": gb(planmod.WARMUP_STATE_RATE),
+                        "warm_up_pinned_gb_s": gb(planmod.WARMUP_PINNED_RATE),
                         "host_bytes_per_rank_gb": gb(planmod.HOST_BYTES_PER_RANK),
                         "host_usable_fraction": planmod.HOST_USABLE_FRACTION,
                         "host_link_gb_s": gb(req.gpu.host_link)},
