@@ -3,6 +3,7 @@ command, the commit, the files it wrote), appended, newest last, and the manifes
 run leaves in its folder (run.json) so that a run made elsewhere can be filed later."""
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,7 +53,11 @@ def read_manifest(folder: Path) -> Entry:
 
 
 def commit(root: Path = ROOT) -> str:
-    """HEAD's commit read from .git (no git process: the device's copy may have none)."""
+    """BENCH_COMMIT when set (the device's copy of .git can be older than the tree sent: give the
+    commit in the command), else HEAD's commit read from .git (no git process: the device's copy
+    may have none)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"][:12]
     git = root / ".git"
     try:
         head = (git / "HEAD").read_text().strip()

@@ -172,13 +172,17 @@ SUITES = {s.name: s for s in [
           budget="none: no offloading; the formula is compared with the peaks as measured"),
     Suite("torchtitan", "TorchTitan unchanged (Llama3-8B dimensions at 16 layers, one GPU): every step's time "
           "without offloading, under advise (its streamed step, the default) and plain advise "
-          "(TRANSIT_OVERLAP_STEP=0) at 16 microbatches, and at 1 where the budget holds all or half of the state "
+          "(TRANSIT_OVERLAP_STEP=0) at 16, 8 and 2 microbatches, and at 1 where the budget holds all or half of the state "
           "(bench/titan_steps.py); its losses with and without the shim "
           "(bench/torchtitan_check.py); the GPU tests of the state pool and the streamed step",
           (Step("accum16", (*TITAN_STEPS, "--runs", TITAN_RUNS, "--accum", "16",
                             "--out", "{out}/titan_steps_accum16_stream.json"), 345),
            Step("accum1", (*TITAN_STEPS, "--runs", TITAN_RUNS_ROOM, "--accum", "1",
                            "--out", "{out}/titan_steps_accum1_stream.json"), 230, lane=1),
+           Step("accum8", (*TITAN_STEPS, "--runs", TITAN_RUNS, "--accum", "8",
+                           "--out", "{out}/titan_steps_accum8_stream.json"), 240, lane=1),
+           Step("accum2", (*TITAN_STEPS, "--runs", TITAN_RUNS, "--accum", "2",
+                           "--out", "{out}/titan_steps_accum2_stream.json"), 150, lane=1),
            Step("losses", ("python3", "bench/torchtitan_check.py", "--steps", "10", "--timeout", "110",
                            "--out", "{out}/torchtitan.json"), 240, lane=1),
            Step("gpu-tests", ("python3", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_gpu.py",

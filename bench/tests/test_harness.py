@@ -104,3 +104,13 @@ def test_commit_is_read_without_git(tmp_path):
     (tmp_path / ".git" / "refs" / "heads" / "main").write_text("0123456789abcdef\n")
     assert index.commit(tmp_path) == "0123456789ab"
     assert index.commit(tmp_path / "none") == "unknown"
+
+
+def test_the_commit_given_in_the_command_wins_over_the_copys_git(tmp_path, monkeypatch):
+    """The device keeps an older .git than the tree it is sent: BENCH_COMMIT names the one run."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("fedcba9876543210\n")
+    monkeypatch.setenv("BENCH_COMMIT", "a84df3172996afb8")
+    assert index.commit(tmp_path) == "a84df3172996"
+    monkeypatch.delenv("BENCH_COMMIT")
+    assert index.commit(tmp_path) == "fedcba987654"
