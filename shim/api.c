@@ -117,6 +117,12 @@ EXPORT void transit_state_alloc(int on)
         tr_hoststate_mark(on); /* the calling thread's own mark: no lock */
 }
 
+EXPORT void transit_state_expect(size_t bytes)
+{
+    if (transit_active())
+        tr_prefill_expect(bytes); /* its own lock, not tr_lock: it maps and starts a thread */
+}
+
 EXPORT int transit_host_state(uintptr_t ptr, size_t size)
 {
     if (!transit_active())

@@ -2,9 +2,9 @@
  *
  * An allocation the adapter marks as optimizer state (its first step, on the calling thread)
  * that the budget cannot hold is made under advise as pinned host memory instead of managed
- * memory (tr_hoststate_wanted): anonymous memory
- * whose pages up to 16 threads write first, then registered with the runtime (mapped for the
- * device at the same address, UVA): several times faster than cudaHostAlloc, which pins
+ * memory (tr_hoststate_wanted): anonymous memory whose pages up to 16 threads write first,
+ * then registered with the runtime (mapped for the device at the same address, UVA): several
+ * times faster than cudaHostAlloc, which pins
  * slowly in threads too (bench/RESULTS.md, "The optimizer state made in pinned host
  * memory"). An allocation of a huge page or more is mapped at a huge page's boundary and
  * advised MADV_HUGEPAGE (the kernel's default is 4 KiB pages for anonymous memory unless
@@ -15,6 +15,9 @@
  * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or staged); the state the
  * budget holds is stepped where it is. When the host
  * refuses the memory or its registration, the allocation takes the managed path.
+ * Where the adapter said how much state to expect (transit_state_expect, version 7), the
+ * memory is a slice of prefill.c's pool instead, its pages written in the background before
+ * the step and only registered here; a slice is given back as its own memory is.
  * TRANSIT_HOST_STATE=0 turns it off. The list is kept under tr_lock; the memory is made and
  * given back outside it. */
 #define _GNU_SOURCE /* MAP_ANONYMOUS */
@@ -30,7 +33,6 @@
 
 #define FILL_THREADS 16           /* the probe's count: pinning's cost is the page population */
 #define FILL_SPLIT (64ull << 20)  /* smaller allocations are written by the calling thread alone */
-#define HUGE_PAGE (2ull << 20)    /* x86-64's transparent huge page */
 
 static struct { uintptr_t ptr; size_t size, mapped; } *held;
 static int n, cap;
@@ -72,11 +74,11 @@ static void *fill_part(void *arg)
     return NULL;
 }
 
-/* Every page of [p, p + len) given its memory, by up to FILL_THREADS threads. */
-static void fill(char *p, size_t len)
+/* Every page of [p, p + len) given its memory, by up to `threads` threads (prefill.c's
+ * background fill uses fewer than an allocation's own). */
+void tr_host_fill(char *p, size_t len, int threads)
 {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int k = len < FILL_SPLIT || cpus < 2 ? 1 : (cpus < FILL_THREADS ? (int)cpus : FILL_THREADS);
+    int k = len < FILL_SPLIT || threads < 2 ? 1 : (threads < FILL_THREADS ? threads : FILL_THREADS);
     struct fill parts[FILL_THREADS];
     pthread_t tids[FILL_THREADS];
     int started[FILL_THREADS] = {0};
@@ -107,17 +109,17 @@ static void say_refused(size_t size, const char *what, int err)
 /* size bytes (rounded to pages; to huge pages from one huge page up) of anonymous memory, a
  * huge-page-sized mapping starting at a huge page's boundary and advised MADV_HUGEPAGE
  * (where the kernel has no transparent huge pages the advice fails and 4 KiB pages serve). */
-static void *map(size_t size, size_t *mapped)
+void *tr_host_map(size_t size, size_t *mapped)
 {
-    int huge = size >= HUGE_PAGE;
-    size_t align = huge ? HUGE_PAGE : 4096, len = (size + align - 1) & ~(align - 1);
-    size_t over = huge ? len + HUGE_PAGE : len; /* room to move the start to a boundary */
+    int huge = size >= TR_HUGE_PAGE;
+    size_t len = tr_host_round(size);
+    size_t over = huge ? len + TR_HUGE_PAGE : len; /* room to move the start to a boundary */
     char *q = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (q == MAP_FAILED)
         return NULL;
     char *p = q;
     if (huge) {
-        p = (char *)(((uintptr_t)q + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        p = (char *)(((uintptr_t)q + TR_HUGE_PAGE - 1) & ~(uintptr_t)(TR_HUGE_PAGE - 1));
         if (p > q)
             munmap(q, (size_t)(p - q));
         if (q + over > p + len)
@@ -135,16 +137,22 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* A slice of prefill.c's pool, already written, where it has room; else memory of its own,
+ * written here. Either is given back the same way: unregistered, then unmapped. */
 void *tr_hoststate_alloc(size_t size)
 {
     uint64_t t0 = now_ns();
     size_t mapped;
-    void *p = map(size, &mapped);
+    void *p = tr_prefill_take(size, &mapped);
+    size_t pooled = p ? mapped : 0;
     if (!p) {
-        say_refused(size, "mmap", 0);
-        return NULL;
+        if (!(p = tr_host_map(size, &mapped))) {
+            say_refused(size, "mmap", 0);
+            return NULL;
+        }
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        tr_host_fill(p, mapped, cpus < FILL_THREADS ? (int)cpus : FILL_THREADS);
     }
-    fill(p, mapped);
     cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.host_register(p, mapped, cudaHostRegisterPortable | cudaHostRegisterMapped);
     if (err != cudaSuccess) {
@@ -171,6 +179,7 @@ void *tr_hoststate_alloc(size_t size)
     held[n++].mapped = mapped;
     bytes += size;
     tr_count.host_state_allocs++;
+    tr_count.host_state_prefill_used += pooled;
     tr_count.host_state_pin_ns += now_ns() - t0;
     if (bytes > tr_count.host_state_peak)
         tr_count.host_state_peak = bytes;

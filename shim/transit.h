@@ -164,6 +164,20 @@ HIDDEN void *tr_hoststate_alloc(size_t size);   /* not under tr_lock; NULL: refu
 HIDDEN int tr_hoststate_free(uintptr_t ptr, cudaError_t *err); /* not under tr_lock; 1: it was one */
 HIDDEN int tr_hoststate_holds(uintptr_t ptr, size_t size);     /* under tr_lock */
 HIDDEN uint64_t tr_hoststate_bytes(void);                      /* under tr_lock */
+#define TR_HUGE_PAGE (2ull << 20) /* x86-64's transparent huge page */
+/* The bytes a host mapping of size takes: whole huge pages from one huge page up, else pages. */
+static inline size_t tr_host_round(size_t size)
+{
+    size_t align = size >= TR_HUGE_PAGE ? TR_HUGE_PAGE : 4096;
+    return (size + align - 1) & ~(align - 1);
+}
+HIDDEN void *tr_host_map(size_t size, size_t *mapped); /* huge-page aligned and advised; NULL: refused */
+HIDDEN void tr_host_fill(char *p, size_t len, int threads); /* every page written */
+
+/* ---- the state's pages written before the first step (prefill.c) ----------------- */
+HIDDEN void tr_prefill_expect(size_t bytes);         /* transit_state_expect; not under tr_lock */
+HIDDEN void *tr_prefill_take(size_t size, size_t *len); /* a written slice of the pool, or NULL */
+HIDDEN void tr_prefill_end(void);                    /* stop, join, unmap the rest (expect(0), exit) */
 
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {
@@ -183,6 +197,7 @@ struct tr_stats {
     uint64_t hint_bytes[TR_KINDS];
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */
     uint64_t host_state_pin_ns; /* hoststate.c: the wall time of making it (map, fill, register), summed */
+    uint64_t host_state_prefill, host_state_prefill_used; /* prefill.c's pool; the slices given from it */
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];
     int n_iter_ms;

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 6
+#define TRANSIT_API_VERSION 7
 /* SPARSE (version 6): master weights the forward reads only in part, an nn.Embedding's table
  * outside FSDP (a gather of the step's rows): advise gives them the GPU after the dense
  * master weights and before the optimizer state. */
@@ -45,4 +45,10 @@ int transit_device_free(uintptr_t ptr);
 void transit_state_alloc(int on);
 /* 1 when [ptr, ptr + size) is optimizer state in the shim's pinned host memory (version 5). */
 int transit_host_state(uintptr_t ptr, size_t size);
+/* The optimizer state the calling adapter expects its first step to make, at most `bytes`
+ * (version 7): under advise, where state is pinned (transit_state_alloc), that much host
+ * memory is written in the background from here, and the first step's pinned state is
+ * taken from it already written. Once per process (later calls with bytes > 0 are ignored);
+ * 0: the first step is over, what it did not take is given back (prefill.c). */
+void transit_state_expect(size_t bytes);
 #endif

@@ -87,6 +87,7 @@ def clean(res):
 
 
 STATS = "@stats"  # replaced by a path in the test's directory
+PINNED = {"TRANSIT_GPU_BUDGET": f"{4 * GB + 32 * MiB}B"}  # the 4 GB fit, no 64 MiB state beside them: pinned
 SCENARIOS = {
     # name: (program arguments, policy, environment, needs the fake CUPTI)
     "guard-threads": (("threads", 8, 1500, 24 * MiB, 4), "advise", {"FAKE_GPU_MEM": str(512 * MiB + GiB)}, False),
@@ -107,6 +108,16 @@ SCENARIOS = {
     "host-state": (("state", 4 * GB, 64 * MiB, 3, STATS), "advise", {"TRANSIT_GPU_BUDGET": "6GB"}, False),
     "host-state-refused": (("state", 4 * GB, 64 * MiB, 3, STATS), "advise",
                            {"TRANSIT_GPU_BUDGET": "6GB", "FAKE_HOST_REGISTER_FAIL": "1"}, False),
+    # the pool written in the background (prefill.c): slices, a third made as before, threads at
+    # once while it fills, a stop while it fills, and the end left to the shim's exit
+    "host-state-prefill": (("state", 4 * GB, 64 * MiB, 3, STATS, f"expect:{5 * MiB}"), "advise", PINNED, False),
+    "host-state-prefill-small": (("state", 4 * GB, 64 * MiB, 3, STATS, f"expect:{-32 * MiB}"), "advise", PINNED,
+                                 False),
+    "host-state-prefill-threads": (("state-threads", 4 * GB, 64 * MiB, 8, STATS, "expect:0"), "advise", PINNED,
+                                   False),
+    "host-state-prefill-stop": (("state", 4 * GB, 64 * MiB, 1, STATS, f"expect:{GiB}"), "advise", PINNED, False),
+    "host-state-prefill-exit": (("state-threads", 4 * GB, 64 * MiB, 2, STATS, f"expect-exit:{GiB}"), "advise",
+                                PINNED, False),
     "launches-adapter": (("loop", 5, 50, 2 * GB, "adapter"), "advise", {"TRANSIT_GPU_BUDGET": "3GB"}, False),
     "launches-replay": (("loop", 3, 20, 2 * GiB, "adapter", "replay", "straddle"), "prefetch",
                         {"TRANSIT_GPU_BUDGET": "3GB"}, False),

@@ -21,8 +21,13 @@
  *                                 (cudaMalloc), info (cudaMemGetInfo), zero (cudaMallocManaged(0)),
  *                                 advise-plain, prefetch-plain, advise-stack, prefetch-stack (unmanaged memory),
  *                                 hostwrite:OFF:LEN (the CPU writes the range: fake_cudart_host_write)
- *   app state HOT STATE PARTS STATS   HOT bytes, PARTS allocations of STATE bytes marked as optimizer
- *                                 state (transit_state_alloc), one unmarked; a kernel touches all; stats
+ *   app state HOT STATE PARTS STATS [step|step-nohint|expect:SLACK]   HOT bytes, PARTS allocations
+ *                                 of STATE bytes marked as optimizer state (transit_state_alloc), one
+ *                                 unmarked; a kernel touches all; stats; expect:SLACK: the adapter's
+ *                                 transit_state_expect(PARTS * STATE + SLACK) before them, (0) after;
+ *                                 expect-exit:SLACK: no expect(0), the shim's exit ends the pool
+ *   app state-threads HOT STATE THREADS STATS [expect[-exit]:SLACK]   as state, the marked allocations made
+ *                                 by THREADS threads at once, each marked on its own
  *   app stress SEED THREADS OPS STATS [replay]   THREADS threads of OPS seeded random calls
  *                                 each (below), then the tallies; replay: a random replay table first
  * Kernels that touch memory (fake_touch.h) are what the fake runtime's residency follows:
@@ -38,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -91,6 +97,51 @@ static void print_tally(void)
         char why[256] = "";
         printf("table_check=%d %s\n", check(why, sizeof why), why);
     }
+}
+
+/* transit_state_expect(n) where the option is expect:SLACK or expect-exit:SLACK (n = want +
+ * SLACK), then what the kernel says of the mappings advised huge pages (the fake reads smaps):
+ * the pool's bytes. 1: expect:, the caller ends it (expect_end); 2: expect-exit:, the shim's
+ * exit does; 0: no such option; -1: no such call. */
+static int expect_opt(const char *opt, size_t want)
+{
+    void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
+    long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
+    int kind = !opt ? 0 : !strncmp(opt, "expect:", 7) ? 1 : !strncmp(opt, "expect-exit:", 12) ? 2 : 0;
+    if (!kind)
+        return 0;
+    if (!expect || !huge)
+        return -1;
+    printf("huge_before=%lld\n", huge());
+    expect((size_t)((long long)want + atoll(strchr(opt, ':') + 1)));
+    printf("huge_expected=%lld\n", huge());
+    return kind;
+}
+
+/* After the marked allocations: transit_state_expect(0), then the kernel's account again, and
+ * whether the page after each of them is still mapped (msync says ENOMEM where it is not). */
+static void expect_end(void *const *s, int parts, size_t state)
+{
+    void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
+    long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
+    expect(0);
+    printf("huge_released=%lld\n", huge());
+    for (int i = 0; i < parts; i++) {
+        uintptr_t next = (uintptr_t)s[i] + ((state + 4095) & ~(size_t)4095);
+        printf("state%d_next_mapped=%d\n", i, msync((void *)next, 4096, MS_ASYNC) == 0);
+    }
+}
+
+struct marked { size_t size; void *p; int err; pthread_barrier_t *go; };
+static void *marked_alloc(void *arg)
+{
+    struct marked *m = arg;
+    void (*mark)(int) = (void (*)(int))api("transit_state_alloc");
+    pthread_barrier_wait(m->go);
+    mark(1);
+    m->err = (int)cudaMalloc(&m->p, m->size);
+    mark(0);
+    return NULL;
 }
 
 struct other { size_t size; void *p; };
@@ -566,6 +617,9 @@ int main(int argc, char **argv)
             return 1;
         void *h, *s[8], *after;
         cudaMalloc(&h, hot);
+        int expecting = expect_opt(argc >= 7 ? argv[6] : NULL, (size_t)parts * state);
+        if (expecting < 0)
+            return 1;
         mark(1);
         for (int i = 0; i < parts; i++)
             printf("state%d_err=%d\n", i, (int)cudaMalloc(&s[i], state));
@@ -574,6 +628,8 @@ int main(int argc, char **argv)
         if (pthread_create(&t, NULL, other_alloc, &o) || pthread_join(t, NULL))
             return 1;
         mark(0);
+        if (expecting == 1)
+            expect_end(s, parts, state);
         printf("last_error=%d\n", (int)cudaGetLastError());
         printf("after_err=%d\n", (int)cudaMalloc(&after, state));
         struct fake_touch all[11] = {{(uintptr_t)h, hot}};
@@ -608,6 +664,46 @@ int main(int argc, char **argv)
         printf("free_after=%d\n", (int)cudaFree(after));
         cudaFree(o.p);
         cudaFree(h);
+        print_tally();
+        return 0;
+    }
+    if (!strcmp(argv[1], "state-threads") && argc >= 6) {
+        /* HOT STATE THREADS STATS [expect:SLACK]: HOT bytes, then THREADS threads at once each
+         * make one allocation of STATE bytes marked as optimizer state on its own thread */
+        size_t hot = strtoull(argv[2], NULL, 10), state = strtoull(argv[3], NULL, 10);
+        int k = atoi(argv[4]);
+        int (*is_host)(uintptr_t, size_t) = (int (*)(uintptr_t, size_t))api("transit_host_state");
+        int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
+        if (!api("transit_state_alloc") || !is_host || k < 1 || k > 16)
+            return 1;
+        void *h, *s[16];
+        struct marked m[16];
+        pthread_t t[16];
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, (unsigned)k);
+        cudaMalloc(&h, hot);
+        int expecting = expect_opt(argc >= 7 ? argv[6] : NULL, (size_t)k * state);
+        if (expecting < 0)
+            return 1;
+        for (int i = 0; i < k; i++) {
+            m[i] = (struct marked){state, NULL, -1, &go};
+            if (pthread_create(&t[i], NULL, marked_alloc, &m[i]))
+                return 1;
+        }
+        for (int i = 0; i < k; i++) {
+            pthread_join(t[i], NULL);
+            s[i] = m[i].p;
+            printf("state%d_err=%d\nstate%d_host=%d\n", i, m[i].err, i, is_host((uintptr_t)s[i], state));
+        }
+        pthread_barrier_destroy(&go);
+        if (expecting == 1)
+            expect_end(s, k, state);
+        printf("stats=%d\n", write_stats(argv[5]));
+        print_tally();
+        for (int i = 0; i < k; i++)
+            printf("free%d=%d\n", i, (int)cudaFree(s[i]));
+        cudaFree(h);
+        printf("freed=1\n");
         print_tally();
         return 0;
     }

@@ -438,27 +438,34 @@ cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
  * registered cudaErrorHostMemoryNotRegistered (probe: host_unregister_again, 713; all in
  * bench/results/2026-12-02/shapes/cuda_error_probe.json); FAKE_HOST_REGISTER_FAIL=1 refuses
  * with cudaErrorMemoryAllocation (docs list it; not probed: it needs the host to run short). */
-/* Whether the kernel marks the mapping that holds address a advised MADV_HUGEPAGE ("hg" in
- * its VmFlags, proc(5)): the kernel's own account of what the caller asked for. */
-static int huge_advised(uint64_t a)
+/* The kernel's own account of what the caller asked for: mappings advised MADV_HUGEPAGE ("hg"
+ * in their VmFlags, proc(5)). With a != 0 whether the one holding a is (0/1); with a == 0 the
+ * bytes of them all (fake_cudart_huge_bytes: tests/fakecuda/app.c's prefilled pool). -1: no smaps. */
+static long long smaps_huge(uint64_t a)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f)
         return -1;
     char line[512];
-    int in = 0, hg = 0;
+    unsigned long long lo = 0, hi = 0, l, h; /* l, h: a line that is no mapping's ("AnonHugePages:") may set l */
+    long long sum = 0, hg = 0;
+    int in = 0;
     while (fgets(line, sizeof line, f)) {
-        unsigned long long lo, hi;
-        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-            in = a >= lo && a < hi;
-        else if (in && !strncmp(line, "VmFlags:", 8)) {
+        if (sscanf(line, "%llx-%llx ", &l, &h) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            lo = l, hi = h;
+            in = a ? a >= lo && a < hi : 1;
+        } else if (in && !strncmp(line, "VmFlags:", 8)) {
             hg = strstr(line, " hg") != NULL;
-            break;
+            if (a)
+                break;
+            sum += hg ? (long long)(hi - lo) : 0;
         }
     }
     fclose(f);
-    return hg;
+    return a ? hg : sum;
 }
+
+long long fake_cudart_huge_bytes(void) { return smaps_huge(0); }
 
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 {
@@ -480,7 +487,7 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
         }
     add_blk((struct blk){a, n, 0, 1, NULL});
     res[FAKE_RES_PINNED] += n;
-    logcall("cudaHostRegister %zu 0x%llx %u hg=%d", n, (unsigned long long)(uintptr_t)p, flags, huge_advised(a));
+    logcall("cudaHostRegister %zu 0x%llx %u hg=%d", n, (unsigned long long)(uintptr_t)p, flags, (int)smaps_huge(a));
     pthread_mutex_unlock(&mu);
     return cudaSuccess;
 }

@@ -40,6 +40,7 @@ class _Hooks:
         self.sparse_ids = set()
         mode = _step_mode(api)  # asked once: a bad value is said once
         self.pool = _state_pool(api, mode)
+        self.expect = _state_expect(api, self.pool)
         self.overlap = _overlap(api, self, mode)
 
     def ours(self):
@@ -97,6 +98,12 @@ class _Hooks:
                         hooks.sparse.start()  # until the first step: which of them are read in part
                 except Exception as e:
                     print(f"transit adapter: could not report the master weights: {e!r}", file=sys.stderr)
+                try:
+                    if hooks.expect:
+                        hooks.expect.watch(cls, opt)  # the state's size, sent at the first forward
+                except Exception as e:
+                    hooks.expect = None
+                    print(f"transit adapter: the optimizer state's size not watched: {e!r}", file=sys.stderr)
             return out
         cls.__init__ = first_init
 
@@ -115,6 +122,8 @@ class _Hooks:
         return self.api.SPARSE if id(p) in self.sparse_ids else self.api.MASTER
 
     def post_step(self, opt, args, kwargs):
+        if self.expect:
+            self.expect.post_step(opt)  # its own errors are caught and said there
         if self.failed:
             return
         try:
@@ -187,6 +196,21 @@ def _state_pool(api, mode):
         return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
     except Exception as e:
         print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)
+        return None
+
+
+def _state_expect(api, pool):
+    """transit_state_pool.StateExpect where the state is marked for the shim (pool.mark, the
+    PINNED_STATE_MODES): the shim writes the pinned state's pages before the first step; else None."""
+    try:
+        expect = getattr(api, "state_expect", None)
+        if pool is None or pool.mark is None or expect is None:
+            return None
+        import transit_state_pool
+
+        return transit_state_pool.StateExpect(expect)
+    except Exception as e:
+        print(f"transit adapter: the optimizer state's size not told to the shim: {e!r}", file=sys.stderr)
         return None
 
 

@@ -20,6 +20,7 @@ uintptr_t transit_device_alloc(size_t size);
 int transit_device_free(uintptr_t ptr);
 void transit_state_alloc(int on);
 int transit_host_state(uintptr_t ptr, size_t size);
+void transit_state_expect(size_t bytes);
 """
 
 
@@ -55,6 +56,8 @@ def _load():
     if version >= 5:
         lib.transit_state_alloc.argtypes, lib.transit_state_alloc.restype = [ctypes.c_int], None
         lib.transit_host_state.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    if version >= 7:
+        lib.transit_state_expect.argtypes, lib.transit_state_expect.restype = [ctypes.c_size_t], None
     return "ctypes", lib, None
 
 
@@ -130,3 +133,13 @@ def state_alloc(on: bool) -> bool:
 def host_state(ptr: int, size: int) -> bool:
     """Whether [ptr, ptr + size) is optimizer state in the shim's pinned host memory."""
     return bool(_since(5) and _lib.transit_host_state(ptr, size))
+
+
+def state_expect(nbytes: int) -> bool:
+    """The optimizer state the first step will make, at most nbytes (0: the first step is over;
+    transit_api.h, API version 7): the shim writes that much pinned memory's pages beforehand.
+    False with an older shim, which writes them when the state is made."""
+    if not _since(7):
+        return False
+    _lib.transit_state_expect(nbytes)
+    return True

@@ -20,6 +20,11 @@ The same calls are marked for the shim as optimizer state (transit_state_alloc):
 advise, a segment that does not fit what the budget has left is then made in pinned host
 memory, read zero-copy at once, instead of managed memory populated by the GPU's faults
 and pushed out at the next boundary.
+
+Writing that pinned memory's pages is most of its cost, on the first step's critical path.
+StateExpect tells the shim beforehand how much state the first step will make
+(transit_state_expect): the shim writes that much in the background during the first
+forward and backward (shim/prefill.c), and the state is taken from it already written.
 """
 
 import os
@@ -107,3 +112,114 @@ class StatePool:
     def install(self, optimizer_module):
         optimizer_module.register_optimizer_step_pre_hook(self.pre_step)
         optimizer_module.register_optimizer_step_post_hook(self.post_step)
+
+
+def _copies(opt, group):
+    """How many state tensors the size of each parameter torch.optim's first step makes for a
+    parameter of this group: Adam and AdamW two (exp_avg, exp_avg_sq; three with amsgrad),
+    SGD one with momentum; 0 for any other optimizer (nothing is known of its state)."""
+    import torch
+
+    if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        return 3 if group.get("amsgrad") else 2
+    if isinstance(opt, torch.optim.SGD):
+        return 1 if group.get("momentum") else 0
+    return 0
+
+
+def expected_state_bytes(opt, counted=lambda t: t.is_cuda):
+    """The bytes of state opt's first step makes for the parameters `counted` takes (the
+    GPU's: the state of a CPU parameter is not the shim's): each parameter's local shard (a
+    DTensor's to_local(), FSDP2) times _copies. Parameters that take no gradient get no state."""
+    total = 0
+    for group in opt.param_groups:
+        k = _copies(opt, group)
+        for p in group["params"] if k else ():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if p.requires_grad and counted(local):
+                total += k * local.numel() * local.element_size()
+    return total
+
+
+class StateExpect:
+    """Tells the shim once how much state the first step will make (expect(nbytes)), and
+    expect(0) when that step is over.
+
+    All the optimizers made before the first step count (TorchTitan makes one per model part,
+    inside a container that is itself an Optimizer, and counts 0 here), and the shim takes
+    only its first figure: so the optimizers are collected from the first one's construction
+    (watch wraps Optimizer.__init__) to the first module forward call (a one-shot global
+    forward pre-hook), where the sum is sent. By then every optimizer of the step exists, and
+    the forward and backward that follow are the time the shim has to write the pages. The
+    first step is over when every optimizer counted has stepped once (a container steps them
+    in turn, so the adapter's first boundary, after the first of them, is too early), or when
+    one of them steps a second time (one that never steps does not hold the memory for long)."""
+
+    def __init__(self, expect, counted=lambda t: t.is_cuda):
+        self.expect = expect    # the shim's transit_state_expect, or a stand-in (tests)
+        self.counted = counted  # which parameters' state the shim makes (tests: the CPU's too)
+        self.made = []          # weak references to the optimizers made before the first forward
+        self.waiting = weakref.WeakSet()  # counted optimizers whose first step has not ended
+        self.stepped = weakref.WeakSet()
+        self.handle = None
+        self.restore = None
+        self.sent = self.ended = False
+
+    def watch(self, cls, first):
+        """The first optimizer (first, of class cls's tree) was made: collect it and those made
+        after it until the first forward."""
+        if self.handle is not None or self.sent:
+            return
+        from torch.nn.modules import module
+
+        self.made.append(weakref.ref(first))
+        init, hooks = cls.__init__, self
+
+        def collecting_init(opt, *args, **kwargs):
+            out = init(opt, *args, **kwargs)
+            if not hooks.sent:
+                hooks.made.append(weakref.ref(opt))
+            return out
+        cls.__init__ = collecting_init
+
+        def restore():  # unless something wrapped it after us: then ours stays, a pass-through
+            if cls.__init__ is collecting_init:
+                cls.__init__ = init
+        self.restore = restore
+        self.handle = module.register_module_forward_pre_hook(self._first_forward)
+
+    def _first_forward(self, m, args):
+        self.sent = True
+        try:
+            self.handle.remove()
+            self.restore()
+            total = 0
+            for ref in self.made:
+                opt = ref()
+                n = expected_state_bytes(opt, self.counted) if opt is not None else 0
+                if n:
+                    self.waiting.add(opt)
+                    total += n
+            self.made = []
+            if total:
+                self.expect(total)
+            else:
+                self.ended = True
+        except Exception as e:  # never the reason a job dies
+            self.ended = True
+            print(f"transit adapter: the optimizer state's size not told to the shim: {e!r}", file=sys.stderr)
+
+    def post_step(self, opt):
+        """An optimizer step ended (the adapter's post hook)."""
+        if not self.sent or self.ended:
+            return
+        try:
+            again = opt in self.stepped
+            self.stepped.add(opt)
+            self.waiting.discard(opt)
+            if again or not self.waiting:
+                self.ended = True
+                self.expect(0)
+        except Exception as e:
+            self.ended = True
+            print(f"transit adapter: the optimizer state's prefilled memory not given back: {e!r}", file=sys.stderr)
