@@ -187,7 +187,7 @@ SUITES = {s.name: s for s in [
                            "--out", "{out}/torchtitan.json"), 240, lane=1),
            Step("gpu-tests", ("python3", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_gpu.py",
                               "-k", "state_pool or stream or wide"), 200, None, 1)),
-          minutes=10, carry=(".whl",), modules=("torchtitan",),
+          minutes=16, carry=(".whl",), modules=("torchtitan",),
           budget="the reference run's peak reserved less the AdamW state (bench/titan_steps.py --budget 0)"),
     Suite("shapes", "the example trainer in two shapes unlike its default model, gradients clipped (--clip 1.0), "
           "on one GPU: wide (dim 8192, FFN 8192, 2 layers, tied embeddings: 0.54 GB of AdamW state per Linear) and "
