@@ -423,14 +423,20 @@ def remove_partial_saves(root: str) -> None:
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
 
 
-def resume(a, model, opt, rank: int) -> int:
+def resume(a, model, opt, rank: int, world: int) -> int:
     """Loads the newest complete checkpoint onto this world size (DCP reshards); returns
-    its step (0: none)."""
+    its step (0: none). Rank 0 chooses it and tells the others: ranks that listed the
+    directory themselves could see different steps (a lost attempt's writer finishing its
+    rename between their listings) and then run different steps' collectives."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
+    chosen = [None]
     if rank == 0:
         remove_partial_saves(a.checkpoint_dir)
-    steps = complete_checkpoints(a.checkpoint_dir)
+        chosen[0] = complete_checkpoints(a.checkpoint_dir)
+    if world > 1:
+        dist.broadcast_object_list(chosen, src=0)
+    steps = chosen[0]
     if not steps:
         return 0
     state = checkpoint_state(a, model, opt, 0)
@@ -497,7 +503,7 @@ def main():
     gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
     first = 1
     if a.checkpoint_dir:
-        first = resume(a, model, opt, rank) + 1
+        first = resume(a, model, opt, rank, world) + 1
         if rank == 0:
             print(json.dumps({"resumed": first - 1, "world": world, "accum": a.accum}), flush=True)
     tokens_per_step = a.batch * a.seq_len * a.accum

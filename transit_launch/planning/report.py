@@ -220,7 +220,8 @@ def _warm_up_text(p: Plan) -> list[str]:
     c = p.recommended
     if not c.offload:
         return []
-    return [f"Its first step takes about {c.warm_up_s:.0f} s more than a steady one (the optimizer state made in host memory; "
+    about = f"about {c.warm_up_s:.0f} s" if c.warm_up_s >= 0.5 else "under a second"
+    return [f"Its first step takes {about} more than a steady one (the optimizer state made in host memory; "
             "`transit-launch run` reports the measured one)."]
 
 
