@@ -9,7 +9,9 @@
  * slice of the pool, waits until the fill has passed the slice's end, and only registers it
  * (hoststate.c); where the pool has no room it makes its own memory as before. When the
  * adapter says the first step is over (expect(0)), and at exit, the fill stops and the part
- * no slice took is unmapped. Once per process; every failure leaves hoststate.c's own path.
+ * no slice took is unmapped. The pool takes at most half the host memory available when it
+ * is asked for, shared by the node's ranks (host_room). Once per process; every failure leaves
+ * hoststate.c's own path.
  *
  * A slice waits for the background fill rather than writing its pages itself: the fill
  * writes in order, so the slice's pages are next or nearly, and a second writer would only
@@ -17,6 +19,8 @@
  * under the other. The allocating thread writes only what a fill that stopped left. */
 #define _GNU_SOURCE
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -75,6 +79,27 @@ static void *fill_pool(void *arg)
     return NULL;
 }
 
+/* What the pool may take: half the host memory available now (MemAvailable), shared by the
+ * node's ranks (LOCAL_WORLD_SIZE, torchrun's; else 1). The pool is written whole, also where
+ * the budget later pins less of it, so writing it must never take memory the job needs; 0
+ * when the kernel's account cannot be read. */
+static size_t host_room(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[128];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f) && sscanf(line, "MemAvailable: %llu kB", &kb) != 1)
+        ;
+    fclose(f);
+    const char *r = getenv("LOCAL_WORLD_SIZE");
+    long ranks = r ? strtol(r, NULL, 10) : 1;
+    if (ranks < 1)
+        ranks = 1;
+    return (size_t)(kb * 1024ull / 2 / (unsigned long long)ranks);
+}
+
 void tr_prefill_expect(size_t bytes)
 {
     if (!bytes) {
@@ -90,6 +115,14 @@ void tr_prefill_expect(size_t bytes)
     pool.tried = 1;
     pthread_mutex_unlock(&mu);
     if (!first)
+        return;
+    size_t room = host_room();
+    if (bytes > room) {
+        tr_log(TR_DEBUG, "optimizer state's pool: %zu bytes expected, %zu of them taken (half the host's "
+                         "available memory, per rank)", bytes, room);
+        bytes = room;
+    }
+    if (bytes < TR_HUGE_PAGE)
         return;
     size_t size;
     char *p = tr_host_map((bytes + TR_HUGE_PAGE - 1) & ~(size_t)(TR_HUGE_PAGE - 1), &size);

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(CUDA_INC is None or not shutil.which("cc"),
                                 reason="needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
 
 
-def run(built, *args, policy="advise", env=None, preload=True):
+def run(built, *args, policy="advise", env=None, preload=True, prefix=()):
     log = built["dir"] / f"calls-{os.getpid()}-{run.n}.log"
     run.n += 1
     log.unlink(missing_ok=True)
@@ -38,7 +38,7 @@ def run(built, *args, policy="advise", env=None, preload=True):
     if preload:
         e["LD_PRELOAD"] = str(built["shim"])
     e.update(env or {})
-    res = subprocess.run([str(built["app"]), *map(str, args)], env=e, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([*prefix, str(built["app"]), *map(str, args)], env=e, capture_output=True, text=True, timeout=120)
     calls = log.read_text().splitlines() if log.exists() else []
     out = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
     return res, out, calls

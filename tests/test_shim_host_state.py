@@ -20,13 +20,13 @@ STATE = 64 * MiB  # real memory now (the shim writes its pages): three of these,
 BUDGET = {"TRANSIT_GPU_BUDGET": f"{4 * GB + 32 * MiB}B"}
 
 
-def state_run(built, tmp_path, policy="advise", env=None, parts=3, then=()):
+def state_run(built, tmp_path, policy="advise", env=None, parts=3, then=(), prefix=()):
     """4 GB of the application's, then `parts` marked 64 MiB allocations, then two unmarked
     ones (another thread's, and the caller's after the mark), under a budget that holds the
     4 GB and 32 MiB more: the marked state does not fit."""
     stats = tmp_path / "s.json"
     res, out, calls = run(built, "state", 4 * GB, STATE, parts, stats, *then, policy=policy,
-                          env={**BUDGET, **(env or {})})
+                          env={**BUDGET, **(env or {})}, prefix=prefix)
     assert res.returncode == 0, res.stderr
     # the fake's tally is printed twice: while everything lives (kept here), and after the frees
     live = res.stdout.split("free0=")[0]

@@ -8,6 +8,7 @@ fake reads; msync on the page after each slice) and the fake's tally; the shim's
 says only where its pool starts."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -99,14 +100,45 @@ def test_expect_does_nothing_where_no_state_is_pinned(built, tmp_path, policy, e
     assert stats is None or stats["host_state_prefill_bytes"] == 0
 
 
+def mem_available():
+    """The kernel's MemAvailable in bytes, as the shim reads it (/proc/meminfo)."""
+    line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemAvailable:"))
+    return int(line.split()[1]) * 1024
+
+
 def test_a_pool_the_host_refuses_leaves_the_allocations_own_path(built, tmp_path):
-    """A pool mmap refuses (an impossible size): said once, and the state is pinned as before."""
-    res, out, calls, stats = state_run(built, tmp_path, env=DEBUG, then=(f"expect:{1 << 60}",))
+    """A pool mmap refuses (the process's address space limited below it by prlimit): said
+    once, and the state is pinned as before. The expectation asks for far more than the host
+    has, so the pool is half the available memory (the cap), which the limit refuses."""
+    limit = min(mem_available() // 4, 6 * GB)
+    if limit < 2 * GB:
+        pytest.skip("needs 8 GB of available host memory (the limit must leave the application room)")
+    res, out, calls, stats = state_run(built, tmp_path, env=DEBUG, then=(f"expect:{1 << 50}",),
+                                       prefix=("prlimit", f"--as={limit}"))
     assert pool_of(res) is None
     said = [line for line in res.stderr.splitlines() if "pool failed" in line]
     assert len(said) == 1 and "mmap for the optimizer state's pool failed" in said[0], res.stderr
     assert [n for _, n in registered(calls)] == [STATE] * 3
     assert stats["host_state_prefill_bytes"] == 0 and stats["host_state_prefill_used_bytes"] == 0
+    assert stats["host_state_allocs"] == 3
+
+
+def test_the_pool_takes_at_most_half_the_available_memory_per_rank(built, tmp_path):
+    """The pool is written whole, also where the budget pins less of it: it takes at most half
+    the host's available memory, shared by the node's ranks (LOCAL_WORLD_SIZE). With a rank
+    count that makes that share one and a half states (the test's own reading of
+    MemAvailable, which may move by a third either way before the shim's), the expected three
+    states get a pool of about one and a half: one slice from it, two by their own paths."""
+    share = 3 * STATE // 2
+    ranks = mem_available() // 2 // share
+    res, out, calls, stats = state_run(built, tmp_path, env={**DEBUG, "LOCAL_WORLD_SIZE": str(ranks)},
+                                       then=(f"expect:{SLACK}",))
+    start, size = pool_of(res)
+    assert STATE <= size < 2 * STATE, size
+    regs = registered(calls)
+    assert len(regs) == 3 and regs[0] == (start, STATE)
+    assert all(p + n <= start or p >= start + size for p, n in regs[1:]), calls
+    assert stats["host_state_prefill_bytes"] == size and stats["host_state_prefill_used_bytes"] == STATE
     assert stats["host_state_allocs"] == 3
 
 
