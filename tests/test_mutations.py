@@ -7,7 +7,8 @@ The breakages: the planner's optimizer-state term, the plugin's policy check, th
 restore, the shim's guard against more managed memory than the GPU has free, its budget
 when an allocation is placed and while a freed one is still the runtime's, the
 installer's trust rule, the stats writer's rule for links on the way, advise's access probe
-kept off where the state is pinned, and placement's cut of a region at the budget's line.""" 
+kept off where the state is pinned, placement's cut of a region at the budget's line, and the
+background pre-fill's cap on host memory.""" 
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ MUTANTS = [
      ["test_shim_host_state.py::test_hints_on_pinned_state_keep_advise_from_probing_access"]),
     ("placement-whole-regions", "_csrc/shim/place.c", "uint64_t fit = *room & ~(TR_PLACE_GRAIN - 1);",
      "uint64_t fit = 0;", ["test_shim.py::test_master_weights_keep_the_gpu_before_optimizer_states"]),
+    ("prefill-host-cap", "_csrc/shim/prefill.c", "    if (bytes > room) {", "    if (0) {",
+     ["test_shim_prefill.py::test_the_pool_takes_at_most_half_the_available_memory_per_rank"]),
 ]
 
 
