@@ -175,3 +175,13 @@ def test_the_shims_exit_ends_a_pool_still_filling(built, tmp_path):
     assert size == 2 * STATE + (1 << 30)
     assert f"optimizer state's pool: {1 << 30} bytes not taken, unmapped" in res.stderr
     assert sorted(registered(calls)) == [(start, STATE), (start + STATE, STATE)]
+
+
+def test_a_second_figure_is_ignored(built, tmp_path):
+    """The shim takes the first expectation only (once per process): a second, twice as large,
+    makes no second pool and does not grow the first."""
+    res, out, calls, stats = state_run(built, tmp_path, env=DEBUG, then=(f"expect-twice:{SLACK}",))
+    start, size = pool_of(res)
+    assert size == huge_pages(3 * STATE + SLACK) and res.stderr.count("optimizer state's pool 0x") == 1
+    assert registered(calls) == [(start + i * STATE, STATE) for i in range(3)], calls
+    assert stats["host_state_prefill_bytes"] == size

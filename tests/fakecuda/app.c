@@ -25,7 +25,8 @@
  *                                 of STATE bytes marked as optimizer state (transit_state_alloc), one
  *                                 unmarked; a kernel touches all; stats; expect:SLACK: the adapter's
  *                                 transit_state_expect(PARTS * STATE + SLACK) before them, (0) after;
- *                                 expect-exit:SLACK: no expect(0), the shim's exit ends the pool
+ *                                 expect-exit:SLACK: no expect(0), the shim's exit ends the pool;
+ *                                 expect-twice:SLACK: as expect:, then a second figure, twice it
  *   app state-threads HOT STATE THREADS STATS [expect[-exit]:SLACK]   as state, the marked allocations made
  *                                 by THREADS threads at once, each marked on its own
  *   app stress SEED THREADS OPS STATS [replay]   THREADS threads of OPS seeded random calls
@@ -107,13 +108,17 @@ static int expect_opt(const char *opt, size_t want)
 {
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
     long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
-    int kind = !opt ? 0 : !strncmp(opt, "expect:", 7) ? 1 : !strncmp(opt, "expect-exit:", 12) ? 2 : 0;
+    int twice = opt && !strncmp(opt, "expect-twice:", 13); /* a second figure, twice the first */
+    int kind = !opt ? 0 : !strncmp(opt, "expect:", 7) || twice ? 1 : !strncmp(opt, "expect-exit:", 12) ? 2 : 0;
     if (!kind)
         return 0;
     if (!expect || !huge)
         return -1;
     printf("huge_before=%lld\n", huge());
-    expect((size_t)((long long)want + atoll(strchr(opt, ':') + 1)));
+    size_t n = (size_t)((long long)want + atoll(strchr(opt, ':') + 1));
+    expect(n);
+    if (twice)
+        expect(2 * n);
     printf("huge_expected=%lld\n", huge());
     return kind;
 }
