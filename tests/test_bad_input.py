@@ -139,7 +139,7 @@ ROWS = [
     (["plan", "--model", f"{D}/two\nlines\x1b[31m.toml"], "two lines\\x1b[31m.toml: No such file"),
     # --- plan: sizes, degrees, batches, hardware ------------------------------------------
     ([*PLAN, "--gpu-mem", "eighty"], "--gpu-mem: cannot parse 'eighty'"),
-    ([*PLAN, "--gpu-mem", "-5GB"], "--gpu-mem: cannot parse '-5GB' as a size"),
+    ([*PLAN, "--gpu-mem", "-5GB"], "--gpu-mem: '-5GB' is negative: a size is at least one byte"),
     ([*PLAN, "--gpu-mem", "0.5"], "'0.5' has no unit"),
     ([*PLAN, "--gpu-mem", "0.5B"], "'0.5B' must be at least one byte"),
     ([*PLAN, "--gpu-mem", "1KB"], "GPU memory (--gpu-mem) must be from 1GiB"),

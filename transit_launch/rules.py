@@ -121,6 +121,8 @@ class SizeError(ValueError):
 def parse_size(text: str) -> int:
     """'80GB' -> 80_000_000_000, exactly as shim/transit_size.h's tr_size_parse."""
     m = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
+    if m is None and isinstance(text, str) and _SIZE_RE.fullmatch(text.removeprefix("-")):
+        raise SizeError(f"{text!r} is negative: a size is at least one byte")
     unit = (m.group(3) or "").lower() if m else None
     if unit == "":
         raise SizeError(f"{text!r} has no unit: a size needs one (e.g. {text}GB, {text}GiB, or {text}B for bytes)")

@@ -92,8 +92,8 @@ def measured_within(s: dict) -> bool:
 
 
 UVM_CACHE_NOTE = ("in use (cudaMemGetInfo) also counts chunks the UVM driver keeps after evicting pages to the "
-                  "host; on an H200 another process could still take all but the budget + 3 GB with plain "
-                  "cudaMalloc while such a job ran (bench/RESULTS.md, UVM probe)")
+                  "host and gives back under pressure; on an H200 another process took all but the budget + 2.9 GB "
+                  "with plain cudaMalloc while such a job ran (bench/RESULTS.md, \"What a second process can allocate\")")
 
 
 def budget_held(s: dict) -> bool:
