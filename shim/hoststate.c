@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "transit.h"
@@ -130,18 +129,11 @@ void *tr_host_map(size_t size, size_t *mapped)
     return p;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* A slice of prefill.c's pool, already written, where it has room; else memory of its own,
  * written here. Either is given back the same way: unregistered, then unmapped. */
 void *tr_hoststate_alloc(size_t size)
 {
-    uint64_t t0 = now_ns();
+    double t0 = tr_now_ms();
     size_t mapped;
     void *p = tr_prefill_take(size, &mapped);
     size_t pooled = p ? mapped : 0;
@@ -150,8 +142,7 @@ void *tr_hoststate_alloc(size_t size)
             say_refused(size, "mmap", 0);
             return NULL;
         }
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        tr_host_fill(p, mapped, cpus < FILL_THREADS ? (int)cpus : FILL_THREADS);
+        tr_host_fill(p, mapped, (int)sysconf(_SC_NPROCESSORS_ONLN)); /* (at most FILL_THREADS) */
     }
     cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.host_register(p, mapped, cudaHostRegisterPortable | cudaHostRegisterMapped);
@@ -180,7 +171,7 @@ void *tr_hoststate_alloc(size_t size)
     bytes += size;
     tr_count.host_state_allocs++;
     tr_count.host_state_prefill_used += pooled;
-    tr_count.host_state_pin_ns += now_ns() - t0;
+    tr_count.host_state_pin_ms += tr_now_ms() - t0;
     if (bytes > tr_count.host_state_peak)
         tr_count.host_state_peak = bytes;
     pthread_mutex_unlock(&tr_lock);

@@ -125,7 +125,7 @@ void tr_prefill_expect(size_t bytes)
     if (bytes < TR_HUGE_PAGE)
         return;
     size_t size;
-    char *p = tr_host_map((bytes + TR_HUGE_PAGE - 1) & ~(size_t)(TR_HUGE_PAGE - 1), &size);
+    char *p = tr_host_map(bytes, &size); /* whole huge pages: bytes is at least one */
     if (!p) {
         say_failed("mmap", 0);
         return;

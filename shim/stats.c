@@ -228,7 +228,7 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_hoststate_bytes(), (unsigned long long)tr_count.host_state_peak,
             (unsigned long long)tr_count.host_state_allocs);
     fprintf(f, "  \"host_state_kept_bytes\": %llu,\n  \"host_state_pin_s\": %.3f,\n",
-            (unsigned long long)tr_count.host_state_kept, (double)tr_count.host_state_pin_ns / 1e9);
+            (unsigned long long)tr_count.host_state_kept, tr_count.host_state_pin_ms / 1e3);
     fprintf(f, "  \"host_state_prefill_bytes\": %llu,\n  \"host_state_prefill_used_bytes\": %llu,\n",
             (unsigned long long)tr_count.host_state_prefill, (unsigned long long)tr_count.host_state_prefill_used);
     fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",

@@ -196,7 +196,7 @@ struct tr_stats {
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[TR_KINDS];
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */
-    uint64_t host_state_pin_ns; /* hoststate.c: the wall time of making it (map, fill, register), summed */
+    double host_state_pin_ms; /* hoststate.c: the wall time of making it (map, fill, register), summed */
     uint64_t host_state_prefill, host_state_prefill_used; /* prefill.c's pool; the slices given from it */
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];

@@ -54,9 +54,9 @@ SHIM_RESERVED_GAP = SHIM_RESERVED_GAP_PERCENT / 100
 # for the warm-up the plan states (within a factor of 2). In place (plain advise) through the
 # GPU's first writes to managed memory; streamed (the default) pinned by the shim on huge
 # pages whose pages it writes in the background during the first forward and backward
-# (shim/prefill.c), then read zero-copy by the first step (tests/prediction_records.py FIT says which run
-# each was set from; one rank on the host: ranks pinning at once share its memory bandwidth,
-# not measured).
+# (shim/prefill.c), then read zero-copy by the first step. tests/prediction_records.py FIT
+# says which run each was set from; one rank on the host: ranks pinning at once share its
+# memory bandwidth, not measured.
 WARMUP_STATE_RATE = 2.0e9
 WARMUP_PINNED_RATE = 17.2e9
 # 2 TB per node: DGX H100/H200 and the paper's clusters. Override with --host-mem.
