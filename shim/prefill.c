@@ -16,7 +16,12 @@
  * A slice waits for the background fill rather than writing its pages itself: the fill
  * writes in order, so the slice's pages are next or nearly, and a second writer would only
  * share the same cores; nor may two writers overlap, since a slice may be freed (unmapped)
- * under the other. The allocating thread writes only what a fill that stopped left. */
+ * under the other. The allocating thread writes only what a fill that stopped left.
+ * From the first slice on, the state is being made and the training thread waits on it: the
+ * fill then writes only what a waiting slice needs, with every core, and nothing ahead, so
+ * that no page is written while a slice registers (writing and registering at once ran at
+ * half the rate of either: RESULTS.md, "Pinning with huge pages") and none is written that
+ * no slice will take (where the budget keeps part of the state on the GPU). */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -31,15 +36,18 @@
  * with huge pages"); one core is left to the training thread. */
 #define PREFILL_THREADS 8
 #define PREFILL_PIECE (64ull << 20) /* the fill says how far it is after each; a stop waits for one */
+#define DEMAND_PIECE (1ull << 30)   /* the same once slices wait: fewer rounds of thread starts */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* filled grew, or the fill ended */
+static pthread_cond_t wanted = PTHREAD_COND_INITIALIZER; /* a slice was taken, or stop */
 static struct {
     int tried;            /* an expect(bytes > 0) came: once per process */
     int ending;           /* tr_prefill_end is releasing it */
     char *base;           /* the pool's mapping [base, base + size); NULL: none (any more) */
     size_t size, cursor;  /* [base, base + cursor) taken by slices */
     size_t filled;        /* [base, base + filled) written */
+    int demand;           /* a slice was taken: the fill writes only up to cursor */
     int stop, running;    /* running: the fill thread writes (it clears it when it ends) */
     pthread_t tid;
     pid_t pid;            /* the process that made it (a forked child has no fill thread) */
@@ -62,10 +70,16 @@ static void say_failed(const char *what, int err)
 static void *fill_pool(void *arg)
 {
     (void)arg;
-    int k = writers();
+    int idle = writers(), all = (int)sysconf(_SC_NPROCESSORS_ONLN); /* tr_host_fill clamps it */
     pthread_mutex_lock(&mu);
     while (!pool.stop && pool.filled < pool.size) {
-        size_t at = pool.filled, len = pool.size - at < PREFILL_PIECE ? pool.size - at : PREFILL_PIECE;
+        if (pool.demand && pool.filled >= pool.cursor) { /* nothing waits: write nothing ahead */
+            pthread_cond_wait(&wanted, &mu);
+            continue;
+        }
+        size_t at = pool.filled, end = pool.demand ? pool.cursor : pool.size;
+        size_t piece = pool.demand ? DEMAND_PIECE : PREFILL_PIECE, len = end - at < piece ? end - at : piece;
+        int k = pool.demand ? all : idle;
         char *p = pool.base + at;
         pthread_mutex_unlock(&mu);
         tr_host_fill(p, len, k);
@@ -171,6 +185,8 @@ void *tr_prefill_take(size_t size, size_t *len)
         return NULL;
     }
     pool.cursor = at + l;
+    pool.demand = 1;
+    pthread_cond_signal(&wanted);
     while (pool.running && pool.filled < at + l)
         pthread_cond_wait(&moved, &mu);
     size_t filled = pool.filled;
@@ -178,7 +194,7 @@ void *tr_prefill_take(size_t size, size_t *len)
     /* the fill has passed the slice, or stopped (no other writer now): what it left is written here */
     if (filled < at + l) {
         size_t a = filled > at ? filled : at;
-        tr_host_fill(base + a, at + l - a, writers());
+        tr_host_fill(base + a, at + l - a, (int)sysconf(_SC_NPROCESSORS_ONLN));
     }
     if (at > from) /* skipped to a huge page's boundary: no slice's, and no writer's any more */
         munmap(base + from, at - from);
@@ -193,6 +209,7 @@ void tr_prefill_end(void)
     if (mine) {
         pool.ending = 1;
         pool.stop = 1;
+        pthread_cond_signal(&wanted); /* a fill waiting for a slice ends now */
     }
     pthread_mutex_unlock(&mu);
     if (!mine)

@@ -185,3 +185,22 @@ def test_a_second_figure_is_ignored(built, tmp_path):
     assert size == huge_pages(3 * STATE + SLACK) and res.stderr.count("optimizer state's pool 0x") == 1
     assert registered(calls) == [(start + i * STATE, STATE) for i in range(3)], calls
     assert stats["host_state_prefill_bytes"] == size
+
+
+def test_once_a_slice_is_taken_the_fill_writes_nothing_ahead_of_the_slices(built, tmp_path):
+    """The expectation is three states and 1 GiB more (as where the budget keeps part of the
+    state on the GPU, so that no slice takes the tail). The marked allocations follow the
+    expect at once, so the background fill has written at most its first piece (64 MiB) when
+    the first slice is taken; after the slices the application pauses before expect(0). By the
+    kernel's account of the pool's mapping (its resident bytes in /proc/self/smaps), the pages
+    written are the slices' and at most that piece: the fill did not go on into the tail,
+    which a fill that wrote ahead does in the pause (at any rate above 3.5 GB/s, 1 GiB)."""
+    tail = 1 << 30
+    res, out, calls, stats = state_run(built, tmp_path, env=DEBUG, then=(f"expect-idle:{tail}",))
+    start, size = pool_of(res)
+    assert size == 3 * STATE + tail and int(out["pool_mapping"]) == size  # the pool alone, one mapping
+    assert registered(calls) == [(start + i * STATE, STATE) for i in range(3)], calls
+    written = int(out["pool_written"])
+    assert 3 * STATE <= written <= 3 * STATE + 64 * MiB, (written, size)
+    assert f"optimizer state's pool: {tail} bytes not taken, unmapped" in res.stderr
+    assert stats["host_state_prefill_used_bytes"] == 3 * STATE

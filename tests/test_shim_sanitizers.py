@@ -109,13 +109,16 @@ SCENARIOS = {
     "host-state-refused": (("state", 4 * GB, 64 * MiB, 3, STATS), "advise",
                            {"TRANSIT_GPU_BUDGET": "6GB", "FAKE_HOST_REGISTER_FAIL": "1"}, False),
     # the pool written in the background (prefill.c): slices, a third made as before, threads at
-    # once while it fills, a stop while it fills, and the end left to the shim's exit
+    # once while it fills, a stop while it fills (the fill waiting for a slice: -idle), and the
+    # end left to the shim's exit
     "host-state-prefill": (("state", 4 * GB, 64 * MiB, 3, STATS, f"expect:{5 * MiB}"), "advise", PINNED, False),
     "host-state-prefill-small": (("state", 4 * GB, 64 * MiB, 3, STATS, f"expect:{-32 * MiB}"), "advise", PINNED,
                                  False),
     "host-state-prefill-threads": (("state-threads", 4 * GB, 64 * MiB, 8, STATS, "expect:0"), "advise", PINNED,
                                    False),
     "host-state-prefill-stop": (("state", 4 * GB, 64 * MiB, 1, STATS, f"expect:{GiB}"), "advise", PINNED, False),
+    "host-state-prefill-idle": (("state", 4 * GB, 64 * MiB, 3, STATS, f"expect-idle:{GiB}"), "advise", PINNED,
+                                False),
     "host-state-prefill-exit": (("state-threads", 4 * GB, 64 * MiB, 2, STATS, f"expect-exit:{GiB}"), "advise",
                                 PINNED, False),
     "launches-adapter": (("loop", 5, 50, 2 * GB, "adapter"), "advise", {"TRANSIT_GPU_BUDGET": "3GB"}, False),

@@ -26,6 +26,7 @@
  *                                 unmarked; a kernel touches all; stats; expect:SLACK: the adapter's
  *                                 transit_state_expect(PARTS * STATE + SLACK) before them, (0) after;
  *                                 expect-exit:SLACK: no expect(0), the shim's exit ends the pool;
+ *                                 expect-idle:SLACK: as expect:, with a pause before expect(0);
  *                                 expect-twice:SLACK: as expect:, then a second figure, twice it
  *   app state-threads HOT STATE THREADS STATS [expect[-exit]:SLACK]   as state, the marked allocations made
  *                                 by THREADS threads at once, each marked on its own
@@ -104,12 +105,15 @@ static void print_tally(void)
  * SLACK), then what the kernel says of the mappings advised huge pages (the fake reads smaps):
  * the pool's bytes. 1: expect:, the caller ends it (expect_end); 2: expect-exit:, the shim's
  * exit does; 0: no such option; -1: no such call. */
+static int expect_idle; /* expect-idle:SLACK: as expect:, and the marked allocations' end waits */
+
 static int expect_opt(const char *opt, size_t want)
 {
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
     long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
     int twice = opt && !strncmp(opt, "expect-twice:", 13); /* a second figure, twice the first */
-    int kind = !opt ? 0 : !strncmp(opt, "expect:", 7) || twice ? 1 : !strncmp(opt, "expect-exit:", 12) ? 2 : 0;
+    expect_idle = opt && !strncmp(opt, "expect-idle:", 12);
+    int kind = !opt ? 0 : !strncmp(opt, "expect:", 7) || twice || expect_idle ? 1 : !strncmp(opt, "expect-exit:", 12) ? 2 : 0;
     if (!kind)
         return 0;
     if (!expect || !huge)
@@ -123,12 +127,41 @@ static int expect_opt(const char *opt, size_t want)
     return kind;
 }
 
-/* After the marked allocations: transit_state_expect(0), then the kernel's account again, and
- * whether the page after each of them is still mapped (msync says ENOMEM where it is not). */
+/* The size and the resident bytes (the pages written) of the mapping that holds p, from the
+ * kernel's account (/proc/self/smaps); 0 and 0 where none does. */
+static void mapping_of(uintptr_t p, unsigned long long *size, unsigned long long *rss)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    int in = 0;
+    *size = *rss = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long a, b, kb;
+        if (sscanf(line, "%llx-%llx ", &a, &b) == 2) { /* a mapping's first line (a field's is Name:) */
+            in = p >= a && p < b;
+            if (in)
+                *size = b - a;
+        } else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1) {
+            *rss = kb * 1024;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+/* After the marked allocations (expect-idle: a pause first, in which a fill that wrote ahead
+ * of the slices would write the pool's tail): the first slice's mapping (the pool) and its
+ * pages written; transit_state_expect(0), then the kernel's account again, and whether the
+ * page after each of them is still mapped (msync says ENOMEM where it is not). */
 static void expect_end(void *const *s, int parts, size_t state)
 {
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
     long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
+    if (expect_idle)
+        usleep(300000);
+    unsigned long long size, rss;
+    mapping_of((uintptr_t)s[0], &size, &rss);
+    printf("pool_mapping=%llu\npool_written=%llu\n", size, rss);
     expect(0);
     printf("huge_released=%lld\n", huge());
     for (int i = 0; i < parts; i++) {
