@@ -145,7 +145,9 @@ void *tr_hoststate_alloc(size_t size)
         tr_host_fill(p, mapped, (int)sysconf(_SC_NPROCESSORS_ONLN)); /* (at most FILL_THREADS) */
     }
     cudaError_t pending = tr_pending_error();
+    double t1 = tr_now_ms();
     cudaError_t err = tr_real.host_register(p, mapped, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    double registering = tr_now_ms() - t1;
     if (err != cudaSuccess) {
         tr_own_error(pending, err);
         munmap(p, mapped);
@@ -172,6 +174,7 @@ void *tr_hoststate_alloc(size_t size)
     tr_count.host_state_allocs++;
     tr_count.host_state_prefill_used += pooled;
     tr_count.host_state_pin_ms += tr_now_ms() - t0;
+    tr_count.host_state_register_ms += registering;
     if (bytes > tr_count.host_state_peak)
         tr_count.host_state_peak = bytes;
     pthread_mutex_unlock(&tr_lock);

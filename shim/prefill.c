@@ -18,10 +18,11 @@
  * share the same cores; nor may two writers overlap, since a slice may be freed (unmapped)
  * under the other. The allocating thread writes only what a fill that stopped left.
  * From the first slice on, the state is being made and the training thread waits on it: the
- * fill then writes only what a waiting slice needs, with every core, and nothing ahead, so
- * that no page is written while a slice registers (writing and registering at once ran at
- * half the rate of either: RESULTS.md, "Pinning with huge pages") and none is written that
- * no slice will take (where the budget keeps part of the state on the GPU). */
+ * fill then writes with all cores but the registering thread's, and at most
+ * TR_PREFILL_AHEAD_BYTES past the slices taken, so that the next slices' pages are written
+ * while one registers but the part no slice will take (where the budget keeps state on the
+ * GPU) is not written beside the registrations (a fill that went on to the pool's end made them slower: RESULTS.md, "The
+ * pinned state's pages written before the first step"). */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -30,13 +31,14 @@
 #include <unistd.h>
 
 #include "transit.h"
+#include "transit_rules.h"
 
 /* The background fill's writers at most: with 8 threads writing pages the training thread's
  * small kernel launches kept their latency, with 16 they did not (bench/RESULTS.md, "Pinning
  * with huge pages"); one core is left to the training thread. */
 #define PREFILL_THREADS 8
 #define PREFILL_PIECE (64ull << 20) /* the fill says how far it is after each; a stop waits for one */
-#define DEMAND_PIECE (1ull << 30)   /* the same once slices wait: fewer rounds of thread starts */
+#define DEMAND_PIECE (256ull << 20) /* the same once slices are taken */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* filled grew, or the fill ended */
@@ -47,7 +49,8 @@ static struct {
     char *base;           /* the pool's mapping [base, base + size); NULL: none (any more) */
     size_t size, cursor;  /* [base, base + cursor) taken by slices */
     size_t filled;        /* [base, base + filled) written */
-    int demand;           /* a slice was taken: the fill writes only up to cursor */
+    int demand;           /* a slice was taken: the fill keeps to TR_PREFILL_AHEAD_BYTES past cursor */
+    double since;         /* tr_now_ms() at the expectation */
     int stop, running;    /* running: the fill thread writes (it clears it when it ends) */
     pthread_t tid;
     pid_t pid;            /* the process that made it (a forked child has no fill thread) */
@@ -70,16 +73,20 @@ static void say_failed(const char *what, int err)
 static void *fill_pool(void *arg)
 {
     (void)arg;
-    int idle = writers(), all = (int)sysconf(_SC_NPROCESSORS_ONLN); /* tr_host_fill clamps it */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int idle = writers(), busy = cpus > 2 ? (int)cpus - 1 : 1; /* tr_host_fill clamps it */
     pthread_mutex_lock(&mu);
     while (!pool.stop && pool.filled < pool.size) {
-        if (pool.demand && pool.filled >= pool.cursor) { /* nothing waits: write nothing ahead */
+        size_t end = pool.size;
+        if (pool.demand && pool.size - pool.cursor > TR_PREFILL_AHEAD_BYTES)
+            end = pool.cursor + TR_PREFILL_AHEAD_BYTES;
+        if (pool.filled >= end) { /* far enough ahead of the slices: wait for the next */
             pthread_cond_wait(&wanted, &mu);
             continue;
         }
-        size_t at = pool.filled, end = pool.demand ? pool.cursor : pool.size;
+        size_t at = pool.filled;
         size_t piece = pool.demand ? DEMAND_PIECE : PREFILL_PIECE, len = end - at < piece ? end - at : piece;
-        int k = pool.demand ? all : idle;
+        int k = pool.demand ? busy : idle;
         char *p = pool.base + at;
         pthread_mutex_unlock(&mu);
         tr_host_fill(p, len, k);
@@ -152,6 +159,7 @@ void tr_prefill_expect(size_t bytes)
     pool.size = size;
     pool.running = 1;
     pool.pid = getpid();
+    pool.since = tr_now_ms();
     int err = pthread_create(&pool.tid, NULL, fill_pool, NULL);
     if (err) {
         pool.base = NULL;
@@ -185,12 +193,17 @@ void *tr_prefill_take(size_t size, size_t *len)
         return NULL;
     }
     pool.cursor = at + l;
+    int first = !pool.demand; /* the first slice: how far the fill got before the state was made */
+    size_t ahead = pool.filled;
+    double lead = tr_now_ms() - pool.since;
     pool.demand = 1;
     pthread_cond_signal(&wanted);
+    double t0 = tr_now_ms();
     while (pool.running && pool.filled < at + l)
         pthread_cond_wait(&moved, &mu);
     size_t filled = pool.filled;
     pthread_mutex_unlock(&mu);
+    double waited = tr_now_ms() - t0;
     /* the fill has passed the slice, or stopped (no other writer now): what it left is written here */
     if (filled < at + l) {
         size_t a = filled > at ? filled : at;
@@ -198,6 +211,13 @@ void *tr_prefill_take(size_t size, size_t *len)
     }
     if (at > from) /* skipped to a huge page's boundary: no slice's, and no writer's any more */
         munmap(base + from, at - from);
+    pthread_mutex_lock(&tr_lock); /* (after mu: the two are never held together) */
+    tr_count.host_state_prefill_wait_ms += waited;
+    if (first) {
+        tr_count.host_state_prefill_ahead = ahead;
+        tr_count.host_state_prefill_lead_ms = lead;
+    }
+    pthread_mutex_unlock(&tr_lock);
     *len = l;
     return base + at;
 }

@@ -198,6 +198,10 @@ struct tr_stats {
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */
     double host_state_pin_ms; /* hoststate.c: the wall time of making it (map, fill, register), summed */
     uint64_t host_state_prefill, host_state_prefill_used; /* prefill.c's pool; the slices given from it */
+    uint64_t host_state_prefill_ahead; /* the pool's bytes written when its first slice was taken */
+    double host_state_prefill_lead_ms; /* from the expectation to the first slice */
+    double host_state_prefill_wait_ms; /* slices waiting for the fill, summed */
+    double host_state_register_ms;     /* hoststate.c: cudaHostRegister's wall time, summed */
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];
     int n_iter_ms;

@@ -158,7 +158,7 @@ static void expect_end(void *const *s, int parts, size_t state)
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
     long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
     if (expect_idle)
-        usleep(300000);
+        usleep(1000000);
     unsigned long long size, rss;
     mapping_of((uintptr_t)s[0], &size, &rss);
     printf("pool_mapping=%llu\npool_written=%llu\n", size, rss);
