@@ -17,12 +17,11 @@
  * writes in order, so the slice's pages are next or nearly, and a second writer would only
  * share the same cores; nor may two writers overlap, since a slice may be freed (unmapped)
  * under the other. The allocating thread writes only what a fill that stopped left.
- * From the first slice on, the state is being made and the training thread waits on it: the
- * fill then writes with all cores but the registering thread's, and at most
+ * From the first slice on, the state is being made: the fill then writes at most
  * TR_PREFILL_AHEAD_BYTES past the slices taken, so that the next slices' pages are written
- * while one registers but the part no slice will take (where the budget keeps state on the
- * GPU) is not written beside the registrations (a fill that went on to the pool's end made them slower: RESULTS.md, "The
- * pinned state's pages written before the first step"). */
+ * while one registers, but the part no slice will take (where the budget keeps state on the
+ * GPU) is not written beside the registrations, which writing slows (RESULTS.md, "The pinned
+ * state's pool kept near the slices"). */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -38,7 +37,6 @@
  * with huge pages"); one core is left to the training thread. */
 #define PREFILL_THREADS 8
 #define PREFILL_PIECE (64ull << 20) /* the fill says how far it is after each; a stop waits for one */
-#define DEMAND_PIECE (256ull << 20) /* the same once slices are taken */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* filled grew, or the fill ended */
@@ -73,8 +71,7 @@ static void say_failed(const char *what, int err)
 static void *fill_pool(void *arg)
 {
     (void)arg;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int idle = writers(), busy = cpus > 2 ? (int)cpus - 1 : 1; /* tr_host_fill clamps it */
+    int k = writers();
     pthread_mutex_lock(&mu);
     while (!pool.stop && pool.filled < pool.size) {
         size_t end = pool.size;
@@ -84,9 +81,7 @@ static void *fill_pool(void *arg)
             pthread_cond_wait(&wanted, &mu);
             continue;
         }
-        size_t at = pool.filled;
-        size_t piece = pool.demand ? DEMAND_PIECE : PREFILL_PIECE, len = end - at < piece ? end - at : piece;
-        int k = pool.demand ? busy : idle;
+        size_t at = pool.filled, len = end - at < PREFILL_PIECE ? end - at : PREFILL_PIECE;
         char *p = pool.base + at;
         pthread_mutex_unlock(&mu);
         tr_host_fill(p, len, k);
