@@ -54,6 +54,13 @@ OTHER_BUILD = {
            "torchtitan-6/titan_steps_accum16_stream.json",)},
     (D2 + "torchtitan-6/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"):
         "the same build: 15.8 GB pinned in 0.96 s",
+    **{(D2 + f, run): why for f, run, why in (
+        ("torchtitan-9/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5",
+         "the pre-fill that wrote only what a waiting slice needed (07a7d09): 15.8 GB pinned in 1.08 s"),
+        ("torchtitan-9/titan_steps_accum2_stream.json", "advise", "the same build: 36.3 GB pinned in 1.74 s"),
+        ("torchtitan-10/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5",
+         "the pre-fill kept near the slices with 15 writers (9dc1cdc): 15.8 GB pinned in 0.69 s"),
+        ("torchtitan-10/titan_steps_accum2_stream.json", "advise", "the same build: 36.3 GB pinned in 2.82 s"))},
 }
 # runs of builds whose steady steps are not main's, left out of the points; what they measured
 # is in RESULTS.md ("The optimizer state made in pinned host memory", "The streamed step by default")
@@ -91,6 +98,9 @@ OFF_TARGET = {
     (D2 + "torchtitan-7/titan_steps_accum1_stream.json", "advise:STATE_OFF=0.5"):
         "the same job streamed: the plan offloads 17.5 GB where the shim pinned 15.8 GB (the same 3% reserved "
         "gap, not SHIM_RESERVED_GAP's 5%); 2.0 points in the call before, 3.5 in this one",
+    **{(D2 + f"torchtitan-{n}/titan_steps_accum1_stream.json", run): "the same job" + streamed
+       for n in (9, 10, 11) for run, streamed in (("advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5", ""),
+                                              ("advise:STATE_OFF=0.5", " streamed"))},
 }
 OVERLAP_ENV = ENV["OVERLAP_STEP"]  # a run overlapping its step with backward (1, staged) is not a point
 TARGET = 0.03  # issue 31: within 3 points of the measured per-GPU TFLOPS ratio
