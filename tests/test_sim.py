@@ -188,7 +188,7 @@ def test_cli_table_and_json(cli, tmp_path):
     (["simulate"], "exactly one of --trace FILE or --synthetic N"),
     (["simulate", "--trace", "/nonexistent.csv"], "cannot read trace /nonexistent.csv"),
     (["simulate", "--synthetic", "10", "--reductions", "1.5"], "reductions must lie in [0, 1)"),
-    (["simulate", "--synthetic", "0"], "--synthetic must be a positive integer"),
+    (["simulate", "--synthetic", "0"], "argument --synthetic: must be a positive integer"),
     (["simulate", "--synthetic", "10", "--gpus-per-node", "6"], "invalid choice"),
 ])
 def test_cli_bad_input(cli, args, needle):

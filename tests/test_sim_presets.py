@@ -76,7 +76,7 @@ def test_cli_preset_and_bad_combinations(cli):
     for args, needle in ((["--preset", "kalos", "--racks", "16"], "has jobs of 1024 GPUs, more than 16 racks"),
                          (["--preset", "kalos", "--racks", "32", "--median-duration", "60"], "leave out --median-duration"),
                          (["--preset", "nope"], "invalid choice"),
-                         (["--seeds", "0"], "--seeds must be a positive integer"),
+                         (["--seeds", "0"], "argument --seeds: must be a positive integer"),
                          (["--efficiency", "0.5"], "--efficiency takes planner, linear or"),
                          (["--efficiency", "0.5:0"], "efficiencies in (0, 10]")):
         rc, out, err = cli("simulate", "--synthetic", "100", *args)

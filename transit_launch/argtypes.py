@@ -71,29 +71,30 @@ class Parser(argparse.ArgumentParser):
         self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" (did you mean {close[0]}?)" if close else ""))
 
 
-def number(cast, what, minimum, desc, maximum=None):
-    """argparse type: a finite cast(text) in [minimum, maximum], else one clear line."""
+def number(cast, minimum, desc, maximum=None):
+    """argparse type: a finite cast(text) in [minimum, maximum], else one clear line (argparse
+    puts the option's name before it: "argument --tp: must be a positive integer, got '0'")."""
     def conv(text):
         try:
             v = cast(text)
         except (ValueError, OverflowError):
             v = None
         if v is None or not math.isfinite(v) or v < minimum or (maximum is not None and v > maximum):
-            raise argparse.ArgumentTypeError(f"{what} must be {desc}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {desc}, got {text!r}")
         return v
     return conv
 
 
-def positive_int(what, maximum=None):
-    return number(int, what, 1, "a positive integer" + (f" of at most {maximum}" if maximum else ""), maximum)
+def positive_int(maximum=None):
+    return number(int, 1, "a positive integer" + (f" of at most {maximum}" if maximum else ""), maximum)
 
 
-def finite_float(what):
+def finite_float():
     """Any finite number: the range is the dataclass's to check (it names the rule once)."""
-    return number(float, "the value", -math.inf, "a finite number")
+    return number(float, -math.inf, "a finite number")
 
 
-nonneg_float = number(float, "the value", 0.0, "a non-negative number")
+nonneg_float = number(float, 0.0, "a non-negative number")
 
 
 def size(text):

@@ -93,7 +93,7 @@ def register(sub):
     # --cap and --repeat default to None, so that --restore can tell they were given
     sp.add_argument("--cap", choices=tuple(BACKENDS), help=f"how the NICs are capped (default {DEFAULT_CAP})")
     sp.add_argument("--iface", help="IFACE[,IFACE...]; NETNS/IFACE for an interface inside a network namespace")
-    sp.add_argument("--repeat", type=positive_int("--repeat"), help="runs at each bandwidth (default 1)")
+    sp.add_argument("--repeat", type=positive_int(), help="runs at each bandwidth (default 1)")
     sp.add_argument("--timeout", type=nonneg_float, help="seconds one run may take")
     sp.add_argument("--metric-regex", help="throughput from the job's stdout: a regex whose first group is the number")
     sp.add_argument("--fail-fast", action="store_true", help="stop at the first failed run")

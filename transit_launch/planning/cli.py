@@ -26,22 +26,22 @@ def add_plan_args(p, model_required=True):
                         "submit pass the planned layout to TorchTitan as its own overrides")
     g.add_argument("--parallel", choices=PRESETS, default=None,
                    help="parallelism preset (default fsdp; explicit --tp/--pp/--ep refine it)")
-    g.add_argument("--tp", type=positive_int("--tp"), metavar="N",
+    g.add_argument("--tp", type=positive_int(), metavar="N",
                    help="tensor-parallel degree (default: 1, or under fsdp+tp and tp+pp the largest that divides "
                         "the heads and the GPUs per node); without --parallel it means fsdp+tp")
-    g.add_argument("--pp", type=positive_int("--pp"), metavar="N",
+    g.add_argument("--pp", type=positive_int(), metavar="N",
                    help="pipeline stages (default: 1, or under tp+pp every GPU left after tp); without --parallel "
                         "it means tp+pp")
-    g.add_argument("--ep", type=positive_int("--ep"), metavar="N",
+    g.add_argument("--ep", type=positive_int(), metavar="N",
                    help="expert-parallel degree of an MoE model (default: 1, or under fsdp+ep the largest that "
                         "divides the experts and dp x tp, at most the GPUs per node); without --parallel it means "
                         "fsdp+ep")
-    g.add_argument("--seq-len", type=positive_int("--seq-len"), metavar="TOKENS",
+    g.add_argument("--seq-len", type=positive_int(), metavar="TOKENS",
                    help=f"tokens per sequence (default {DEFAULTS['seq_len']})")
-    g.add_argument("--local-batch", type=positive_int("--local-batch"),
+    g.add_argument("--local-batch", type=positive_int(),
                    help=f"sequences per data-parallel rank per microstep (microbatches under PP; default "
                         f"{DEFAULTS['local_batch']})")
-    g.add_argument("--global-batch", type=positive_int("--global-batch"),
+    g.add_argument("--global-batch", type=positive_int(),
                    help="sequences per optimizer step; only node counts whose data-parallel degree divides it are valid")
     g.add_argument("--precision", choices=PRECISIONS,
                    help="mixed: fp32 params/grads/Adam with bf16 compute (TorchTitan default; TorchTitan runs "
@@ -53,12 +53,12 @@ def add_plan_args(p, model_required=True):
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", default=None, help=f"GPU profile: {', '.join(GPUS)} (default h100-80gb)")
     h.add_argument("--gpu-mem", type=size, help="GPU memory size, overriding the profile's (e.g. 40GB)")
-    h.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None,
+    h.add_argument("--gpus-per-node", type=positive_int(), default=None,
                    help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE})")
     h.add_argument("--host-mem", type=size, help=f"host DRAM per node (default {DEFAULT_HOST_MEM / 1e9:.0f}GB)")
     p.add_argument("--scale-in", type=fractions("--scale-in"), metavar="FRACTIONS",
                    help="node reductions to show, e.g. 0.25,0.5 (default: every valid node count below the minimum)")
-    p.add_argument("--min-efficiency", type=finite_float("--min-efficiency"), default=0.9,
+    p.add_argument("--min-efficiency", type=finite_float(), default=0.9,
                    help="predicted per-GPU efficiency the recommendation must keep (default 0.9)")
 
 
@@ -180,7 +180,7 @@ def register(sub):
     sp.add_argument("--measure", action="store_true",
                     help="also run one training step of the minimum layout on the CPU under FakeTensorMode "
                          "(needs torch) and print measured peaks beside the formula's")
-    sp.add_argument("--measure-layers", type=positive_int("--measure-layers"), metavar="N",
+    sp.add_argument("--measure-layers", type=positive_int(), metavar="N",
                     help="with --measure: truncate the model to N layers (default: full depth)")
     sp.set_defaults(func=cmd_plan)
 

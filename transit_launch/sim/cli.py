@@ -162,21 +162,21 @@ def register(sub):
     src.add_argument("--trace", help="ACME Seren/Kalos CSV, or a generic CSV with submit_time,duration,gpus")
     src.add_argument("--format", choices=FORMATS, default="auto",
                      help="--trace's format; auto tells them apart by the header (default auto)")
-    src.add_argument("--synthetic", type=positive_int("--synthetic"), help="generate N jobs instead")
+    src.add_argument("--synthetic", type=positive_int(), help="generate N jobs instead")
     src.add_argument("--seed", type=int, default=0, help="synthetic: the generator's seed (default 0)")
-    src.add_argument("--seeds", type=positive_int("--seeds"), default=1,
+    src.add_argument("--seeds", type=positive_int(), default=1,
                      help="synthetic: run seeds --seed .. --seed+N-1 and report means and the range of each change "
                           "(default 1)")
     src.add_argument("--preset", choices=PRESETS,
                      help="synthetic: sizes, durations tied to size, and failure shares shaped like a published trace "
                           "(ACME's cluster_summary.csv); the jobs go up to 1024 GPUs (helios 2048, philly 128)")
-    src.add_argument("--load", type=finite_float("--load"), default=0.8,
+    src.add_argument("--load", type=finite_float(), default=0.8,
                      help="synthetic: offered load on the full cluster, in (0, 10] (default 0.8)")
-    src.add_argument("--median-duration", type=finite_float("--median-duration"), default=None,
+    src.add_argument("--median-duration", type=finite_float(), default=None,
                      help="synthetic without --preset: median job duration in seconds (default 1800)")
     cl = sp.add_argument_group("cluster")
-    cl.add_argument("--racks", type=positive_int("--racks"), default=72, help="racks in the cluster (default 72)")
-    cl.add_argument("--rack-gpus", type=positive_int("--rack-gpus"), default=32,
+    cl.add_argument("--racks", type=positive_int(), default=72, help="racks in the cluster (default 72)")
+    cl.add_argument("--rack-gpus", type=positive_int(), default=32,
                     help="GPUs per rack, a multiple of --gpus-per-node (default 32)")
     cl.add_argument("--gpus-per-node", type=int, choices=(4, 8), default=DEFAULT_GPUS_PER_NODE,
                     help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE}, as in plan, render and submit; "
@@ -184,7 +184,7 @@ def register(sub):
     cl.add_argument("--placement", choices=STRATEGIES, default="pack",
                     help="pack: a job goes to the node or rack with the least free room that fits it; spread: the "
                          "most (default pack)")
-    cl.add_argument("--reduced-racks", type=positive_int("--reduced-racks"),
+    cl.add_argument("--reduced-racks", type=positive_int(),
                     help="also run every scenario on a cluster of this many racks")
     sc = sp.add_argument_group("scale-in")
     sc.add_argument("--reductions", type=fractions("--reductions", allow_zero=True), default=[0.25, 0.5],
@@ -193,11 +193,11 @@ def register(sub):
                     help=f"per-GPU efficiency of a scaled-in job by the reduction it took: {' or '.join(EFFICIENCY_NAMES)}"
                          " (1.0, time inversely proportional to nodes) or pairs like 0.5:0.9 (default planner: the "
                          "planner's prediction for Llama3-70B FSDP on H100-80GB)")
-    sc.add_argument("--speedup", type=finite_float("--speedup"), default=0.5,
+    sc.add_argument("--speedup", type=finite_float(), default=0.5,
                     help="inter-rack -> intra-rack speed-up (paper: 0-1.37; default 0.5)")
-    sc.add_argument("--slowdown", type=finite_float("--slowdown"), default=0.275,
+    sc.add_argument("--slowdown", type=finite_float(), default=0.275,
                     help="intra-rack -> inter-rack slow-down (paper: 0-0.55; default 0.275)")
-    sc.add_argument("--unchanged", type=finite_float("--unchanged"), default=0.0,
+    sc.add_argument("--unchanged", type=finite_float(), default=0.0,
                     help="unchanged placement speed-up (paper: -0.05..0.05; default 0)")
     nf = sp.add_argument_group("node failures")
     nf.add_argument("--node-failures", type=_node_failures, metavar="RATE",
@@ -206,11 +206,11 @@ def register(sub):
     nf.add_argument("--on-node-loss", choices=("requeue", "scale-in", "both"), default="both",
                     help="with --node-failures: requeue (wait for the job's nodes), scale-in (continue on the "
                          "survivors, scale out when the node returns), or both side by side (default both)")
-    nf.add_argument("--repair-hours", type=finite_float("--repair-hours"), default=None,
+    nf.add_argument("--repair-hours", type=finite_float(), default=None,
                     help="with --node-failures: hours a failed node is out (default 24)")
-    nf.add_argument("--checkpoint-hours", type=finite_float("--checkpoint-hours"), default=None,
+    nf.add_argument("--checkpoint-hours", type=finite_float(), default=None,
                     help="with --node-failures: hours between a job's checkpoints (default 1)")
-    nf.add_argument("--restart-minutes", type=finite_float("--restart-minutes"), default=None,
+    nf.add_argument("--restart-minutes", type=finite_float(), default=None,
                     help="with --node-failures: downtime of each restart (default 5)")
     sp.add_argument("--plot", type=output_file((".png",)), metavar="FILE.png",
                     help="write a PNG like the paper's Figure 12 (needs matplotlib)")

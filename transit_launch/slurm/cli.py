@@ -26,9 +26,9 @@ def add_job_args(sp):
     g.add_argument("--account", help="Slurm account to charge (default: the user's default account)")
     g.add_argument("--time", help="Slurm time limit, e.g. 04:00:00")
     g.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
-    g.add_argument("--port", type=positive_int("--port"), default=29500,
+    g.add_argument("--port", type=positive_int(), default=29500,
                    help="torchrun's rendezvous port on the head node (default 29500)")
-    g.add_argument("--cpus-per-task", type=positive_int("--cpus-per-task"),
+    g.add_argument("--cpus-per-task", type=positive_int(),
                    help="CPUs for each node's torchrun (default: the partition's)")
     g.add_argument("--mem", help="host memory per node, sbatch's syntax: 500G, 256000M, 0 for all (default: the "
                                  "partition's)")
@@ -68,7 +68,7 @@ def _nodes_or_auto(text: str) -> int | None:
     """argparse type of submit --nodes: auto (None) or a positive integer."""
     if text == "auto":
         return None
-    return number(int, "--nodes", 1, f"auto or a positive integer of at most {MAX_JOB_NODES}", MAX_JOB_NODES)(text)
+    return number(int, 1, f"auto or a positive integer of at most {MAX_JOB_NODES}", MAX_JOB_NODES)(text)
 
 
 def _warn(warnings: list[str]) -> None:
@@ -179,7 +179,7 @@ def register(sub):
     sp = sub.add_parser("render", help="an sbatch script (or with --local a torchrun command) with the shim injected",
                         usage="transit-launch render [options] -- COMMAND...")
     add_plan_args(sp, model_required=False)
-    sp.add_argument("--nodes", type=positive_int("--nodes", MAX_JOB_NODES),
+    sp.add_argument("--nodes", type=positive_int(MAX_JOB_NODES),
                     help="node count (default: the plan's recommendation)")
     add_shim_args(sp)
     add_job_args(sp)

@@ -235,7 +235,7 @@ def register(sub):
     sp.add_argument("--attempt", type=int, required=True, help="this attempt's number, from 0")
     sp.add_argument("--rc", type=int, default=0, help="the last step's exit code (default 0)")
     sp.add_argument("--checkpoint-dir", help="the trainer's step-N checkpoints (default: not recorded)")
-    sp.add_argument("--port", type=positive_int("--port"), default=29500,
+    sp.add_argument("--port", type=positive_int(), default=29500,
                     help="rendezvous port of attempt 0; attempt k uses port + k (default 29500)")
     sp.add_argument("--shim", help="libtransit.so for layouts that offload (default: none)")
     sp.add_argument("--adapter", help="the hint adapter's directory (default: none)")
