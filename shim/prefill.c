@@ -48,6 +48,7 @@ static struct {
     size_t size, cursor;  /* [base, base + cursor) taken by slices */
     size_t filled;        /* [base, base + filled) written */
     int demand;           /* a slice was taken: the fill keeps to TR_PREFILL_AHEAD_BYTES past cursor */
+    int waiting;          /* the fill waits for the next slice (at its bound) */
     double since;         /* tr_now_ms() at the expectation */
     int stop, running;    /* running: the fill thread writes (it clears it when it ends) */
     pthread_t tid;
@@ -78,7 +79,10 @@ static void *fill_pool(void *arg)
         if (pool.demand && pool.size - pool.cursor > TR_PREFILL_AHEAD_BYTES)
             end = pool.cursor + TR_PREFILL_AHEAD_BYTES;
         if (pool.filled >= end) { /* far enough ahead of the slices: wait for the next */
+            pool.waiting = 1;
+            pthread_cond_broadcast(&moved);
             pthread_cond_wait(&wanted, &mu);
+            pool.waiting = 0;
             continue;
         }
         size_t at = pool.filled, len = end - at < PREFILL_PIECE ? end - at : PREFILL_PIECE;
@@ -239,3 +243,15 @@ void tr_prefill_end(void)
         munmap(rest, left);
     tr_log(TR_DEBUG, "optimizer state's pool: %zu bytes not taken, unmapped", left);
 }
+
+#ifdef TRANSIT_TESTING
+/* Test hook (built only with -DTRANSIT_TESTING): returns once the fill has stopped writing,
+ * waiting at its bound past the slices or ended; what it wrote is then the kernel's to tell. */
+EXPORT void transit_test_prefill_settle(void)
+{
+    pthread_mutex_lock(&mu);
+    while (pool.running && !pool.waiting)
+        pthread_cond_wait(&moved, &mu);
+    pthread_mutex_unlock(&mu);
+}
+#endif

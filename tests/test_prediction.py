@@ -28,8 +28,18 @@ def test_there_are_points_and_some_are_jobs_no_constant_was_fitted_to():
     assert {r["microbatches"] for r in ROWS if r["new_job"]} - {r["microbatches"] for r in ROWS if r["fit"]}
 
 
-@pytest.mark.parametrize("r", [r for r in ROWS if not r["off_target"]], ids=lambda r: f"{r['file']}:{r['run']}")
-def test_predicted_efficiency_is_within_3_points_of_the_measured(r):
+@pytest.mark.parametrize("r", [r for r in ROWS if not r["off_target"] and not r["fit"]],
+                         ids=lambda r: f"{r['file']}:{r['run']}")
+def test_predicted_efficiency_is_within_3_points_on_runs_held_out(r):
+    """The evidence: runs no constant of the plan was fitted to."""
+    assert abs(r["error"]) <= prediction.TARGET, (r["measured"], r["predicted"])
+
+
+@pytest.mark.parametrize("r", [r for r in ROWS if not r["off_target"] and r["fit"]],
+                         ids=lambda r: f"{r['file']}:{r['run']}")
+def test_predicted_efficiency_is_within_3_points_on_the_fit_runs(r):
+    """The fit runs too (a constant set from them that misses them is mis-set); no evidence
+    that the model holds elsewhere."""
     assert abs(r["error"]) <= prediction.TARGET, (r["measured"], r["predicted"])
 
 

@@ -97,6 +97,7 @@ def test_budget_places_overflow_on_host_zero_copy(built, tmp_path):
     assert (int(out["total"]), int(out["free"])) == (3 * GB, GB)
     s = stats_of(tmp_path / "s.json")
     assert s["device_placed_peak_bytes"] == 2 * GB <= s["budget_bytes"] == 3 * GB
+    assert int(out["fake_device_used_peak"]) <= 3 * GB  # the runtime's own account of its device
     assert s["host_placed_peak_bytes"] == 2 * GB and s["zero_copy_mapped_peak_bytes"] == 2 * GB
 
 
@@ -154,6 +155,7 @@ def test_hint_moves_optimizer_range_to_host_when_the_budget_needs_room(built, tm
     assert s["zero_copy_mapped_bytes"] == end - start
     assert s["device_placed_bytes"] == 7 * GB - (end - start) <= s["budget_bytes"]
     assert s["device_placed_peak_bytes"] <= s["budget_bytes"]
+    assert int(out["fake_device_used_peak"]) <= s["budget_bytes"]  # the runtime's own account
 
 
 def test_optimizer_range_stays_on_the_gpu_while_the_budget_has_room(built, tmp_path):
@@ -210,6 +212,7 @@ def test_a_new_allocation_takes_the_room_of_master_weights_when_no_state_is_on_t
     s = stats_of(tmp_path / "s.json")
     assert s["room_demotions"] == 2 and s["zero_copy_mapped_bytes"] == (o1 - o0) + (m1 - m0)
     assert s["device_placed_peak_bytes"] <= s["budget_bytes"]
+    assert int(out["fake_device_used_peak"]) <= s["budget_bytes"]  # the runtime's own account
 
 
 def test_a_new_allocation_takes_the_room_of_optimizer_state_kept_on_the_gpu(built, tmp_path):
@@ -237,6 +240,7 @@ def test_a_new_allocation_takes_the_room_of_optimizer_state_kept_on_the_gpu(buil
     assert s["room_demotions"] >= 1 and s["zero_copy_mapped_bytes"] == end - start
     assert s["device_placed_bytes"] == 4 * GB - (end - start) + 2500 * 10**6 <= s["budget_bytes"]
     assert s["device_placed_peak_bytes"] <= s["budget_bytes"]
+    assert int(out["fake_device_used_peak"]) <= s["budget_bytes"]  # the runtime's own account
 
 
 def test_master_weights_keep_the_gpu_before_optimizer_states(built, tmp_path):
@@ -311,6 +315,7 @@ def test_device_buffer_comes_out_of_the_budget(built, tmp_path):
     assert s["budget_bytes"] == 4 * GB and s["device_buffer_bytes"] == 1_500_000_000
     assert s["device_placed_bytes"] == 2_500_000_000 and s["host_placed_bytes"] == GB
     assert s["device_placed_peak_bytes"] <= 4 * GB
+    assert int(out["fake_device_used_peak"]) <= 4 * GB  # the runtime's own account, the buffer too
     assert out["freed"] == "0" and out["freed_again"] == "-1"
     assert sum(c == f"cudaFree 0x{buf:x}" for c in calls) == 1
 
@@ -328,6 +333,7 @@ def test_device_buffer_demotes_no_more_than_it_needs(built, tmp_path, policy):
     assert s["device_placed_bytes"] == kept and s["host_placed_bytes"] == 4 * GB - kept
     assert s["device_buffer_bytes"] == 1_500_000_000
     assert out["table_check"].strip() == "0" and s["device_placed_peak_bytes"] <= 4 * GB
+    assert int(out["fake_device_used_peak"]) <= 4 * GB  # the runtime's own account, the buffer too
 
 
 @pytest.mark.parametrize("policy", ["base", "advise"])

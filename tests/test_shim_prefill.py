@@ -191,19 +191,19 @@ def test_a_second_figure_is_ignored(built, tmp_path):
 
 def test_once_a_slice_is_taken_the_fill_keeps_near_the_slices(built, tmp_path):
     """The expectation is three states and 4 GiB more (as where the budget keeps part of the
-    state on the GPU, so that no slice takes the tail). The marked allocations follow the
-    expect at once, and after them the application pauses (1 s) before expect(0). By the
-    kernel's account of the pool's mapping (its resident bytes in /proc/self/smaps), the pages
-    written are the slices' and at most PREFILL_AHEAD_BYTES past them: the fill did not go on
-    to the pool's end, which a fill that ignored the slices does in the pause (at any rate
-    above 2.2 GB/s)."""
+    state on the GPU, so that no slice takes the tail). After the marked allocations the
+    application waits until the fill has stopped writing (the test build's hook: the fill
+    waits at its bound, or has ended), then reads the kernel's account of the pool's mapping
+    (its resident bytes in /proc/self/smaps): the slices' pages and exactly PREFILL_AHEAD_BYTES
+    past them are written. A fill that ignored the slices writes the whole pool; one that wrote
+    only what a slice waits for, none past them."""
     tail = 4 << 30
     res, out, calls, stats = state_run(built, tmp_path, env=DEBUG, then=(f"expect-idle:{tail}",))
+    assert out["settled"] == "1"
     start, size = pool_of(res)
     assert size == 3 * STATE + tail and int(out["pool_mapping"]) == size  # the pool alone, one mapping
     assert registered(calls) == [(start + i * STATE, STATE) for i in range(3)], calls
-    written = int(out["pool_written"])
-    assert 3 * STATE <= written <= 3 * STATE + rules.PREFILL_AHEAD_BYTES, (written, size)
+    assert int(out["pool_written"]) == 3 * STATE + rules.PREFILL_AHEAD_BYTES, (int(out["pool_written"]), size)
     assert f"optimizer state's pool: {tail} bytes not taken, unmapped" in res.stderr
     assert stats["host_state_prefill_used_bytes"] == 3 * STATE
     # where the pinning went: the fill's lead over the first slice, and what it had written

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+needs_torch = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)  # only the probes' own runs
 
 
 def test_the_gate_runs_advise_overlap_with_the_switch(monkeypatch):
@@ -65,6 +65,7 @@ def test_the_gate_budgets_each_point_from_its_own_reference(monkeypatch, tmp_pat
                                          ("memory_streams.py", ["--out", "x.json", "--", "--steps", "1"]),
                                          ("step_timeline.py", ["--", "--steps", "1"]),
                                          ("step_timeline.py", ["--step", "1"])])
+@needs_torch
 def test_gpu_benches_say_one_line_without_a_gpu(script, args, tmp_path):
     """bench/probes/state_paths.py, memory_streams.py and step_timeline.py (issue 20's measurements)
     refuse bad arguments and a machine without a GPU with one line and exit 2, not a traceback."""

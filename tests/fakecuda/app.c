@@ -26,7 +26,7 @@
  *                                 unmarked; a kernel touches all; stats; expect:SLACK: the adapter's
  *                                 transit_state_expect(PARTS * STATE + SLACK) before them, (0) after;
  *                                 expect-exit:SLACK: no expect(0), the shim's exit ends the pool;
- *                                 expect-idle:SLACK: as expect:, with a pause before expect(0);
+ *                                 expect-idle:SLACK: as expect:, expect(0) once the fill stopped;
  *                                 expect-twice:SLACK: as expect:, then a second figure, twice it
  *   app state-threads HOT STATE THREADS STATS [expect[-exit]:SLACK]   as state, the marked allocations made
  *                                 by THREADS threads at once, each marked on its own
@@ -149,16 +149,21 @@ static void mapping_of(uintptr_t p, unsigned long long *size, unsigned long long
         fclose(f);
 }
 
-/* After the marked allocations (expect-idle: a pause first, in which a fill that wrote ahead
- * of the slices would write the pool's tail): the first slice's mapping (the pool) and its
+/* After the marked allocations (expect-idle: once the fill has stopped writing, by the test
+ * build's hook; a fill that ignored the slices writes the whole pool first): the first
+ * slice's mapping (the pool) and its
  * pages written; transit_state_expect(0), then the kernel's account again, and whether the
  * page after each of them is still mapped (msync says ENOMEM where it is not). */
 static void expect_end(void *const *s, int parts, size_t state)
 {
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
     long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
-    if (expect_idle)
-        usleep(1000000);
+    void (*settle)(void) = (void (*)(void))api("transit_test_prefill_settle");
+    if (expect_idle) {
+        if (settle)
+            settle(); /* the fill stopped: at its bound past the slices, or at the pool's end */
+        printf("settled=%d\n", settle != NULL);
+    }
     unsigned long long size, rss;
     mapping_of((uintptr_t)s[0], &size, &rss);
     printf("pool_mapping=%llu\npool_written=%llu\n", size, rss);
