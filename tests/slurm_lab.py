@@ -87,7 +87,10 @@ class PortClash(RuntimeError):
 
 def _free_port_block(skip: set[int] = frozenset()) -> int:
     """The first block whose ports are all free now (a probe: the daemons bind later, so
-    start() checks that they did and tries another block when one did not)."""
+    start() checks that they did and tries another block when one did not). Bound, not probed,
+    is not open to this lab: slurmctld and slurmd take their ports from slurm.conf and bind
+    them themselves (Debian's Slurm has no socket activation and inherits no listening fd),
+    so a socket the test held would make their own bind fail."""
     for base in range(PORT_LOW, PORT_HIGH, BLOCK):
         if base in skip:
             continue
