@@ -127,33 +127,11 @@ static int expect_opt(const char *opt, size_t want)
     return kind;
 }
 
-/* The size and the resident bytes (the pages written) of the mapping that holds p, from the
- * kernel's account (/proc/self/smaps); 0 and 0 where none does. */
-static void mapping_of(uintptr_t p, unsigned long long *size, unsigned long long *rss)
-{
-    FILE *f = fopen("/proc/self/smaps", "r");
-    char line[512];
-    int in = 0;
-    *size = *rss = 0;
-    while (f && fgets(line, sizeof line, f)) {
-        unsigned long long a, b, kb;
-        if (sscanf(line, "%llx-%llx ", &a, &b) == 2) { /* a mapping's first line (a field's is Name:) */
-            in = p >= a && p < b;
-            if (in)
-                *size = b - a;
-        } else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1) {
-            *rss = kb * 1024;
-        }
-    }
-    if (f)
-        fclose(f);
-}
-
 /* After the marked allocations (expect-idle: once the fill has stopped writing, by the test
  * build's hook; a fill that ignored the slices writes the whole pool first): the first
- * slice's mapping (the pool) and its
- * pages written; transit_state_expect(0), then the kernel's account again, and whether the
- * page after each of them is still mapped (msync says ENOMEM where it is not). */
+ * slice's mapping (the pool) and its pages written, by the kernel's account (the fake reads
+ * smaps); transit_state_expect(0), then that account again, and whether the page after each
+ * of them is still mapped (msync says ENOMEM where it is not). */
 static void expect_end(void *const *s, int parts, size_t state)
 {
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
@@ -164,8 +142,11 @@ static void expect_end(void *const *s, int parts, size_t state)
             settle(); /* the fill stopped: at its bound past the slices, or at the pool's end */
         printf("settled=%d\n", settle != NULL);
     }
-    unsigned long long size, rss;
-    mapping_of((uintptr_t)s[0], &size, &rss);
+    void (*mapping)(uintptr_t, unsigned long long *, unsigned long long *) =
+        (void (*)(uintptr_t, unsigned long long *, unsigned long long *))api("fake_cudart_mapping");
+    unsigned long long size = 0, rss = 0;
+    if (mapping)
+        mapping((uintptr_t)s[0], &size, &rss);
     printf("pool_mapping=%llu\npool_written=%llu\n", size, rss);
     expect(0);
     printf("huge_released=%lld\n", huge());

@@ -439,21 +439,26 @@ cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
  * bench/results/2026-12-02/shapes/cuda_error_probe.json); FAKE_HOST_REGISTER_FAIL=1 refuses
  * with cudaErrorMemoryAllocation (docs list it; not probed: it needs the host to run short). */
 /* The kernel's own account of what the caller asked for: mappings advised MADV_HUGEPAGE ("hg"
- * in their VmFlags, proc(5)). With a != 0 whether the one holding a is (0/1); with a == 0 the
- * bytes of them all (fake_cudart_huge_bytes: tests/fakecuda/app.c's prefilled pool). -1: no smaps. */
-static long long smaps_huge(uint64_t a)
+ * in their VmFlags, proc(5)). With a != 0 whether the one holding a is (0/1), and its size and
+ * resident bytes (Rss: the pages written) where size and rss are given; with a == 0 the bytes
+ * of them all (fake_cudart_huge_bytes: tests/fakecuda/app.c's prefilled pool). -1: no smaps. */
+static long long smaps_huge(uint64_t a, unsigned long long *size, unsigned long long *rss)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f)
         return -1;
     char line[512];
-    unsigned long long lo = 0, hi = 0, l, h; /* l, h: a line that is no mapping's ("AnonHugePages:") may set l */
+    unsigned long long lo = 0, hi = 0, l, h, kb; /* l, h: a line that is no mapping's ("AnonHugePages:") may set l */
     long long sum = 0, hg = 0;
     int in = 0;
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "%llx-%llx ", &l, &h) == 2 && strchr(line, '-') < strchr(line, ' ')) {
             lo = l, hi = h;
             in = a ? a >= lo && a < hi : 1;
+            if (in && a && size)
+                *size = hi - lo;
+        } else if (in && a && rss && sscanf(line, "Rss: %llu kB", &kb) == 1) {
+            *rss = kb * 1024; /* before VmFlags, a mapping's last field */
         } else if (in && !strncmp(line, "VmFlags:", 8)) {
             hg = strstr(line, " hg") != NULL;
             if (a)
@@ -465,7 +470,15 @@ static long long smaps_huge(uint64_t a)
     return a ? hg : sum;
 }
 
-long long fake_cudart_huge_bytes(void) { return smaps_huge(0); }
+long long fake_cudart_huge_bytes(void) { return smaps_huge(0, NULL, NULL); }
+
+/* The size and resident bytes of the mapping holding p (0 and 0 where none does). */
+void fake_cudart_mapping(uintptr_t p, unsigned long long *size, unsigned long long *rss)
+{
+    *size = *rss = 0;
+    if (p)
+        smaps_huge(p, size, rss);
+}
 
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 {
@@ -487,7 +500,7 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
         }
     add_blk((struct blk){a, n, 0, 1, NULL});
     res[FAKE_RES_PINNED] += n;
-    logcall("cudaHostRegister %zu 0x%llx %u hg=%d", n, (unsigned long long)(uintptr_t)p, flags, (int)smaps_huge(a));
+    logcall("cudaHostRegister %zu 0x%llx %u hg=%d", n, (unsigned long long)(uintptr_t)p, flags, (int)smaps_huge(a, NULL, NULL));
     pthread_mutex_unlock(&mu);
     return cudaSuccess;
 }
