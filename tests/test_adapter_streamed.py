@@ -31,11 +31,14 @@ def load(name):
 @pytest.fixture
 def streamed(monkeypatch):
     """A StreamedStep on CPU staging: the state homed in place (host_state says every state
-    is the shim's pinned memory), homes asked for are recorded."""
+    is the shim's pinned memory), homes asked for are recorded; the first step's state is made
+    NaN where torch would write zeros (a zero the streamed step missed shows in the results)."""
+    import torch
     monkeypatch.setenv("TRANSIT_OVERLAP_INFLIGHT", str(RING))
     ov = load("transit_overlap")
     st = ov._staging_module()
-    load("transit_streamed")
+    ts = load("transit_streamed")
+    monkeypatch.setattr(ts, "_empty_like", lambda *a, **k: torch.full_like(*a, float("nan"), **k))
     monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: t.is_contiguous()))
     return lambda: sys.modules["transit_streamed"].StreamedStep(st.Staging(host_state=lambda ptr, n: True), ov)
 
@@ -121,13 +124,15 @@ def test_streamed_step_is_bit_identical(streamed, name, clip):
     drv = streamed()
     got = train(OPTIMIZERS[name], drv, clip=clip)
     same(got, ref)
-    # every step after the first (which makes the state) streamed all 4 parameters; the
+    # every step streamed all 4 parameters, Adam's first too (its state made unfilled, started
+    # from zeros in the ring), SGD's from its second (its momentum starts as the gradient); the
     # 64 x 1000 weight and the 1000 x 4 one in slices of a 64 KiB batch
-    assert drv.streamed == 4 * (STEPS - 1)
+    streamed_steps = STEPS - 1 if name.startswith("sgd") else STEPS
+    assert drv.streamed == 4 * streamed_steps
     per_elem = 12 if name == "adam-amsgrad" else (4 if name.startswith("sgd") else 8)
     step_elems = max(4096, (RING // 4) // per_elem // 4096 * 4096)
     slices = sum(-(-n // step_elems) for n in (64000, 1000, 4000, 4))
-    assert drv.slices == slices * (STEPS - 1), (drv.slices, slices)
+    assert drv.slices == slices * streamed_steps, (drv.slices, slices)
     assert drv.said == {}  # nothing refused
 
 
@@ -141,7 +146,7 @@ def test_state_the_budget_holds_is_stepped_in_place(monkeypatch, clip):
     ref = train(OPTIMIZERS["adamw-foreach"], clip=clip)
     got = train(OPTIMIZERS["adamw-foreach"], drv, clip=clip)
     same(got, ref)
-    assert drv.streamed == STEPS - 1 and drv.resident == 3 * (STEPS - 1) and drv.said == {}
+    assert drv.streamed == STEPS and drv.resident == 3 * STEPS and drv.said == {}
     # exp_avg and exp_avg_sq: the weight's homed where they are, nothing copied, the rest kept
     assert staging.in_place == 2 * 64000 * 4 and staging.kept == []
     assert staging.homes == {} and staging.resident == {}  # forgotten with their optimizer
@@ -149,11 +154,14 @@ def test_state_the_budget_holds_is_stepped_in_place(monkeypatch, clip):
 
 def kept_run(monkeypatch, host_state):
     """A CPU StreamedStep whose shim pinned what host_state(ptr, nbytes) says, in the order the
-    states are homed (exp_avg, then exp_avg_sq, of each parameter)."""
+    states are homed (exp_avg, then exp_avg_sq, of each parameter); the first step's state NaN
+    where torch would write zeros, as in `streamed`."""
+    import torch
     monkeypatch.setenv("TRANSIT_OVERLAP_INFLIGHT", str(RING))
     ov = load("transit_overlap")
     st = ov._staging_module()
-    load("transit_streamed")
+    ts = load("transit_streamed")
+    monkeypatch.setattr(ts, "_empty_like", lambda *a, **k: torch.full_like(*a, float("nan"), **k))
     monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: t.is_contiguous()))
     staging = st.Staging(host_state=host_state)
     return staging, sys.modules["transit_streamed"].StreamedStep(staging, ov)
@@ -171,7 +179,7 @@ def test_a_parameter_with_part_of_its_state_kept_streams_the_rest(monkeypatch, n
     ref = train(OPTIMIZERS[name], clip=0.05)
     got = train(OPTIMIZERS[name], drv, clip=0.05)
     same(got, ref)
-    assert drv.streamed == 4 * (STEPS - 1) and drv.resident == 0 and drv.said == {}
+    assert drv.streamed == 4 * STEPS and drv.resident == 0 and drv.said == {}
     # the cycle over (exp_avg, exp_avg_sq[, max_exp_avg_sq]) of the 64000, 1000, 4000 and 4
     # element parameters: AdamW pins every exp_avg; amsgrad's three keys shift it by one a parameter
     pinned = {"adamw-foreach": 64000 + 1000 + 4000 + 4, "adam-amsgrad": 2 * 64000 + 1000 + 2 * 4000 + 4}[name]
@@ -197,7 +205,7 @@ def test_a_container_streams_its_optimizers(streamed, capsys):
     drv = streamed()
     got = train(make, drv, clip=0.05)
     same(got, ref)
-    assert drv.streamed == 4 * (STEPS - 1) and drv.said == {}
+    assert drv.streamed == 4 * STEPS and drv.said == {}
     assert "step streaming off" not in capsys.readouterr().err
 
 
@@ -279,11 +287,42 @@ def test_the_mode_is_wired_by_the_adapter(monkeypatch):
 
 
 def test_an_error_inside_a_streamed_step_never_updates_a_parameter_twice(streamed, capsys, monkeypatch):
-    """torch's step fails on the second batch of the first streamed step (out of memory in its
+    """torch's step fails on the second batch of the second streamed step (out of memory in its
     temporaries, say): the first batch's slices were written and the application's step must
     not write them again. The first slice of the 64 x 1000 weight equals the reference's after
     that step (updated once); the line says the step is not bit-identical; later steps run
     unstreamed."""
+    import torch
+    ov = sys.modules["transit_overlap"]
+    real = ov._raw_step
+    drv = streamed()
+    seen = []  # the streamed steps done when each batch steps
+
+    def failing(opt):
+        raw = real(opt)
+
+        def step(o):
+            seen.append(drv.steps)
+            if seen.count(1) == 2:
+                raise torch.OutOfMemoryError("no room for the step's temporaries")
+            return raw(o)
+        return step if raw is not None else None
+    monkeypatch.setattr(ov, "_raw_step", failing)
+    make = OPTIMIZERS["adamw-foreach"]
+    ref = train(make, steps=2)
+    got = train(make, drv, steps=2)
+    first = 8192  # elements of a slice: 64 KiB of state / 8 bytes an element
+    w_ref, w_got = ref[1][0].view(-1), got[1][0].view(-1)
+    assert torch.equal(w_got[:first], w_ref[:first])  # written once, by the streamed slice
+    assert not torch.equal(w_got, w_ref)  # the rest of it was not stepped again either
+    err = capsys.readouterr().err
+    assert err.count("step streaming off") == 1 and "this step is not bit-identical" in err, err
+
+
+def test_an_error_in_the_first_step_leaves_zeros_where_no_slice_wrote(streamed, capsys, monkeypatch):
+    """The first step's state is made unfilled (NaN, by the fixture) and fails on its second
+    batch: the state no slice wrote is zeros, as torch's init makes it, and the next steps
+    (unstreamed) keep every value finite."""
     import torch
     ov = sys.modules["transit_overlap"]
     real = ov._raw_step
@@ -299,12 +338,8 @@ def test_an_error_inside_a_streamed_step_never_updates_a_parameter_twice(streame
             return raw(o)
         return step if raw is not None else None
     monkeypatch.setattr(ov, "_raw_step", failing)
-    make = OPTIMIZERS["adamw-foreach"]
-    ref = train(make, steps=2)
-    got = train(make, streamed(), steps=2)
-    first = 8192  # elements of a slice: 64 KiB of state / 8 bytes an element
-    w_ref, w_got = ref[1][0].view(-1), got[1][0].view(-1)
-    assert torch.equal(w_got[:first], w_ref[:first])  # written once, by the streamed slice
-    assert not torch.equal(w_got, w_ref)  # the rest of it was not stepped again either
-    err = capsys.readouterr().err
-    assert err.count("step streaming off") == 1 and "this step is not bit-identical" in err, err
+    drv = streamed()
+    _, params, state_list, _ = train(OPTIMIZERS["adamw-foreach"], drv, steps=2)
+    assert all(torch.isfinite(p).all() for p in params)
+    assert len(state_list[0]) == 4 * 3 and all(torch.isfinite(v).all() for _, v in state_list[0])
+    assert "this step is not bit-identical" in capsys.readouterr().err

@@ -11,6 +11,7 @@ allocate beside such a job is bench/probes/second_process.py's measurement), and
 have placed the optimizer states on the host."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -247,7 +248,8 @@ def test_wide_layers_accumulation_and_clipping_are_bit_identical(tmp_path, width
 def test_streamed_step_with_clipping_and_accumulation_is_bit_identical(tmp_path):
     """The default under advise (TRANSIT_OVERLAP_STEP unset: the streamed step,
     transit_streamed.py) on the wide layers with accumulation 4 and clipping that binds: losses
-    equal the run without the shim bit for bit, every step after the first streamed, the
+    equal the run without the shim bit for bit, every step streamed (the first from zeros in
+    the ring, its state made unfilled), the
     state the budget could not hold made in pinned host memory and the rest kept managed on
     the GPU (the runtime's own answer for each tensor, against the shim's two counts), the
     budget held."""
@@ -262,7 +264,9 @@ def test_streamed_step_with_clipping_and_accumulation_is_bit_identical(tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(next(line for line in res.stdout.splitlines() if line.startswith('{"losses"')))
     assert got["losses"] == want["losses"] and want["clipped"] >= 1
-    assert "3 optimizer steps streamed" in res.stderr and "step streaming off" not in res.stderr, res.stderr[-2000:]
+    assert "4 optimizer steps streamed" in res.stderr and "step streaming off" not in res.stderr, res.stderr[-2000:]
+    # the first step's pinned state was made unfilled, its zeros written in the ring
+    assert float(re.search(r"([\d.]+) GB of first-step state started from zeros", res.stderr).group(1)) > 0
     mem = got["state_memory"]
     assert set(mem) <= {"host", "managed"} and mem.get("host", 0) > 0, mem
     assert sum(mem.values()) == 8 * want["params"]  # every exp_avg and exp_avg_sq, counted once

@@ -416,7 +416,8 @@ def test_the_default_streamed_step_under_torchtitans_trainer_is_bit_identical(ti
     """Issue 27's CPU check: TorchTitan 0.2.2's trainer unchanged (its debug model, FSDP2 on two
     gloo ranks, its OptimizersContainer, 2 microbatches a step, its clipping, here at 0.05 so
     that it binds) under advise's default step: every sharded parameter of the container's
-    AdamW streamed from the second step on, nothing refused, and every microbatch's loss and
+    AdamW streamed from the first step on (its state made unfilled, started from zeros in the ring),
+    nothing refused, and every microbatch's loss and
     every gradient norm equal to the run without the adapter (both seeded, deterministic), bit
     for bit."""
     work = _assets(tmp_path)
@@ -442,7 +443,7 @@ def test_the_default_streamed_step_under_torchtitans_trainer_is_bit_identical(ti
     for p, d in zip(plain, default):
         assert d["losses"] == p["losses"] and d["norms"] == p["norms"]
     streamed = [r["streamed"] for r in default]
-    assert streamed[0] == streamed[1] > 0 and streamed[0] % (steps - 1) == 0, default
+    assert streamed[0] == streamed[1] > 0 and streamed[0] % steps == 0, default
     assert all(r["said"] == [] for r in default), default  # nothing refused
 
 

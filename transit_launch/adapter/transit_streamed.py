@@ -16,10 +16,18 @@ into flat slices: the updates of Adam, AdamW and SGD are elementwise (docs/lifet
 so a slice updated alone gets the values the whole step would give it. Each slice steps with
 its own copy of the parameter's step count, which is then written back once.
 
-What is not streamed steps as without the adapter, said once per optimizer: its first step
-(the state does not exist before it), other optimizer classes, a closure, step hooks that are
-not the adapter's, param groups torch's step would treat differently per subset (see
-transit_overlap._group_refusal), non-contiguous or sparse tensors, a state homed in part.
+The first step of an Adam or AdamW streams too. Its state does not exist before it: the
+adapter has the optimizer's own `_init_group` make it, with torch.zeros_like made empty_like
+(_Unfilled), so the new state's pinned pages are not written with zeros over PCIe; each slice
+then starts from zeros written in the ring, on the GPU, and its copy home writes every byte.
+Whatever no slice wrote (a refusal, an error part-way) gets its zeros in place, as torch's
+init would have written them. SGD's first step is not streamed (its momentum buffer starts as
+the gradient itself, not zeros).
+
+What is not streamed steps as without the adapter, said once per optimizer: other optimizer
+classes, a closure, step hooks that are not the adapter's, param groups torch's step would
+treat differently per subset (see transit_overlap._group_refusal), non-contiguous or sparse
+tensors, a state homed in part.
 """
 
 import atexit
@@ -28,6 +36,12 @@ import sys
 import weakref
 
 ALIGN_ELEMS = 4096  # a slice starts at a multiple of this many elements (see _slices)
+# optimizers whose first step's state is all zeros (exp_avg, exp_avg_sq, max_exp_avg_sq): that
+# step can stream from zeros written on the GPU (transit_overlap.KNOWN holds the exact classes)
+ZERO_STATE = ("Adam", "AdamW")
+# the arguments of Adam's _init_group besides `group` (torch 2.11 passes amsgrad, 2.13 does
+# not): the lists it fills, and amsgrad, taken from the group
+INIT_LISTS = ("params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
 
 
 def _say(msg):
@@ -62,13 +76,16 @@ class StreamedStep:
         self.align = mod.ALIGN  # bytes: each buffer's start in the ring
         self.local = mod._storage_tensor  # a DTensor's local tensor (its storage), else the tensor
         self.steps = 0                  # optimizer steps streamed
+        self.fresh = {}                 # data_ptr of a pinned state made unfilled -> [it, (start, end) written]
+        self.unfilled = 0               # bytes of first-step state made without zeros over PCIe
         atexit.register(self.report)
 
     def report(self):
         if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
             _say(f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
                  f"{self.slices} slices; a {self.staging.limit / 2**20:.0f} MiB ring on each GPU; {self.resident} "
-                 "parameters stepped in place, their state held on the GPU by the budget)")
+                 "parameters stepped in place, their state held on the GPU by the budget; "
+                 f"{self.unfilled / 1e9:.2f} GB of first-step state started from zeros in the ring)")
 
     def install(self):
         from torch.optim import optimizer as o
@@ -170,6 +187,57 @@ class StreamedStep:
     def _stream(self, opt, raw):
         """Stream every group's step; the parameters updated ([] when this step cannot be:
         then the application's step makes all of it)."""
+        self._make_state(opt)
+        try:
+            return self._stream_made(opt, raw)
+        finally:
+            self._fill_left()
+
+    def _make_state(self, opt):
+        """The state an Adam's or AdamW's step is about to make (its parameters with a gradient
+        and no state yet), made now by the optimizer's own _init_group (the state pool's
+        wrapper, when routed) but unfilled. Its pinned tensors go to self.fresh, to be started
+        from zeros in the ring; what the budget keeps on the GPU is zeroed there at once."""
+        import inspect
+
+        if type(opt).__name__ not in ZERO_STATE or self.ov._raw_step(opt) is None:
+            return
+        new = [p for g in opt.param_groups for p in g["params"] if p.grad is not None and not opt.state.get(p)]
+        if not new:
+            return
+        names = list(inspect.signature(type(opt)._init_group).parameters)[1:]
+        if names[:1] != ["group"] or not set(names[1:]) <= {"amsgrad", *INIT_LISTS}:
+            self._once(opt, f"{type(opt).__name__}._init_group{tuple(names)} is not the signature verified")
+            return
+        mode = _unfilled()
+        try:
+            with mode:
+                for group in opt.param_groups:
+                    opt._init_group(group, **{n: group["amsgrad"] if n == "amsgrad" else [] for n in names[1:]})
+        except BaseException:
+            for p in new:  # made in part: the application's step makes it again, whole
+                opt.state.pop(p, None)
+            raise
+        self.staging.home(opt)  # which of it the shim pinned (homes) and which the budget kept
+        for t in map(self.local, mode.made):
+            if t.data_ptr() in self.staging.homes:
+                self.fresh[t.data_ptr()] = [t, []]
+                self.unfilled += t.numel() * t.element_size()
+            else:
+                t.zero_()  # on the GPU (or the CPU): no PCIe
+
+    def _fill_left(self):
+        """Zeros in place wherever no slice wrote a state made unfilled (a refusal, no ring,
+        an error part-way): what torch's init would have written."""
+        fresh, self.fresh = self.fresh, {}
+        for t, spans in fresh.values():
+            flat, at = t.detach().view(-1), 0
+            for a, b in sorted(spans) + [(flat.numel(), flat.numel())]:
+                if a > at:
+                    flat[at:a].zero_()
+                at = max(at, b)
+
+    def _stream_made(self, opt, raw):
         plans = []
         for group in opt.param_groups:
             items, why = self._items(opt, group)
@@ -261,7 +329,10 @@ class StreamedStep:
         with _on(s_in):
             for p, k, a, b, t, off in layout:
                 buf = mem[base + off:base + off + (b - a) * t.element_size()].view(t.dtype)
-                buf.copy_(homes[t.data_ptr()].view(-1)[a:b], non_blocking=True)
+                if t.data_ptr() in self.fresh:  # made unfilled (_make_state): its first values are zeros
+                    buf.zero_()
+                else:
+                    buf.copy_(homes[t.data_ptr()].view(-1)[a:b], non_blocking=True)
                 bufs[(id(p), k, a)] = buf
         if streams:
             s_upd.wait_stream(s_in)
@@ -292,6 +363,8 @@ class StreamedStep:
             with _on(s_out):
                 for p, k, a, b, t, off in layout:
                     homes[t.data_ptr()].view(-1)[a:b].copy_(bufs[(id(p), k, a)], non_blocking=True)
+                    if t.data_ptr() in self.fresh:
+                        self.fresh[t.data_ptr()][1].append((a, b))
             if streams:
                 done = torch.cuda.Event()
                 done.record(s_out)
@@ -299,6 +372,34 @@ class StreamedStep:
             else:
                 ring.done(None)
         self.slices += len(batch)
+
+
+def _empty_like(*args, **kwargs):
+    """torch.empty_like (tests poison it with NaN, so that a missed zero shows)."""
+    import torch
+
+    return torch.empty_like(*args, **kwargs)
+
+
+def _unfilled():
+    """A torch function mode under which torch.zeros_like makes an empty tensor (the state
+    Adam's _init_group makes, then written whole by the streamed step); `made` lists them."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Unfilled(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.zeros_like:
+                t = _empty_like(*args, **kwargs)
+                self.made.append(t)
+                return t
+            return func(*args, **kwargs)
+    return Unfilled()
 
 
 def _on(stream):
