@@ -160,9 +160,10 @@ class StreamedStep:
 
     def _items(self, opt, group):
         """([(param, state keys)] of the group's parameters with a gradient and a pinned home,
-        None) when all of those can stream this step, else (None, why); why is None for the
-        first step (no state yet: it is made by this step, then homed). A state the budget holds
-        on the GPU has no home: its parameter is left to the application's step."""
+        None) when all of those can stream this step, else (None, why); why is None where a
+        parameter has no state yet (an optimizer _make_state does not make, such as SGD's
+        first step: the state is made by the application's step, then homed). A state the
+        budget holds on the GPU has no home: its parameter is left to the application's step."""
         items = []
         for p in group["params"]:
             g = p.grad
