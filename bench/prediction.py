@@ -1,5 +1,6 @@
-"""The plan's predicted efficiency against TorchTitan's measured runs (issue 31): the table
-in bench/RESULTS.md, "What the plan predicts". The rows, the fit registry (FIT) and the
+"""The plan's predicted efficiency against TorchTitan's measured runs and the shapes suite's
+(issue 31): the tables in bench/RESULTS.md, "What the plan predicts", which
+tests/test_prediction.py keeps equal to this output. The rows, the fit registry (FIT) and the
 target are tests/prediction_records.py's, which tests/test_prediction.py checks.
 
     python3 bench/prediction.py            # the table in bench/RESULTS.md
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the checkout's package, unless one is installed
     sys.path.insert(0, str(ROOT))
 
-from tests.prediction_records import TARGET, role, rows  # noqa: E402
+from tests.prediction_records import TARGET, predict, role, rows, shape_rows  # noqa: E402
 
 
 def main():
@@ -28,16 +29,27 @@ def main():
         return
     from transit_launch.table import table
     body = [[r["file"].replace("titan_steps_", "").removesuffix(".json"), r["run"].replace("TRANSIT_SHIM=", "")[:30],
-             r["step"], r["microbatches"], f"{r['budget'] / 1e9:.2f}", f"{r['host_bytes'] / 1e9:.1f}",
+             r["step"], r["microbatches"], f"{r['budget'] / 1e9:.2f}", f"{predict(r).est.total / 1e9:.1f}",
+             f"{r['reserved'] / 1e9:.1f}", f"{r['host_bytes'] / 1e9:.1f}",
              f"{r['offload_predicted'] / 1e9:.1f}", f"{100 * r['measured']:.1f}%", f"{100 * r['predicted']:.1f}%",
              f"{100 * r['error']:+.1f}", f"{r['first_step_extra_s']:.1f}", f"{r['warm_up_predicted_s']:.1f}",
              role(r)] for r in rs]
-    print(table(["file", "run", "step", "microbatches", "budget GB", "on host GB", "plan's offload GB", "measured",
-                 "pred. eff", "points", "first step +s", "plan's warm-up s", "role"], body))
+    print(table(["file", "run", "step", "microbatches", "budget GB", "plan's GB", "reserved GB", "on host GB",
+                 "plan's offload GB", "measured", "pred. eff", "points", "first step +s", "plan's warm-up s", "role"],
+                body))
     new = [r for r in rs if r["new_job"]]
+    within = sum(abs(r["error"]) <= TARGET for r in rs)
     print(f"\nworst: {100 * max(abs(r['error']) for r in rs):.1f} points; on jobs no constant was fitted to "
-          f"({len(new)} runs): {100 * max(abs(r['error']) for r in new):.1f} points; target {100 * TARGET:.0f}")
-
+          f"({len(new)} runs): {100 * max(abs(r['error']) for r in new):.1f} points; {within} of {len(rs)} "
+          f"within the target of {100 * TARGET:.0f} points")
+    sh = shape_rows()
+    print("\nthe shapes suite (the examples' trainer, no constant fitted to it):\n")
+    print(table(["file", "run", "step", "microbatches", "measured", "pred. eff", "points", "named reason"],
+                [[r["file"].removesuffix(".json"), r["run"], r["step"], r["microbatches"], f"{100 * r['measured']:.1f}%",
+                  f"{100 * r['predicted']:.1f}%", f"{100 * r['error']:+.1f}", "yes" if r["off_target"] else "-"]
+                 for r in sh]))
+    print(f"\nworst: {100 * max(abs(r['error']) for r in sh):.1f} points; "
+          f"{sum(abs(r['error']) <= TARGET for r in sh)} of {len(sh)} within the target")
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,7 @@ D1, D2 = "2026-12-01/", "2026-12-02/"
 FIT = {
     (D1 + "titan_steps_populate_2026-12-01.json", "advise"): ("STATE_LINK_SHARE", "SHIM_RESERVED_GAP"),
     (D1 + "titan_steps_accum16_masterroom_2026-12-01.json", "advise"): ("STATE_LINK_SHARE",),
-    (D1 + "titan_steps_accum1_masterroom_2026-12-01.json", "advise"): ("SHIM_RESERVED_GAP",),
+    (D1 + "titan_steps_accum1_masterroom_2026-12-01.json", "advise"): ("SHIM_RESERVED_GAP", "WARMUP_STATE_RATE"),
     (D2 + "torchtitan/titan_steps_accum16_stream.json", "advise:TRANSIT_OVERLAP_STEP=stream"): ("STREAM_LINK_SHARE",),
     (D2 + "torchtitan-3/titan_steps_accum16_stream.json", "advise"): ("STREAM_LINK_SHARE",),
     (D2 + "torchtitan-8/titan_steps_accum8_stream.json", "advise"): ("WARMUP_PINNED_RATE",),
@@ -104,6 +104,8 @@ OFF_TARGET = {
 }
 OVERLAP_ENV = ENV["OVERLAP_STEP"]  # a run overlapping its step with backward (1, staged) is not a point
 TARGET = 0.03  # issue 31: within 3 points of the measured per-GPU TFLOPS ratio
+# a named exception may not drift without bound: past it, its reason no longer explains it
+OFF_TARGET_AT_MOST = 2 * TARGET
 
 
 def _steady(xs):
@@ -215,7 +217,7 @@ def shape_rows(paths=None):
     from transit_launch.planning.plan import Request
 
     out = []
-    for path in paths or sorted(RESULTS.glob("*/shapes/shapes_*.json")):
+    for path in paths or sorted(RESULTS.glob("*/shapes*/shapes_*.json")):  # every call's folder (shapes, shapes-2, ...)
         d = json.loads(Path(path).read_text())
         ref = {r["accum"]: r for r in d["runs"] if r["name"] == "reference" and r["rc"] == 0}
         model = d["model"]

@@ -3,7 +3,13 @@ TorchTitan point within 3 points, the constants reproduced from the runs named a
 fit, and jobs no constant was fitted to among the points. tests/prediction_records.py reads
 the records (bench/results/, as data); the plan's numbers come from the installed package."""
 
+import contextlib
+import io
+import re
+import runpy
 import statistics
+import sys
+from unittest import mock
 
 import pytest
 
@@ -48,7 +54,7 @@ def test_a_point_off_target_is_off_for_its_named_reason(r):
     """Each named exception is really past the target (else its name must go), and its reason,
     the plan's offload, holds: with the bytes the shim placed on the host in its place the
     step-time model is within the target."""
-    assert abs(r["error"]) > prediction.TARGET
+    assert prediction.TARGET < abs(r["error"]) <= prediction.OFF_TARGET_AT_MOST
     assert abs(prediction.predict_at_measured_offload(r) - r["measured"]) <= prediction.TARGET
     assert r["offload_predicted"] > r["host_bytes"]
 
@@ -93,6 +99,15 @@ def test_the_pinned_warm_up_rate_is_what_its_fit_run_measured():
     assert planmod.WARMUP_PINNED_RATE == pytest.approx(opt / (r["first_step_extra_s"] - master_s), rel=0.02)
 
 
+def test_the_in_place_warm_up_rate_is_what_its_fit_run_measured():
+    """WARMUP_STATE_RATE: the fit run's offloaded bytes (plain advise: the state made in managed
+    memory by the GPU's first writes) over its first optimizer step's extra seconds."""
+    (r,) = [r for r in ROWS if "WARMUP_STATE_RATE" in r["fit"]]
+    assert r["step"] == "in place"
+    rate = prediction.predict(r).offload / r["first_step_extra_s"]
+    assert planmod.WARMUP_STATE_RATE == pytest.approx(rate, rel=0.05)
+
+
 def test_the_stated_warm_up_is_within_a_factor_of_two_of_the_measured():
     """The first optimizer step's extra time (where the state is made) against the plan's
     warm-up: a looser claim than the steady state's, and stated as such in RESULTS.md.
@@ -135,6 +150,19 @@ def test_a_shape_off_target_is_off_for_its_named_reason(r):
     """Past the target, pessimistic, and its step in place moved the state faster than the
     link share measured under TorchTitan: the shim's host bytes each way over the step's extra
     time, as a share of the H200's host link."""
-    assert r["error"] < -prediction.TARGET
+    assert -prediction.OFF_TARGET_AT_MOST <= r["error"] < -prediction.TARGET
     share = r["host_bytes"] / r["extra_s"] / GPUS["h200-141gb"].host_link
     assert share > planmod.STATE_LINK_SHARE + 0.05, share
+
+
+def test_results_md_shows_the_tables_as_they_are_now():
+    """RESULTS.md's tables are bench/prediction.py's output on today's records and plan: a new
+    record or a changed constant changes them only through a reviewed diff of RESULTS.md."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), mock.patch.object(sys, "argv", ["prediction.py"]):
+        runpy.run_path(str(prediction.ROOT / "bench" / "prediction.py"), run_name="__main__")
+    out = buf.getvalue()
+    text = (prediction.ROOT / "bench" / "RESULTS.md").read_text()
+    section = text.split("\n## What the plan predicts", 1)[1].split("\n## ", 1)[0]
+    shown = re.findall(r"^```\n(.*?)^```", section, re.S | re.M)
+    assert out in shown, "RESULTS.md, \"What the plan predicts\", is not `python3 bench/prediction.py` now: rerun it there"

@@ -52,7 +52,8 @@ def add_plan_args(p, model_required=True):
                         "backward; none keeps every saved tensor (default full)")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", default=None, help=f"GPU profile: {', '.join(GPUS)} (default h100-80gb)")
-    h.add_argument("--gpu-mem", type=size, help="GPU memory size, overriding the profile's (e.g. 40GB)")
+    h.add_argument("--gpu-mem", type=size, help="GPU memory a rank may use, overriding the profile's (e.g. 40GB): the shim's budget "
+                        "(TRANSIT_GPU_BUDGET, which bounds PyTorch's reserved bytes, not its allocated ones)")
     h.add_argument("--gpus-per-node", type=positive_int(), default=None,
                    help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE})")
     h.add_argument("--host-mem", type=size, help=f"host DRAM per node (default {DEFAULT_HOST_MEM / 1e9:.0f}GB)")

@@ -174,7 +174,8 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     microsteps = gbatch // (lay.dp * lay.local_batch)
     c = Candidate(nodes, lay, est, per_node(req.card, lay, req.gpus_per_node), microsteps)
     # what the shim places on the host: the reserved bytes over the budget (SHIM_RESERVED_GAP)
-    c.offload = est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory if est.total > req.gpu.memory else 0.0
+    # (also where the estimate alone fits: the budget bounds what is reserved, gap included)
+    c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory)
     mode = step_mode(req)
     ring = mode in ("staged", "stream") and c.offload > 0
     staged = ring and mode == "staged"
