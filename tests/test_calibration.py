@@ -1,7 +1,12 @@
 """The planner against measured H200 peaks (bench/results/*/calibration_*.json: the example
 trainer's torch.cuda.max_memory_reserved, bench/calibrate.py --measure). Issue 7 asks for
 at least four runs within 10%; a change to the estimator's constants that breaks that
-fails here, without a GPU."""
+fails here, without a GPU.
+
+All six runs are held out: no constant of planning/memory.py was fitted to them (the
+backward factors were fitted to TorchTitan's measured mode, tests/fidelity_records.py
+FITTED). The 128K-vocabulary run confirmed LOGITS_BYTES_PER_ELEMENT, which is derived from
+three fp32 tensors (12 bytes; 13.6 measured with the allocator's rounding), not set by it."""
 
 import json
 import re

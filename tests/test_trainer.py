@@ -3,7 +3,6 @@ traffic model counts (bf16 all-gathers, fp32 reduce-scatters), and flags that ne
 GPU fail with one line."""
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -21,9 +20,9 @@ def summary(out: str) -> dict:
     return next(json.loads(line)["summary"] for line in out.splitlines() if line.startswith('{"summary'))
 
 
-@pytest.mark.skipif(not shutil.which("torchrun"), reason="needs torchrun")
 def test_fsdp2_on_cpu_ranks_moves_bf16_gathers_and_fp32_reduce_scatters():
-    res = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", str(TRAINER), *MODEL, "--dp", "fsdp",
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # whether or not its script is on PATH
+    res = subprocess.run([*torchrun, "--standalone", "--nproc-per-node", "2", str(TRAINER), *MODEL, "--dp", "fsdp",
                           "--comm-profile", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     s = summary(res.stdout)

@@ -30,6 +30,17 @@
  *     that the driver hands them back under pressure is not modelled (ASSUMPTION)
  *   managed memory and concurrent managed access supported (probe: attr_managed,
  *     attr_concurrent), runtime 13000 (the H200's CUDA 13, gpu-lab)
+ *   cudaHostRegister of NULL or of 0 bytes: cudaErrorInvalidValue; of a range already
+ *     registered: cudaErrorHostMemoryAlreadyRegistered; registering takes no device bytes
+ *     in cudaMemGetInfo (probe, bench/results/2026-12-02/shapes/cuda_error_probe.json:
+ *     host_register_null, host_register_zero, host_register_twice, host_register_free_before,
+ *     host_register_free_after)
+ *   cudaFree of registered memory: cudaErrorInvalidValue (probe: host_register_cudafree);
+ *     cudaHostUnregister: cudaSuccess, then cudaErrorHostMemoryNotRegistered for the same
+ *     pointer (probe: host_unregister, host_unregister_again)
+ *   cudaHostRegister refused as out of memory when the host's memory would run short
+ *     (FAKE_HOST_MEM less managed and registered bytes): ASSUMPTION (the probe cannot make
+ *     the H200's host run short; the shim's answer to the refusal is what the tests check)
  *
  * Residency (issue 33): which 4 KiB page of every managed allocation is on the device,
  * on the host or nowhere yet, driven by prefetches, advice and the "kernels" the test
