@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the checkout's package, unless one is installed
     sys.path.insert(0, str(ROOT))
 
-from tests.prediction_records import TARGET, predict, role, rows, shape_rows  # noqa: E402
+from tests.prediction_records import TARGET, predict, role, rows, scale_in_at_measured_terms, scale_in_rows, shape_rows  # noqa: E402,E501
 
 
 def main():
@@ -50,6 +50,14 @@ def main():
                  for r in sh]))
     print(f"\nworst: {100 * max(abs(r['error']) for r in sh):.1f} points; "
           f"{sum(abs(r['error']) <= TARGET for r in sh)} of {len(sh)} within the target")
+    sc = scale_in_rows()
+    print("\nthe scale-in 2 -> 1 (the examples' trainer, 2026-11-30's build; the plan's option of one GPU against two):\n")
+    print(table(["file", "recompute", "global sequences", "measured", "pred. eff", "points", "1 GPU / 2 unoffloaded",
+                 "offload GB plan / shim", "with both measured", "named reason"],
+                [[r["file"].removesuffix(".json"), r["recompute"], r["global_sequences"], f"{100 * r['measured']:.1f}%",
+                  f"{100 * r['predicted']:.1f}%", f"{100 * r['error']:+.1f}", f"{r['half_off_factor']:.3f}",
+                  f"{r['offload_predicted'] / 1e9:.2f} / {r['offload_measured'] / 1e9:.2f}",
+                  f"{100 * scale_in_at_measured_terms(r):.1f}%", "yes" if r["off_target"] else "-"] for r in sc]))
 
 if __name__ == "__main__":
     main()
