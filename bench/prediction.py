@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the checkout's package, unless one is installed
     sys.path.insert(0, str(ROOT))
 
-from tests.prediction_records import TARGET, predict, role, rows, scale_in_at_measured_terms, scale_in_rows, shape_rows  # noqa: E402,E501
+from tests.prediction_records import (TARGET, role, rows, scale_in_at_measured_terms, scale_in_rows,  # noqa: E402
+                                      shape_rows)
 
 
 def main():
@@ -29,7 +30,7 @@ def main():
         return
     from transit_launch.table import table
     body = [[r["file"].replace("titan_steps_", "").removesuffix(".json"), r["run"].replace("TRANSIT_SHIM=", "")[:30],
-             r["step"], r["microbatches"], f"{r['budget'] / 1e9:.2f}", f"{predict(r).est.total / 1e9:.1f}",
+             r["step"], r["microbatches"], f"{r['budget'] / 1e9:.2f}", f"{r['plan_bytes'] / 1e9:.1f}",
              f"{r['reserved'] / 1e9:.1f}", f"{r['host_bytes'] / 1e9:.1f}",
              f"{r['offload_predicted'] / 1e9:.1f}", f"{100 * r['measured']:.1f}%", f"{100 * r['predicted']:.1f}%",
              f"{100 * r['error']:+.1f}", f"{r['first_step_extra_s']:.1f}", f"{r['warm_up_predicted_s']:.1f}",

@@ -185,7 +185,7 @@ def rows(paths=None):
     for pt in points(paths):
         c = predict(pt)
         out.append(dict(pt, predicted=c.efficiency, offload_predicted=c.offload, warm_up_predicted_s=c.warm_up_s,
-                        error=c.efficiency - pt["measured"]))
+                        plan_bytes=c.est.total, error=c.efficiency - pt["measured"]))
     fitted = {(r["microbatches"], r["budget"]) for r in out if r["fit"]}
     for r in out:  # a held-out run of a job some fit run also ran (another lease) is weaker evidence
         r["new_job"] = not r["fit"] and (r["microbatches"], r["budget"]) not in fitted
@@ -270,11 +270,10 @@ def scale_in_rows(path=RESULTS / SCALE_IN):
     out = []
     for rc, flags in (("ac", ""), ("noac", "--no-recompute")):
         for g in sorted({r["global_sequences"] for r in d["runs"] if r["recompute"] == rc}):
-            tflops = {lay: statistics.mean(r["tflops_per_gpu"] for r in d["runs"] if r["recompute"] == rc
-                                           and r["global_sequences"] == g and r["layout"] == lay and r["rc"] == 0)
-                      for lay in ("full", "half-off", "half-advise")}
-            adv = next(r for r in d["runs"] if r["recompute"] == rc and r["global_sequences"] == g
-                       and r["layout"] == "half-advise")
+            runs = {lay: [r for r in d["runs"] if r["recompute"] == rc and r["global_sequences"] == g
+                          and r["layout"] == lay and r["rc"] == 0] for lay in ("full", "half-off", "half-advise")}
+            tflops = {lay: statistics.mean(r["tflops_per_gpu"] for r in rs) for lay, rs in runs.items()}
+            adv = runs["half-advise"][0]
             recompute = "full" if rc == "ac" else "none"
             req = Request(card=trainer_card(trainer_flags(flags)), gpu=gpu_profile("h200-141gb", memory=d["budgets"][rc]),
                           gpus_per_node=1, seq_len=d["seq_len"], local_batch=d["batch"], global_batch=g,
