@@ -15,9 +15,9 @@
  * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or staged); the state the
  * budget holds is stepped where it is. When the host
  * refuses the memory or its registration, the allocation takes the managed path.
- * Where the adapter said how much state to expect (transit_state_expect, version 7), the
- * memory is a slice of prefill.c's pool instead, its pages written in the background before
- * the step and only registered here; a slice is given back as its own memory is.
+ * Where the adapter predicted the state's segments (transit_state_segments, version 8), the
+ * memory is a region of prefill.c's pool instead, mostly written and registered in the
+ * background before the step; a region is given back as its own memory is.
  * TRANSIT_HOST_STATE=0 turns it off. The list is kept under tr_lock; the memory is made and
  * given back outside it. */
 #define _GNU_SOURCE /* MAP_ANONYMOUS */
@@ -129,30 +129,33 @@ void *tr_host_map(size_t size, size_t *mapped)
     return p;
 }
 
-/* A slice of prefill.c's pool, already written, where it has room; else memory of its own,
- * written here. Either is given back the same way: unregistered, then unmapped. */
+/* A region of prefill.c's pool where it has one of this size, made ready (written and
+ * registered) in the background or else written and registered here; else memory of its own,
+ * written and registered here. Either is given back the same way: unregistered, then unmapped. */
 void *tr_hoststate_alloc(size_t size)
 {
     double t0 = tr_now_ms();
     size_t mapped;
-    void *p = tr_prefill_take(size, &mapped);
+    int ready = 0;
+    void *p = tr_prefill_take(size, &mapped, &ready);
     size_t pooled = p ? mapped : 0;
-    if (!p) {
-        if (!(p = tr_host_map(size, &mapped))) {
-            say_refused(size, "mmap", 0);
+    if (!p && !(p = tr_host_map(size, &mapped))) {
+        say_refused(size, "mmap", 0);
+        return NULL;
+    }
+    double registering = 0;
+    if (!ready) {
+        tr_host_fill(p, mapped, (int)sysconf(_SC_NPROCESSORS_ONLN)); /* (at most FILL_THREADS) */
+        cudaError_t pending = tr_pending_error();
+        double t1 = tr_now_ms();
+        cudaError_t err = tr_real.host_register(p, mapped, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        registering = tr_now_ms() - t1;
+        if (err != cudaSuccess) {
+            tr_own_error(pending, err);
+            munmap(p, mapped);
+            say_refused(size, "cudaHostRegister", (int)err);
             return NULL;
         }
-        tr_host_fill(p, mapped, (int)sysconf(_SC_NPROCESSORS_ONLN)); /* (at most FILL_THREADS) */
-    }
-    cudaError_t pending = tr_pending_error();
-    double t1 = tr_now_ms();
-    cudaError_t err = tr_real.host_register(p, mapped, cudaHostRegisterPortable | cudaHostRegisterMapped);
-    double registering = tr_now_ms() - t1;
-    if (err != cudaSuccess) {
-        tr_own_error(pending, err);
-        munmap(p, mapped);
-        say_refused(size, "cudaHostRegister", (int)err);
-        return NULL;
     }
     pthread_mutex_lock(&tr_lock);
     if (n == cap) {

@@ -1,27 +1,24 @@
-/* The pinned optimizer state's pages written before the first step (transit_state_expect,
- * API version 7).
+/* The pinned optimizer state made ready before the first step (transit_state_segments, API
+ * version 8).
  *
- * Pinned state (hoststate.c) is made during the first optimizer step, and writing its pages
- * is most of that time. The adapter says, before the first forward, how much state that
- * step will make: one pool of that size is mapped as hoststate.c maps an allocation (huge
- * pages) and one background thread writes its pages in order, a piece at a time, while the
- * forward and backward leave the host's CPUs idle. A marked allocation then takes the next
- * slice of the pool, waits until the fill has passed the slice's end, and only registers it
- * (hoststate.c); where the pool has no room it makes its own memory as before. When the
- * adapter says the first step is over (expect(0)), and at exit, the fill stops and the part
- * no slice took is unmapped. The pool takes at most half the host memory available when it
- * is asked for, shared by the node's ranks (host_room). Once per process; every failure leaves
- * hoststate.c's own path.
- *
- * A slice waits for the background fill rather than writing its pages itself: the fill
- * writes in order, so the slice's pages are next or nearly, and a second writer would only
- * share the same cores; nor may two writers overlap, since a slice may be freed (unmapped)
- * under the other. The allocating thread writes only what a fill that stopped left.
- * From the first slice on, the state is being made: the fill then writes at most
- * TR_PREFILL_AHEAD_BYTES past the slices taken, so that the next slices' pages are written
- * while one registers, but the part no slice will take (where the budget keeps state on the
- * GPU) is not written beside the registrations, which writing slows (RESULTS.md, "The pinned
- * state's pool kept near the slices"). */
+ * Pinned state (hoststate.c) is made during the first optimizer step: its pages written, then
+ * registered with the runtime. The runtime refuses a copy that spans two registrations
+ * (bench/RESULTS.md, "Registering the pool in pieces"), so each of PyTorch's segments needs a
+ * registration of its own, and only its size says which. The adapter predicts, before the
+ * first forward, the segments the first step's state will be allocated in: their sizes in the
+ * order they will be made (transit_state_pool.expected_segments, from the caching allocator's
+ * rules). One pool is mapped (huge pages, as hoststate.c maps) with a region for each, in that
+ * order, and one background thread makes regions ready, its pages written by 8 writers and then
+ * registered, from the last region back: the budget keeps on the GPU what fits first, so the
+ * state made last is the state pinned. A marked allocation takes a region of its exact size: a
+ * ready one, else one being made (it waits), else one nobody began (hoststate.c writes and
+ * registers it, as its own memory); with none it makes its own memory. A wrong prediction
+ * costs only the time it would have saved. Once a region is taken the fill works only above
+ * the lowest region taken (below it lies what the GPU kept). The pool takes at most half the
+ * host memory available (host_room), its last regions first. When the adapter says the first
+ * step is over (an empty list), and at exit, the fill stops; what no allocation took is given
+ * back: unregistered where ready, unmapped. Once per process; every failure leaves
+ * hoststate.c's own path. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -36,24 +33,36 @@
  * small kernel launches kept their latency, with 16 they did not (bench/RESULTS.md, "Pinning
  * with huge pages"); one core is left to the training thread. */
 #define PREFILL_THREADS 8
-#define PREFILL_PIECE (64ull << 20) /* the fill says how far it is after each; a stop waits for one */
+#define MAX_SEGMENTS (1 << 20) /* a longer list is not the adapter's: no pool */
+
+enum { R_FREE, R_MAKING, R_READY, R_TAKEN, R_GONE }; /* GONE: its registration failed, unmapped */
+
+struct region { size_t at, len; int st; };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* filled grew, or the fill ended */
-static pthread_cond_t wanted = PTHREAD_COND_INITIALIZER; /* a slice was taken, or stop */
+static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* a region was made (or failed), or the fill ended */
 static struct {
-    int tried;            /* an expect(bytes > 0) came: once per process */
+    int tried;            /* a list came: once per process */
     int ending;           /* tr_prefill_end is releasing it */
     char *base;           /* the pool's mapping [base, base + size); NULL: none (any more) */
-    size_t size, cursor;  /* [base, base + cursor) taken by slices */
-    size_t filled;        /* [base, base + filled) written */
-    int demand;           /* a slice was taken: the fill keeps to TR_PREFILL_AHEAD_BYTES past cursor */
-    int waiting;          /* the fill waits for the next slice (at its bound) */
-    double since;         /* tr_now_ms() at the expectation */
-    int stop, running;    /* running: the fill thread writes (it clears it when it ends) */
+    size_t size;
+    struct region *reg;   /* in the predicted order, laid out from base */
+    int n;
+    int floor;            /* the lowest region taken; -1: none yet */
+    size_t ready;         /* bytes of regions made ready by the fill so far */
+    int device;           /* the expecting thread's device: the fill registers there */
+    double since;         /* tr_now_ms() at the list */
+    int stop, running;    /* running: the fill thread works (it clears it when it ends) */
     pthread_t tid;
     pid_t pid;            /* the process that made it (a forked child has no fill thread) */
-} pool;
+} pool = {.floor = -1};
+
+#ifdef TRANSIT_TESTING
+static int gate; /* transit_test_prefill_gate: while closed the fill begins no region */
+#define GATE_WAIT() while (gate && !pool.stop) pthread_cond_wait(&moved, &mu)
+#else
+#define GATE_WAIT() ((void)0)
+#endif
 
 static int writers(void)
 {
@@ -66,32 +75,54 @@ static void say_failed(const char *what, int err)
     static atomic_flag said = ATOMIC_FLAG_INIT;
     if (!atomic_flag_test_and_set(&said))
         tr_log(TR_WARN, "%s for the optimizer state's pool failed (error %d): the state's pages are "
-                        "written when it is made", what, err);
+                        "written and registered when it is made", what, err);
+}
+
+/* The last region nobody began above the lowest one taken; -1: none. Under mu. */
+static int next_region(void)
+{
+    for (int i = pool.n - 1; i > pool.floor; i--)
+        if (pool.reg[i].st == R_FREE)
+            return i;
+    return -1;
 }
 
 static void *fill_pool(void *arg)
 {
     (void)arg;
     int k = writers();
+    if (tr_real.set_device)
+        tr_real.set_device(pool.device); /* this thread's registrations in the job's own context */
     pthread_mutex_lock(&mu);
-    while (!pool.stop && pool.filled < pool.size) {
-        size_t end = pool.size;
-        if (pool.demand && pool.size - pool.cursor > TR_PREFILL_AHEAD_BYTES)
-            end = pool.cursor + TR_PREFILL_AHEAD_BYTES;
-        if (pool.filled >= end) { /* far enough ahead of the slices: wait for the next */
-            pool.waiting = 1;
-            pthread_cond_broadcast(&moved);
-            pthread_cond_wait(&wanted, &mu);
-            pool.waiting = 0;
-            continue;
-        }
-        size_t at = pool.filled, len = end - at < PREFILL_PIECE ? end - at : PREFILL_PIECE;
-        char *p = pool.base + at;
+    int j;
+    GATE_WAIT();
+    while (!pool.stop && (j = next_region()) >= 0) {
+        struct region *r = &pool.reg[j];
+        r->st = R_MAKING;
+        char *p = pool.base + r->at;
+        size_t len = r->len;
         pthread_mutex_unlock(&mu);
         tr_host_fill(p, len, k);
+        double t0 = tr_now_ms();
+        cudaError_t err = tr_real.host_register(p, len, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        double took = tr_now_ms() - t0;
+        if (err != cudaSuccess) {
+            if (tr_real.get_last_error)
+                tr_real.get_last_error(); /* this thread's own error: nobody else reads it */
+            munmap(p, len);
+            say_failed("cudaHostRegister", (int)err);
+        }
+        pthread_mutex_lock(&tr_lock);
+        tr_count.host_state_prefill_register_ms += took;
+        pthread_mutex_unlock(&tr_lock);
         pthread_mutex_lock(&mu);
-        pool.filled = at + len;
+        r->st = err == cudaSuccess ? R_READY : R_GONE;
+        if (err == cudaSuccess)
+            pool.ready += len;
         pthread_cond_broadcast(&moved);
+        if (err != cudaSuccess)
+            break; /* the host pins no more: the allocations try their own */
+        GATE_WAIT();
     }
     pool.running = 0;
     pthread_cond_broadcast(&moved);
@@ -100,9 +131,9 @@ static void *fill_pool(void *arg)
 }
 
 /* What the pool may take: half the host memory available now (MemAvailable), shared by the
- * node's ranks (LOCAL_WORLD_SIZE, torchrun's; else 1). The pool is written whole, also where
- * the budget later pins less of it, so writing it must never take memory the job needs; 0
- * when the kernel's account cannot be read. */
+ * node's ranks (LOCAL_WORLD_SIZE, torchrun's; else 1). Regions made but not taken hold pinned
+ * memory until the first step ends, so the pool must never take memory the job needs; 0 when
+ * the kernel's account cannot be read. */
 static size_t host_room(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -120,15 +151,17 @@ static size_t host_room(void)
     return (size_t)(kb * 1024ull / 2 / (unsigned long long)ranks);
 }
 
-void tr_prefill_expect(size_t bytes)
+static size_t huge_round(size_t n) { return (n + TR_HUGE_PAGE - 1) & ~(size_t)(TR_HUGE_PAGE - 1); }
+
+void tr_prefill_segments(const size_t *sizes, size_t count)
 {
-    if (!bytes) {
+    if (!count) {
         tr_prefill_end();
         return;
     }
     /* as tr_hoststate_wanted: only where marked state can be pinned (the runtime loaded) */
     if (!(tr_cfg.policy == TR_ADVISE && tr_cfg.host_state && tr_s.runtime_ready && tr_real.host_register &&
-          tr_real.host_unregister) || bytes > SIZE_MAX - TR_HUGE_PAGE)
+          tr_real.host_unregister) || !sizes || count > MAX_SEGMENTS)
         return;
     pthread_mutex_lock(&mu);
     int first = !pool.tried;
@@ -136,26 +169,51 @@ void tr_prefill_expect(size_t bytes)
     pthread_mutex_unlock(&mu);
     if (!first)
         return;
-    size_t room = host_room();
-    if (bytes > room) {
-        tr_log(TR_DEBUG, "optimizer state's pool: %zu bytes expected, %zu of them taken (half the host's "
-                         "available memory, per rank)", bytes, room);
-        bytes = room;
+    /* the last regions that fit the host's room; a size of 0 or one that overflows: no pool */
+    size_t room = host_room(), total = 0, from = count;
+    while (from > 0) {
+        size_t len = huge_round(sizes[from - 1]);
+        if (!sizes[from - 1] || len < sizes[from - 1])
+            return;
+        if (len > room - total) /* total <= room */
+            break;
+        total += len;
+        from--;
     }
-    if (bytes < TR_HUGE_PAGE)
+    if (from)
+        tr_log(TR_DEBUG, "optimizer state's pool: %zu segments expected, the last %zu of them taken (half the "
+                         "host's available memory, per rank)", count, count - from);
+    if (!total)
         return;
+    struct region *reg = calloc(count - from, sizeof *reg);
+    if (!reg) {
+        say_failed("malloc", 0);
+        return;
+    }
+    size_t at = 0;
+    for (size_t i = from; i < count; i++) {
+        reg[i - from] = (struct region){at, huge_round(sizes[i]), R_FREE};
+        at += reg[i - from].len;
+    }
     size_t size;
-    char *p = tr_host_map(bytes, &size); /* whole huge pages: bytes is at least one */
+    char *p = tr_host_map(total, &size); /* whole huge pages: every region is */
     if (!p) {
+        free(reg);
         say_failed("mmap", 0);
         return;
     }
+    int dev = 0;
+    if (tr_real.get_device && tr_real.get_device(&dev) != cudaSuccess)
+        dev = 0;
     sigset_t all, old; /* the fill's threads take none of the application's signals */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_mutex_lock(&mu);
     pool.base = p;
     pool.size = size;
+    pool.reg = reg;
+    pool.n = (int)(count - from);
+    pool.device = dev;
     pool.running = 1;
     pool.pid = getpid();
     pool.since = tr_now_ms();
@@ -174,84 +232,136 @@ void tr_prefill_expect(size_t bytes)
     pthread_mutex_lock(&tr_lock);
     tr_count.host_state_prefill = size;
     pthread_mutex_unlock(&tr_lock);
-    tr_log(TR_DEBUG, "optimizer state's pool %p (%zu bytes) filling", (void *)p, size);
+    tr_log(TR_DEBUG, "optimizer state's pool %p (%zu bytes, %d segments) filling", (void *)p, size, pool.n);
 }
 
-/* The next round_up(size) bytes of the pool (from a huge page's boundary when size is one or
- * more), every page written; NULL when there is no pool or it has no room. */
-void *tr_prefill_take(size_t size, size_t *len)
+/* The region of exactly round_up(size) bytes best for this allocation, or -1: a ready one,
+ * else one being made, else one nobody began; the first of its kind in the list. Under mu. */
+static int best_region(size_t len)
+{
+    int pick = -1, rank = 3;
+    for (int i = 0; i < pool.n && rank; i++) {
+        struct region *r = &pool.reg[i];
+        int k = r->len != len ? 3 : r->st == R_READY ? 0 : r->st == R_MAKING ? 1 : r->st == R_FREE ? 2 : 3;
+        if (k < rank) {
+            rank = k;
+            pick = i;
+        }
+    }
+    return pick;
+}
+
+/* A region of the pool for an allocation of size bytes, *ready set when the fill has already
+ * written and registered it (else the caller writes its pages and registers it); NULL when there
+ * is no pool or no region of that size is left. */
+void *tr_prefill_take(size_t size, size_t *len, int *ready)
 {
     size_t l = tr_host_round(size);
     if (!size || l < size)
         return NULL;
     pthread_mutex_lock(&mu);
-    size_t from = pool.cursor, at = size >= TR_HUGE_PAGE ? (from + TR_HUGE_PAGE - 1) & ~(size_t)(TR_HUGE_PAGE - 1) : from;
-    char *base = pool.base;
-    if (!base || pool.pid != getpid() || at > pool.size || pool.size - at < l) {
+    if (!pool.base || pool.pid != getpid()) {
         pthread_mutex_unlock(&mu);
         return NULL;
     }
-    pool.cursor = at + l;
-    int first = !pool.demand; /* the first slice: how far the fill got before the state was made */
-    size_t ahead = pool.filled;
-    double lead = tr_now_ms() - pool.since;
-    pool.demand = 1;
-    pthread_cond_signal(&wanted);
-    double t0 = tr_now_ms();
-    while (pool.running && pool.filled < at + l)
-        pthread_cond_wait(&moved, &mu);
-    size_t filled = pool.filled;
+    int first = pool.floor < 0;
+    size_t ahead = pool.ready;
+    double lead = tr_now_ms() - pool.since, t0 = tr_now_ms();
+    int i;
+    while ((i = best_region(l)) >= 0 && pool.reg[i].st == R_MAKING)
+        pthread_cond_wait(&moved, &mu); /* made in a moment: the fill writes it in order */
+    if (i < 0) {
+        pthread_mutex_unlock(&mu);
+        return NULL;
+    }
+    struct region *r = &pool.reg[i];
+    *ready = r->st == R_READY;
+    r->st = R_TAKEN;
+    if (pool.floor < 0 || i < pool.floor)
+        pool.floor = i;
+    char *p = pool.base + r->at;
     pthread_mutex_unlock(&mu);
     double waited = tr_now_ms() - t0;
-    /* the fill has passed the slice, or stopped (no other writer now): what it left is written here */
-    if (filled < at + l) {
-        size_t a = filled > at ? filled : at;
-        tr_host_fill(base + a, at + l - a, (int)sysconf(_SC_NPROCESSORS_ONLN));
-    }
-    if (at > from) /* skipped to a huge page's boundary: no slice's, and no writer's any more */
-        munmap(base + from, at - from);
     pthread_mutex_lock(&tr_lock); /* (after mu: the two are never held together) */
     tr_count.host_state_prefill_wait_ms += waited;
+    if (*ready)
+        tr_count.host_state_prefill_ready += l;
     if (first) {
         tr_count.host_state_prefill_ahead = ahead;
         tr_count.host_state_prefill_lead_ms = lead;
     }
     pthread_mutex_unlock(&tr_lock);
     *len = l;
-    return base + at;
+    return p;
 }
 
-void tr_prefill_end(void)
+/* The fill stopped and joined; what no allocation took given back. At exit (at_exit) the
+ * runtime may already be going: the ready regions are then only unmapped, not unregistered. */
+static void end_pool(int at_exit)
 {
     pthread_mutex_lock(&mu);
     int mine = pool.base && !pool.ending && pool.pid == getpid();
     if (mine) {
         pool.ending = 1;
         pool.stop = 1;
-        pthread_cond_signal(&wanted); /* a fill waiting for a slice ends now */
+        pthread_cond_broadcast(&moved); /* (a test's closed gate) */
     }
     pthread_mutex_unlock(&mu);
     if (!mine)
         return;
     pthread_join(pool.tid, NULL);
     pthread_mutex_lock(&mu);
-    char *rest = pool.base + pool.cursor;
-    size_t left = pool.size - pool.cursor;
-    pool.base = NULL; /* no slice after this */
+    char *base = pool.base;
+    struct region *reg = pool.reg;
+    int n = pool.n;
+    pool.base = NULL; /* no allocation takes a region after this */
+    pool.reg = NULL;
+    pool.n = 0;
     pthread_mutex_unlock(&mu);
-    if (left)
-        munmap(rest, left);
-    tr_log(TR_DEBUG, "optimizer state's pool: %zu bytes not taken, unmapped", left);
+    double t0 = tr_now_ms();
+    size_t unused = 0, left = 0;
+    for (int i = 0; i < n; i++) {
+        if (reg[i].st == R_READY) {
+            if (!at_exit) {
+                cudaError_t pending = tr_pending_error();
+                tr_own_error(pending, tr_real.host_unregister(base + reg[i].at));
+            }
+            unused += reg[i].len;
+        }
+        if (reg[i].st == R_READY || reg[i].st == R_FREE) {
+            munmap(base + reg[i].at, reg[i].len);
+            left += reg[i].len;
+        }
+    }
+    free(reg);
+    pthread_mutex_lock(&tr_lock);
+    tr_count.host_state_prefill_unused = unused;
+    tr_count.host_state_prefill_release_ms = tr_now_ms() - t0;
+    pthread_mutex_unlock(&tr_lock);
+    tr_log(TR_DEBUG, "optimizer state's pool: %zu bytes not taken (%zu of them made ready), given back", left, unused);
 }
 
+void tr_prefill_end(void) { end_pool(0); }
+void tr_prefill_exit(void) { end_pool(1); }
+
 #ifdef TRANSIT_TESTING
-/* Test hook (built only with -DTRANSIT_TESTING): returns once the fill has stopped writing,
- * waiting at its bound past the slices or ended; what it wrote is then the kernel's to tell. */
+/* Test hook (built only with -DTRANSIT_TESTING): returns once the fill has ended, having made
+ * every region it would (or stopped); what it did is then the kernel's and the runtime's to tell. */
 EXPORT void transit_test_prefill_settle(void)
 {
     pthread_mutex_lock(&mu);
-    while (pool.running && !pool.waiting)
+    while (pool.running)
         pthread_cond_wait(&moved, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+/* Test hook: closed (1) before the list, the fill begins no region until it is opened (0), so
+ * that a test makes its allocations first. */
+EXPORT void transit_test_prefill_gate(int closed)
+{
+    pthread_mutex_lock(&mu);
+    gate = closed;
+    pthread_cond_broadcast(&moved);
     pthread_mutex_unlock(&mu);
 }
 #endif

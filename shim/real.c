@@ -70,6 +70,7 @@ int tr_real_resolve(void)
     RESOLVE(peek_last_error, "cudaPeekAtLastError");
     RESOLVE(host_register, "cudaHostRegister");
     RESOLVE(host_unregister, "cudaHostUnregister");
+    RESOLVE(set_device, "cudaSetDevice");
     if (!tr_real.malloc || !tr_real.free) {
         tr_log(TR_ERROR, "no CUDA runtime (cudaMalloc/cudaFree) found in this process: passing through");
         return -1;

@@ -30,7 +30,7 @@ static void at_exit(void)
 {
     if (getpid() != init_pid) /* a forked child (data loader worker): not ours to report */
         return;
-    tr_prefill_end(); /* the state's pool: its fill stopped, what no slice took unmapped */
+    tr_prefill_exit(); /* the state's pool: its fill stopped, what nothing took unmapped */
     if (tr_s.initialized && tr_cfg.policy != TR_OFF && !tr_s.passthrough && tr_count.launches > 0 &&
         tr_count.managed_allocs == 0)
         tr_log(TR_WARN, "kernels ran but no cudaMalloc reached the shim: expandable segments or the "

@@ -236,6 +236,10 @@ int tr_write_stats(const char *path)
                "  \"host_state_prefill_wait_s\": %.3f,\n  \"host_state_register_s\": %.3f,\n",
             (unsigned long long)tr_count.host_state_prefill_ahead, tr_count.host_state_prefill_lead_ms / 1e3,
             tr_count.host_state_prefill_wait_ms / 1e3, tr_count.host_state_register_ms / 1e3);
+    fprintf(f, "  \"host_state_prefill_ready_bytes\": %llu,\n  \"host_state_prefill_unused_bytes\": %llu,\n"
+               "  \"host_state_prefill_register_s\": %.3f,\n  \"host_state_prefill_release_s\": %.3f,\n",
+            (unsigned long long)tr_count.host_state_prefill_ready, (unsigned long long)tr_count.host_state_prefill_unused,
+            tr_count.host_state_prefill_register_ms / 1e3, tr_count.host_state_prefill_release_ms / 1e3);
     fprintf(f, "  \"zero_copy_mapped_bytes\": %llu,\n  \"zero_copy_mapped_peak_bytes\": %llu,\n",
             (unsigned long long)tr_count.zero_copy_bytes, (unsigned long long)tr_count.zero_copy_peak);
     fprintf(f, "  \"cold_hint_bytes\": {\"optimizer\": %llu, \"master\": %llu, \"sparse\": %llu},\n",

@@ -62,6 +62,7 @@ struct tr_real {
     /* optimizer state born on the host (hoststate.c): optional */
     cudaError_t (*host_register)(void *, size_t, unsigned int);
     cudaError_t (*host_unregister)(void *);
+    cudaError_t (*set_device)(int); /* optional: prefill.c's thread registers in the job's device */
     /* resolved by version: CUDA 13 names, 12.2+ *_v2 names, or the legacy int-device form */
     void *advise_fn;
     void *prefetch_fn;
@@ -174,10 +175,11 @@ static inline size_t tr_host_round(size_t size)
 HIDDEN void *tr_host_map(size_t size, size_t *mapped); /* huge-page aligned and advised; NULL: refused */
 HIDDEN void tr_host_fill(char *p, size_t len, int threads); /* every page written */
 
-/* ---- the state's pages written before the first step (prefill.c) ----------------- */
-HIDDEN void tr_prefill_expect(size_t bytes);         /* transit_state_expect; not under tr_lock */
-HIDDEN void *tr_prefill_take(size_t size, size_t *len); /* a written slice of the pool, or NULL */
-HIDDEN void tr_prefill_end(void);                    /* stop, join, unmap the rest (expect(0), exit) */
+/* ---- the state's segments made ready before the first step (prefill.c) ------------- */
+HIDDEN void tr_prefill_segments(const size_t *sizes, size_t n); /* transit_state_segments; not under tr_lock */
+HIDDEN void *tr_prefill_take(size_t size, size_t *len, int *ready); /* a region of the pool, or NULL */
+HIDDEN void tr_prefill_end(void);  /* stop, join, give back what was not taken (the first step's end) */
+HIDDEN void tr_prefill_exit(void); /* the same at exit, without the runtime */
 
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {
@@ -198,9 +200,13 @@ struct tr_stats {
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */
     double host_state_pin_ms; /* hoststate.c: the wall time of making it (map, fill, register), summed */
     uint64_t host_state_prefill, host_state_prefill_used; /* prefill.c's pool; the slices given from it */
-    uint64_t host_state_prefill_ahead; /* the pool's bytes written when its first slice was taken */
-    double host_state_prefill_lead_ms; /* from the expectation to the first slice */
-    double host_state_prefill_wait_ms; /* slices waiting for the fill, summed */
+    uint64_t host_state_prefill_ahead; /* the pool's bytes made ready when its first region was taken */
+    double host_state_prefill_lead_ms; /* from the list to the first region taken */
+    double host_state_prefill_wait_ms; /* allocations waiting for a region being made, summed */
+    uint64_t host_state_prefill_ready;  /* bytes of regions taken already registered */
+    uint64_t host_state_prefill_unused; /* bytes made ready that no allocation took (given back) */
+    double host_state_prefill_register_ms; /* the fill's own cudaHostRegister time, summed */
+    double host_state_prefill_release_ms;  /* giving back what was not taken */
     double host_state_register_ms;     /* hoststate.c: cudaHostRegister's wall time, summed */
     int boundary_source;    /* 0 none, 1 adapter, 2 kernel-sequence period */
     double iter_ms[4096];

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 7
+#define TRANSIT_API_VERSION 8
 /* SPARSE (version 6): master weights the forward reads only in part, an nn.Embedding's table
  * outside FSDP (a gather of the step's rows): advise gives them the GPU after the dense
  * master weights and before the optimizer state. */
@@ -45,10 +45,12 @@ int transit_device_free(uintptr_t ptr);
 void transit_state_alloc(int on);
 /* 1 when [ptr, ptr + size) is optimizer state in the shim's pinned host memory (version 5). */
 int transit_host_state(uintptr_t ptr, size_t size);
-/* The optimizer state the calling adapter expects its first step to make, at most `bytes`
- * (version 7): under advise, where state is pinned (transit_state_alloc), that much host
- * memory is written in the background from here, and the first step's pinned state is
- * taken from it already written. Once per process (later calls with bytes > 0 are ignored);
- * 0: the first step is over, what it did not take is given back (prefill.c). */
-void transit_state_expect(size_t bytes);
+/* The segments (cudaMalloc sizes, in the order they will be made) the calling adapter
+ * predicts its first step's optimizer state will be allocated in (version 8): under advise,
+ * where state is pinned (transit_state_alloc), host memory for them is written and registered
+ * in the background from here, the last segments first, and a marked allocation of a
+ * predicted size takes it ready. Once per process (later lists are ignored); n = 0: the first
+ * step is over, what it did not take is given back (prefill.c). Version 7's
+ * transit_state_expect(bytes) is retired (api.c). */
+void transit_state_segments(const size_t *sizes, size_t n);
 #endif

@@ -173,6 +173,41 @@ def test_state_pool_gets_the_state_and_nothing_else():
     assert sum(s["total_size"] for s in segs) <= state_bytes + (2 << 20) * len(segs)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_predicted_state_segments_are_pytorchs_own(fused):
+    """The segments the adapter predicts for the first step's state (transit_state_pool's
+    allocator_segments over state_requests: what the shim makes ready beforehand) are the
+    ones PyTorch's caching allocator makes in the state's private pool, by the allocator's own
+    snapshot: Llama-like projections (whole MiB), odd sizes whose moments share a 20 MiB
+    segment or another's remainder, biases and norms in the small pool, step counts on the
+    device where fused."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("transit_state_pool_g", inject.adapter_dir() / "transit_state_pool.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from torch.optim import optimizer as o
+
+    torch.manual_seed(0)
+    shapes = [(4096, 1024), (1024, 1024), (14336 // 4, 1024), (768, 1024), (1024, 3072), (3001, 517), (4096,),
+              (1024,), (333,)]
+    params = [torch.nn.Parameter(torch.randn(*s, device="cuda")) for s in shapes]
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=fused, foreach=None if fused else True)
+    predicted = mod.allocator_segments(mod.state_requests(opt))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    sp = mod.StatePool()
+    handles = [o.register_optimizer_step_pre_hook(sp.pre_step), o.register_optimizer_step_post_hook(sp.post_step)]
+    try:
+        opt.step()
+    finally:
+        for h in handles:
+            h.remove()
+    pool_id = tuple(sp.pools[params[0].device].id)
+    made = [s["total_size"] for s in torch.cuda.memory._snapshot()["segments"] if tuple(s["segment_pool_id"]) == pool_id]
+    assert sorted(made) == sorted(predicted), (made, predicted)
+    assert len(predicted) > 5
+
+
 # Wide Linear layers: a few large segments, accumulation over microbatches, clipping of the
 # total gradient norm (which reads every gradient: on the host ones through the mapping).
 WIDE = r"""

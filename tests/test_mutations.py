@@ -8,7 +8,7 @@ restore, the shim's guard against more managed memory than the GPU has free, its
 when an allocation is placed and while a freed one is still the runtime's, the
 installer's trust rule, the stats writer's rule for links on the way, advise's access probe
 kept off where the state is pinned, placement's cut of a region at the budget's line, and the
-background pre-fill's cap on host memory.""" 
+background pre-fill's cap on host memory, its keeping above the regions taken and its device.""" 
 
 from __future__ import annotations
 
@@ -57,10 +57,14 @@ MUTANTS = [
      ["test_shim_host_state.py::test_hints_on_pinned_state_keep_advise_from_probing_access"]),
     ("placement-whole-regions", "_csrc/shim/place.c", "uint64_t fit = *room & ~(TR_PLACE_GRAIN - 1);",
      "uint64_t fit = 0;", ["test_shim.py::test_master_weights_keep_the_gpu_before_optimizer_states"]),
-    ("prefill-host-cap", "_csrc/shim/prefill.c", "    if (bytes > room) {", "    if (0) {",
-     ["test_shim_prefill.py::test_the_pool_takes_at_most_half_the_available_memory_per_rank"]),
-    ("prefill-ahead-bound", "_csrc/shim/prefill.c", "        if (pool.demand && pool.size - pool.cursor > TR_PREFILL_AHEAD_BYTES)",
-     "        if (0)", ["test_shim_prefill.py::test_once_a_slice_is_taken_the_fill_keeps_near_the_slices"]),
+    ("prefill-host-cap", "_csrc/shim/prefill.c", "        if (len > room - total) /* total <= room */",
+     "        if (0)",
+     ["test_shim_prefill.py::test_the_pool_takes_at_most_half_the_available_memory_per_rank_its_last_segments"]),
+    ("prefill-above-the-taken", "_csrc/shim/prefill.c", "    for (int i = pool.n - 1; i > pool.floor; i--)",
+     "    for (int i = pool.n - 1; i >= 0; i--)",
+     ["test_shim_prefill.py::test_allocations_before_the_fill_make_their_own_regions_and_the_fill_keeps_above_them"]),
+    ("prefill-device", "_csrc/shim/prefill.c", "        tr_real.set_device(pool.device);", "        (void)0;",
+     ["test_shim_prefill.py::test_the_fill_registers_on_the_jobs_device"]),
 ]
 
 

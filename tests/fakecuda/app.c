@@ -21,14 +21,12 @@
  *                                 (cudaMalloc), info (cudaMemGetInfo), zero (cudaMallocManaged(0)),
  *                                 advise-plain, prefetch-plain, advise-stack, prefetch-stack (unmanaged memory),
  *                                 hostwrite:OFF:LEN (the CPU writes the range: fake_cudart_host_write)
- *   app state HOT STATE PARTS STATS [step|step-nohint|expect:SLACK]   HOT bytes, PARTS allocations
+ *   app state HOT STATE PARTS STATS [step|step-nohint|segs:LIST]   HOT bytes, PARTS allocations
  *                                 of STATE bytes marked as optimizer state (transit_state_alloc), one
- *                                 unmarked; a kernel touches all; stats; expect:SLACK: the adapter's
- *                                 transit_state_expect(PARTS * STATE + SLACK) before them, (0) after;
- *                                 expect-exit:SLACK: no expect(0), the shim's exit ends the pool;
- *                                 expect-idle:SLACK: as expect:, expect(0) once the fill stopped;
- *                                 expect-twice:SLACK: as expect:, then a second figure, twice it
- *   app state-threads HOT STATE THREADS STATS [expect[-exit]:SLACK]   as state, the marked allocations made
+ *                                 unmarked; a kernel touches all; stats; segs:LIST: the adapter's
+ *                                 transit_state_segments(LIST) before them, the empty list after
+ *                                 (segs_opt says the variants: -exit, -idle, -ready, -twice)
+ *   app state-threads HOT STATE THREADS STATS [segs[-exit]:LIST]   as state, the marked allocations made
  *                                 by THREADS threads at once, each marked on its own
  *   app stress SEED THREADS OPS STATS [replay]   THREADS threads of OPS seeded random calls
  *                                 each (below), then the tallies; replay: a random replay table first
@@ -101,45 +99,82 @@ static void print_tally(void)
     }
 }
 
-/* transit_state_expect(n) where the option is expect:SLACK or expect-exit:SLACK (n = want +
- * SLACK), then what the kernel says of the mappings advised huge pages (the fake reads smaps):
- * the pool's bytes. 1: expect:, the caller ends it (expect_end); 2: expect-exit:, the shim's
- * exit does; 0: no such option; -1: no such call. */
-static int expect_idle; /* expect-idle:SLACK: as expect:, and the marked allocations' end waits */
+/* transit_state_segments(list) where the option is segs:LIST, LIST the predicted segments'
+ * sizes, comma-separated, in bytes or "s" for STATE; then what the kernel says of the mappings
+ * advised huge pages (the fake reads smaps): the pool's bytes. segs-exit: the shim's exit ends
+ * the pool (no empty list); segs-idle: the end waits until the fill has ended; segs-ready: the
+ * marked allocations wait until then (every region made first); segs-twice: a second list,
+ * each size twice. With APP_PREFILL_GATE set (a test build) the fill begins nothing until the
+ * allocations are made (segs_end opens it). expect:N: the retired transit_state_expect(N), then (0) after. Returns 1
+ * where the caller ends it (segs_end), 2 for segs-exit:, 0 for no such option, -1 for no such call. */
+static int segs_idle, segs_expect;
 
-static int expect_opt(const char *opt, size_t want)
+static int segs_opt(const char *opt, size_t state)
 {
+    void (*segments)(const size_t *, size_t) = (void (*)(const size_t *, size_t))api("transit_state_segments");
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
+    void (*settle)(void) = (void (*)(void))api("transit_test_prefill_settle");
     long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
-    int twice = opt && !strncmp(opt, "expect-twice:", 13); /* a second figure, twice the first */
-    expect_idle = opt && !strncmp(opt, "expect-idle:", 12);
-    int kind = !opt ? 0 : !strncmp(opt, "expect:", 7) || twice || expect_idle ? 1 : !strncmp(opt, "expect-exit:", 12) ? 2 : 0;
-    if (!kind)
+    const char *colon = opt ? strchr(opt, ':') : NULL;
+    if (!colon)
         return 0;
-    if (!expect || !huge)
+    size_t kind_len = (size_t)(colon - opt);
+#define KIND_IS(k) (kind_len == strlen(k) && !strncmp(opt, k, kind_len))
+    if (KIND_IS("expect")) {
+        if (!expect || !huge)
+            return -1;
+        segs_expect = 1;
+        printf("huge_before=%lld\n", huge());
+        expect(strtoull(colon + 1, NULL, 10));
+        printf("huge_expected=%lld\n", huge());
+        return 1;
+    }
+    int exit_ends = KIND_IS("segs-exit"), ready = KIND_IS("segs-ready"), twice = KIND_IS("segs-twice");
+    segs_idle = KIND_IS("segs-idle");
+    if (!(exit_ends || ready || twice || segs_idle || KIND_IS("segs")))
+        return 0;
+#undef KIND_IS
+    if (!segments || !huge)
         return -1;
+    void (*gate)(int) = (void (*)(int))api("transit_test_prefill_gate");
+    int gated = getenv("APP_PREFILL_GATE") && gate; /* the fill waits until segs_end opens it */
+    if (gated)
+        gate(1);
+    size_t list[64], n = 0;
+    for (const char *q = colon + 1; *q && n < 64; q += strcspn(q, ","), q += *q == ',') {
+        list[n++] = *q == 's' ? state : strtoull(q, NULL, 10);
+    }
     printf("huge_before=%lld\n", huge());
-    size_t n = (size_t)((long long)want + atoll(strchr(opt, ':') + 1));
-    expect(n);
-    if (twice)
-        expect(2 * n);
+    segments(list, n);
+    if (twice) {
+        for (size_t i = 0; i < n; i++)
+            list[i] *= 2;
+        segments(list, n);
+    }
+    if (ready && settle)
+        settle(); /* every region the fill makes, made before the allocations */
+    if (gated)
+        printf("gated=1\n");
     printf("huge_expected=%lld\n", huge());
-    return kind;
+    return exit_ends ? 2 : 1;
 }
 
-/* After the marked allocations (expect-idle: once the fill has stopped writing, by the test
- * build's hook; a fill that ignored the slices writes the whole pool first): the first
- * slice's mapping (the pool) and its pages written, by the kernel's account (the fake reads
- * smaps); transit_state_expect(0), then that account again, and whether the page after each
- * of them is still mapped (msync says ENOMEM where it is not). */
-static void expect_end(void *const *s, int parts, size_t state)
+/* After the marked allocations (segs-idle: once the fill has ended, by the test build's hook):
+ * the first allocation's mapping (the pool) and its pages written, by the kernel's account
+ * (the fake reads smaps); the empty list (the first step is over), then that account again,
+ * and whether the page after each allocation is still mapped (msync says ENOMEM where not). */
+static void segs_end(void *const *s, int parts, size_t state)
 {
+    void (*segments)(const size_t *, size_t) = (void (*)(const size_t *, size_t))api("transit_state_segments");
     void (*expect)(size_t) = (void (*)(size_t))api("transit_state_expect");
     long long (*huge)(void) = (long long (*)(void))api("fake_cudart_huge_bytes");
     void (*settle)(void) = (void (*)(void))api("transit_test_prefill_settle");
-    if (expect_idle) {
+    void (*gate)(int) = (void (*)(int))api("transit_test_prefill_gate");
+    if (gate && getenv("APP_PREFILL_GATE"))
+        gate(0); /* the allocations are made: the fill may begin */
+    if (segs_idle) {
         if (settle)
-            settle(); /* the fill stopped: at its bound past the slices, or at the pool's end */
+            settle();
         printf("settled=%d\n", settle != NULL);
     }
     void (*mapping)(uintptr_t, unsigned long long *, unsigned long long *) =
@@ -148,7 +183,10 @@ static void expect_end(void *const *s, int parts, size_t state)
     if (mapping)
         mapping((uintptr_t)s[0], &size, &rss);
     printf("pool_mapping=%llu\npool_written=%llu\n", size, rss);
-    expect(0);
+    if (segs_expect)
+        expect(0);
+    else
+        segments(NULL, 0);
     printf("huge_released=%lld\n", huge());
     for (int i = 0; i < parts; i++) {
         uintptr_t next = (uintptr_t)s[i] + ((state + 4095) & ~(size_t)4095);
@@ -640,8 +678,10 @@ int main(int argc, char **argv)
         if (!mark || !is_host || parts < 1 || parts > 8)
             return 1;
         void *h, *s[8], *after;
+        if (getenv("APP_DEVICE"))
+            cudaSetDevice(atoi(getenv("APP_DEVICE"))); /* the job's device: the shim's fill registers there */
         cudaMalloc(&h, hot);
-        int expecting = expect_opt(argc >= 7 ? argv[6] : NULL, (size_t)parts * state);
+        int expecting = segs_opt(argc >= 7 ? argv[6] : NULL, state);
         if (expecting < 0)
             return 1;
         mark(1);
@@ -653,7 +693,7 @@ int main(int argc, char **argv)
             return 1;
         mark(0);
         if (expecting == 1)
-            expect_end(s, parts, state);
+            segs_end(s, parts, state);
         printf("last_error=%d\n", (int)cudaGetLastError());
         printf("after_err=%d\n", (int)cudaMalloc(&after, state));
         struct fake_touch all[11] = {{(uintptr_t)h, hot}};
@@ -706,7 +746,7 @@ int main(int argc, char **argv)
         pthread_barrier_t go;
         pthread_barrier_init(&go, NULL, (unsigned)k);
         cudaMalloc(&h, hot);
-        int expecting = expect_opt(argc >= 7 ? argv[6] : NULL, (size_t)k * state);
+        int expecting = segs_opt(argc >= 7 ? argv[6] : NULL, state);
         if (expecting < 0)
             return 1;
         for (int i = 0; i < k; i++) {
@@ -721,7 +761,7 @@ int main(int argc, char **argv)
         }
         pthread_barrier_destroy(&go);
         if (expecting == 1)
-            expect_end(s, k, state);
+            segs_end(s, k, state);
         printf("stats=%d\n", write_stats(argv[5]));
         print_tally();
         for (int i = 0; i < k; i++)

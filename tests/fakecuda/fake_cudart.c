@@ -113,6 +113,7 @@ static uint64_t res[FAKE_RES_N], retained; /* retained: bytes of WAS_DEV pages o
  * and cudaPeekAtLastError (which does not), per host thread */
 static _Thread_local cudaError_t last_error = cudaSuccess;
 static cudaError_t fail(cudaError_t e) { return last_error = e; }
+static _Thread_local int current_device; /* cudaSetDevice's, per thread as the runtime's */
 
 static uint64_t env_u64(const char *name, uint64_t dflt)
 {
@@ -511,7 +512,8 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
         }
     add_blk((struct blk){a, n, 0, 1, NULL});
     res[FAKE_RES_PINNED] += n;
-    logcall("cudaHostRegister %zu 0x%llx %u hg=%d", n, (unsigned long long)(uintptr_t)p, flags, (int)smaps_huge(a, NULL, NULL));
+    logcall("cudaHostRegister %zu 0x%llx %u dev=%d hg=%d", n, (unsigned long long)(uintptr_t)p, flags, current_device,
+            (int)smaps_huge(a, NULL, NULL));
     pthread_mutex_unlock(&mu);
     return cudaSuccess;
 }
@@ -608,7 +610,14 @@ cudaError_t cudaRuntimeGetVersion(int *v)
     return cudaSuccess;
 }
 
-cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = current_device; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d)
+{
+    if (d < 0 || d > 7)
+        return fail(cudaErrorInvalidDevice);
+    current_device = d;
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void)
 {
     pthread_mutex_lock(&mu);

@@ -201,11 +201,17 @@ def _state_pool(api, mode):
 
 def _state_expect(api, pool):
     """transit_state_pool.StateExpect where the state is marked for the shim (pool.mark, the
-    PINNED_STATE_MODES): the shim writes the pinned state's pages before the first step; else None."""
+    PINNED_STATE_MODES): the shim makes the pinned state's memory ready before the first step; else None."""
     try:
-        expect = getattr(api, "state_expect", None)
-        if pool is None or pool.mark is None or expect is None:
+        send = getattr(api, "state_segments", None)
+        if pool is None or pool.mark is None or send is None:
             return None
+        import transit_state_pool
+
+        return transit_state_pool.StateExpect(send)
+    except Exception as e:
+        print(f"transit adapter: the optimizer state's segments not told to the shim: {e!r}", file=sys.stderr)
+        return None
         import transit_state_pool
 
         return transit_state_pool.StateExpect(expect)

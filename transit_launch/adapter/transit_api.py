@@ -20,7 +20,7 @@ uintptr_t transit_device_alloc(size_t size);
 int transit_device_free(uintptr_t ptr);
 void transit_state_alloc(int on);
 int transit_host_state(uintptr_t ptr, size_t size);
-void transit_state_expect(size_t bytes);
+void transit_state_segments(const size_t *sizes, size_t n);
 """
 
 
@@ -56,8 +56,9 @@ def _load():
     if version >= 5:
         lib.transit_state_alloc.argtypes, lib.transit_state_alloc.restype = [ctypes.c_int], None
         lib.transit_host_state.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
-    if version >= 7:
-        lib.transit_state_expect.argtypes, lib.transit_state_expect.restype = [ctypes.c_size_t], None
+    if version >= 8:
+        lib.transit_state_segments.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
+        lib.transit_state_segments.restype = None
     return "ctypes", lib, None
 
 
@@ -135,11 +136,17 @@ def host_state(ptr: int, size: int) -> bool:
     return bool(_since(5) and _lib.transit_host_state(ptr, size))
 
 
-def state_expect(nbytes: int) -> bool:
-    """The optimizer state the first step will make, at most nbytes (0: the first step is over;
-    transit_api.h, API version 7): the shim writes that much pinned memory's pages beforehand.
-    False with an older shim, which writes them when the state is made."""
-    if not _since(7):
+def state_segments(sizes) -> bool:
+    """The segments (cudaMalloc sizes, in order) the first step's optimizer state will be
+    allocated in ([]: the first step is over; transit_api.h, API version 8): the shim makes host
+    memory for them ready beforehand. False with an older shim, which makes it when the state is made."""
+    if not _since(8):
         return False
-    _lib.transit_state_expect(nbytes)
+    sizes = [int(n) for n in sizes]
+    if _ffi:
+        _lib.transit_state_segments(_ffi.new("size_t[]", sizes) if sizes else _ffi.NULL, len(sizes))
+    else:
+        import ctypes
+
+        _lib.transit_state_segments((ctypes.c_size_t * len(sizes))(*sizes) if sizes else None, len(sizes))
     return True

@@ -21,10 +21,11 @@ advise, a segment that does not fit what the budget has left is then made in pin
 memory, read zero-copy at once, instead of managed memory populated by the GPU's faults
 and pushed out at the next boundary.
 
-Writing that pinned memory's pages is most of its cost, on the first step's critical path.
-StateExpect tells the shim beforehand how much state the first step will make
-(transit_state_expect): the shim writes that much in the background during the first
-forward and backward (shim/prefill.c), and the state is taken from it already written.
+Writing that pinned memory's pages and registering it is most of its cost, on the first
+step's critical path. StateExpect tells the shim beforehand which segments the first step's
+state will be allocated in (transit_state_segments: PyTorch's allocator, predicted by
+allocator_segments): the shim makes them ready in the background during the first forward and
+backward (shim/prefill.c), and the state takes them ready.
 """
 
 import os
@@ -114,49 +115,82 @@ class StatePool:
         optimizer_module.register_optimizer_step_post_hook(self.post_step)
 
 
-def _copies(opt, group):
-    """How many state tensors the size of each parameter torch.optim's first step makes for a
-    parameter of this group: Adam and AdamW two (exp_avg, exp_avg_sq; three with amsgrad),
-    SGD one with momentum; 0 for any other optimizer (nothing is known of its state)."""
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, native backend) under
+# the shim's PYTORCH_ALLOC_CONF (rules.ALLOC_CONF: no expandable segments; nor power-of-two
+# rounding nor max_split_size, which nothing sets): requests are rounded to MIN_BLOCK; those of
+# at most SMALL_SIZE come from SMALL_BUFFER segments, those below MIN_LARGE_ALLOC from
+# LARGE_BUFFER segments, larger ones from a segment of their own rounded to ROUND_LARGE.
+MIN_BLOCK, SMALL_SIZE, SMALL_BUFFER = 512, 1 << 20, 2 << 20
+MIN_LARGE_ALLOC, LARGE_BUFFER, ROUND_LARGE = 10 << 20, 20 << 20, 2 << 20
+
+
+def allocator_segments(requests):
+    """The segments (cudaMalloc sizes, in order) the caching allocator makes for these requests
+    in a fresh private pool where nothing is freed (the first step's state pool): each request
+    takes the smallest free block that fits (a segment's remainder after a split), else a new
+    segment; a block is split where the remainder is at least MIN_BLOCK (small) or more than
+    SMALL_SIZE (large)."""
+    free = {True: [], False: []}  # the small and the large pool's free blocks
+    segments = []
+    for n in requests:
+        if n <= 0:
+            continue  # torch allocates nothing for an empty tensor
+        size = max(MIN_BLOCK, -(-n // MIN_BLOCK) * MIN_BLOCK)
+        small = size <= SMALL_SIZE
+        fits = [b for b in free[small] if b >= size]
+        if fits:
+            block = min(fits)
+            free[small].remove(block)
+        else:
+            block = SMALL_BUFFER if small else LARGE_BUFFER if size < MIN_LARGE_ALLOC else -(-size // ROUND_LARGE) * ROUND_LARGE
+            segments.append(block)
+        rest = block - size
+        if (rest >= MIN_BLOCK) if small else (rest > SMALL_SIZE):
+            free[small].append(rest)
+    return segments
+
+
+def state_requests(opt, counted=lambda t: t.is_cuda):
+    """The device allocations, in order, that an Adam's or AdamW's _init_group makes at its
+    first step for the parameters `counted` takes (the GPU's; the state of a CPU parameter is not
+    the shim's): per parameter that takes a gradient, its step count where it lives on the device
+    (fused or capturable), then exp_avg and exp_avg_sq (and max_exp_avg_sq with amsgrad), each
+    the size of its local shard (a DTensor's to_local(), FSDP2). [] for any other optimizer: SGD
+    makes its momentum outside _init_group, from the gradient, and others are not known."""
     import torch
 
-    if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-        return 3 if group.get("amsgrad") else 2
-    if isinstance(opt, torch.optim.SGD):
-        return 1 if group.get("momentum") else 0
-    return 0
-
-
-def expected_state_bytes(opt, counted=lambda t: t.is_cuda):
-    """The bytes of state opt's first step makes for the parameters `counted` takes (the
-    GPU's: the state of a CPU parameter is not the shim's): each parameter's local shard (a
-    DTensor's to_local(), FSDP2) times _copies. Parameters that take no gradient get no state."""
-    total = 0
+    if type(opt) not in (torch.optim.Adam, torch.optim.AdamW):
+        return []
+    out = []
     for group in opt.param_groups:
-        k = _copies(opt, group)
-        for p in group["params"] if k else ():
+        copies = 3 if group.get("amsgrad") else 2
+        on_device = group.get("fused") or group.get("capturable")
+        for p in group["params"]:
             local = p.to_local() if hasattr(p, "to_local") else p
             if p.requires_grad and counted(local):
-                total += k * local.numel() * local.element_size()
-    return total
+                n = local.numel() * local.element_size()
+                out += ([4] if on_device else []) + [n] * copies  # (a 0-d float32, or float64: one block)
+    return out
 
 
 class StateExpect:
-    """Tells the shim once how much state the first step will make (expect(nbytes)), and
-    expect(0) when that step is over.
+    """Tells the shim once which segments the first step's state will be allocated in
+    (send(sizes): the shim makes host memory for them ready, written and registered, during the
+    first forward and backward), and send([]) when that step is over.
 
     All the optimizers made before the first step count (TorchTitan makes one per model part,
-    inside a container that is itself an Optimizer, and counts 0 here), and the shim takes
-    only its first figure: so the optimizers are collected from the first one's construction
-    (watch wraps Optimizer.__init__) to the first module forward call (a one-shot global
-    forward pre-hook), where the sum is sent. By then every optimizer of the step exists, and
-    the forward and backward that follow are the time the shim has to write the pages. The
-    first step is over when every optimizer counted has stepped once (a container steps them
-    in turn, so the adapter's first boundary, after the first of them, is too early), or when
-    one of them steps a second time (one that never steps does not hold the memory for long)."""
+    inside a container that is itself an Optimizer, and has no state of its own), in the order
+    made, which is the order a container steps them: they share the state pool, so their
+    requests are one stream for allocator_segments. They are collected from the first one's
+    construction (watch wraps Optimizer.__init__) to the first module forward call (a one-shot
+    global forward pre-hook), where the list is sent. By then every optimizer of the step
+    exists, and the forward and backward that follow are the time the shim has to make the
+    memory. The first step is over when every optimizer counted has stepped once (a container
+    steps them in turn, so the adapter's first boundary, after the first of them, is too early),
+    or when one of them steps a second time (one that never steps does not hold the memory for long)."""
 
-    def __init__(self, expect, counted=lambda t: t.is_cuda):
-        self.expect = expect    # the shim's transit_state_expect, or a stand-in (tests)
+    def __init__(self, send, counted=lambda t: t.is_cuda):
+        self.send = send        # the shim's transit_state_segments, or a stand-in (tests)
         self.counted = counted  # which parameters' state the shim makes (tests: the CPU's too)
         self.made = []          # weak references to the optimizers made before the first forward
         self.waiting = weakref.WeakSet()  # counted optimizers whose first step has not ended
@@ -193,21 +227,22 @@ class StateExpect:
         try:
             self.handle.remove()
             self.restore()
-            total = 0
+            requests = []
             for ref in self.made:
                 opt = ref()
-                n = expected_state_bytes(opt, self.counted) if opt is not None else 0
-                if n:
+                mine = state_requests(opt, self.counted) if opt is not None else []
+                if mine:
                     self.waiting.add(opt)
-                    total += n
+                    requests += mine
             self.made = []
-            if total:
-                self.expect(total)
+            segments = allocator_segments(requests)
+            if segments:
+                self.send(segments)
             else:
                 self.ended = True
         except Exception as e:  # never the reason a job dies
             self.ended = True
-            print(f"transit adapter: the optimizer state's size not told to the shim: {e!r}", file=sys.stderr)
+            print(f"transit adapter: the optimizer state's segments not told to the shim: {e!r}", file=sys.stderr)
 
     def post_step(self, opt):
         """An optimizer step ended (the adapter's post hook)."""
@@ -219,7 +254,7 @@ class StateExpect:
             self.waiting.discard(opt)
             if again or not self.waiting:
                 self.ended = True
-                self.expect(0)
+                self.send([])
         except Exception as e:
             self.ended = True
-            print(f"transit adapter: the optimizer state's prefilled memory not given back: {e!r}", file=sys.stderr)
+            print(f"transit adapter: the optimizer state's prepared memory not given back: {e!r}", file=sys.stderr)
