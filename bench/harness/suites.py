@@ -186,7 +186,7 @@ SUITES = {s.name: s for s in [
            Step("losses", ("python3", "bench/torchtitan_check.py", "--steps", "10", "--timeout", "110",
                            "--out", "{out}/torchtitan.json"), 240, lane=1),
            Step("gpu-tests", ("python3", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_gpu.py",
-                              "-k", "state_pool or stream or wide"), 200, None, 1)),
+                              "-k", "state_pool or stream or wide or predicted"), 200, None, 1)),
           minutes=16, carry=(".whl",), modules=("torchtitan",),
           budget="the reference run's peak reserved less the AdamW state (bench/titan_steps.py --budget 0)"),
     Suite("shapes", "the example trainer in two shapes unlike its default model, gradients clipped (--clip 1.0), "
