@@ -450,3 +450,38 @@ def test_a_cap_refused_on_the_nodes_is_one_line_before_anything_changes(lab, tmp
     assert (tmp_path / "err.txt").read_text() == ("transit-launch: error: netcap check on the allocation's nodes "
                                                   "failed: unknown interface nosuch0\n")
     assert not list(tmp_path.glob("netcap-*.json"))
+
+
+def test_job_runs_only_after_it_is_journaled(tmp_path):
+    """run_one hands the job's group to started() before the job can run: the job's first
+    act (a marker) is absent while started() holds, and present once it returned."""
+    from transit_launch.netcap.sweep import run_one
+    marker = tmp_path / "ran"
+    seen = []
+
+    def started(pgid):
+        if pgid:
+            time.sleep(0.5)  # long enough for an ungated job to have written its marker
+            seen.append((pgid, marker.exists()))
+    rc, out, _ = run_one(["bash", "-c", f"touch {marker}; echo $$"], 30, started=started)
+    assert rc == 0 and seen == [(int(out), False)] and marker.exists()
+
+
+def test_job_never_runs_when_its_journal_entry_fails(tmp_path):
+    """A sweep that cannot journal the job (or dies before it could) never lets it run."""
+    from transit_launch.netcap.sweep import run_one
+    marker = tmp_path / "ran"
+
+    def started(pgid):
+        if pgid:
+            raise OSError("journal full")
+    with pytest.raises(OSError, match="journal full"):
+        run_one(["bash", "-c", f"touch {marker}"], 30, started=started)
+    time.sleep(0.3)
+    assert not marker.exists()
+
+
+def test_program_gone_since_the_check_is_a_failed_run(tmp_path):
+    from transit_launch.netcap.sweep import run_one
+    rc, _, err = run_one([str(tmp_path / "gone")], 30)
+    assert rc == 127 and err.strip() == f"cannot start {str(tmp_path / 'gone')!r}: No such file or directory"

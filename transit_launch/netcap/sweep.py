@@ -89,19 +89,48 @@ class Signals:
             raise Interrupted(self.received[0])
 
 
+# The job's first process waits for the sweep's word before it becomes the job (exec, same
+# process and group): its group is journaled before it can run, and a sweep killed before
+# the word leaves a gate that exits instead of a job nobody recorded.
+_GATE = """import os, sys
+fd = int(sys.argv[1])
+go = os.read(fd, 1)
+os.close(fd)
+if not go:
+    os._exit(125)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    sys.stderr.write("cannot start %r: %s\\n" % (sys.argv[2], e.strerror or e))
+    os._exit(127)
+"""
+
+
 def run_one(command: list[str], timeout: float | None, sig: Signals | None = None,
             started=None) -> tuple[int | None, str, str]:
     """Run the job in its own process group; whatever happens, the group is ended before
     this returns (started(pgid) and started(None) bracket its life)."""
+    gate, go = os.pipe()
     try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    except OSError as e:  # cmd_sweep checked the program; it may have gone since (a failed run, not a crash)
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GATE, str(gate), *command],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, pass_fds=(gate,))
+    except OSError as e:
+        os.close(go)
         return None, "", f"cannot start {command[0]!r}: {e.strerror or e}"
-    if started:
-        started(proc.pid)
+    finally:
+        os.close(gate)
     force = (lambda: len(sig.received) > 1) if sig else None
     try:
+        try:
+            if started:
+                started(proc.pid)  # journaled before the job runs: a sweep killed now leaves nothing unrecorded
+            try:
+                os.write(go, b"1")
+            except BrokenPipeError:  # the gate is gone already; communicate collects why
+                pass
+        finally:
+            os.close(go)
         try:
             if sig:
                 sig.armed = True
