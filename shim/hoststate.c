@@ -41,11 +41,22 @@ static _Thread_local int marked; /* the calling thread allocates optimizer state
 
 void tr_hoststate_mark(int on) { marked = on ? marked + 1 : (marked > 0 ? marked - 1 : 0); }
 
-/* Whether this thread's allocation of size bytes is state that goes to pinned host memory:
- * marked, and more than the budget can hold beside the most the device has held so far (the
+/* The room the budget leaves for state on the device (returned; what the device holds in
+ * *placed): beside the most the device has held so far (the
  * step's activations, made before the state), the adapter's staging ring, and the share by
- * which PyTorch's cache grows after the first step (TR_STATE_ROOM_SPARE_PERCENT of the
- * budget: state kept in that room pushed hot data to the host). What fits stays managed on the device, where the
+ * which PyTorch's cache grows after the first step (TR_STATE_ROOM_SPARE_PERCENT of the budget:
+ * state kept in that room pushed hot data to the host). Under tr_lock. */
+static uint64_t state_room(uint64_t *placed)
+{
+    uint64_t buf = tr_devbuf_bytes(), peak = tr_count.dev_placed_peak > buf ? tr_count.dev_placed_peak - buf : 0;
+    uint64_t room = tr_budget();
+    uint64_t spare = tr_budget_total() / 100 * TR_STATE_ROOM_SPARE_PERCENT + (buf ? 0 : tr_cfg.ring_bytes);
+    *placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak;
+    return room > spare ? room - spare : 0;
+}
+
+/* Whether this thread's allocation of size bytes is state that goes to pinned host memory:
+ * marked, and more than state_room leaves. What fits stays managed on the device, where the
  * application's step reads it at full speed: only the overflow crosses PCIe. */
 int tr_hoststate_wanted(size_t size)
 {
@@ -53,15 +64,23 @@ int tr_hoststate_wanted(size_t size)
           tr_real.host_unregister))
         return 0;
     pthread_mutex_lock(&tr_lock);
-    uint64_t buf = tr_devbuf_bytes(), peak = tr_count.dev_placed_peak > buf ? tr_count.dev_placed_peak - buf : 0;
-    uint64_t placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak, room = tr_budget();
-    uint64_t spare = tr_budget_total() / 100 * TR_STATE_ROOM_SPARE_PERCENT + (buf ? 0 : tr_cfg.ring_bytes);
-    room = room > spare ? room - spare : 0;
+    uint64_t placed, room = state_room(&placed);
     int fits = placed <= room && size <= room - placed;
     if (fits)
         tr_count.host_state_kept += size;
     pthread_mutex_unlock(&tr_lock);
     return !fits;
+}
+
+/* The bytes of state that would stay on the device were it made now (tr_hoststate_wanted's
+ * rule): prefill.c makes no region that lies within them. The device's peak only grows
+ * through the step, so this only shrinks until the state is made. */
+uint64_t tr_hoststate_kept_now(void)
+{
+    pthread_mutex_lock(&tr_lock);
+    uint64_t placed, room = state_room(&placed);
+    pthread_mutex_unlock(&tr_lock);
+    return placed <= room ? room - placed : 0;
 }
 
 struct fill { char *p; size_t len; };
@@ -130,7 +149,8 @@ void *tr_host_map(size_t size, size_t *mapped)
 }
 
 /* A region of prefill.c's pool where it has one of this size, made ready (written and
- * registered) in the background or else written and registered here; else memory of its own,
+ * registered) in the background, or written there and registered here, or else written and
+ * registered here; else memory of its own,
  * written and registered here. Either is given back the same way: unregistered, then unmapped. */
 void *tr_hoststate_alloc(size_t size)
 {
@@ -144,8 +164,9 @@ void *tr_hoststate_alloc(size_t size)
         return NULL;
     }
     double registering = 0;
-    if (!ready) {
-        tr_host_fill(p, mapped, (int)sysconf(_SC_NPROCESSORS_ONLN)); /* (at most FILL_THREADS) */
+    if (ready != TR_PREFILL_READY) {
+        if (ready != TR_PREFILL_WRITTEN)
+            tr_host_fill(p, mapped, (int)sysconf(_SC_NPROCESSORS_ONLN)); /* (at most FILL_THREADS) */
         cudaError_t pending = tr_pending_error();
         double t1 = tr_now_ms();
         cudaError_t err = tr_real.host_register(p, mapped, cudaHostRegisterPortable | cudaHostRegisterMapped);

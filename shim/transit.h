@@ -161,6 +161,7 @@ HIDDEN int tr_devbuf_free(uintptr_t ptr);      /* -1: not one of them */
 /* ---- optimizer state in pinned host memory (hoststate.c) ------------------------- */
 HIDDEN void tr_hoststate_mark(int on);          /* the calling thread's next allocations are state (lock-free) */
 HIDDEN int tr_hoststate_wanted(size_t size);    /* this thread's allocation goes to pinned memory */
+HIDDEN uint64_t tr_hoststate_kept_now(void);    /* the state the budget would keep on the device now */
 HIDDEN void *tr_hoststate_alloc(size_t size);   /* not under tr_lock; NULL: refused (the managed path then) */
 HIDDEN int tr_hoststate_free(uintptr_t ptr, cudaError_t *err); /* not under tr_lock; 1: it was one */
 HIDDEN int tr_hoststate_holds(uintptr_t ptr, size_t size);     /* under tr_lock */
@@ -177,6 +178,7 @@ HIDDEN void tr_host_fill(char *p, size_t len, int threads); /* every page writte
 
 /* ---- the state's segments made ready before the first step (prefill.c) ------------- */
 HIDDEN void tr_prefill_segments(const size_t *sizes, size_t n); /* transit_state_segments; not under tr_lock */
+enum { TR_PREFILL_READY = 1, TR_PREFILL_WRITTEN = 2 }; /* what tr_prefill_take's *ready says the fill did */
 HIDDEN void *tr_prefill_take(size_t size, size_t *len, int *ready); /* a region of the pool, or NULL */
 HIDDEN void tr_prefill_end(void);  /* stop, join, give back what was not taken (the first step's end) */
 HIDDEN void tr_prefill_exit(void); /* the same at exit, without the runtime */

@@ -65,6 +65,11 @@ MUTANTS = [
      ["test_shim_prefill.py::test_allocations_before_the_fill_make_their_own_regions_and_the_fill_keeps_above_them"]),
     ("prefill-device", "_csrc/shim/prefill.c", "        tr_real.set_device(pool.device);", "        (void)0;",
      ["test_shim_prefill.py::test_the_fill_registers_on_the_jobs_device"]),
+    ("prefill-kept-on-device", "_csrc/shim/prefill.c", "    return end <= kept;", "    return 0;",
+     ["test_shim_prefill.py::test_the_fill_makes_no_region_the_budget_would_keep_on_the_device"]),
+    ("prefill-written-as-ready", "_csrc/shim/hoststate.c", "    if (ready != TR_PREFILL_READY) {",
+     "    if (!ready) {",
+     ["test_shim_prefill.py::test_a_region_written_but_not_yet_registered_is_registered_by_its_allocation"]),
 ]
 
 

@@ -1,8 +1,8 @@
 """The pinned optimizer state's segments made ready before the first step (shim/prefill.c,
 transit_state_segments, API version 8), on the fake runtime. The adapter predicts the sizes
 of the segments the first step's state will be allocated in; the shim maps a pool with a
-region for each, writes and registers them in the background from the last one back, and a
-marked allocation of a predicted size takes its region, ready or not. What was registered,
+region for each, writes (one thread) and registers (another) them in the background from the
+last one back, and a marked allocation of a predicted size takes its region, ready or not. What was registered,
 where, on which device and by whom is read from the fake runtime's log (cudaHostRegister's
 size, pointer and the calling thread's device, in call order), what is mapped and written from
 the kernel's account (smaps, which the fake reads; msync on the page after each allocation) and
@@ -69,6 +69,39 @@ def test_the_fill_registers_on_the_jobs_device(built, tmp_path):
     regs = host_allocs(calls)
     assert len(regs) == 3 and all(" dev=3 " in c for c in regs), calls
     assert stats["host_state_prefill_ready_bytes"] == 3 * STATE
+
+
+def test_a_region_written_but_not_yet_registered_is_registered_by_its_allocation(built, tmp_path):
+    """The fill's writer has written all three regions, its registrar has registered none (held
+    by the test's gate): each allocation takes its written region and registers it itself, in the
+    allocations' order (the registrar would have gone from the last); none is made ready."""
+    res, out, calls, stats = state_run(built, tmp_path, env={**DEBUG, "APP_PREFILL_GATE": "2"},
+                                       then=("segs-ready:s,s,s",))
+    start, size = pool_of(res)
+    assert size == 3 * STATE and out["gated"] == "1"
+    assert registered(calls) == [(start + i * STATE, STATE) for i in range(3)], calls
+    assert [out[f"state{i}_host"] for i in range(3)] == ["1"] * 3 and out["last_error"] == "0"
+    assert stats["host_state_prefill_ready_bytes"] == 0 and stats["host_state_prefill_used_bytes"] == 3 * STATE
+    assert stats["host_state_prefill_unused_bytes"] == 0 and stats["host_state_allocs"] == 3
+    assert unregistered_once(calls, [p for p, _ in registered(calls)]) and after_frees(res)["fake_pinned"] == "0"
+
+
+def test_the_fill_makes_no_region_the_budget_would_keep_on_the_device(built, tmp_path):
+    """The budget has room for one and a half states beside the 4 GB: the first state will stay
+    on the device. The fill makes the last two regions and holds at the first, which lies within
+    that room; the first allocation is kept on the device, the other two take the two made, and
+    the first region is never registered (none is made for nothing)."""
+    from tests.test_shim_host_state import budget_for
+    res, out, calls, stats = state_run(
+        built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(STATE + STATE // 2)}B"},
+        then=("segs-ready:s,s,s",))
+    start, size = pool_of(res)
+    assert size == 3 * STATE
+    assert registered(calls) == [(start + 2 * STATE, STATE), (start + STATE, STATE)], calls
+    assert [out[f"state{i}_host"] for i in range(3)] == ["0", "1", "1"] and out["last_error"] == "0"
+    assert stats["host_state_kept_bytes"] == STATE and stats["host_state_prefill_ready_bytes"] == 2 * STATE
+    assert stats["host_state_prefill_unused_bytes"] == 0
+    assert unregistered_once(calls, [p for p, _ in registered(calls)]) and after_frees(res)["fake_pinned"] == "0"
 
 
 def test_allocations_before_the_fill_make_their_own_regions_and_the_fill_keeps_above_them(built, tmp_path):

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import CUDA_INC, FAKECUDA, shimbuild
 from tests.test_shim import run
+from tests.test_shim_host_state import budget_for
 from tests.test_shim_faults import SIZE_MAX, build_fake_cupti
 from tests.test_shim_stress import stress
 
@@ -110,6 +111,8 @@ SCENARIOS = {
                            {"TRANSIT_GPU_BUDGET": "6GB", "FAKE_HOST_REGISTER_FAIL": "1"}, False),
     # the segments made ready in the background (prefill.c): taken ready, one made as before,
     # threads at once while the fill runs, the fill kept above what was taken (-idle, gated),
+    # regions written and registered by their allocations (the registrar gated), the fill
+    # holding at a region the budget keeps on the device,
     # a wrong prediction, and the end left to the shim's exit
     "host-state-prefill": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-ready:s,s,s"), "advise", PINNED, False),
     "host-state-prefill-small": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs:s,s"), "advise", PINNED, False),
@@ -118,6 +121,10 @@ SCENARIOS = {
     "host-state-prefill-stop": (("state", 4 * GB, 64 * MiB, 1, STATS, f"segs:s,{GiB}"), "advise", PINNED, False),
     "host-state-prefill-idle": (("state", 4 * GB, 64 * MiB, 3, STATS, f"segs-idle:{GiB},s,s,s,s"), "advise",
                                 {**PINNED, "APP_PREFILL_GATE": "1"}, False),
+    "host-state-prefill-written": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-ready:s,s,s"), "advise",
+                                   {**PINNED, "APP_PREFILL_GATE": "2"}, False),
+    "host-state-prefill-kept": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-ready:s,s,s"), "advise",
+                                {"TRANSIT_GPU_BUDGET": f"{budget_for(96 * MiB)}B"}, False),
     "host-state-prefill-wrong": (("state", 4 * GB, 64 * MiB, 3, STATS, f"segs:{66 * MiB},{66 * MiB}"), "advise",
                                  PINNED, False),
     "host-state-prefill-exit": (("state-threads", 4 * GB, 64 * MiB, 2, STATS, f"segs-exit:{GiB},s,s"), "advise",

@@ -41,10 +41,6 @@ SHIM_RESERVED_GAP_PERCENT = 5
 # peak by about 3% of the budget at 16 microbatches, and state kept in that room pushed hot data
 # to the host (bench/RESULTS.md, "The streamed step by default").
 STATE_ROOM_SPARE_PERCENT = 3
-# Once the first step makes its state, the shim's background fill of the state's pool
-# (shim/prefill.c) writes at most this far past the slices taken: the next slices' pages are
-# written while one registers, and little that no slice takes is written beside them.
-PREFILL_AHEAD_BYTES = 2 << 30
 LOG_LEVELS = ("error", "warn", "info", "debug")
 
 # The shim's environment contract (shim/config.c reads these names from the header).
@@ -185,7 +181,6 @@ def c_header() -> str:
         f"#define TR_GPU_BUDGET_MIN {GPU_BUDGET_MIN}ull",
         f"#define TR_STATE_ROOM_SPARE_PERCENT {STATE_ROOM_SPARE_PERCENT}",
         f"#define TR_STAGE_RING_BYTES {STAGE_RING_BYTES}ull",
-        f"#define TR_PREFILL_AHEAD_BYTES {PREFILL_AHEAD_BYTES}ull",
         f'#define TR_GPU_BUDGET_MIN_TEXT "{format_size(GPU_BUDGET_MIN)}"',
         f"#define TR_SIZE_UNITS {{{units}}}",
         "",

@@ -137,9 +137,10 @@ static int segs_opt(const char *opt, size_t state)
     if (!segments || !huge)
         return -1;
     void (*gate)(int) = (void (*)(int))api("transit_test_prefill_gate");
-    int gated = getenv("APP_PREFILL_GATE") && gate; /* the fill waits until segs_end opens it */
+    /* APP_PREFILL_GATE=1: the fill waits until segs_end opens it; =2: only its registrations do */
+    int gated = getenv("APP_PREFILL_GATE") && gate;
     if (gated)
-        gate(1);
+        gate(atoi(getenv("APP_PREFILL_GATE")));
     size_t list[64], n = 0;
     for (const char *q = colon + 1; *q && n < 64; q += strcspn(q, ","), q += *q == ',') {
         list[n++] = *q == 's' ? state : strtoull(q, NULL, 10);
