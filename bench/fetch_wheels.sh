@@ -18,7 +18,8 @@ get cffi==2.0.0 pycparser==3.12
 if ! ls .whl/deepspeed-0.18.2-*.whl >/dev/null 2>&1; then
     tmp=$(mktemp -d)
     python3 -m pip download -q --no-deps --no-binary=:all: -d "$tmp" deepspeed==0.18.2
-    DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$tmp"/deepspeed-0.18.2.tar.gz
+    DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$tmp"/deepspeed-0.18.2.tar.gz \
+        || echo "fetch_wheels: no DeepSpeed wheel (its build imports torch, which this machine lacks): bench/offload.py's DeepSpeed peer cannot run" >&2
 fi
 get hjson==3.1.0 pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.8.0 typing-inspection==0.4.5
 # TorchTitan 0.3.0 and what it imports that the image lacks; 0.2.2 for torch 2.11, whose
