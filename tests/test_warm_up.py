@@ -45,6 +45,25 @@ def test_the_summary_says_where_the_optimizer_state_went():
     assert "and 20.5 GB more of it kept on the GPU by the budget (stepped in place)" in text
 
 
+def test_the_summary_says_what_the_background_fill_made_ready_and_for_nothing():
+    """The pipeline's run at half the state (bench/results/2026-12-04/first-step-fill/
+    ad_accum1.json, the second advise:STATE_OFF=0.5): 15,829,303,296 bytes pinned, all of them
+    ready before the step (15.83 GB), and 3,741,319,168 bytes made ready that no state took
+    (3.74 GB), given back."""
+    import json
+    from tests.prediction_records import RESULTS
+    runs = [r for r in json.loads((RESULTS / "2026-12-04/first-step-fill/ad_accum1.json").read_text())["runs"]
+            if r["name"] == "advise:STATE_OFF=0.5"]
+    text = runmod.summary_text(runmod.summary(runs[1]["stats"]))
+    assert "15.83 GB of optimizer state made in pinned host memory in 0.00 s (15.83 GB of it made ready " \
+           "before the first step)" in text
+    assert "3.74 GB of pinned memory made ready for predicted state that no allocation took, given back" in text
+    text = runmod.summary_text(runmod.summary(
+        next(r for r in json.loads((RESULTS / "2026-12-02/torchtitan-3/titan_steps_accum1_stream.json").read_text())
+             ["runs"] if r["name"] == "advise:STATE_OFF=0.5")["stats"]))
+    assert "made ready" not in text  # a shim of before the pool says nothing of it
+
+
 def test_the_summary_reports_the_warm_up_against_steady_steps():
     """TorchTitan's 16-microbatch run under advise (bench/results/2026-12-01/
     titan_steps_accum16_masterroom_2026-12-01.json, shim clocks rounded): first step 37.3 s,

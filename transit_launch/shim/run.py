@@ -133,8 +133,12 @@ def summary(stats: list[dict]) -> dict:
             # ... and the state marked for it that the budget held on the GPU (stepped in place)
             "host_state_kept_gb": gb(s.get("host_state_kept_bytes", 0)),
             "host_state_pin_s": s.get("host_state_pin_s", 0.0),  # the wall time of making it (part of the first step)
-            # ... of which the pages written in the background before the first step (shim/prefill.c)
+            # ... of which taken from the pool of its predicted segments (shim/prefill.c), and of
+            # that made ready (written and registered) in the background before the first step
             "host_state_prefill_used_gb": gb(s.get("host_state_prefill_used_bytes", 0)),
+            "host_state_prefill_ready_gb": gb(s.get("host_state_prefill_ready_bytes", 0)),
+            # ... and what the pool made ready that no state took (given back after the first step)
+            "host_state_prefill_unused_gb": gb(s.get("host_state_prefill_unused_bytes", 0)),
             "optimizer_hint_gb": gb(s["cold_hint_bytes"]["optimizer"]),
             "gpu_in_use_steady_gb": gb(s["gpu_resident_peak_steady_bytes"]),
             "prefetch_gb": gb(s["prefetch_bytes"]), "htod_gb": gb(s["htod_bytes"]),
@@ -169,12 +173,15 @@ def summary_text(summ: dict) -> str:
                      f"{w['second_s']} s, steady {w['steady_s']} s: {w['extra_s']} s beyond two steady steps "
                      f"({w['steady_steps']} steady steps; a job's first step is slower without the shim too)")
         if p["host_state_peak_gb"] or p["host_state_kept_gb"]:
-            early = (f" ({p['host_state_prefill_used_gb']} GB of it written before the first step)"
-                     if p["host_state_prefill_used_gb"] else "")
+            early = (f" ({p['host_state_prefill_ready_gb']} GB of it made ready before the first step)"
+                     if p["host_state_prefill_ready_gb"] else "")
             text += (f"\npid {p['pid']}: {p['host_state_peak_gb']} GB of optimizer state made in pinned host memory "
                      f"in {p['host_state_pin_s']:.2f} s{early} (in the on-host and zero-copy columns; it did not fit "
                      f"the budget when it was made) and {p['host_state_kept_gb']} GB more of it kept on the GPU by the "
                      "budget (stepped in place)")
+            if p["host_state_prefill_unused_gb"]:
+                text += (f"\npid {p['pid']}: {p['host_state_prefill_unused_gb']} GB of pinned memory made ready for "
+                         "predicted state that no allocation took, given back after the first step")
         if p["managed_fallbacks"]:
             text += (f"\npid {p['pid']}: {p['managed_fallbacks']} allocation(s) could not be managed memory and "
                      "stayed plain device memory (not placed by the policy)")
