@@ -38,6 +38,8 @@ static int n, cap;
 static uint64_t bytes;
 
 static _Thread_local int marked; /* the calling thread allocates optimizer state now */
+static int began;               /* a marked allocation came (the state is being made); under tr_lock */
+static uint64_t first_room;     /* the room for state the first one found */
 
 void tr_hoststate_mark(int on) { marked = on ? marked + 1 : (marked > 0 ? marked - 1 : 0); }
 
@@ -65,6 +67,10 @@ int tr_hoststate_wanted(size_t size)
         return 0;
     pthread_mutex_lock(&tr_lock);
     uint64_t placed, room = state_room(&placed);
+    if (!began) { /* the first state: the room it finds is the room all of it shares */
+        began = 1;
+        first_room = placed <= room ? room - placed : 0;
+    }
     int fits = placed <= room && size <= room - placed;
     if (fits)
         tr_count.host_state_kept += size;
@@ -74,13 +80,14 @@ int tr_hoststate_wanted(size_t size)
 
 /* The bytes of state that would stay on the device were it made now (tr_hoststate_wanted's
  * rule): prefill.c makes no region that lies within them. The device's peak only grows
- * through the step, so this only shrinks until the state is made. */
+ * through the step, so this only shrinks until the state is made; from then on it is the room
+ * the first state found (the state kept since fills that room, it is not a sign of less). */
 uint64_t tr_hoststate_kept_now(void)
 {
     pthread_mutex_lock(&tr_lock);
-    uint64_t placed, room = state_room(&placed);
+    uint64_t placed, room = state_room(&placed), kept = began ? first_room : placed <= room ? room - placed : 0;
     pthread_mutex_unlock(&tr_lock);
-    return placed <= room ? room - placed : 0;
+    return kept;
 }
 
 struct fill { char *p; size_t len; };

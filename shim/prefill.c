@@ -63,6 +63,7 @@ static struct {
     int stop, running;    /* running: the fill's threads still at work (each counts itself out) */
     int written_all;      /* the writer has begun every region it will (or stopped) */
     int holding;          /* the writer waits: the budget would keep its next region on the device */
+    unsigned asked, held_for; /* a test's settle asks anew (asked); held_for: the ask the hold answers */
     size_t before;        /* the bytes of the segments the host's room left out, before the first region */
     pthread_t tid, reg_tid;
     pid_t pid;            /* the process that made it (a forked child has no fill thread) */
@@ -130,8 +131,10 @@ static void *write_pool(void *arg)
     int j;
     GATE_WAIT(GATE_WRITER);
     while (!pool.stop && (j = last_region(R_FREE)) >= 0) {
+        unsigned asked = pool.asked;
         if (kept_on_device(j)) {
             pool.holding = 1;
+            pool.held_for = asked;
             pthread_cond_broadcast(&moved); /* (a test's settle) */
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
@@ -455,12 +458,14 @@ void tr_prefill_exit(void) { end_pool(1); }
 EXPORT void transit_test_prefill_settle(void)
 {
     pthread_mutex_lock(&mu);
+    unsigned ask = ++pool.asked; /* a hold counts once the writer has looked again since this call */
+    pthread_cond_broadcast(&moved);
     for (;;) {
         int busy = 0; /* a region in the threads' hands, or one the open registrar has yet to take */
         for (int i = 0; i < pool.n; i++)
             busy |= pool.reg[i].st == R_WRITING || pool.reg[i].st == R_REGISTERING ||
                     (pool.reg[i].st == R_WRITTEN && !(gate & GATE_REGISTRAR));
-        if (!pool.running || ((pool.written_all || pool.holding) && !busy))
+        if (!pool.running || ((pool.written_all || (pool.holding && pool.held_for == ask)) && !busy))
             break;
         pthread_cond_wait(&moved, &mu);
     }

@@ -104,6 +104,21 @@ def test_the_fill_makes_no_region_the_budget_would_keep_on_the_device(built, tmp
     assert unregistered_once(calls, [p for p, _ in registered(calls)]) and after_frees(res)["fake_pinned"] == "0"
 
 
+def test_the_fill_makes_nothing_when_the_budget_keeps_all_the_state(built, tmp_path):
+    """Room for three and a half states: all three stay on the device. The fill holds at every
+    region, and goes on holding once the kept state has filled that room (the room the first
+    state found is the rule then, not what is left beside the state itself): nothing is
+    written or registered, nothing made for nothing."""
+    from tests.test_shim_host_state import budget_for
+    res, out, calls, stats = state_run(
+        built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(3 * STATE + STATE // 2)}B"},
+        then=("segs-idle:s,s,s",))
+    assert out["settled"] == "1" and pool_of(res)[1] == 3 * STATE
+    assert [out[f"state{i}_host"] for i in range(3)] == ["0"] * 3 and registered(calls) == [], calls
+    assert stats["host_state_kept_bytes"] == 3 * STATE and stats["host_state_prefill_unused_bytes"] == 0
+    assert stats["host_state_prefill_ready_bytes"] == 0 and stats["host_state_prefill_register_s"] == 0
+
+
 def test_allocations_before_the_fill_make_their_own_regions_and_the_fill_keeps_above_them(built, tmp_path):
     """A 4 GiB segment first (the state the GPU keeps, which no marked allocation of this size
     takes), three states, and one more state at the end. The allocations come while the fill

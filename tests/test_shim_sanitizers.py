@@ -125,6 +125,8 @@ SCENARIOS = {
                                    {**PINNED, "APP_PREFILL_GATE": "2"}, False),
     "host-state-prefill-kept": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-ready:s,s,s"), "advise",
                                 {"TRANSIT_GPU_BUDGET": f"{budget_for(96 * MiB)}B"}, False),
+    "host-state-prefill-all-kept": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-idle:s,s,s"), "advise",
+                                    {"TRANSIT_GPU_BUDGET": f"{budget_for(256 * MiB)}B"}, False),
     "host-state-prefill-wrong": (("state", 4 * GB, 64 * MiB, 3, STATS, f"segs:{66 * MiB},{66 * MiB}"), "advise",
                                  PINNED, False),
     "host-state-prefill-exit": (("state-threads", 4 * GB, 64 * MiB, 2, STATS, f"segs-exit:{GiB},s,s"), "advise",
