@@ -18,13 +18,15 @@
  * takes a region of its exact size: a ready one; else one written (hoststate.c only registers
  * it); else one being written or registered (it waits); else one nobody began (hoststate.c
  * writes and registers it, as its own memory); with none it makes its own memory. A wrong
- * prediction costs only the time it would have saved. Once a region is taken the fill works only above
- * the lowest region taken (below it lies what the GPU kept). The pool takes at most half the
- * host memory available (host_room), its last regions first. When the adapter says the first
- * step is over (an empty list), and at exit, the fill stops; what no allocation took is given
- * back: unregistered where ready, unmapped. Once per process; every failure leaves
- * hoststate.c's own path. */
+ * prediction costs only the time it would have saved. Once a region is taken the fill works
+ * only from the first taken allocation's place in the order on (below it lies what the GPU
+ * kept). The pool takes at most half the host memory available (host_room), its last regions
+ * first. When the adapter says the first step is over (an empty list), and at exit (before the
+ * runtime's own exit handler), the fill stops; what no allocation took is given back:
+ * unregistered where ready (not at exit), unmapped. Once per process; every failure leaves hoststate.c's own
+ * path. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,18 +47,21 @@
  * GONE: its registration failed, unmapped */
 enum { R_FREE, R_WRITING, R_WRITTEN, R_REGISTERING, R_READY, R_TAKEN, R_GONE };
 
-struct region { size_t at, len; int st; };
+struct region { size_t at, len, size; int st; }; /* size: the segment's own (len: in huge pages) */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* a region was made (or failed), or the fill ended */
+static pthread_cond_t looked;  /* the writer's hold: on CLOCK_MONOTONIC (init_looked), woken by a take or an end */
 static struct {
     int tried;            /* a list came: once per process */
+    int ended;            /* an end came (the pool, were it still being made, is not published) */
     int ending;           /* tr_prefill_end is releasing it */
     char *base;           /* the pool's mapping [base, base + size); NULL: none (any more) */
     size_t size;
     struct region *reg;   /* in the predicted order, laid out from base */
     int n;
-    int floor;            /* the lowest region taken; -1: none yet */
+    int taken;            /* an allocation took a region: the state is being made */
+    int floor;            /* the fill makes only the regions above it (below lies the state the GPU kept) */
     size_t ready;         /* bytes of regions made ready by the fill so far */
     int device;           /* the expecting thread's device: the fill registers there */
     double since;         /* tr_now_ms() at the list */
@@ -69,12 +74,40 @@ static struct {
     pid_t pid;            /* the process that made it (a forked child has no fill thread) */
 } pool = {.floor = -1};
 
+static int looked_made; /* under mu after init_looked */
+
+static void init_looked(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC); /* a wall clock stepped back must not lengthen a hold */
+    pthread_cond_init(&looked, &a);
+    pthread_condattr_destroy(&a);
+    looked_made = 1;
+}
+
+static pthread_once_t looked_once = PTHREAD_ONCE_INIT;
+static void make_looked(void) { pthread_once(&looked_once, init_looked); }
+
 #ifdef TRANSIT_TESTING
-static int gate; /* transit_test_prefill_gate: GATE_WRITER, GATE_REGISTRAR: that thread begins nothing */
-enum { GATE_WRITER = 1, GATE_REGISTRAR = 2 };
+/* transit_test_prefill_gate: GATE_WRITER, GATE_REGISTRAR: that thread begins nothing;
+ * GATE_AFTER_ONE: the writer closes its gate after its next region */
+static int gate;
+enum { GATE_WRITER = 1, GATE_REGISTRAR = 2, GATE_AFTER_ONE = 4 };
 #define GATE_WAIT(who) while ((gate & (who)) && !pool.stop) pthread_cond_wait(&moved, &mu)
+/* TRANSIT_TEST_PREFILL_THREAD_FAIL=N: the fill's Nth pthread_create fails (1: the registrar's,
+ * 2: the writer's), as one does where the process's thread limit is reached */
+static int start_thread(pthread_t *t, void *(*fn)(void *))
+{
+    static int made;
+    const char *f = getenv("TRANSIT_TEST_PREFILL_THREAD_FAIL");
+    if (f && atoi(f) == ++made)
+        return EAGAIN;
+    return pthread_create(t, NULL, fn, NULL);
+}
 #else
 #define GATE_WAIT(who) ((void)0)
+#define start_thread(t, fn) pthread_create((t), NULL, (fn), NULL)
 #endif
 
 static int writers(void)
@@ -106,48 +139,66 @@ static void counted_out(void)
     pthread_cond_broadcast(&moved);
 }
 
-/* Until the first region is taken: whether the budget would keep region j on the device were
- * the state made now (it lies within the first tr_hoststate_kept_now bytes). Under mu, which
- * it leaves for tr_lock's sake (the two are never held together). */
-static int kept_on_device(int j)
+/* The region the writer makes next: the last one nobody began above the floor that the budget
+ * would not keep on the device were the state made now; -1: none (*held: because the budget
+ * would keep those left). Until a region is taken, hoststate.c's rule decides: it keeps each
+ * allocation, in order, that fits the room left beside the ones kept before it
+ * (tr_hoststate_wanted), here over the predicted sizes (the segments the host's room left out
+ * counted as one) and the room tr_hoststate_kept_now gives. Under mu, which it leaves for
+ * tr_lock's sake (the two are never held together). */
+static int next_to_write(int *held)
 {
-    if (pool.floor >= 0)
-        return 0;
-    size_t end = pool.before + pool.reg[j].at + pool.reg[j].len;
+    *held = 0;
+    if (pool.taken)
+        return last_region(R_FREE);
     pthread_mutex_unlock(&mu);
-    uint64_t kept = tr_hoststate_kept_now();
+    uint64_t room = tr_hoststate_kept_now();
     pthread_mutex_lock(&mu);
-    return end <= kept;
+    if (pool.taken || pool.stop)
+        return pool.stop ? -1 : last_region(R_FREE);
+    uint64_t kept = pool.before && pool.before <= room ? pool.before : 0;
+    int pick = -1;
+    for (int i = 0; i < pool.n; i++) {
+        int keeps = pool.reg[i].size <= room - kept;
+        if (keeps)
+            kept += pool.reg[i].size;
+        if (i > pool.floor && pool.reg[i].st == R_FREE) {
+            if (keeps)
+                *held = 1;
+            else
+                pick = i;
+        }
+    }
+    return pick;
 }
 
 /* The writer: each region's pages, from the last back; a region the budget would keep on the
- * device is made only once the step's activations leave it no room (checked every HOLD_MS). */
+ * device is made only once the step's activations leave it no room (looked at every HOLD_MS). */
 #define HOLD_MS 10
 static void *write_pool(void *arg)
 {
     (void)arg;
     int k = writers();
     pthread_mutex_lock(&mu);
-    int j;
     GATE_WAIT(GATE_WRITER);
-    while (!pool.stop && (j = last_region(R_FREE)) >= 0) {
+    while (!pool.stop) {
         unsigned asked = pool.asked;
-        if (kept_on_device(j)) {
+        int held, j = next_to_write(&held);
+        if (j < 0 && held && !pool.stop) {
             pool.holding = 1;
             pool.held_for = asked;
             pthread_cond_broadcast(&moved); /* (a test's settle) */
             struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
+            clock_gettime(CLOCK_MONOTONIC, &until);
             until.tv_nsec += HOLD_MS * 1000000L;
             until.tv_sec += until.tv_nsec / 1000000000L;
             until.tv_nsec %= 1000000000L;
-            if (!pool.stop)
-                pthread_cond_timedwait(&moved, &mu, &until);
+            pthread_cond_timedwait(&looked, &mu, &until);
             pool.holding = 0;
             continue;
         }
-        if (pool.stop || pool.reg[j].st != R_FREE || j <= pool.floor)
-            continue; /* taken while it asked (or the fill was stopped) */
+        if (j < 0)
+            break;
         struct region *r = &pool.reg[j];
         r->st = R_WRITING;
         pthread_mutex_unlock(&mu);
@@ -155,6 +206,10 @@ static void *write_pool(void *arg)
         pthread_mutex_lock(&mu);
         r->st = R_WRITTEN;
         pthread_cond_broadcast(&moved);
+#ifdef TRANSIT_TESTING
+        if (gate & GATE_AFTER_ONE)
+            gate = (gate & ~GATE_AFTER_ONE) | GATE_WRITER;
+#endif
         GATE_WAIT(GATE_WRITER);
     }
     pool.written_all = 1;
@@ -269,14 +324,14 @@ void tr_prefill_segments(const size_t *sizes, size_t count)
         say_failed("malloc", 0);
         return;
     }
-    size_t at = 0;
-    size_t before = 0;
+    size_t at = 0, before = 0;
     for (size_t i = 0; i < from; i++)
-        before += sizes[i];
+        before = sizes[i] > SIZE_MAX - before ? SIZE_MAX : before + sizes[i]; /* (only compared) */
     for (size_t i = from; i < count; i++) {
-        reg[i - from] = (struct region){at, huge_round(sizes[i]), R_FREE};
+        reg[i - from] = (struct region){at, huge_round(sizes[i]), sizes[i], R_FREE};
         at += reg[i - from].len;
     }
+    int n = (int)(count - from);
     size_t size;
     char *p = tr_host_map(total, &size); /* whole huge pages: every region is */
     if (!p) {
@@ -290,40 +345,51 @@ void tr_prefill_segments(const size_t *sizes, size_t count)
     sigset_t all, old; /* the fill's threads take none of the application's signals */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    make_looked();
+    /* Published and both threads started under mu: no allocation sees the pool until both run,
+     * and where one cannot start the pool is withdrawn before anyone could take from it. */
     pthread_mutex_lock(&mu);
-    pool.base = p;
-    pool.size = size;
-    pool.reg = reg;
-    pool.n = (int)(count - from);
-    pool.device = dev;
-    pool.before = before;
-    pool.pid = getpid();
-    pool.since = tr_now_ms();
-    int err = pthread_create(&pool.reg_tid, NULL, register_pool, NULL);
-    if (!err && (err = pthread_create(&pool.tid, NULL, write_pool, NULL))) {
-        pool.stop = 1; /* the registrar ends at once: nothing is written */
-        pthread_cond_broadcast(&moved);
-        pthread_mutex_unlock(&mu);
-        pthread_join(pool.reg_tid, NULL);
-        pthread_mutex_lock(&mu);
-    }
-    if (err) {
-        pool.base = NULL;
-        pool.running = 0;
-    } else {
+    int err = pool.ended ? -1 : 0, reg_started = 0; /* an end came while it was being made */
+    if (!err) {
+        pool.base = p;
+        pool.size = size;
+        pool.reg = reg;
+        pool.n = n;
+        pool.device = dev;
+        pool.before = before;
+        pool.pid = getpid();
+        pool.since = tr_now_ms();
         pool.running = 2;
+        reg_started = !(err = start_thread(&pool.reg_tid, register_pool));
+        if (!err)
+            err = start_thread(&pool.tid, write_pool);
+        if (err) {
+            pool.stop = 1; /* the registrar, if it runs, ends at once: it never touches the pool */
+            pool.base = NULL;
+            pool.reg = NULL;
+            pool.n = 0;
+            pool.running = reg_started;
+            pthread_cond_broadcast(&moved);
+        }
     }
     pthread_mutex_unlock(&mu);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err) {
+        if (reg_started)
+            pthread_join(pool.reg_tid, NULL);
         munmap(p, size);
-        say_failed("pthread_create", err);
+        free(reg);
+        if (err > 0)
+            say_failed("pthread_create", err);
         return;
     }
+    /* at exit the fill stops before the runtime's own exit handler, registered before this one,
+     * tears the runtime down under the registrar (the shim's at_exit runs after the runtime's) */
+    atexit(tr_prefill_exit);
     pthread_mutex_lock(&tr_lock);
     tr_count.host_state_prefill = size;
     pthread_mutex_unlock(&tr_lock);
-    tr_log(TR_DEBUG, "optimizer state's pool %p (%zu bytes, %d segments) filling", (void *)p, size, pool.n);
+    tr_log(TR_DEBUG, "optimizer state's pool %p (%zu bytes, %d segments) filling", (void *)p, size, n);
 }
 
 /* How good a region is for an allocation: ready, written (the allocation registers it), being
@@ -369,7 +435,7 @@ void *tr_prefill_take(size_t size, size_t *len, int *ready)
         pthread_mutex_unlock(&mu);
         return NULL;
     }
-    int first = pool.floor < 0;
+    int first = !pool.taken;
     size_t ahead = pool.ready;
     double lead = tr_now_ms() - pool.since, t0 = tr_now_ms();
     int i;
@@ -379,12 +445,24 @@ void *tr_prefill_take(size_t size, size_t *len, int *ready)
         pthread_mutex_unlock(&mu);
         return NULL;
     }
+    /* This allocation's place in the predicted order is the first region of its size not taken
+     * yet (regions of one size are interchangeable, and it may take a later one that is ready):
+     * the fill keeps making what lies from there on, and nothing below the first such place,
+     * where the state the GPU kept lies. */
+    int slot = i;
+    for (int k = 0; k < i; k++)
+        if (pool.reg[k].len == l && pool.reg[k].st != R_TAKEN && pool.reg[k].st != R_GONE) {
+            slot = k;
+            break;
+        }
+    if (!pool.taken || slot - 1 < pool.floor)
+        pool.floor = slot - 1;
+    pool.taken = 1;
     struct region *r = &pool.reg[i];
     *ready = r->st == R_READY ? TR_PREFILL_READY : r->st == R_WRITTEN ? TR_PREFILL_WRITTEN : 0;
     r->st = R_TAKEN;
-    if (pool.floor < 0 || i < pool.floor)
-        pool.floor = i;
     char *p = pool.base + r->at;
+    pthread_cond_broadcast(&looked); /* a holding writer: the state is being made, hold no more */
     pthread_mutex_unlock(&mu);
     double waited = tr_now_ms() - t0;
     pthread_mutex_lock(&tr_lock); /* (after mu: the two are never held together) */
@@ -405,11 +483,13 @@ void *tr_prefill_take(size_t size, size_t *len, int *ready)
 static void end_pool(int at_exit)
 {
     pthread_mutex_lock(&mu);
+    pool.ended = 1; /* (a pool still being made is not published) */
     int mine = pool.base && !pool.ending && pool.pid == getpid();
     if (mine) {
         pool.ending = 1;
         pool.stop = 1;
         pthread_cond_broadcast(&moved); /* (a test's closed gate) */
+        pthread_cond_broadcast(&looked);
     }
     pthread_mutex_unlock(&mu);
     if (!mine)
@@ -448,6 +528,24 @@ static void end_pool(int at_exit)
 }
 
 void tr_prefill_end(void) { end_pool(0); }
+
+/* fork: the child must not inherit mu held by a fill thread (it has none of them; pool.pid
+ * keeps it from the pool). 0: before, 1: in the parent after, 2: in the child. */
+void tr_prefill_fork(int when)
+{
+    if (when == 0) {
+        pthread_mutex_lock(&mu);
+    } else if (when == 1) {
+        pthread_mutex_unlock(&mu);
+    } else {
+        pthread_mutex_init(&mu, NULL);
+        pthread_cond_init(&moved, NULL);
+        if (looked_made) {
+            looked_made = 0;
+            init_looked();
+        }
+    }
+}
 void tr_prefill_exit(void) { end_pool(1); }
 
 #ifdef TRANSIT_TESTING
@@ -457,19 +555,54 @@ void tr_prefill_exit(void) { end_pool(1); }
  * budget would keep: once the rest is made. */
 EXPORT void transit_test_prefill_settle(void)
 {
+    make_looked();
     pthread_mutex_lock(&mu);
     unsigned ask = ++pool.asked; /* a hold counts once the writer has looked again since this call */
     pthread_cond_broadcast(&moved);
+    pthread_cond_broadcast(&looked);
     for (;;) {
         int busy = 0; /* a region in the threads' hands, or one the open registrar has yet to take */
         for (int i = 0; i < pool.n; i++)
             busy |= pool.reg[i].st == R_WRITING || pool.reg[i].st == R_REGISTERING ||
                     (pool.reg[i].st == R_WRITTEN && !(gate & GATE_REGISTRAR));
-        if (!pool.running || ((pool.written_all || (pool.holding && pool.held_for == ask)) && !busy))
+        int still = pool.written_all || (pool.holding && pool.held_for == ask) || (gate & GATE_WRITER);
+        if (!pool.running || (still && !busy))
             break;
         pthread_cond_wait(&moved, &mu);
     }
     pthread_mutex_unlock(&mu);
+}
+
+/* Test hook: another thread holds mu for ms milliseconds, from before this returns (a fork
+ * meanwhile finds it held, as it may find it held by a fill thread). */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t held_cv = PTHREAD_COND_INITIALIZER;
+static int held_now;
+
+static void *hold_mu(void *arg)
+{
+    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&held_mu);
+    held_now = 1;
+    pthread_cond_broadcast(&held_cv);
+    pthread_mutex_unlock(&held_mu);
+    struct timespec t = {0, (long)(intptr_t)arg * 1000000L};
+    nanosleep(&t, NULL);
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
+EXPORT void transit_test_prefill_hold_lock(int ms)
+{
+    pthread_t t;
+    held_now = 0;
+    if (pthread_create(&t, NULL, hold_mu, (void *)(intptr_t)ms))
+        return;
+    pthread_detach(t);
+    pthread_mutex_lock(&held_mu);
+    while (!held_now)
+        pthread_cond_wait(&held_cv, &held_mu);
+    pthread_mutex_unlock(&held_mu);
 }
 
 /* Test hook: closed before the list (GATE_WRITER, 1: the fill begins no region; GATE_REGISTRAR,

@@ -41,9 +41,21 @@ static void at_exit(void)
 }
 
 /* fork: the child must not inherit a held lock (CUDA itself is unusable there). */
-static void fork_prepare(void) { pthread_mutex_lock(&tr_lock); }
-static void fork_parent(void) { pthread_mutex_unlock(&tr_lock); }
-static void fork_child(void) { pthread_mutex_init(&tr_lock, NULL); }
+static void fork_prepare(void)
+{
+    tr_prefill_fork(0);
+    pthread_mutex_lock(&tr_lock);
+}
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&tr_lock);
+    tr_prefill_fork(1);
+}
+static void fork_child(void)
+{
+    pthread_mutex_init(&tr_lock, NULL);
+    tr_prefill_fork(2);
+}
 
 /* Configuration, exit and fork handlers: safe before any CUDA library is loaded (the
  * adapter's first calls come from sitecustomize, long before torch loads libcudart). */

@@ -182,6 +182,7 @@ enum { TR_PREFILL_READY = 1, TR_PREFILL_WRITTEN = 2 }; /* what tr_prefill_take's
 HIDDEN void *tr_prefill_take(size_t size, size_t *len, int *ready); /* a region of the pool, or NULL */
 HIDDEN void tr_prefill_end(void);  /* stop, join, give back what was not taken (the first step's end) */
 HIDDEN void tr_prefill_exit(void); /* the same at exit, without the runtime */
+HIDDEN void tr_prefill_fork(int when); /* fork handlers: 0 before, 1 parent after, 2 child */
 
 /* ---- run-time state and stats (state.c, stats.c) ----------------------------- */
 struct tr_stats {
@@ -196,7 +197,7 @@ struct tr_stats {
     uint64_t prefetch_calls, prefetch_bytes, evict_calls, evict_bytes;
     uint64_t advise_calls;
     uint64_t room_demotions; /* optimizer regions demoted for a new allocation (place.c) */
-    uint64_t hint_errors; /* the shim's own advise/prefetch calls that failed (cleared) */
+    _Atomic uint64_t hint_errors; /* the shim's own calls that failed (cleared): from any thread, unlocked */
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[TR_KINDS];
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */

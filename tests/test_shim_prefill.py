@@ -119,6 +119,37 @@ def test_the_fill_makes_nothing_when_the_budget_keeps_all_the_state(built, tmp_p
     assert stats["host_state_prefill_ready_bytes"] == 0 and stats["host_state_prefill_register_s"] == 0
 
 
+def test_a_state_taking_a_later_ready_region_leaves_the_fill_its_earlier_ones(built, tmp_path):
+    """Three regions of one size; the fill has made only the last (the test's gate closes after
+    one region) when the first state comes: it takes that ready region, but its place in the
+    order is the first region's, so the fill, opened again, goes on to make the other two, and
+    the next two states take them ready (none is left to the allocations to write)."""
+    res, out, calls, stats = state_run(
+        built, tmp_path, env={**DEBUG, "APP_PREFILL_GATE": "4", "APP_PREFILL_OPEN_AFTER_FIRST": "1"},
+        then=("segs-ready:s,s,s",))
+    start, size = pool_of(res)
+    assert size == 3 * STATE
+    assert registered(calls) == [(start + i * STATE, STATE) for i in (2, 1, 0)], calls  # all the fill's
+    assert [out[f"state{i}_host"] for i in range(3)] == ["1"] * 3 and out["last_error"] == "0"
+    assert stats["host_state_prefill_ready_bytes"] == 3 * STATE and stats["host_state_register_s"] == 0
+    assert unregistered_once(calls, [p for p, _ in registered(calls)]) and after_frees(res)["fake_pinned"] == "0"
+
+
+def test_the_greedy_rule_holds_only_what_the_budget_keeps(built, tmp_path):
+    """Room for one and a half states beside the 4 GB, and segments of a state, two states, and
+    a half: the budget keeps the first, cannot keep the double one, and keeps the half beside the
+    first (hoststate.c decides allocation by allocation). So the fill makes only the double one's
+    region: the half's lies past the room by its end but is kept, and is not made for nothing."""
+    from tests.test_shim_host_state import budget_for
+    res, out, calls, stats = state_run(
+        built, tmp_path, parts=1, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(STATE + STATE // 2)}B"},
+        then=(f"segs-idle:s,{2 * STATE},{STATE // 2}",))
+    start, size = pool_of(res)
+    assert size == 3 * STATE + STATE // 2
+    assert registered(calls) == [(start + STATE, 2 * STATE)], calls
+    assert out["settled"] == "1" and stats["host_state_prefill_unused_bytes"] == 2 * STATE
+
+
 def test_allocations_before_the_fill_make_their_own_regions_and_the_fill_keeps_above_them(built, tmp_path):
     """A 4 GiB segment first (the state the GPU keeps, which no marked allocation of this size
     takes), three states, and one more state at the end. The allocations come while the fill
@@ -267,6 +298,36 @@ def test_the_shims_exit_ends_a_pool_still_filling(built, tmp_path):
     assert re.search(r"optimizer state's pool: \d+ bytes not taken \(\d+ of them made ready\), given back", res.stderr)
     taken = [(p, n) for p, n in registered(calls) if n == STATE]
     assert sorted(taken) == [(start + (1 << 30), STATE), (start + (1 << 30) + STATE, STATE)]
+
+
+@pytest.mark.parametrize("which", ["1", "2"])  # the registrar's thread, the writer's
+def test_a_fill_thread_that_cannot_start_withdraws_the_pool_before_anyone_takes_from_it(built, tmp_path, which):
+    """One of the fill's two threads cannot be started (the process's thread limit): said once,
+    the pool is unmapped before any allocation could see it, and eight threads allocating at that
+    moment each pin their own memory, write it (the fake's kernel touches all) and exit cleanly."""
+    k = 8
+    stats_path = tmp_path / "s.json"
+    res, out, calls = run(built, "state-threads", 4 * GB, STATE, k, stats_path, "segs:" + ",".join("s" * k),
+                          env={**BUDGET, **DEBUG, "TRANSIT_TEST_PREFILL_THREAD_FAIL": which})
+    assert res.returncode == 0, res.stderr
+    assert pool_of(res) is None
+    assert res.stderr.count("pthread_create for the optimizer state's pool failed (error 11)") == 1, res.stderr
+    assert [out[f"state{i}_host"] for i in range(k)] == ["1"] * k
+    stats = stats_of(stats_path)
+    assert stats["host_state_prefill_used_bytes"] == 0 and stats["host_state_allocs"] == k
+    assert stats["host_state_prefill_bytes"] == 0
+    assert len(registered(calls)) == k and after_frees(res)["fake_pinned"] == "0"
+
+
+def test_children_forked_while_the_fill_runs_never_wait_on_its_lock(built, tmp_path):
+    """A data loader forks while the fill's threads take and leave their lock: each of 300
+    children ends the pool it inherited (not its own: it has no fill threads) at once, never
+    stuck on a lock a fill thread held at the fork (every 30th fork comes while another thread
+    holds it, by the test build's hook); the parent's pool is untouched."""
+    res, out, calls, stats = state_run(built, tmp_path, env=DEBUG, then=(f"segs-fork:{1 << 30},{1 << 30},s,s,s",))
+    assert res.returncode == 0, res.stderr
+    assert out["forks_ok"] == "300"
+    assert stats["host_state_prefill_used_bytes"] == 3 * STATE and out["last_error"] == "0"
 
 
 def test_a_second_list_is_ignored(built, tmp_path):

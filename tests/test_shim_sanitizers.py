@@ -112,7 +112,8 @@ SCENARIOS = {
     # the segments made ready in the background (prefill.c): taken ready, one made as before,
     # threads at once while the fill runs, the fill kept above what was taken (-idle, gated),
     # regions written and registered by their allocations (the registrar gated), the fill
-    # holding at a region the budget keeps on the device,
+    # holding at a region the budget keeps on the device, a fill thread that cannot start, every
+    # registration refused with threads allocating, children forked during the fill,
     # a wrong prediction, and the end left to the shim's exit
     "host-state-prefill": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-ready:s,s,s"), "advise", PINNED, False),
     "host-state-prefill-small": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs:s,s"), "advise", PINNED, False),
@@ -127,6 +128,15 @@ SCENARIOS = {
                                 {"TRANSIT_GPU_BUDGET": f"{budget_for(96 * MiB)}B"}, False),
     "host-state-prefill-all-kept": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-idle:s,s,s"), "advise",
                                     {"TRANSIT_GPU_BUDGET": f"{budget_for(256 * MiB)}B"}, False),
+    "host-state-prefill-later-ready": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-ready:s,s,s"), "advise",
+                                       {**PINNED, "APP_PREFILL_GATE": "4", "APP_PREFILL_OPEN_AFTER_FIRST": "1"},
+                                       False),
+    "host-state-prefill-no-writer": (("state-threads", 4 * GB, 64 * MiB, 8, STATS, "segs:s,s,s,s,s,s,s,s"), "advise",
+                                     {**PINNED, "TRANSIT_TEST_PREFILL_THREAD_FAIL": "2"}, False),
+    "host-state-prefill-refused-threads": (("state-threads", 4 * GB, 64 * MiB, 8, STATS, "segs:s,s,s,s,s,s,s,s"),
+                                           "advise", {**PINNED, "FAKE_HOST_REGISTER_FAIL": "1"}, False),
+    "host-state-prefill-fork": (("state", 4 * GB, 64 * MiB, 3, STATS, f"segs-fork:{GiB},s,s,s"), "advise", PINNED,
+                                False),
     "host-state-prefill-wrong": (("state", 4 * GB, 64 * MiB, 3, STATS, f"segs:{66 * MiB},{66 * MiB}"), "advise",
                                  PINNED, False),
     "host-state-prefill-exit": (("state-threads", 4 * GB, 64 * MiB, 2, STATS, f"segs-exit:{GiB},s,s"), "advise",

@@ -104,7 +104,8 @@ static void print_tally(void)
  * advised huge pages (the fake reads smaps): the pool's bytes. segs-exit: the shim's exit ends
  * the pool (no empty list); segs-idle: the end waits until the fill has ended; segs-ready: the
  * marked allocations wait until then (every region made first); segs-twice: a second list,
- * each size twice. With APP_PREFILL_GATE set (a test build) the fill begins nothing until the
+ * each size twice; segs-fork: 300 children forked while the fill runs each end the pool they
+ * inherited (forks_ok: how many exited cleanly). With APP_PREFILL_GATE set (a test build) the fill begins nothing until the
  * allocations are made (segs_end opens it). expect:N: the retired transit_state_expect(N), then (0) after. Returns 1
  * where the caller ends it (segs_end), 2 for segs-exit:, 0 for no such option, -1 for no such call. */
 static int segs_idle, segs_expect;
@@ -130,14 +131,17 @@ static int segs_opt(const char *opt, size_t state)
         return 1;
     }
     int exit_ends = KIND_IS("segs-exit"), ready = KIND_IS("segs-ready"), twice = KIND_IS("segs-twice");
+    int forks = KIND_IS("segs-fork");
     segs_idle = KIND_IS("segs-idle");
-    if (!(exit_ends || ready || twice || segs_idle || KIND_IS("segs")))
+    if (!(exit_ends || ready || twice || segs_idle || forks || KIND_IS("segs")))
         return 0;
 #undef KIND_IS
     if (!segments || !huge)
         return -1;
     void (*gate)(int) = (void (*)(int))api("transit_test_prefill_gate");
-    /* APP_PREFILL_GATE=1: the fill waits until segs_end opens it; =2: only its registrations do */
+    /* APP_PREFILL_GATE=1: the fill waits until segs_end opens it; =2: only its registrations do;
+     * =4: the fill makes one region, then waits (APP_PREFILL_OPEN_AFTER_FIRST: until the first
+     * marked allocation is made) */
     int gated = getenv("APP_PREFILL_GATE") && gate;
     if (gated)
         gate(atoi(getenv("APP_PREFILL_GATE")));
@@ -152,12 +156,41 @@ static int segs_opt(const char *opt, size_t state)
             list[i] *= 2;
         segments(list, n);
     }
+    if (forks) { /* children forked while the fill runs end their (inherited, not theirs) pool */
+        void (*hold)(int) = (void (*)(int))api("transit_test_prefill_hold_lock");
+        int ok = 0;
+        for (int i = 0; i < 300; i++) {
+            if (hold && i % 30 == 0)
+                hold(50); /* every 30th fork while the fill's lock is held (a test build) */
+            pid_t c = fork();
+            if (c == 0) {
+                alarm(2); /* a child stuck on a lock the fill held at the fork: killed, not counted */
+                segments(NULL, 0);
+                _exit(0);
+            }
+            int st;
+            if (c > 0 && waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+                ok++;
+        }
+        printf("forks_ok=%d\n", ok);
+    }
     if (ready && settle)
         settle(); /* every region the fill makes, made before the allocations */
     if (gated)
         printf("gated=1\n");
     printf("huge_expected=%lld\n", huge());
     return exit_ends ? 2 : 1;
+}
+
+/* The test's gate opened and the fill settled again (the test build's hooks). */
+static void prefill_open(void)
+{
+    void (*gate)(int) = (void (*)(int))api("transit_test_prefill_gate");
+    void (*settle)(void) = (void (*)(void))api("transit_test_prefill_settle");
+    if (gate && settle) {
+        gate(0);
+        settle();
+    }
 }
 
 /* After the marked allocations (segs-idle: once the fill has ended, by the test build's hook):
@@ -686,8 +719,11 @@ int main(int argc, char **argv)
         if (expecting < 0)
             return 1;
         mark(1);
-        for (int i = 0; i < parts; i++)
+        for (int i = 0; i < parts; i++) {
             printf("state%d_err=%d\n", i, (int)cudaMalloc(&s[i], state));
+            if (i == 0 && getenv("APP_PREFILL_OPEN_AFTER_FIRST"))
+                prefill_open(); /* the fill may go on now that the first state took its region */
+        }
         struct other o = {state, NULL};
         pthread_t t; /* another thread's allocation meanwhile is not state: the mark is the caller's */
         if (pthread_create(&t, NULL, other_alloc, &o) || pthread_join(t, NULL))
