@@ -564,7 +564,7 @@ EXPORT void transit_test_prefill_settle(void)
         int busy = 0; /* a region in the threads' hands, or one the open registrar has yet to take */
         for (int i = 0; i < pool.n; i++)
             busy |= pool.reg[i].st == R_WRITING || pool.reg[i].st == R_REGISTERING ||
-                    (pool.reg[i].st == R_WRITTEN && !(gate & GATE_REGISTRAR));
+                    (pool.reg[i].st == R_WRITTEN && i > pool.floor && !(gate & GATE_REGISTRAR));
         int still = pool.written_all || (pool.holding && pool.held_for == ask) || (gate & GATE_WRITER);
         if (!pool.running || (still && !busy))
             break;
