@@ -33,6 +33,7 @@ save cut short never leaves a step-N/; a resume removes the temporary ones left 
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -591,7 +592,13 @@ def main():
         summ["max_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
     if rank == 0:
         print(json.dumps({"summary": summ}), flush=True)
+    # Every collective done and the process group's threads gone while Python still runs: a
+    # gloo worker freeing its last work during interpreter shutdown needs the GIL, cannot get
+    # it, and aborts the rank ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
+    del model, opt
+    gc.collect()
     return 0
 
 

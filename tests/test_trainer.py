@@ -91,3 +91,21 @@ def test_deepspeed_configs_of_the_peers(monkeypatch):
     z = zen["zero_optimization"]
     assert z["stage"] == 2 and z["offload_optimizer"]["device"] == "cpu" and z["overlap_comm"]
     assert z["zenflow"]["select_interval"] >= z["zenflow"]["update_interval"]  # ZenFlow refuses less
+
+
+def test_ranks_exit_cleanly_with_the_shim_preloaded(built):
+    """The shim in every process, as transit-launch injects it, on CPU ranks: it exports the CUDA
+    runtime's symbols, which makes PyTorch's profiler start more of its machinery, and a gloo
+    worker that freed its last work during interpreter shutdown aborted the rank ("terminate
+    called without an active exception": a third of the runs before the trainer ended its
+    collectives and process group while Python still ran). Eight runs, every rank exits 0."""
+    import os
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSIT_")}
+    env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise")
+    for i in range(8):
+        res = subprocess.run([*torchrun, "--standalone", "--nproc-per-node", "2", str(TRAINER), "--device", "cpu",
+                              "--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+                              "--vocab", "256", "--seq-len", "64", "--steps", "5", "--comm-profile", "3"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        assert res.returncode == 0, f"run {i + 1}: " + res.stderr[:2000]
