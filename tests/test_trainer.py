@@ -94,11 +94,12 @@ def test_deepspeed_configs_of_the_peers(monkeypatch):
 
 
 def test_ranks_exit_cleanly_with_the_shim_preloaded(built):
-    """The shim in every process, as transit-launch injects it, on CPU ranks: it exports the CUDA
-    runtime's symbols, which makes PyTorch's profiler start more of its machinery, and a gloo
-    worker that freed its last work during interpreter shutdown aborted the rank ("terminate
-    called without an active exception": a third of the runs before the trainer ended its
-    collectives and process group while Python still ran). Eight runs, every rank exits 0."""
+    """The shim in every process, as transit-launch injects it, on CPU ranks. Before the trainer
+    ended its collectives and process group while Python still ran, a gloo worker freeing its
+    last work during interpreter shutdown aborted a rank ("terminate called without an active
+    exception") in about a third of such runs; a library exporting only the CUDA runtime's
+    symbols the shim exports did it too, an empty preloaded library did not. Eight runs, every
+    rank exits 0."""
     import os
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSIT_")}
