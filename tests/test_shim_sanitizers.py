@@ -113,7 +113,7 @@ SCENARIOS = {
     # threads at once while the fill runs, the fill kept above what was taken (-idle, gated),
     # regions written and registered by their allocations (the registrar gated), the fill
     # holding at a region the budget keeps on the device, a fill thread that cannot start, every
-    # registration refused with threads allocating, children forked during the fill,
+    # registration refused with threads allocating, children forked during the fill and after it,
     # a wrong prediction, and the end left to the shim's exit
     "host-state-prefill": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-ready:s,s,s"), "advise", PINNED, False),
     "host-state-prefill-small": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs:s,s"), "advise", PINNED, False),
@@ -137,6 +137,7 @@ SCENARIOS = {
                                            "advise", {**PINNED, "FAKE_HOST_REGISTER_FAIL": "1"}, False),
     "host-state-prefill-fork": (("state", 4 * GB, 64 * MiB, 3, STATS, f"segs-fork:{GiB},s,s,s"), "advise", PINNED,
                                 False),
+    "host-state-prefill-fork-after": (("state", 4 * GB, 64 * MiB, 3, STATS, "segs-fork:s"), "advise", PINNED, False),
     "host-state-prefill-wrong": (("state", 4 * GB, 64 * MiB, 3, STATS, f"segs:{66 * MiB},{66 * MiB}"), "advise",
                                  PINNED, False),
     "host-state-prefill-exit": (("state-threads", 4 * GB, 64 * MiB, 2, STATS, f"segs-exit:{GiB},s,s"), "advise",
