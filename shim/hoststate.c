@@ -43,18 +43,19 @@ static uint64_t first_room;     /* the room for state the first one found */
 
 void tr_hoststate_mark(int on) { marked = on ? marked + 1 : (marked > 0 ? marked - 1 : 0); }
 
-/* The room the budget leaves for state on the device (returned; what the device holds in
- * *placed): beside the most the device has held so far (the
- * step's activations, made before the state), the adapter's staging ring, and the share by
- * which PyTorch's cache grows after the first step (TR_STATE_ROOM_SPARE_PERCENT of the budget:
- * state kept in that room pushed hot data to the host). Under tr_lock. */
-static uint64_t state_room(uint64_t *placed)
+/* The room the budget leaves for state on the device now: the budget less the most the device
+ * has held so far (the step's activations, made before the state), the adapter's staging ring,
+ * and the share by which PyTorch's cache grows after the first step
+ * (TR_STATE_ROOM_SPARE_PERCENT of the budget: state kept in that room pushed hot data to the
+ * host). Under tr_lock. */
+static uint64_t state_room(void)
 {
     uint64_t buf = tr_devbuf_bytes(), peak = tr_count.dev_placed_peak > buf ? tr_count.dev_placed_peak - buf : 0;
     uint64_t room = tr_budget();
     uint64_t spare = tr_budget_total() / 100 * TR_STATE_ROOM_SPARE_PERCENT + (buf ? 0 : tr_cfg.ring_bytes);
-    *placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak;
-    return room > spare ? room - spare : 0;
+    uint64_t placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak;
+    room = room > spare ? room - spare : 0;
+    return placed <= room ? room - placed : 0;
 }
 
 /* Whether this thread's allocation of size bytes is state that goes to pinned host memory:
@@ -66,12 +67,12 @@ int tr_hoststate_wanted(size_t size)
           tr_real.host_unregister))
         return 0;
     pthread_mutex_lock(&tr_lock);
-    uint64_t placed, room = state_room(&placed);
+    uint64_t room = state_room();
     if (!began) { /* the first state: the room it finds is the room all of it shares */
         began = 1;
-        first_room = placed <= room ? room - placed : 0;
+        first_room = room;
     }
-    int fits = placed <= room && size <= room - placed;
+    int fits = size <= room;
     if (fits)
         tr_count.host_state_kept += size;
     pthread_mutex_unlock(&tr_lock);
@@ -85,7 +86,7 @@ int tr_hoststate_wanted(size_t size)
 uint64_t tr_hoststate_kept_now(void)
 {
     pthread_mutex_lock(&tr_lock);
-    uint64_t placed, room = state_room(&placed), kept = began ? first_room : placed <= room ? room - placed : 0;
+    uint64_t kept = began ? first_room : state_room();
     pthread_mutex_unlock(&tr_lock);
     return kept;
 }

@@ -229,7 +229,7 @@ static void *register_pool(void *arg)
         GATE_WAIT(GATE_REGISTRAR);
         int j = pool.stop ? -1 : last_region(R_WRITTEN);
         if (j < 0) {
-            if (pool.stop || (pool.written_all && last_region(R_WRITING) < 0))
+            if (pool.stop || pool.written_all) /* (the writer ends with no region in its hands) */
                 break;
             pthread_cond_wait(&moved, &mu);
             continue;

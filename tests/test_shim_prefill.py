@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_shim import GB, pytestmark, run, stats_of  # noqa: F401  (pytestmark: the same skip)
-from tests.test_shim_host_state import BUDGET, STATE, THP, MiB, host_allocs, state_run
+from tests.test_shim_host_state import BUDGET, STATE, THP, MiB, budget_for, host_allocs, state_run
 
 DEBUG = {"TRANSIT_LOG": "debug"}
 GATED = {**DEBUG, "APP_PREFILL_GATE": "1"}  # the fill begins nothing until the allocations are made
@@ -91,7 +91,6 @@ def test_the_fill_makes_no_region_the_budget_would_keep_on_the_device(built, tmp
     on the device. The fill makes the last two regions and holds at the first, which lies within
     that room; the first allocation is kept on the device, the other two take the two made, and
     the first region is never registered (none is made for nothing)."""
-    from tests.test_shim_host_state import budget_for
     res, out, calls, stats = state_run(
         built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(STATE + STATE // 2)}B"},
         then=("segs-ready:s,s,s",))
@@ -109,7 +108,6 @@ def test_the_fill_makes_nothing_when_the_budget_keeps_all_the_state(built, tmp_p
     region, and goes on holding once the kept state has filled that room (the room the first
     state found is the rule then, not what is left beside the state itself): nothing is
     written or registered, nothing made for nothing."""
-    from tests.test_shim_host_state import budget_for
     res, out, calls, stats = state_run(
         built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(3 * STATE + STATE // 2)}B"},
         then=("segs-idle:s,s,s",))
@@ -140,7 +138,6 @@ def test_the_greedy_rule_holds_only_what_the_budget_keeps(built, tmp_path):
     a half: the budget keeps the first, cannot keep the double one, and keeps the half beside the
     first (hoststate.c decides allocation by allocation). So the fill makes only the double one's
     region: the half's lies past the room by its end but is kept, and is not made for nothing."""
-    from tests.test_shim_host_state import budget_for
     res, out, calls, stats = state_run(
         built, tmp_path, parts=1, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(STATE + STATE // 2)}B"},
         then=(f"segs-idle:s,{2 * STATE},{STATE // 2}",))
