@@ -40,7 +40,9 @@
 /* The background fill's writers at most: with 8 threads writing pages the training thread's
  * small kernel launches kept their latency, with 16 they did not (bench/RESULTS.md, "Pinning
  * with huge pages"); one core is left to the training thread. */
+#ifndef PREFILL_THREADS /* (a bench build may set it: -DPREFILL_THREADS=N) */
 #define PREFILL_THREADS 8
+#endif
 #define MAX_SEGMENTS (1 << 20) /* a longer list is not the adapter's: no pool */
 
 /* FREE -> WRITING -> WRITTEN -> REGISTERING -> READY, each -> TAKEN but WRITING and REGISTERING;
