@@ -1,26 +1,30 @@
 """What of the pinned pool's fill slows the trainer's first forward and backward (issue 27, warm-up)?
 
 shim/prefill.c writes and registers the first step's pinned state in the background, during the
-first forward and backward, and they run 0.2-0.9 s longer beside it (bench/RESULTS.md, "The fill's
-writes and registrations in a pipeline"). This probe times the work a trainer's thread gives CUDA
-while one background activity runs, against none:
+first forward and backward, and they run 0.2-1.0 s longer beside it (bench/RESULTS.md, "The fill's
+writers, and what slows the first forward"). This probe times a trainer thread's CUDA work while
+one bounded background activity runs, as the fill runs it, against none:
 
-  activities  idle; write (--writers threads write fresh huge pages, as the fill's writer);
-              register (one thread registers written regions of --piece-mb, one after another, as
-              the fill's registrar); register-small (the same in 64 MiB regions: is a stall as long
-              as one registration?); both (write and register, as the pipeline)
-  work        launch: a burst of 200 small kernels, then a synchronize (launch-bound);
-              alloc: the shim's path for a new segment: cudaMallocManaged of 64 MiB, preferred
-              location the device, prefetched there on the legacy stream, synchronized, freed;
-              matmul: 8 bf16 8192^3 matmuls, synchronized (GPU-bound)
+  activities  idle; write (--host-gb of fresh huge pages written once by --writers threads, as the
+              fill's writer); register (the --piece-mb regions of a written --host-gb registered
+              once each, one after another, as the fill's registrar); register-small (the same in
+              64 MiB regions: does a stall last one registration?); both (write and register)
+  work        round robin until the activity ends: launch (200 small kernels, synchronized),
+              alloc (the shim's path for a new segment: cudaMallocManaged of 64 MiB, preferred
+              location the device, prefetched there on the legacy stream, synchronized, freed),
+              matmul (8 bf16 8192^3 matmuls, synchronized: GPU-bound)
 
-and then asks whether host memory made by the driver in pieces (cuMemCreate, location host) mapped
-side by side takes one copy across two pieces, which one registration per segment cannot.
+Each activity runs in a process of its own, ended after --case-timeout seconds and then recorded
+as not finished. Then: does host memory the driver makes in pieces (cuMemCreate, location host),
+mapped side by side, take one copy across two pieces, which one registration per segment cannot?
 
     python3 bench/probes/fill_stall_probe.py --out fill_stall.json
 
-Host memory at most 2 x --host-gb (the written regions and the pages written beside); device
-memory: 64 MiB at a time, three 128 MiB matrices and one copy buffer of --copy-mb.
+b1e01e3's version registered and unregistered regions in a loop without end; on 2026-12-04 its
+register case did not finish in 190 s and a second try got no answer from the machine (cause
+unknown): bench/results/2026-12-04/fill-writers/fill_stall_partial.txt. This one registers each
+region once. Host memory at most 2 x --host-gb; device memory: 64 MiB at a time, three 128 MiB
+matrices and one copy buffer of --copy-mb.
 """
 
 import argparse
@@ -33,31 +37,18 @@ import sys
 import threading
 import time
 
+import host_populate_probe
+from host_populate_probe import ADV_PREFERRED, LOC_DEVICE, Loc
+
 HUGE = 2 << 20
 MADV_HUGEPAGE = 14
-HOST_PORTABLE_MAPPED = 1 | 2
-ADV_PREFERRED, LOC_DEVICE = 3, 1
-
-
-class Loc(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+HOST_PORTABLE_MAPPED = host_populate_probe.HOST_PORTABLE_MAPPED
 
 
 def cudart():
-    """The libcudart torch loaded (the same runtime instance as torch's)."""
-    import torch
-    torch.cuda.init()
-    with open("/proc/self/maps") as f:
-        path = next(line.split()[-1] for line in f if "libcudart.so" in line)
-    rt = ctypes.CDLL(path)
-    rt.cudaMallocManaged.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
-    rt.cudaMemAdvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, Loc]
-    rt.cudaMemPrefetchAsync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, Loc, ctypes.c_uint, ctypes.c_void_p]
-    rt.cudaFree.argtypes = [ctypes.c_void_p]
-    rt.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
-    rt.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+    """host_populate_probe's handle on the libcudart torch loaded, with the calls this probe adds."""
+    rt = host_populate_probe.cudart()
     rt.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    rt.cudaDeviceSynchronize.argtypes = []
     return rt
 
 
@@ -73,112 +64,131 @@ def huge_region(nbytes):
     return m, ptr
 
 
-def write_pages(ptr, nbytes, n):
-    chunk = -(-nbytes // n) // HUGE * HUGE or HUGE
-    ws = [threading.Thread(target=ctypes.memset, args=(ptr + i * chunk, 0, min(chunk, nbytes - i * chunk)))
-          for i in range(n) if i * chunk < nbytes]  # ctypes releases the GIL: the memsets run at once
-    for w in ws:
-        w.start()
-    for w in ws:
-        w.join()
+write_pages = host_populate_probe._memset_threads  # n threads at once (ctypes releases the GIL)
 
 
 class Background:
-    """One activity in threads of its own until stopped: fresh pages written (new regions each
-    round, given back after), and/or written regions registered and unregistered in turn."""
+    """One bounded activity in threads of its own, as the fill does it: --host-gb of fresh pages
+    written once (write), the regions of a written --host-gb registered once each, one after
+    another (register, register-small), or both at once. Unregistered only after it ends."""
 
     def __init__(self, rt, what, host, piece, writers):
         self.rt, self.what, self.host, self.piece, self.writers = rt, what, host, piece, writers
-        self.stop = threading.Event()
-        self.threads, self.done = [], {"written_gb": 0.0, "registered_gb": 0.0, "register_s": 0.0, "errors": 0}
-        if "register" in what or what == "both":
-            self.reg_map, self.reg_ptr = huge_region(host)
+        self.threads, self.done, self.maps = [], {"written_gb": 0.0, "registered_gb": 0.0, "register_s": 0.0,
+                                                  "errors": 0, "s": 0.0}, []
+        self.registered = []
+        if what.startswith("register") or what == "both":
+            m, self.reg_ptr = huge_region(host)
+            self.maps.append(m)
             write_pages(self.reg_ptr, host, writers)
 
     def _write(self):
-        while not self.stop.is_set():
-            m, p = huge_region(self.host)
-            write_pages(p, self.host, self.writers)
-            self.done["written_gb"] += self.host / 1e9
-            m.close()
+        m, p = huge_region(self.host)
+        self.maps.append(m)
+        write_pages(p, self.host, self.writers)
+        self.done["written_gb"] = self.host / 1e9
 
     def _register(self):
-        i, regions = 0, max(1, self.host // self.piece)
-        while not self.stop.is_set():
+        for i in range(self.host // self.piece):
             p = self.reg_ptr + i * self.piece
-            i = (i + 1) % regions
             t0 = time.perf_counter()
             err = self.rt.cudaHostRegister(ctypes.c_void_p(p), self.piece, HOST_PORTABLE_MAPPED)
             self.done["register_s"] += time.perf_counter() - t0
             if err:
                 self.done["errors"] += 1
-                continue
+                self.rt.cudaGetLastError()
+                break
+            self.registered.append(p)
             self.done["registered_gb"] += self.piece / 1e9
-            self.rt.cudaHostUnregister(ctypes.c_void_p(p))
+
+    def busy(self):
+        return any(t.is_alive() for t in self.threads)
 
     def __enter__(self):
         targets = {"idle": [], "write": [self._write], "register": [self._register],
                    "register-small": [self._register], "both": [self._write, self._register]}[self.what]
         self.threads = [threading.Thread(target=t, daemon=True) for t in targets]
+        self.t0 = time.perf_counter()
         for t in self.threads:
             t.start()
-        time.sleep(0.2 if self.threads else 0)  # under way before the work is timed
         return self
 
     def __exit__(self, *exc):
-        self.stop.set()
         for t in self.threads:
             t.join()
-        if hasattr(self, "reg_map"):
-            self.reg_map.close()
+        self.done["s"] = round(time.perf_counter() - self.t0, 3)
+        for p in self.registered:
+            self.rt.cudaHostUnregister(ctypes.c_void_p(p))
+        for m in self.maps:
+            m.close()
 
 
-def work(torch, rt, kind, reps):
-    """Each repetition's wall time in ms."""
-    x = torch.ones(1024, device="cuda")
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        if kind == "launch":
-            for _ in range(200):
-                x.add_(1.0)
-            torch.cuda.synchronize()
-        elif kind == "alloc":
-            p = ctypes.c_void_p()
-            n = 64 << 20
-            if rt.cudaMallocManaged(ctypes.byref(p), n, 1) == 0:
-                rt.cudaMemAdvise(p, n, ADV_PREFERRED, Loc(LOC_DEVICE, 0))
-                rt.cudaMemPrefetchAsync(p, n, Loc(LOC_DEVICE, 0), 0, None)
-                rt.cudaDeviceSynchronize()
-                rt.cudaFree(p)
-        else:
-            for _ in range(8):
-                c = a @ b
-            torch.cuda.synchronize()
-            del c
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+def op(torch, rt, kind, x, a, b):
+    """One piece of a trainer thread's work, synchronized: its wall time in ms."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    if kind == "launch":  # launch-bound: 200 small kernels
+        for _ in range(200):
+            x.add_(1.0)
+    elif kind == "alloc":  # the shim's path for a new segment
+        p, n = ctypes.c_void_p(), 64 << 20
+        if rt.cudaMallocManaged(ctypes.byref(p), n, 1) == 0:
+            rt.cudaMemAdvise(p, n, ADV_PREFERRED, Loc(LOC_DEVICE, 0))
+            rt.cudaMemPrefetchAsync(p, n, Loc(LOC_DEVICE, 0), 0, None)
+            rt.cudaDeviceSynchronize()
+            rt.cudaFree(p)
+    else:  # GPU-bound
+        for _ in range(8):
+            torch.mm(a, b)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def summary(ms):
     return {"median_ms": round(statistics.median(ms), 3), "max_ms": round(max(ms), 3),
-            "total_ms": round(sum(ms), 1), "n": len(ms)}
+            "total_ms": round(sum(ms), 1), "n": len(ms)} if ms else {"n": 0}
 
 
-def stalls(torch, rt, a):
+ACTIVITY = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, fill_stall_probe as f
+what, host, piece, writers = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rt = f.cudart()
+x = torch.ones(1024, device="cuda")
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+for kind in ("launch", "alloc", "matmul"):  # each once before any is timed
+    f.op(torch, rt, kind, x, a, b)
+times = {"launch": [], "alloc": [], "matmul": []}
+with f.Background(rt, what, host, piece, writers) as bg:
+    k = 0  # round robin while the background works (idle: 60 rounds)
+    while (bg.busy() if what != "idle" else k < 180) or k < 3:
+        kind = ("launch", "alloc", "matmul")[k % 3]
+        times[kind].append(f.op(torch, rt, kind, x, a, b)); k += 1
+row = {kind: f.summary(ms) for kind, ms in times.items()}
+row["background"] = bg.done
+print(json.dumps(row), flush=True)
+"""
+
+
+def stalls(a):
+    """Each activity in a process of its own, ended after --case-timeout seconds (then recorded
+    as not finished): a trainer thread's work there, against idle."""
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
     out = {}
-    for what in ("idle", "write", "register", "register-small", "both"):
+    for what in ("idle", "write", "register-small", "register", "both"):
         piece = (64 << 20) if what == "register-small" else a.piece_mb << 20
-        row = {}
-        with Background(rt, what, a.host_gb << 30, piece, a.writers) as bg:
-            for kind, reps in (("launch", 150), ("alloc", 150), ("matmul", 30)):
-                row[kind] = summary(work(torch, rt, kind, reps))
-        row["background"] = {k: round(v, 3) for k, v in bg.done.items()}
-        out[what] = row
-        print(what, json.dumps(row), flush=True)
+        p = subprocess.Popen([sys.executable, "-c", ACTIVITY, here, what, str(a.host_gb << 30), str(piece),
+                              str(a.writers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            so, se = p.communicate(timeout=a.case_timeout)
+            lines = [ln for ln in so.splitlines() if ln.startswith("{")]
+            out[what] = json.loads(lines[-1]) if lines else {"rc": p.returncode, "stderr": se[-400:]}
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out[what] = {"not_finished_s": a.case_timeout}
+        print(what, json.dumps(out[what]), flush=True)
     return out
 
 
@@ -245,15 +255,16 @@ def vmm(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--host-gb", type=int, default=8)
+    ap.add_argument("--host-gb", type=int, default=32)
     ap.add_argument("--piece-mb", type=int, default=2048)
     ap.add_argument("--vmm-piece-mb", type=int, default=64)
     ap.add_argument("--copy-mb", type=int, default=32)
     ap.add_argument("--writers", type=int, default=8)
+    ap.add_argument("--case-timeout", type=int, default=90)
     ap.add_argument("--out")
     ap.error = lambda msg: ap.exit(2, f"fill_stall_probe: {msg}\n")  # one line, not the usage
     a = ap.parse_args()
-    if min(a.host_gb, a.piece_mb, a.vmm_piece_mb, a.copy_mb, a.writers) < 1 or a.piece_mb > a.host_gb << 10 \
+    if min(a.host_gb, a.piece_mb, a.vmm_piece_mb, a.copy_mb, a.writers, a.case_timeout) < 1 or a.piece_mb > a.host_gb << 10 \
             or a.copy_mb > 2 * a.vmm_piece_mb:
         ap.exit(2, "fill_stall_probe: sizes and --writers must be positive, --piece-mb at most --host-gb, "
                    "--copy-mb at most twice --vmm-piece-mb\n")
@@ -263,8 +274,7 @@ def main():
         ap.exit(2, "fill_stall_probe: needs PyTorch with CUDA (it times CUDA work beside the fill)\n")
     if not torch.cuda.is_available():
         ap.exit(2, "fill_stall_probe: no GPU here: it times CUDA work beside the fill on one\n")
-    rt = cudart()
-    res = {"host_gb": a.host_gb, "piece_mb": a.piece_mb, "writers": a.writers, "stalls": stalls(torch, rt, a),
+    res = {"host_gb": a.host_gb, "piece_mb": a.piece_mb, "writers": a.writers, "stalls": stalls(a),
            "vmm": vmm(a)}
     text = json.dumps(res, indent=1)
     if a.out:
