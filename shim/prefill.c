@@ -43,6 +43,12 @@
 #ifndef PREFILL_THREADS /* (a bench build may set it: -DPREFILL_THREADS=N) */
 #define PREFILL_THREADS 8
 #endif
+/* A bench build's rest between two registrations, in microseconds (-DPREFILL_REGISTER_REST_US=N;
+ * 0: none), to measure whether the trainer's own CUDA calls wait behind back-to-back
+ * registrations (bench/RESULTS.md, "The fill's writers, and what slows the first forward"). */
+#ifndef PREFILL_REGISTER_REST_US
+#define PREFILL_REGISTER_REST_US 0
+#endif
 #define MAX_SEGMENTS (1 << 20) /* a longer list is not the adapter's: no pool */
 
 /* FREE -> WRITING -> WRITTEN -> REGISTERING -> READY, each -> TAKEN but WRITING and REGISTERING;
@@ -260,6 +266,12 @@ static void *register_pool(void *arg)
         else
             pool.stop = 1; /* the host pins no more: the writer stops, the allocations try their own */
         pthread_cond_broadcast(&moved);
+        if (PREFILL_REGISTER_REST_US && !pool.stop) {
+            pthread_mutex_unlock(&mu);
+            struct timespec rest = {PREFILL_REGISTER_REST_US / 1000000, PREFILL_REGISTER_REST_US % 1000000 * 1000L};
+            nanosleep(&rest, NULL);
+            pthread_mutex_lock(&mu);
+        }
     }
     counted_out();
     pthread_mutex_unlock(&mu);

@@ -369,3 +369,20 @@ def test_the_adapters_bindings_send_the_list_to_the_shim(built, tmp_path, backen
     assert f"backend={backend}" in res.stdout and "sent=1" in res.stdout and "ended=1" in res.stdout
     assert re.search(rf"optimizer state's pool 0x[0-9a-f]+ \({4 * STATE} bytes, 3 segments\) filling", res.stderr)
     assert re.search(r"optimizer state's pool: \d+ bytes not taken \(\d+ of them made ready\), given back", res.stderr)
+
+
+def test_a_bench_builds_rest_between_registrations_keeps_every_region_ready(built, tmp_path):
+    """-DPREFILL_REGISTER_REST_US (a bench build's knob, off by default): the registrar rests that
+    long after each registration, outside the pool's lock. With 1 s the three regions are still all
+    made ready before the allocations and each is taken whole; the fill's lead (the list to the
+    first take, after the settle) holds at least the two rests between the three registrations."""
+    from transit_launch.shim import build as shimbuild
+    shim, warnings = shimbuild.build(tmp_path / "rest", extra_cflags=["-DTRANSIT_TESTING",
+                                                                      "-DPREFILL_REGISTER_REST_US=1000000"])
+    assert shim, warnings
+    res, out, calls, stats = state_run({**built, "shim": shim}, tmp_path, env=DEBUG, then=("segs-ready:s,s,s",))
+    start, size = pool_of(res)
+    assert registered(calls) == [(start + i * STATE, STATE) for i in (2, 1, 0)], calls
+    assert [out[f"state{i}_host"] for i in range(3)] == ["1"] * 3
+    assert stats["host_state_prefill_ready_bytes"] == 3 * STATE and stats["host_state_register_s"] == 0
+    assert stats["host_state_prefill_lead_s"] >= 2.0, stats["host_state_prefill_lead_s"]
