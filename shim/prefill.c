@@ -40,12 +40,14 @@
 /* The background fill's writers at most: with 8 threads writing pages the training thread's
  * small kernel launches kept their latency, with 16 they did not (bench/RESULTS.md, "Pinning
  * with huge pages"); one core is left to the training thread. */
-#ifndef PREFILL_THREADS /* (a bench build may set it: -DPREFILL_THREADS=N) */
+#ifndef PREFILL_THREADS /* (a bench build may set it: -DPREFILL_THREADS=N; hoststate.c's FILL_THREADS caps it) */
 #define PREFILL_THREADS 8
 #endif
 /* A bench build's rest between two registrations, in microseconds (-DPREFILL_REGISTER_REST_US=N;
  * 0: none), to measure whether the trainer's own CUDA calls wait behind back-to-back
- * registrations (bench/RESULTS.md, "The fill's writers, and what slows the first forward"). */
+ * registrations (bench/RESULTS.md, "The fill's writers, and what slows the first forward").
+ * While it rests, an allocation may take a written region and register it itself
+ * (host_state_register_s counts that). */
 #ifndef PREFILL_REGISTER_REST_US
 #define PREFILL_REGISTER_REST_US 0
 #endif
@@ -180,6 +182,18 @@ static int next_to_write(int *held)
     return pick;
 }
 
+/* CLOCK_MONOTONIC's time us microseconds from now (looked's clock: a deadline for its waits). */
+static struct timespec monotonic_in(long us)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += us / 1000000;
+    t.tv_nsec += us % 1000000 * 1000L;
+    t.tv_sec += t.tv_nsec / 1000000000L;
+    t.tv_nsec %= 1000000000L;
+    return t;
+}
+
 /* The writer: each region's pages, from the last back; a region the budget would keep on the
  * device is made only once the step's activations leave it no room (looked at every HOLD_MS). */
 #define HOLD_MS 10
@@ -196,11 +210,7 @@ static void *write_pool(void *arg)
             pool.holding = 1;
             pool.held_for = asked;
             pthread_cond_broadcast(&moved); /* (a test's settle) */
-            struct timespec until;
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_nsec += HOLD_MS * 1000000L;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
+            struct timespec until = monotonic_in(HOLD_MS * 1000L);
             pthread_cond_timedwait(&looked, &mu, &until);
             pool.holding = 0;
             continue;
@@ -266,11 +276,12 @@ static void *register_pool(void *arg)
         else
             pool.stop = 1; /* the host pins no more: the writer stops, the allocations try their own */
         pthread_cond_broadcast(&moved);
-        if (PREFILL_REGISTER_REST_US && !pool.stop) {
-            pthread_mutex_unlock(&mu);
-            struct timespec rest = {PREFILL_REGISTER_REST_US / 1000000, PREFILL_REGISTER_REST_US % 1000000 * 1000L};
-            nanosleep(&rest, NULL);
-            pthread_mutex_lock(&mu);
+        /* the bench build's rest (mu released while it waits; an end cuts it short, a take does
+         * not), unless nothing is left to register */
+        if (PREFILL_REGISTER_REST_US && !(pool.written_all && last_region(R_WRITTEN) < 0)) {
+            struct timespec until = monotonic_in(PREFILL_REGISTER_REST_US);
+            while (!pool.stop && pthread_cond_timedwait(&looked, &mu, &until) != ETIMEDOUT)
+                ;
         }
     }
     counted_out();

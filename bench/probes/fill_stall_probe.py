@@ -14,9 +14,11 @@ one bounded background activity runs, as the fill runs it, against none:
               location the device, prefetched there on the legacy stream, synchronized, freed),
               matmul (8 bf16 8192^3 matmuls, synchronized: GPU-bound)
 
-Each activity runs in a process of its own, ended after --case-timeout seconds and then recorded
-as not finished. Then: does host memory the driver makes in pieces (cuMemCreate, location host),
-mapped side by side, take one copy across two pieces, which one registration per segment cannot?
+Then: does host memory the driver makes in pieces (cuMemCreate, location host), mapped side by
+side, take one copy across two pieces, which one registration per segment cannot? Each of the 8
+cases runs in a process of its own, killed after --case-timeout seconds and then recorded as not
+finished (at most 8 x 60 s by default: run it as a device call of its own); the results are saved
+after every case.
 
     python3 bench/probes/fill_stall_probe.py --out fill_stall.json
 
@@ -171,25 +173,38 @@ print(json.dumps(row), flush=True)
 """
 
 
-def stalls(a):
-    """Each activity in a process of its own, ended after --case-timeout seconds (then recorded
-    as not finished): a trainer thread's work there, against idle."""
+class Stuck(Exception):
+    """A case's process outlived its kill: it may still hold its memory, so no further case runs."""
+
+
+def case(argv, timeout):
+    """One case in a process of its own: its last JSON line, or how it ended. Ended by SIGKILL after
+    timeout seconds ({"not_finished_s": timeout}); Stuck if it is still there 10 s later."""
+    p = subprocess.Popen([sys.executable, "-c", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        so, se = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        try:
+            p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            raise Stuck(f"a case still ran 10 s after its kill (after {timeout} s): {argv[1:]}") from None
+        return {"not_finished_s": timeout}
+    lines = [ln for ln in so.splitlines() if ln.startswith("{")]
+    return {**(json.loads(lines[-1]) if lines else {}), **({"rc": p.returncode, "stderr": se[-400:]}
+                                                          if p.returncode or not lines else {})}
+
+
+def stalls(a, out, save):
+    """Each activity as a case (above), into out[what], saved after each: a trainer thread's work
+    there, against idle."""
     import os
     here = os.path.dirname(os.path.abspath(__file__))
-    out = {}
     for what in ("idle", "write", "register-small", "register", "both"):
         piece = (64 << 20) if what == "register-small" else a.piece_mb << 20
-        p = subprocess.Popen([sys.executable, "-c", ACTIVITY, here, what, str(a.host_gb << 30), str(piece),
-                              str(a.writers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            so, se = p.communicate(timeout=a.case_timeout)
-            lines = [ln for ln in so.splitlines() if ln.startswith("{")]
-            out[what] = json.loads(lines[-1]) if lines else {"rc": p.returncode, "stderr": se[-400:]}
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out[what] = {"not_finished_s": a.case_timeout}
+        out[what] = case([ACTIVITY, here, what, str(a.host_gb << 30), str(piece), str(a.writers)], a.case_timeout)
         print(what, json.dumps(out[what]), flush=True)
-    return out
+        save()
 
 
 VMM_CASE = r"""
@@ -202,7 +217,7 @@ class Flags(ctypes.Structure): _fields_ = [("compressionType", ctypes.c_ubyte), 
                                            ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
 class Prop(ctypes.Structure): _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Loc),
                                           ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", Flags)]
-class Access(ctypes.Structure): _fields_ = [("location", Loc), ("flags", ctypes.c_ulonglong)]
+class Access(ctypes.Structure): _fields_ = [("location", Loc), ("flags", ctypes.c_int)]  # CUmemAccess_flags: an enum
 piece, count, copy, access = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 res = {"case": access}
 prop = Prop(1, 0, Loc(2, 0))  # pinned, no handle types, location HOST
@@ -239,18 +254,12 @@ if access != "device":  # the CPU's own access (a fault here kills only this cas
 """
 
 
-def vmm(a):
-    """Each access case in a process of its own (a mapping the CPU cannot touch kills only it): its
-    last line of results, and how it ended."""
-    out = {}
+def vmm(a, out, save):
+    """Each access case as a case (a mapping the CPU cannot touch kills only its process)."""
     for access in ("device", "device+host", "device+host_numa"):
-        p = subprocess.run([sys.executable, "-c", VMM_CASE, str(a.vmm_piece_mb << 20), "8", str(a.copy_mb << 20),
-                            access], capture_output=True, text=True, timeout=120)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-        out[access] = {"rc": p.returncode, **(json.loads(lines[-1]) if lines else {}),
-                       **({"stderr": p.stderr[-400:]} if p.returncode else {})}
+        out[access] = case([VMM_CASE, str(a.vmm_piece_mb << 20), "8", str(a.copy_mb << 20), access], a.case_timeout)
         print("vmm", json.dumps(out[access]), flush=True)
-    return out
+        save()
 
 
 def main():
@@ -260,7 +269,7 @@ def main():
     ap.add_argument("--vmm-piece-mb", type=int, default=64)
     ap.add_argument("--copy-mb", type=int, default=32)
     ap.add_argument("--writers", type=int, default=8)
-    ap.add_argument("--case-timeout", type=int, default=90)
+    ap.add_argument("--case-timeout", type=int, default=60)
     ap.add_argument("--out")
     ap.error = lambda msg: ap.exit(2, f"fill_stall_probe: {msg}\n")  # one line, not the usage
     a = ap.parse_args()
@@ -274,12 +283,19 @@ def main():
         ap.exit(2, "fill_stall_probe: needs PyTorch with CUDA (it times CUDA work beside the fill)\n")
     if not torch.cuda.is_available():
         ap.exit(2, "fill_stall_probe: no GPU here: it times CUDA work beside the fill on one\n")
-    res = {"host_gb": a.host_gb, "piece_mb": a.piece_mb, "writers": a.writers, "stalls": stalls(a),
-           "vmm": vmm(a)}
-    text = json.dumps(res, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    res = {"host_gb": a.host_gb, "piece_mb": a.piece_mb, "writers": a.writers, "stalls": {}, "vmm": {}}
+
+    def save():  # after every case: what was measured survives a later one that never ends
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(json.dumps(res, indent=1) + "\n")
+    try:
+        stalls(a, res["stalls"], save)
+        vmm(a, res["vmm"], save)
+    except Stuck as e:
+        res["stuck"] = str(e)
+        save()
+        sys.exit(f"fill_stall_probe: {e}; the cases after it not run")
 
 
 if __name__ == "__main__":

@@ -62,13 +62,39 @@ def test_each_activity_is_bounded_and_gives_back_what_it_registered(what, monkey
     import fill_stall_probe as probe
     rt, host = StandIn(), 256 << 20
     piece = (64 << 20) if what == "register-small" else 128 << 20
-    with probe.Background(rt, what, host, piece, 2) as bg:
-        deadline = time.monotonic() + 30
-        while bg.busy():
-            assert time.monotonic() < deadline, f"{what} did not end"
-            time.sleep(0.005)
+    bg = probe.Background(rt, what, host, piece, 2).__enter__()
+    deadline = time.monotonic() + 30
+    while bg.busy() and time.monotonic() < deadline:  # (its threads are daemons: a failure here leaves them)
+        time.sleep(0.005)
+    assert not bg.busy(), f"{what} did not end"
+    bg.__exit__(None, None, None)
     regs = host // piece if what.startswith("register") or what == "both" else 0
     assert len(rt.registered) == regs and len({p for p, _ in rt.registered}) == regs
     assert sorted(rt.unregistered) == sorted(p for p, _ in rt.registered)
     assert bg.done["registered_gb"] == pytest.approx(regs * piece / 1e9)
     assert bg.done["written_gb"] == (host / 1e9 if what in ("write", "both") else 0)
+
+
+def test_a_case_that_never_ends_is_killed_and_recorded_and_the_rest_still_run(monkeypatch, tmp_path):
+    """Every case's process past --case-timeout is killed and recorded as not finished; what ran
+    is saved after each case (a later case that never ends loses nothing)."""
+    monkeypatch.syspath_prepend(str(PROBES))
+    import fill_stall_probe as probe
+    monkeypatch.setattr(probe, "ACTIVITY", "import sys, time\nif sys.argv[2] == 'register': time.sleep(600)\n"
+                                           "print('{\"what\": \"%s\"}' % sys.argv[2])")
+    a = type("A", (), {"piece_mb": 2, "host_gb": 1, "writers": 1, "case_timeout": 2})()
+    out, saved = {}, []
+    t0 = time.monotonic()
+    probe.stalls(a, out, lambda: saved.append(dict(out)))
+    assert time.monotonic() - t0 < 60
+    assert out["register"] == {"not_finished_s": 2}
+    assert [out[w] for w in ("idle", "write", "register-small", "both")] == \
+        [{"what": w} for w in ("idle", "write", "register-small", "both")]
+    assert [list(s) for s in saved] == [["idle", "write", "register-small", "register", "both"][:i + 1] for i in range(5)]
+
+
+def test_a_case_that_dies_says_how(monkeypatch):
+    monkeypatch.syspath_prepend(str(PROBES))
+    import fill_stall_probe as probe
+    res = probe.case(["import sys; sys.stderr.write('boom'); sys.exit(3)"], 30)
+    assert res["rc"] == 3 and res["stderr"] == "boom"
