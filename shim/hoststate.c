@@ -71,6 +71,7 @@ int tr_hoststate_wanted(size_t size)
     if (!began) { /* the first state: the room it finds is the room all of it shares */
         began = 1;
         first_room = room;
+        tr_count.host_state_first_room = room;
     }
     int fits = size <= room;
     if (fits)

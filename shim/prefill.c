@@ -80,6 +80,8 @@ static struct {
     int holding;          /* the writer waits: the budget would keep its next region on the device */
     unsigned asked, held_for; /* a test's settle asks anew (asked); held_for: the ask the hold answers */
     size_t before;        /* the bytes of the segments the host's room left out, before the first region */
+    unsigned hold_regions; /* regions made before any was taken, */
+    uint64_t hold_room;    /* and the least room the hold made one under */
     pthread_t tid, reg_tid;
     pid_t pid;            /* the process that made it (a forked child has no fill thread) */
 } pool = {.floor = -1};
@@ -179,6 +181,8 @@ static int next_to_write(int *held)
                 pick = i;
         }
     }
+    if (pick >= 0 && (!pool.hold_regions++ || room < pool.hold_room))
+        pool.hold_room = room; /* (the stats: did the room the state found exceed it?) */
     return pick;
 }
 
@@ -547,6 +551,8 @@ static void end_pool(int at_exit)
     free(reg);
     pthread_mutex_lock(&tr_lock);
     tr_count.host_state_prefill_unused = unused;
+    tr_count.host_state_prefill_hold_regions = pool.hold_regions; /* (the threads are joined: nobody writes them) */
+    tr_count.host_state_prefill_hold_room = pool.hold_room;
     tr_count.host_state_prefill_release_ms = tr_now_ms() - t0;
     pthread_mutex_unlock(&tr_lock);
     tr_log(TR_DEBUG, "optimizer state's pool: %zu bytes not taken (%zu of them made ready), given back", left, unused);

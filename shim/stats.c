@@ -229,6 +229,10 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_count.host_state_allocs);
     fprintf(f, "  \"host_state_kept_bytes\": %llu,\n  \"host_state_pin_s\": %.3f,\n",
             (unsigned long long)tr_count.host_state_kept, tr_count.host_state_pin_ms / 1e3);
+    fprintf(f, "  \"host_state_first_room_bytes\": %llu,\n  \"host_state_prefill_hold_regions\": %llu,\n"
+               "  \"host_state_prefill_hold_room_bytes\": %llu,\n",
+            (unsigned long long)tr_count.host_state_first_room, (unsigned long long)tr_count.host_state_prefill_hold_regions,
+            (unsigned long long)tr_count.host_state_prefill_hold_room);
     fprintf(f, "  \"host_state_prefill_bytes\": %llu,\n  \"host_state_prefill_used_bytes\": %llu,\n",
             (unsigned long long)tr_count.host_state_prefill, (unsigned long long)tr_count.host_state_prefill_used);
     /* where the first step's pinning went: the fill's lead, the slices' waits, registration */

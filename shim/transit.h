@@ -201,6 +201,10 @@ struct tr_stats {
     uint64_t resident_peak, resident_peak_steady;      /* measured with cudaMemGetInfo */
     uint64_t hint_bytes[TR_KINDS];
     uint64_t host_state_allocs, host_state_peak, host_state_kept; /* hoststate.c; kept: marked, held by the budget */
+    uint64_t host_state_first_room;    /* hoststate.c: the room for state the first marked allocation found */
+    uint64_t host_state_prefill_hold_regions, host_state_prefill_hold_room; /* prefill.c: the regions the fill
+        * made before any was taken, and the least room the hold made one under (more than first_room: the
+        * state found more room than the hold had, and regions it made were kept instead) */
     double host_state_pin_ms; /* hoststate.c: the wall time of making it (map, fill, register), summed */
     uint64_t host_state_prefill, host_state_prefill_used; /* prefill.c's pool; the slices given from it */
     uint64_t host_state_prefill_ahead; /* the pool's bytes made ready when its first region was taken */

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_shim import GB, pytestmark, run, stats_of  # noqa: F401  (pytestmark: the same skip)
-from tests.test_shim_host_state import BUDGET, STATE, THP, MiB, budget_for, host_allocs, state_run
+from tests.test_shim_host_state import BUDGET, STATE, THP, MiB, budget_for, host_allocs, spare, state_run
 
 DEBUG = {"TRANSIT_LOG": "debug"}
 GATED = {**DEBUG, "APP_PREFILL_GATE": "1"}  # the fill begins nothing until the allocations are made
@@ -100,6 +100,10 @@ def test_the_fill_makes_no_region_the_budget_would_keep_on_the_device(built, tmp
     assert [out[f"state{i}_host"] for i in range(3)] == ["0", "1", "1"] and out["last_error"] == "0"
     assert stats["host_state_kept_bytes"] == STATE and stats["host_state_prefill_ready_bytes"] == 2 * STATE
     assert stats["host_state_prefill_unused_bytes"] == 0
+    # the room the hold made its two regions under is the room the state found: nothing kept that was made
+    b = budget_for(STATE + STATE // 2)
+    assert stats["host_state_prefill_hold_regions"] == 2
+    assert stats["host_state_prefill_hold_room_bytes"] == stats["host_state_first_room_bytes"] == b - 4 * GB - spare(b)
     assert unregistered_once(calls, [p for p, _ in registered(calls)]) and after_frees(res)["fake_pinned"] == "0"
 
 
@@ -115,6 +119,8 @@ def test_the_fill_makes_nothing_when_the_budget_keeps_all_the_state(built, tmp_p
     assert [out[f"state{i}_host"] for i in range(3)] == ["0"] * 3 and registered(calls) == [], calls
     assert stats["host_state_kept_bytes"] == 3 * STATE and stats["host_state_prefill_unused_bytes"] == 0
     assert stats["host_state_prefill_ready_bytes"] == 0 and stats["host_state_prefill_register_s"] == 0
+    b = budget_for(3 * STATE + STATE // 2)
+    assert stats["host_state_prefill_hold_regions"] == 0 and stats["host_state_first_room_bytes"] == b - 4 * GB - spare(b)
 
 
 def test_a_state_taking_a_later_ready_region_leaves_the_fill_its_earlier_ones(built, tmp_path):
