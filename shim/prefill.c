@@ -12,9 +12,10 @@
  * keeps on the GPU what fits first, so the state made last is the state pinned): one has each
  * region's pages written by 8 writers, the other registers each region written, so that the
  * next region is written while one registers (bench/RESULTS.md, "The fill's writes and
- * registrations in a pipeline"). Until a region is taken the writer makes none that the
- * budget would keep on the device were the state made now (hoststate.c's rule; that room only
- * shrinks as the step's activations grow): it waits for the room to go. A marked allocation
+ * registrations in a pipeline"). The writer makes no region that the budget would keep on the
+ * device (hoststate.c's rule, under the room now until the state begins, then under the room
+ * the first state found; the room only shrinks as the step's activations grow): it waits for
+ * the room to go. A marked allocation
  * takes a region of its exact size: a ready one; else one written (hoststate.c only registers
  * it); else one being written or registered (it waits); else one nobody began (hoststate.c
  * writes and registers it, as its own memory); with none it makes its own memory. A wrong
@@ -152,22 +153,22 @@ static void counted_out(void)
 }
 
 /* The region the writer makes next: the last one nobody began above the floor that the budget
- * would not keep on the device were the state made now; -1: none (*held: because the budget
- * would keep those left). Until a region is taken, hoststate.c's rule decides: it keeps each
- * allocation, in order, that fits the room left beside the ones kept before it
- * (tr_hoststate_wanted), here over the predicted sizes (the segments the host's room left out
- * counted as one) and the room tr_hoststate_kept_now gives. Under mu, which it leaves for
- * tr_lock's sake (the two are never held together). */
+ * would not keep on the device; -1: none (*held: because the budget would keep those left).
+ * hoststate.c's rule decides, before the first take and after it: it keeps each allocation, in
+ * order, that fits the room left beside the ones kept before it (tr_hoststate_wanted), here
+ * over the predicted sizes (the segments the host's room left out counted as one) and the room
+ * tr_hoststate_kept_now gives (from the first state on, the room it found). The floor alone
+ * would not do after a take: a kept state takes no region, so the first pinned state's place
+ * among same-size regions can lie below the kept ones'. Under mu, which it leaves for tr_lock's
+ * sake (the two are never held together). */
 static int next_to_write(int *held)
 {
     *held = 0;
-    if (pool.taken)
-        return last_region(R_FREE);
     pthread_mutex_unlock(&mu);
     uint64_t room = tr_hoststate_kept_now();
     pthread_mutex_lock(&mu);
-    if (pool.taken || pool.stop)
-        return pool.stop ? -1 : last_region(R_FREE);
+    if (pool.stop)
+        return -1;
     uint64_t kept = pool.before && pool.before <= room ? pool.before : 0;
     int pick = -1;
     for (int i = 0; i < pool.n; i++) {
@@ -181,7 +182,7 @@ static int next_to_write(int *held)
                 pick = i;
         }
     }
-    if (pick >= 0 && (!pool.hold_regions++ || room < pool.hold_room))
+    if (pick >= 0 && !pool.taken && (!pool.hold_regions++ || room < pool.hold_room))
         pool.hold_room = room; /* (the stats: did the room the state found exceed it?) */
     return pick;
 }

@@ -412,3 +412,23 @@ def test_the_end_cuts_a_rest_short_and_the_rest_holds_no_lock(built, tmp_path):
     assert time.monotonic() - t0 < 10
     assert [out[f"state{i}_host"] for i in range(3)] == ["1"] * 3 and stats["host_state_allocs"] == 3
     assert stats["host_state_prefill_ready_bytes"] == STATE  # the one region the fill made, registered
+
+
+def test_after_the_first_take_the_fill_still_makes_no_region_the_budget_keeps(built, tmp_path):
+    """Three same-size states, room for one and a half: the first is kept on the device and takes
+    no region, the other two take regions. The first pinned state's place in the order is the
+    first region of its size that nothing took: the kept state's, so the floor lies below it.
+    The fill, left to run before the end (segs-idle), must still not make that kept state's
+    region: hoststate.c's rule, under the room the first state found, decides after the first
+    take too. (It was made for nothing, then given back: TorchTitan's same-size segments made
+    2.2-4.1 GB so at half the state.)"""
+    b = budget_for(STATE + STATE // 2)
+    res, out, calls, stats = state_run(built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{b}B"},
+                                       then=("segs-idle:s,s,s",))
+    start, size = pool_of(res)
+    assert out["settled"] == "1" and [out[f"state{i}_host"] for i in range(3)] == ["0", "1", "1"]
+    assert stats["host_state_kept_bytes"] == STATE
+    # two regions made, one for each pinned state (by the fill, or by the state where it came
+    # first), none for the kept one: nothing registered for nothing, nor written
+    assert len(registered(calls)) == 2 and all(start <= p < start + size for p, _ in registered(calls)), calls
+    assert stats["host_state_prefill_unused_bytes"] == 0 and int(out["pool_written"]) <= 2 * STATE
