@@ -21,7 +21,8 @@
  * writes and registers it, as its own memory); with none it makes its own memory. A wrong
  * prediction costs only the time it would have saved. Once a region is taken the fill works
  * only from the first taken allocation's place in the order on (below it lies what the GPU
- * kept). The pool takes at most half the host memory available (host_room), its last regions
+ * kept), and makes of each size only as many regions as the rule pins (a state may have taken
+ * a kept state's region of its size). The pool takes at most half the host memory available (host_room), its last regions
  * first. When the adapter says the first step is over (an empty list), and at exit (before the
  * runtime's own exit handler), the fill stops; what no allocation took is given back:
  * unregistered where ready (not at exit), unmapped. Once per process; every failure leaves hoststate.c's own
@@ -58,7 +59,9 @@
  * GONE: its registration failed, unmapped */
 enum { R_FREE, R_WRITING, R_WRITTEN, R_REGISTERING, R_READY, R_TAKEN, R_GONE };
 
-struct region { size_t at, len, size; int st; }; /* size: the segment's own (len: in huge pages) */
+/* size: the segment's own (len: in huge pages); cls: the first region of its len (an allocation
+ * takes any of them); pinned, made: next_to_write's counts, kept in each class's first region */
+struct region { size_t at, len, size; int st, cls, pinned, made, keeps; };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* a region was made (or failed), or the fill ended */
@@ -153,7 +156,8 @@ static void counted_out(void)
 }
 
 /* The region the writer makes next: the last one nobody began above the floor that the budget
- * would not keep on the device; -1: none (*held: because the budget would keep those left).
+ * would not keep on the device, while its size has fewer regions begun or taken than the rule
+ * pins; -1: none (*held: the rest are kept, or their sizes have their count).
  * hoststate.c's rule decides, before the first take and after it: it keeps each allocation, in
  * order, that fits the room left beside the ones kept before it (tr_hoststate_wanted), here
  * over the predicted sizes (the segments the host's room left out counted as one) and the room
@@ -170,17 +174,29 @@ static int next_to_write(int *held)
     if (pool.stop)
         return -1;
     uint64_t kept = pool.before && pool.before <= room ? pool.before : 0;
-    int pick = -1;
+    /* per class (one len): the regions the rule pins, and those begun or taken; a state may
+     * take a region the rule gives a kept state (the first free one of its size), so a class
+     * is made only up to the count the rule pins, from the last region it pins back */
+    for (int i = 0; i < pool.n; i++)
+        pool.reg[pool.reg[i].cls].pinned = pool.reg[pool.reg[i].cls].made = 0;
     for (int i = 0; i < pool.n; i++) {
-        int keeps = pool.reg[i].size <= room - kept;
-        if (keeps)
-            kept += pool.reg[i].size;
-        if (i > pool.floor && pool.reg[i].st == R_FREE) {
-            if (keeps)
-                *held = 1;
-            else
-                pick = i;
-        }
+        struct region *r = &pool.reg[i], *c = &pool.reg[r->cls];
+        r->keeps = r->size <= room - kept;
+        if (r->keeps)
+            kept += r->size;
+        else
+            c->pinned++;
+        c->made += r->st != R_FREE && r->st != R_GONE;
+    }
+    int pick = -1;
+    for (int i = pool.n - 1; i > pool.floor && pick < 0; i--) {
+        struct region *r = &pool.reg[i], *c = &pool.reg[r->cls];
+        if (r->st != R_FREE)
+            continue;
+        if (!r->keeps && c->made < c->pinned)
+            pick = i;
+        else
+            *held = 1;
     }
     if (pick >= 0 && !pool.taken && (!pool.hold_regions++ || room < pool.hold_room))
         pool.hold_room = room; /* (the stats: did the room the state found exceed it?) */
@@ -200,7 +216,8 @@ static struct timespec monotonic_in(long us)
 }
 
 /* The writer: each region's pages, from the last back; a region the budget would keep on the
- * device is made only once the step's activations leave it no room (looked at every HOLD_MS). */
+ * device is made only once the step's activations leave it no room, looked at every HOLD_MS
+ * (from the first state on the room is fixed: only a take, which wakes it, changes the answer). */
 #define HOLD_MS 10
 static void *write_pool(void *arg)
 {
@@ -315,6 +332,31 @@ static size_t host_room(void)
     return (size_t)(kb * 1024ull / 2 / (unsigned long long)ranks);
 }
 
+/* qsort_r's order: by len, then place */
+static int by_len(const void *a, const void *b, void *arg)
+{
+    const struct region *reg = arg;
+    int i = *(const int *)a, j = *(const int *)b;
+    if (reg[i].len != reg[j].len)
+        return reg[i].len < reg[j].len ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+/* Each region's class: the first region of its len. -1: no memory. */
+static int classify(struct region *reg, int n)
+{
+    int *idx = malloc((size_t)n * sizeof *idx);
+    if (!idx)
+        return -1;
+    for (int i = 0; i < n; i++)
+        idx[i] = i;
+    qsort_r(idx, (size_t)n, sizeof *idx, by_len, reg);
+    for (int k = 0; k < n; k++)
+        reg[idx[k]].cls = k && reg[idx[k - 1]].len == reg[idx[k]].len ? reg[idx[k - 1]].cls : idx[k];
+    free(idx);
+    return 0;
+}
+
 static size_t huge_round(size_t n) { return (n + TR_HUGE_PAGE - 1) & ~(size_t)(TR_HUGE_PAGE - 1); }
 
 void tr_prefill_segments(const size_t *sizes, size_t count)
@@ -358,10 +400,15 @@ void tr_prefill_segments(const size_t *sizes, size_t count)
     for (size_t i = 0; i < from; i++)
         before = sizes[i] > SIZE_MAX - before ? SIZE_MAX : before + sizes[i]; /* (only compared) */
     for (size_t i = from; i < count; i++) {
-        reg[i - from] = (struct region){at, huge_round(sizes[i]), sizes[i], R_FREE};
+        reg[i - from] = (struct region){.at = at, .len = huge_round(sizes[i]), .size = sizes[i], .st = R_FREE};
         at += reg[i - from].len;
     }
     int n = (int)(count - from);
+    if (classify(reg, n) != 0) {
+        free(reg);
+        say_failed("malloc", 0);
+        return;
+    }
     size_t size;
     char *p = tr_host_map(total, &size); /* whole huge pages: every region is */
     if (!p) {
@@ -492,7 +539,7 @@ void *tr_prefill_take(size_t size, size_t *len, int *ready)
     *ready = r->st == R_READY ? TR_PREFILL_READY : r->st == R_WRITTEN ? TR_PREFILL_WRITTEN : 0;
     r->st = R_TAKEN;
     char *p = pool.base + r->at;
-    pthread_cond_broadcast(&looked); /* a holding writer: the state is being made, hold no more */
+    pthread_cond_broadcast(&looked); /* a holding writer: the room is fixed now, and a class may be full */
     pthread_mutex_unlock(&mu);
     double waited = tr_now_ms() - t0;
     pthread_mutex_lock(&tr_lock); /* (after mu: the two are never held together) */

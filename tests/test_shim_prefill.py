@@ -415,20 +415,34 @@ def test_the_end_cuts_a_rest_short_and_the_rest_holds_no_lock(built, tmp_path):
 
 
 def test_after_the_first_take_the_fill_still_makes_no_region_the_budget_keeps(built, tmp_path):
-    """Three same-size states, room for one and a half: the first is kept on the device and takes
-    no region, the other two take regions. The first pinned state's place in the order is the
-    first region of its size that nothing took: the kept state's, so the floor lies below it.
-    The fill, left to run before the end (segs-idle), must still not make that kept state's
-    region: hoststate.c's rule, under the room the first state found, decides after the first
-    take too. (It was made for nothing, then given back: TorchTitan's same-size segments made
-    2.2-4.1 GB so at half the state.)"""
+    """Three same-size states, room for one and a half: the fill makes the last two regions before
+    the allocations (segs-settled), the first state is kept on the device and takes none, the
+    other two take the two made. The first pinned state's place in the order is the first region
+    of its size that nothing took: the kept state's, so the floor lies below it. Left to run
+    again before the end, the fill must still not make that kept state's region: hoststate.c's
+    rule, under the room the first state found, decides after the first take too. (It was made
+    for nothing, then given back: TorchTitan's same-size segments made 2.2-4.1 GB so at half the
+    state.)"""
     b = budget_for(STATE + STATE // 2)
     res, out, calls, stats = state_run(built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{b}B"},
-                                       then=("segs-idle:s,s,s",))
+                                       then=("segs-settled:s,s,s",))
     start, size = pool_of(res)
     assert out["settled"] == "1" and [out[f"state{i}_host"] for i in range(3)] == ["0", "1", "1"]
     assert stats["host_state_kept_bytes"] == STATE
-    # two regions made, one for each pinned state (by the fill, or by the state where it came
-    # first), none for the kept one: nothing registered for nothing, nor written
-    assert len(registered(calls)) == 2 and all(start <= p < start + size for p, _ in registered(calls)), calls
-    assert stats["host_state_prefill_unused_bytes"] == 0 and int(out["pool_written"]) <= 2 * STATE
+    assert registered(calls) == [(start + 2 * STATE, STATE), (start + STATE, STATE)], calls
+    assert stats["host_state_prefill_unused_bytes"] == 0
+
+
+def test_states_that_took_the_kept_states_regions_leave_the_fill_nothing_to_make(built, tmp_path):
+    """The same states, the fill begun only after the allocations (its gate): the two pinned
+    states each take the first free region of their size, the kept state's and the next, and
+    make them themselves. The rule still pins the last two regions, but two of that size are
+    taken: the fill makes no third (it would be taken by nobody)."""
+    b = budget_for(STATE + STATE // 2)
+    res, out, calls, stats = state_run(built, tmp_path, env={**GATED, "TRANSIT_GPU_BUDGET": f"{b}B"},
+                                       then=("segs-idle:s,s,s",))
+    start, size = pool_of(res)
+    assert out["gated"] == "1" and out["settled"] == "1"
+    assert [out[f"state{i}_host"] for i in range(3)] == ["0", "1", "1"]
+    assert registered(calls) == [(start, STATE), (start + STATE, STATE)], calls  # the states' own
+    assert stats["host_state_prefill_unused_bytes"] == 0

@@ -131,9 +131,10 @@ static int segs_opt(const char *opt, size_t state)
         printf("huge_expected=%lld\n", huge());
         return 1;
     }
-    int exit_ends = KIND_IS("segs-exit"), ready = KIND_IS("segs-ready"), twice = KIND_IS("segs-twice");
+    int settled = KIND_IS("segs-settled"); /* as segs-ready before the allocations, then as segs-idle */
+    int exit_ends = KIND_IS("segs-exit"), ready = KIND_IS("segs-ready") || settled, twice = KIND_IS("segs-twice");
     int forks = KIND_IS("segs-fork");
-    segs_idle = KIND_IS("segs-idle");
+    segs_idle = KIND_IS("segs-idle") || settled;
     if (!(exit_ends || ready || twice || segs_idle || forks || KIND_IS("segs")))
         return 0;
 #undef KIND_IS
