@@ -29,6 +29,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from titan_steps import steady  # its report's steady rule
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -36,11 +38,6 @@ RESULTS = ROOT / "bench" / "results"
 # By-hand folders that hold several calls: the file-name prefix each call's records share
 # (bench/results/INDEX.md names the scripts; each ran its titan_steps commands one after another).
 BY_HAND = {"2026-12-04/first-step-fill": ("ab_", "abc_", "ad_"), "2026-12-04/fill-writers": ("w_", "h_")}
-
-
-def steady(xs):
-    s = sorted(xs[2:])  # as bench/titan_steps.py's report: after the first two steps
-    return s[len(s) // 2]
 
 
 def call_of(root, path):

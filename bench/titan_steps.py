@@ -144,7 +144,7 @@ def report(paths):
     for path in paths:
         d = json.loads(Path(path).read_text())
         ref = next((r for r in d["runs"] if r["name"] == "ref" and r.get("step_s")), None)
-        steady_ref = _steady(ref) if ref else None
+        steady_ref = steady(ref["step_s"]) if ref else None
         print(f"{path}: {d['model']} at {d['layers']} layers, {d['accum']} microbatches")
         print(f"{'run':<34} {'budget GB':>9} {'step 1 s':>8} {'step 2 s':>8} {'steady s':>8} {'2/steady':>8} "
               f"{'% of ref':>8} {'warm-up':>8}")
@@ -153,16 +153,17 @@ def report(paths):
             if len(s) < 3:
                 print(f"{r['name']:<34} failed: rc {r['rc']}")
                 continue
-            steady = _steady(r)
-            pct = f"{100 * steady_ref / steady:.1f}" if steady_ref else "-"
+            st = steady(s)
+            pct = f"{100 * steady_ref / st:.1f}" if steady_ref else "-"
             # warm-up: what the first two steps took beyond two steady ones, in steady steps
-            warm = (s[0] + s[1] - 2 * steady) / steady
-            print(f"{r['name'][:34]:<34} {(r['budget'] or 0) / 1e9:>9.2f} {s[0]:>8.2f} {s[1]:>8.2f} {steady:>8.2f} "
-                  f"{s[1] / steady:>8.1f} {pct:>8} {warm:>8.1f}")
+            warm = (s[0] + s[1] - 2 * st) / st
+            print(f"{r['name'][:34]:<34} {(r['budget'] or 0) / 1e9:>9.2f} {s[0]:>8.2f} {s[1]:>8.2f} {st:>8.2f} "
+                  f"{s[1] / st:>8.1f} {pct:>8} {warm:>8.1f}")
 
 
-def _steady(r):
-    s = sorted(r["step_s"][2:])  # after the first two steps
+def steady(xs):
+    """A run's steady time from its per-step times: the median after the first two."""
+    s = sorted(xs[2:])
     return s[len(s) // 2]
 
 

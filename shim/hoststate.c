@@ -39,7 +39,6 @@ static uint64_t bytes;
 
 static _Thread_local int marked; /* the calling thread allocates optimizer state now */
 static int began;               /* a marked allocation came (the state is being made); under tr_lock */
-static uint64_t first_room;     /* the room for state the first one found */
 
 void tr_hoststate_mark(int on) { marked = on ? marked + 1 : (marked > 0 ? marked - 1 : 0); }
 
@@ -70,8 +69,7 @@ int tr_hoststate_wanted(size_t size)
     uint64_t room = state_room();
     if (!began) { /* the first state: the room it finds is the room all of it shares */
         began = 1;
-        first_room = room;
-        tr_count.host_state_first_room = room;
+        tr_count.host_state_first_room = room; /* (the rule's own, also reported) */
     }
     int fits = size <= room;
     if (fits)
@@ -87,7 +85,7 @@ int tr_hoststate_wanted(size_t size)
 uint64_t tr_hoststate_kept_now(void)
 {
     pthread_mutex_lock(&tr_lock);
-    uint64_t kept = began ? first_room : state_room();
+    uint64_t kept = began ? tr_count.host_state_first_room : state_room();
     pthread_mutex_unlock(&tr_lock);
     return kept;
 }

@@ -69,7 +69,7 @@ MUTANTS = [
      "        if (c->made < c->pinned || r->keeps)\n            pick = i;",
      ["test_shim_prefill.py::test_the_fill_makes_no_region_the_budget_would_keep_on_the_device"]),
     ("prefill-kept-after-the-state-began", "_csrc/shim/hoststate.c",
-     "    uint64_t kept = began ? first_room : state_room();", "    uint64_t kept = state_room();",
+     "    uint64_t kept = began ? tr_count.host_state_first_room : state_room();", "    uint64_t kept = state_room();",
      ["test_shim_prefill.py::test_the_fill_makes_nothing_when_the_budget_keeps_all_the_state"]),
     ("prefill-prefix-rule", "_csrc/shim/prefill.c", "        else\n            c->pinned++;",
      "        else\n            c->pinned++, kept = room;",

@@ -43,7 +43,6 @@ import host_populate_probe
 from host_populate_probe import ADV_PREFERRED, LOC_DEVICE, Loc
 
 HUGE = 2 << 20
-MADV_HUGEPAGE = 14
 HOST_PORTABLE_MAPPED = host_populate_probe.HOST_PORTABLE_MAPPED
 
 
@@ -57,13 +56,8 @@ def cudart():
 def huge_region(nbytes):
     """Anonymous memory on a huge page's boundary, advised MADV_HUGEPAGE (as tr_host_map makes it):
     (the mapping, kept alive by the caller, and the aligned address)."""
-    m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    ptr = (base + HUGE - 1) // HUGE * HUGE
-    libc = ctypes.CDLL(None)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise(ptr, nbytes, MADV_HUGEPAGE)
-    return m, ptr
+    m, base = host_populate_probe._fresh(nbytes + HUGE, mmap.MADV_HUGEPAGE)
+    return m, (base + HUGE - 1) // HUGE * HUGE
 
 
 write_pages = host_populate_probe._memset_threads  # n threads at once (ctypes releases the GIL)
