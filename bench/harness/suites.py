@@ -76,18 +76,31 @@ def _shape_out(name):
     return f"shapes_{name.replace('-', '_')}.json"
 
 
-def _shape(name, deadline):
-    """One shape of SHAPES on lane 0: reference, advise and plain advise at 4 and 1 microbatches,
+# the points of each shape: (step suffix, microbatches in run order, --deadline s, --timeout per run s).
+# "" is the suite's first pair (4 and 1); "-16-8-2" completes issue 27's 1, 2, 8 and 16 (each step
+# fits one 10-minute device call; the two together do not)
+SHAPE_POINTS = {"wide": (("", "4,1", 150, 90), ("-16-8-2", "16,8,2", 300, 110)),
+                "wide-ffn": (("", "4,1", 200, 90), ("-16-8-2", "16,8,2", 400, 120))}
+
+
+def _shape(name, suffix, accum, deadline, per_run):
+    """One shape of SHAPES on lane 0: reference, advise and plain advise at the given microbatches,
     clipped at 1.0, each point's budget its reference's peak less the AdamW state (offload.py's
-    default); no run starts after `deadline` s, and the last one started may take its 90 s."""
-    return _offload(name, _shape_out(name), "--set", SHAPES_SET, f"--model=--clip 1.0 {SHAPES[name]}",
-                    "--seq-len", "4096", "--accum", "4,1", "--steps", "8", "--warmup", "3", "--timeout", "90",
-                    "--deadline", str(deadline), timeout=deadline + 110)
+    default); no run starts after `deadline` s, and the last one started may take its `per_run` s."""
+    return _offload(name + suffix, _shape_out(name + suffix), "--set", SHAPES_SET,
+                    f"--model=--clip 1.0 {SHAPES[name]}", "--seq-len", "4096", "--accum", accum, "--steps", "8",
+                    "--warmup", "3", "--timeout", str(per_run), "--deadline", str(deadline),
+                    timeout=deadline + per_run + 20)
 
 
 def _shape_report(name):
     return Step(f"report-{name}", ("python3", "bench/offload.py", "--report", f"{{out}}/{_shape_out(name)}",
                                    "--markdown"), 60, None, 0)
+
+
+def _shapes():
+    runs = [_shape(n, *point) for n in SHAPES for point in SHAPE_POINTS[n]]
+    return (*runs, *(_shape_report(r.name) for r in runs))
 
 
 SUITES = {s.name: s for s in [
@@ -193,9 +206,10 @@ SUITES = {s.name: s for s in [
           "on one GPU: wide (dim 8192, FFN 8192, 2 layers, tied embeddings: 0.54 GB of AdamW state per Linear) and "
           "wide-ffn (dim 4096, FFN 65536, 2 layers: 2.1 GB per FFN weight), each without offloading, under advise "
           "(its streamed step, the default) and plain advise (TRANSIT_OVERLAP_STEP=0) at 4 and 1 microbatches "
-          "(bench/offload.py --set " + SHAPES_SET + ")",
-          (_shape("wide", 150), _shape("wide-ffn", 200), _shape_report("wide"), _shape_report("wide-ffn")),
-          minutes=7, budget="each point's reference run: its peak reserved less the AdamW state (bench/offload.py)"),
+          "(steps wide, wide-ffn) and at 16, 8 and 2 (wide-16-8-2, wide-ffn-16-8-2; pick a few steps with --only: "
+          "the whole suite outlasts one 10-minute device call) (bench/offload.py --set " + SHAPES_SET + ")",
+          _shapes(), minutes=20,
+          budget="each point's reference run: its peak reserved less the AdamW state (bench/offload.py)"),
     Suite("gpu-tests", "the shim on a real GPU: doctor, tests/test_gpu.py (bit-identical losses under every "
           "policy, the budget held, the overlap modes), and the acceptance command (advise at half the trainer's "
           "peak, bench/gpu_checks.sh accept)",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench.harness.suites import SHAPES, SUITES
+from bench.harness.suites import SHAPE_POINTS, SHAPES, SUITES
 from transit_launch.rules import ENV
 
 
@@ -34,15 +34,33 @@ def test_the_suite_runs_each_shape_on_one_gpu():
     suite = SUITES["shapes"]
     assert suite.gpus == 1 and suite.lanes == 1
     runs = shape_steps()
-    assert [s.name for s in runs] == list(SHAPES) and all(s.lane == 0 for s in runs)
+    assert [s.name for s in runs] == ["wide", "wide-16-8-2", "wide-ffn", "wide-ffn-16-8-2"]
+    assert all(s.lane == 0 for s in runs)
     reports = [s for s in suite.steps if s.lane is None]
-    assert {s.name for s in reports} == {f"report-{n}" for n in SHAPES} and all(s.gpus == 0 for s in reports)
-    # each step outlasts its deadline plus one run's timeout
+    assert {s.name for s in reports} == {f"report-{s.name}" for s in runs} and all(s.gpus == 0 for s in reports)
+    # issue 27's points, each at most once per shape: 1, 2, 8 and 16 microbatches (and 4)
+    for shape in SHAPES:
+        points = [int(x) for s in runs if shape_of(s) == shape for x in accum_of(s).split(",")]
+        assert sorted(points) == [1, 2, 4, 8, 16], (shape, points)
+    # each step outlasts its deadline plus one run's timeout, and fits one 10-minute device call
+    # (with the harness's setup) even if its last run took its whole timeout
     for s in runs:
         argv = list(s.argv)
         deadline, per_run = float(argv[argv.index("--deadline") + 1]), int(argv[argv.index("--timeout") + 1])
-        assert s.timeout >= deadline + per_run
-    assert sum(s.timeout for s in runs) <= 10 * 60  # even if every run took its whole timeout
+        assert deadline + per_run <= s.timeout <= 9 * 60
+    # each report reads the file its run writes
+    for s in runs:
+        out = s.argv[s.argv.index("--out") + 1]
+        report = next(r for r in reports if r.name == f"report-{s.name}")
+        assert report.argv[report.argv.index("--report") + 1] == out
+
+
+def shape_of(step):
+    return next(n for n in SHAPES if step.name == n or step.name.startswith(n + "-") and step.name[len(n) + 1].isdigit())
+
+
+def accum_of(step):
+    return step.argv[list(step.argv).index("--accum") + 1]
 
 
 @pytest.mark.parametrize("step", shape_steps(), ids=lambda s: s.name)
@@ -52,7 +70,8 @@ def test_each_shape_hands_the_trainer_its_flags(offload, monkeypatch, tmp_path, 
     monkeypatch.setattr(sys, "argv", argv[1:])
     a = offload.parse()
     assert offload.expand(a.set) == ["reference", "advise", "advise-plain"]
-    assert [int(x) for x in a.accum.split(",")] == [4, 1] and (a.steps, a.warmup, a.budget) == (8, 3, 0)
+    shape = shape_of(step)
+    assert a.accum in [p[1] for p in SHAPE_POINTS[shape]] and (a.steps, a.warmup, a.budget) == (8, 3, 0)
     seen = []
 
     def fake_run(cmd, run_env, timeout, pin):
@@ -65,10 +84,10 @@ def test_each_shape_hands_the_trainer_its_flags(offload, monkeypatch, tmp_path, 
         offload.run_one(a, name, 4, 10**10 if name != "reference" else None, None)
     trainer = seen[0][0]
     assert trainer[trainer.index("--clip") + 1] == "1.0"
-    for flag, value in zip(SHAPES[step.name].split()[::2], SHAPES[step.name].split()[1::2]):
+    for flag, value in zip(SHAPES[shape].split()[::2], SHAPES[shape].split()[1::2]):
         if flag.startswith("--") and not value.startswith("--"):
             assert trainer[trainer.index(flag) + 1] == value
-    assert ("--tie-embeddings" in trainer) == (step.name == "wide")
+    assert ("--tie-embeddings" in trainer) == (shape == "wide")
     mode = [e.get(ENV["OVERLAP_STEP"]) for _, e in seen]
     assert mode == [None, None, "0"]  # reference, advise (its default), advise-plain
     assert "--policy" in seen[1][0] and seen[1][0][seen[1][0].index("--policy") + 1] == "advise"
