@@ -37,7 +37,8 @@ RESULTS = ROOT / "bench" / "results"
 
 # By-hand folders that hold several calls: the file-name prefix each call's records share
 # (bench/results/INDEX.md names the scripts; each ran its titan_steps commands one after another).
-BY_HAND = {"2026-12-04/first-step-fill": ("ab_", "abc_", "ad_"), "2026-12-04/fill-writers": ("w_", "h_")}
+BY_HAND = {"2026-12-04/first-step-fill": ("ab_", "abc_", "ad_"), "2026-12-04/fill-writers": ("w_", "h_"),
+           "2026-12-06/titan-head": ("hd_",)}
 
 
 def call_of(root, path):
