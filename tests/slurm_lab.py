@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,6 +86,12 @@ class PortClash(RuntimeError):
     """A daemon could not bind its port: something took it after the probe."""
 
 
+class DaemonDied(RuntimeError):
+    """A daemon went away at its start for another reason. Seen once in a full run on a
+    freshly booted machine (a slurmd gone right after its "started" line, nothing logged):
+    start() tries a clean start once more, and a second death is the error."""
+
+
 def _free_port_block(skip: set[int] = frozenset()) -> int:
     """The first block whose ports are all free now (a probe: the daemons bind later, so
     start() checks that they did and tries another block when one did not). Bound, not probed,
@@ -139,6 +146,7 @@ class SlurmLab:
         (lab / "etc/gres.conf").write_text(f"AutoDetect=off\nNodeName=n[1-{NODES}] Name=gpu File={lab}/dev/gpu[0-{GPUS - 1}]\n")
         self.write_plugstack(self.plugstack)
         tried: set[int] = set()
+        died = None
         for _ in range(START_TRIES):
             base = _free_port_block(tried)
             tried.add(base)
@@ -147,6 +155,12 @@ class SlurmLab:
                 return self
             except PortClash:
                 self._stop_slurm()  # ours only (pid files); then the next free block
+            except DaemonDied as e:
+                if died:
+                    raise RuntimeError(f"{e}\n(the first start's death, before a clean retry: {died})") from e
+                died = str(e).splitlines()[0]
+                print(f"{e}\n{died}; starting the lab again", file=sys.stderr)
+                self._stop_slurm()
         raise RuntimeError(f"Slurm lab: ports taken under it {START_TRIES} times (blocks {sorted(tried)})")
 
     def _start_slurm(self, base: int, timeout: float) -> None:
@@ -185,7 +199,7 @@ class SlurmLab:
             if CLASH in text:
                 raise PortClash(f"{name}: {CLASH}")
             if (self.lab / "run" / f"{name}.pid").exists():
-                raise RuntimeError(f"Slurm lab: {name} died; logs in {self.lab / 'log'}:\n" + self.logs())
+                raise DaemonDied(f"Slurm lab: {name} died; logs in {self.lab / 'log'}:\n" + self.logs())
 
     def _stop_slurm(self) -> None:
         """Kill this lab's slurmctld and slurmds (munged stays) and clear what they left, so
