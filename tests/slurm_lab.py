@@ -89,7 +89,13 @@ class PortClash(RuntimeError):
 class DaemonDied(RuntimeError):
     """A daemon went away at its start for another reason. Seen once in a full run on a
     freshly booted machine (a slurmd gone right after its "started" line, nothing logged):
-    start() tries a clean start once more, and a second death is the error."""
+    start() tries a clean start once more where the dead daemon logged nothing fatal (a crash
+    that says why, the SPANK plugin's included, is the error at once), keeps the first try's
+    logs, and a second death is the error."""
+
+    def __init__(self, msg: str, fatal: bool):
+        super().__init__(msg)
+        self.fatal = fatal
 
 
 def _free_port_block(skip: set[int] = frozenset()) -> int:
@@ -156,12 +162,16 @@ class SlurmLab:
             except PortClash:
                 self._stop_slurm()  # ours only (pid files); then the next free block
             except DaemonDied as e:
-                if died:
-                    raise RuntimeError(f"{e}\n(the first start's death, before a clean retry: {died})") from e
+                if died or e.fatal:
+                    raise RuntimeError(f"{e}" + (f"\n(the first start's death, before a clean retry: {died})"
+                                                 if died else "")) from e
                 died = str(e).splitlines()[0]
-                print(f"{e}\n{died}; starting the lab again", file=sys.stderr)
+                print(f"{e}\n(starting the lab again; these logs are kept in {self.lab / 'log-first-start'})",
+                      file=sys.stderr)
+                shutil.copytree(self.lab / "log", self.lab / "log-first-start", dirs_exist_ok=True)
                 self._stop_slurm()
-        raise RuntimeError(f"Slurm lab: ports taken under it {START_TRIES} times (blocks {sorted(tried)})")
+        raise RuntimeError(f"Slurm lab: ports taken under it {START_TRIES} times (blocks {sorted(tried)})"
+                           + (f"; before them: {died}" if died else ""))
 
     def _start_slurm(self, base: int, timeout: float) -> None:
         """slurmctld and the slurmds on the port block at base, each checked to be up: ping
@@ -199,7 +209,8 @@ class SlurmLab:
             if CLASH in text:
                 raise PortClash(f"{name}: {CLASH}")
             if (self.lab / "run" / f"{name}.pid").exists():
-                raise DaemonDied(f"Slurm lab: {name} died; logs in {self.lab / 'log'}:\n" + self.logs())
+                raise DaemonDied(f"Slurm lab: {name} died; logs in {self.lab / 'log'}:\n" + self.logs(),
+                                 fatal=" fatal:" in text)
 
     def _stop_slurm(self) -> None:
         """Kill this lab's slurmctld and slurmds (munged stays) and clear what they left, so
