@@ -161,13 +161,18 @@ WARM_UP_OVERSTATED = {
 }
 
 
+def efficiency_at_offload(req, c, offload):
+    """The plan's efficiency for candidate c of request req with `offload` bytes off the GPU in
+    place of its own: what the step-time model gives when the memory model is taken out."""
+    from transit_launch.planning.plan import efficiency_of, host_terms
+    return efficiency_of(host_terms(req, replace(c, offload=offload)))
+
+
 def predict_at_measured_offload(pt):
     """The plan's efficiency for the point with the bytes the shim placed on the host in place of
-    the plan's offload: what the step-time model gives when the memory model is taken out."""
-    from transit_launch.planning.plan import efficiency_of, host_terms
-    c = predict(pt)
-    c.offload = pt["host_bytes"]
-    return efficiency_of(host_terms(request_of(pt), c))
+    the plan's offload."""
+    req = request_of(pt)
+    return efficiency_at_offload(req, evaluate_one_gpu(req), pt["host_bytes"])
 
 
 def request_of(pt):
@@ -268,11 +273,7 @@ def shape_rows(paths=None):
             ref_s = ref[r["accum"]]["median_step_s"]
             measured = ref_s / r["median_step_s"]
             off = shape_offload_measured(r)
-            at_off = None
-            if off is not None:
-                c2 = evaluate_one_gpu(req)
-                c2.offload = off
-                at_off = efficiency_of(host_terms(req, c2))
+            at_off = None if off is None else efficiency_at_offload(req, c, off)
             shim = r["shim"]
             out.append({"file": key[0], "run": r["name"], "microbatches": r["accum"], "step": step,
                         "measured": measured, "predicted": c.efficiency, "error": c.efficiency - measured,
