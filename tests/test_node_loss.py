@@ -290,8 +290,10 @@ def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, reference):
           f"{', '.join(str(r['downtime_s']) for r in recs)} s")
     # nothing outside the job's directories: its output, checkpoints and transit-JOB/
     assert sorted(p.name for p in d.iterdir()) == sorted(["tiny.toml", out.name, "ckpt", f"transit-{job}"])
+    # the job made its directory private and sources nothing from it (the environment is next's stdout)
+    assert (d / f"transit-{job}").stat().st_mode & 0o777 == 0o700
     assert sorted(p.name for p in (d / f"transit-{job}").iterdir()) == sorted(
-        ["attempt.env", "transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
+        ["transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
                                                 for k in range(3)])
     assert all(re.fullmatch(r"step-\d+", p.name) for p in (d / "ckpt").iterdir())
 
@@ -359,8 +361,10 @@ def test_node_lost_during_a_checkpoint_write_resumes_from_the_one_before(lab, re
     assert not lab.job_processes(job) and not Path(f"/proc/{hold['pid']}").exists()
     # nothing outside the job's directories; every checkpoint complete, no partial one left
     assert sorted(p.name for p in d.iterdir()) == sorted(["tiny.toml", out.name, "ckpt", f"transit-{job}"])
+    # the job made its directory private and sources nothing from it (the environment is next's stdout)
+    assert (d / f"transit-{job}").stat().st_mode & 0o777 == 0o700
     assert sorted(p.name for p in (d / f"transit-{job}").iterdir()) == sorted(
-        ["attempt.env", "transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
+        ["transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
                                                 for k in range(2)])
     assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{s}" for s in sorted(range(2, SAVE_STEPS + 1, 2), key=str)]
     assert all((p / ".metadata").is_file() for p in ckpt.iterdir())

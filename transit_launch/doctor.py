@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from importlib import metadata, util
 
+from transit_launch.isolated import SRUN_CHDIR, transit_launch_argv
 from transit_launch.shim import inject
 from transit_launch.table import table
 
@@ -236,13 +237,13 @@ def on_node(partition: str | None = None, account: str | None = None, timeout: f
         raise UsageError("doctor --on-node needs Slurm's srun on PATH")
     shim = inject.shim_path()
     env = dict(os.environ, **({"TRANSIT_SHIM": str(shim)} if shim else {}))
-    # one step: the node's name, then doctor's JSON from this installation's Python
-    code = ("import os, runpy, socket, sys; print(os.environ.get('SLURMD_NODENAME') or socket.gethostname(), "
-            "flush=True); sys.argv = ['transit-launch', 'doctor', '--json']; "
-            "runpy.run_module('transit_launch', run_name='__main__')")
-    cmd = [srun, "--nodes=1", "--ntasks=1", "--export=ALL", f"--time={max(1, int(timeout // 60))}",
+    # one step: the node's name, then doctor's JSON from this installation's Python, isolated
+    # from the working directory (root runs this; see isolated.py) and run from /
+    prelude = ("import os, socket; print(os.environ.get('SLURMD_NODENAME') or socket.gethostname(), "
+               "flush=True); ")
+    cmd = [srun, "--nodes=1", "--ntasks=1", "--export=ALL", SRUN_CHDIR, f"--time={max(1, int(timeout // 60))}",
            *([f"--partition={partition}"] if partition else []), *([f"--account={account}"] if account else []),
-           "--", sys.executable, "-c", code]
+           "--", *transit_launch_argv("doctor", "--json", prelude=prelude)]
     failed = "doctor --on-node checked no node: "
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -22,6 +22,23 @@ ADAPTER_ENV = "TRANSIT_ADAPTER"  # rules.ENV["ADAPTER"]: 0 installs nothing; a t
 PINNED_STATE_MODES = ("staged", "stream")
 
 
+def _sibling(name):
+    """The adapter module name.py in this directory, loaded by its path: the job's script
+    directory comes first on sys.path once it runs, and a module planted there under one of
+    these names must not be imported in the adapter's place."""
+    mod = sys.modules.get(name)
+    if mod is None or os.path.dirname(os.path.abspath(getattr(mod, "__file__", "") or "")) != _HERE:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return mod
+
+
 def _chain_next_sitecustomize():
     rest = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
@@ -161,7 +178,7 @@ def _sparse_reads(api):
         since = getattr(api, "_since", None)
         if since is None or not since(6):
             return None
-        import transit_sparse
+        transit_sparse = _sibling("transit_sparse")
 
         return transit_sparse.SparseReads()
     except Exception as e:
@@ -173,7 +190,7 @@ def _step_mode(api):
     """The optimizer step's mode (transit_overlap.mode: TRANSIT_OVERLAP_STEP, else the policy's
     default), retired settings said once; None when off or not to be had."""
     try:
-        import transit_overlap
+        transit_overlap = _sibling("transit_overlap")
 
         for line in transit_overlap.retired(os.environ):
             transit_overlap._say(line)
@@ -187,7 +204,7 @@ def _state_pool(api, mode):
     """The optimizer state's private pool (transit_state_pool.py, on unless
     TRANSIT_STATE_POOL=0), its allocations marked for the shim as state; else None."""
     try:
-        import transit_state_pool
+        transit_state_pool = _sibling("transit_state_pool")
 
         # the state is marked for the shim (born in pinned host memory when over the budget) where
         # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
@@ -206,17 +223,11 @@ def _state_expect(api, pool):
         send = getattr(api, "state_segments", None)
         if pool is None or pool.mark is None or send is None:
             return None
-        import transit_state_pool
+        transit_state_pool = _sibling("transit_state_pool")
 
         return transit_state_pool.StateExpect(send)
     except Exception as e:
         print(f"transit adapter: the optimizer state's segments not told to the shim: {e!r}", file=sys.stderr)
-        return None
-        import transit_state_pool
-
-        return transit_state_pool.StateExpect(expect)
-    except Exception as e:
-        print(f"transit adapter: the optimizer state's size not told to the shim: {e!r}", file=sys.stderr)
         return None
 
 
@@ -226,10 +237,10 @@ def _overlap(api, hooks, mode):
     if mode is None:
         return None
     try:
-        import transit_overlap
+        transit_overlap = _sibling("transit_overlap")
 
         if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
-            import transit_streamed
+            transit_streamed = _sibling("transit_streamed")
 
             staging = transit_overlap._staging_module().Staging((api.device_alloc, api.device_free), api.host_state)
             return transit_streamed.StreamedStep(staging, transit_overlap, ours=hooks.ours())
@@ -272,7 +283,7 @@ def _install():
     if os.environ.get(ADAPTER_ENV, "1") == "0":
         return
     try:
-        import transit_api
+        transit_api = _sibling("transit_api")
     except Exception:
         return
     if not transit_api.active():

@@ -21,6 +21,7 @@ import threading
 import time
 
 from transit_launch.errors import UsageError
+from transit_launch.isolated import SRUN_CHDIR, transit_launch_argv
 from transit_launch.netcap import counters
 from transit_launch.netcap.backends import Backend, CapError, Iface, backend, parse_bandwidth
 from transit_launch.netcap.journal import Journal, node_name, open_journal, restore_journal
@@ -122,8 +123,10 @@ class SlurmCapper:
     APPLY_TIMEOUT = 120
     RESTORE_TIMEOUT = 60
 
-    def __init__(self, be: Backend, iface_spec: str, journal_spec: str | None, python: str):
-        self.be, self.spec, self.journal_spec, self.python = be, iface_spec, journal_spec, python
+    def __init__(self, be: Backend, iface_spec: str, journal_spec: str | None):
+        # the helpers run from / (below): a relative --journal is the caller's
+        self.be, self.spec = be, iface_spec
+        self.journal_spec = os.path.abspath(journal_spec) if journal_spec else None
         self.nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
         self.ifaces = []
         self.hold: subprocess.Popen | None = None
@@ -137,8 +140,10 @@ class SlurmCapper:
         """The job runs in this batch step: Slurm ends it with the job."""
 
     def _cmd(self, *args: str) -> list[str]:
+        """The helper step: root on every node, so this installation's Python isolated from
+        the caller's directory, run from / (isolated.py)."""
         cmd = ["srun", "--overlap", f"--nodes={self.nodes}", f"--ntasks={self.nodes}", "--ntasks-per-node=1",
-               self.python, "-m", "transit_launch", "netcap", *args, "--cap", self.be.name, "--iface", self.spec]
+               SRUN_CHDIR, *transit_launch_argv("netcap", *args, "--cap", self.be.name, "--iface", self.spec)]
         return cmd + (["--journal", self.journal_spec] if self.journal_spec else [])
 
     def _srun(self, *args: str) -> list[dict]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from transit_launch.argtypes import check_program, nonneg_float, output_file, positive_int, require_matplotlib
 from transit_launch.errors import UsageError
@@ -48,7 +47,7 @@ def cmd_sweep(a, command):
     if slurm_mode:
         if not os.environ.get("SLURM_JOB_ID"):
             raise UsageError("--slurm runs inside a Slurm allocation (sbatch/salloc)")
-        cap = capper.SlurmCapper(be, a.iface, a.journal, sys.executable)
+        cap = capper.SlurmCapper(be, a.iface, a.journal)
         cap.check(bws)
     else:
         ifaces = capper.ifaces_for_node(a.iface, jn.node_name())

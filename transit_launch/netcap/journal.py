@@ -70,6 +70,32 @@ def _process_start(pid: int) -> str | None:
     return text.rsplit(")", 1)[-1].split()[19]
 
 
+def identity(pid: int) -> dict | None:
+    """What tells this process from any other that later gets its id: its start time, the
+    user it runs as and its command line; None when it is gone."""
+    start = _process_start(pid)
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    if start is None or _process_start(pid) != start:  # it ended (and the id was taken) while we read
+        return None
+    return {"start": start, "uid": uid, "cmd": cmd}
+
+
+def _not_ours(st: os.stat_result, kind: str, is_kind) -> str | None:
+    """Why a journal's file or directory cannot be trusted (None: it can): only its owner,
+    this user or root, may change it."""
+    if not is_kind(st.st_mode):
+        return f"is not {kind}"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"is owned by uid {st.st_uid}, not by you or root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "is writable by others"
+    return None
+
+
 class Journal:
     """What was changed and how it looked before, written before each change."""
 
@@ -78,10 +104,30 @@ class Journal:
         self.make_dir = make_dir  # create the directory (mode 0700) when it is missing
 
     def _load(self) -> dict:
+        """The journal's content, read only after its directory and the file itself passed
+        the ownership checks on open descriptors (root acts on what it says: it ends a
+        process group and rewrites NIC settings)."""
         try:
-            data = json.loads(self.path.read_text())
+            dfd = self._open_dir(missing_ok=True)
         except FileNotFoundError:
             return {"entries": []}
+        try:
+            try:
+                fd = os.open(self.path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+            except FileNotFoundError:
+                return {"entries": []}
+            except OSError as e:  # ELOOP: a link planted at the journal's name
+                raise UsageError(f"restore journal {self.path}: {e.strerror}; refusing to act on it") from None
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            why = _not_ours(st, "a regular file", stat.S_ISREG)
+            if why:
+                raise UsageError(f"restore journal {self.path} {why}; refusing to act on it")
+            raw = f.read()
+        try:
+            data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(f"restore journal {self.path} is damaged: {e}") from None
         if isinstance(data, list):  # the format before hosts and jobs were recorded
@@ -99,23 +145,25 @@ class Journal:
     def host(self) -> str | None:
         return self._load().get("host")
 
-    def _open_dir(self) -> int:
+    def _open_dir(self, missing_ok: bool = False) -> int:
         """The journal's directory, opened; refused when anyone but its owner (us or root)
-        can write it, or when it is a link."""
+        can write it, or when it is a link. missing_ok: a directory that does not exist
+        raises FileNotFoundError (nothing to read) instead of the refusal."""
         d = self.path.parent
-        if self.make_dir:
+        if self.make_dir and not missing_ok:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except FileNotFoundError:
+            if missing_ok:
+                raise
             raise UsageError(f"journal directory {d} does not exist (--journal {self.path})") from None
         except OSError as e:
             raise UsageError(f"journal directory {d}: {e.strerror}") from None
-        st = os.fstat(fd)
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = _not_ours(os.fstat(fd), "a directory", stat.S_ISDIR)
+        if why:
             os.close(fd)
-            raise UsageError(f"journal directory {d} is writable by others: choose a directory only you can write "
-                             "(--journal)")
+            raise UsageError(f"journal directory {d} {why}: choose a directory only you can write (--journal)")
         return fd
 
     def check(self) -> None:
@@ -171,24 +219,41 @@ class Journal:
         self._update(entries=[e for e in self.entries() if not (e["backend"] == backend and e["iface"] == str(iface))])
 
     def set_job(self, pgid: int | None) -> None:
-        """The process group of the job running under the caps (None: it has ended)."""
-        start = _process_start(pgid) if pgid else None
-        self._update(job={"pgid": pgid, "start": start} if pgid else None)
+        """The process group of the job running under the caps and its leader's identity
+        (None: it has ended)."""
+        self._update(job={"pgid": pgid, **(identity(pgid) or {"start": None})} if pgid else None)
 
 
-def _group_alive(pgid: int, start: str | None) -> bool:
-    """Is the process group still the job's? Its leader with the recorded start time, or,
-    once the leader is gone, any member (Linux does not reuse an id while a group has it)."""
-    lead = _process_start(pgid)
-    if lead is not None:
-        return lead == start
+def _members(pgid: int) -> list[int]:
+    """The uids of the processes in process group pgid."""
+    uids = []
     for stat_file in Path("/proc").glob("[0-9]*/stat"):
         try:
             if int(stat_file.read_text().rsplit(")", 1)[-1].split()[2]) == pgid:
-                return True
+                uids.append(stat_file.parent.stat().st_uid)
         except (OSError, ValueError, IndexError):
             continue
-    return False
+    return uids
+
+
+# what must still match for a process to be the recorded leader; its command line is
+# recorded for people but not compared: the job execs (the sweep's gate becomes the job)
+MATCHED = ("start", "uid")
+
+
+def _group_alive(job: dict) -> bool:
+    """Is the process group still the job's? Its leader with the recorded identity (the
+    start time, which no later process with that id has, and the user), or, once the leader
+    is gone, members that run as the recorded user (Linux does not reuse an id while a
+    group has it)."""
+    pgid = int(job["pgid"])
+    lead = identity(pgid)
+    if lead is not None:
+        return all(lead[k] == job[k] for k in MATCHED if k in job)
+    if _process_start(pgid) is not None:  # a process we cannot inspect holds the id: not ours to judge
+        return False
+    uids = _members(pgid)
+    return bool(uids) and ("uid" not in job or all(u == job["uid"] for u in uids))
 
 
 def end_orphan(job: dict | None, grace: float = 5.0) -> str | None:
@@ -196,15 +261,16 @@ def end_orphan(job: dict | None, grace: float = 5.0) -> str | None:
     SIGTERM, then SIGKILL after grace seconds."""
     if not job or not job.get("pgid"):
         return None
-    pgid, start = int(job["pgid"]), job.get("start")
-    if not _group_alive(pgid, start):
+    pgid = int(job["pgid"])
+    if not _group_alive(job):
         return None
     try:
         os.killpg(pgid, signal.SIGTERM)
         t0 = time.time()
-        while time.time() - t0 < grace and _group_alive(pgid, start):
+        while time.time() - t0 < grace and _group_alive(job):
             time.sleep(0.05)
-        os.killpg(pgid, signal.SIGKILL)
+        if _group_alive(job):
+            os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     return f"ended the job the sweep left running (process group {pgid})"

@@ -144,7 +144,8 @@ def cmd_status(a, command):
     info = commands.job_info(a.job)
     if a.json:
         if "WorkDir" in info:  # --on-node-loss scale-in: the job's transitions (slurm/scalein.py)
-            info["transitions"] = scalein.transitions(info["WorkDir"], info.get("JobId", a.job))
+            info["transitions"] = scalein.transitions(info["WorkDir"], info.get("JobId", a.job),
+                                                      commands.job_uid(info))
         print(json.dumps(info, indent=2))
         return 0
     keys = ("JobId", "JobName", "JobState", "NumNodes", "NodeList", "ExitCode", "RunTime", "StdOut")

@@ -154,6 +154,14 @@ def job_info(job_id: str) -> dict:
     raise UsageError(f"no such job {job_id}")
 
 
+def job_uid(info: dict) -> int:
+    """The job's user as a uid, from scontrol's UserId=NAME(UID)."""
+    m = re.fullmatch(r".*\((\d+)\)", info.get("UserId", ""))
+    if not m:
+        raise UsageError(f"scontrol gave no user id for job {info.get('JobId', '?')} (UserId={info.get('UserId')!r})")
+    return int(m.group(1))
+
+
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE")
 

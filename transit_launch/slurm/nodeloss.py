@@ -264,10 +264,12 @@ def global_batch(p, nodes: int) -> int:
 
 def template_context(opts: NodeLossOptions | None, p, nodes: int, shim_opts, port: int, shim, adapter) -> dict:
     """What sbatch.j2 needs for --on-node-loss scale-in: the transit-launch that rendered
-    the script (this Python, by absolute path: the nodes run the same installation) and
+    the script (this Python, by absolute path, isolated: the nodes run the same
+    installation) and
     the arguments of its `_node-loss next` calls, shell-quoted."""
     import shlex
-    import sys
+
+    from transit_launch.isolated import transit_launch_argv
     from transit_launch.rules import format_size
     if opts is None or not opts.scale_in:
         return {"scale_in": False}
@@ -284,5 +286,5 @@ def template_context(opts: NodeLossOptions | None, p, nodes: int, shim_opts, por
             args += [flag, v]
     if shim_opts.gpu_budget:
         args += ["--gpu-budget", format_size(shim_opts.gpu_budget)]
-    return {"scale_in": True, "launcher": shlex.join([sys.executable, "-m", "transit_launch"]),
+    return {"scale_in": True, "launcher": shlex.join(transit_launch_argv()),
             "next_args": shlex.join(args)}

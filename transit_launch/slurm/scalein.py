@@ -6,7 +6,8 @@ failed step it reads which nodes the job lost (scontrol), re-plans on the surviv
 (slurm/nodeloss.py decides), says so in one line, writes the transition record and the
 environment of the next attempt (nodes, rendezvous, the shim's TRANSIT_* for the new
 policy), or, when no layout fits the survivors, requeues the job. Exit 0: run the attempt;
-otherwise the script exits with that code.
+otherwise the script exits with that code. The environment goes to stdout, which the
+script evaluates (nothing is sourced from a file); what people read goes to stderr.
 watch (the attempt's output piped through it): passes every line on and notes the first
 and last step the trainer printed; the first step after a scale-in completes the
 transition record with the downtime."""
@@ -21,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from transit_launch.argtypes import write_text_atomically
 from transit_launch.errors import UsageError
 from transit_launch.slurm import nodeloss
+from transit_launch.slurm.jobdir import JobDir
 from transit_launch.slurm.nodeloss import Layout, Transition
 
 
@@ -42,10 +43,10 @@ def _tag(restart: int, attempt: int) -> str:
     return f"{restart}-{attempt}"
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(d: JobDir, name: str) -> dict | None:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(d.read(name) or "")
+    except ValueError:
         return None
 
 
@@ -74,14 +75,15 @@ def _shim_exports(a, policy: str) -> list[str]:
     return out
 
 
-def _write_env(job_dir: Path, lay: Layout, attempt: int, a) -> None:
+def _attempt_env(lay: Layout, attempt: int, a) -> str:
+    """The next attempt's shell environment (the script evaluates it)."""
     head = lay.nodes[0]
     states = _scontrol("show", "node", "-o", head)
     addr = next((nodeloss.fields(ln).get("NodeAddr") for ln in states.splitlines() if ln.strip()), None) or head
     lines = [f"nodes_now={len(lay.nodes)}", f"nodelist_now={shlex.quote(','.join(lay.nodes))}",
              f"head_node={shlex.quote(addr)}", f"rdzv_port={a.port + attempt}",
              *_shim_exports(a, lay.policy)]
-    write_text_atomically(str(job_dir / "attempt.env"), "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def _checkpoint_step(ckpt: str | None) -> int | None:
@@ -96,68 +98,90 @@ def _checkpoint_step(ckpt: str | None) -> int | None:
     return steps[-1] if steps else 0
 
 
-def _append(job_dir: Path, t: Transition) -> None:
-    path = job_dir / nodeloss.RECORDS
-    old = path.read_text() if path.exists() else ""
-    write_text_atomically(str(path), old + json.dumps(t.record()) + "\n")
+def _append(d: JobDir, t: Transition) -> None:
+    d.write(nodeloss.RECORDS, (d.read(nodeloss.RECORDS) or "") + json.dumps(t.record()) + "\n")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def cmd_next(a) -> int:
     from transit_launch.planning.plan import plan
     if not a.model:
         raise UsageError("_node-loss next needs the job's plan options (--model ...)")
-    job_dir, restart, k = Path(a.job_dir), _restart(), a.attempt
+    restart, k = _restart(), a.attempt
     job_id = os.environ.get("SLURM_JOB_ID", "")
     p = plan(_request(a))
+    # the job's first attempt makes its directory; a later attempt, or a requeued run of a job
+    # that made one, finds its own (checked: owner, mode)
+    first = k == 0 and (restart == 0 or not os.path.lexists(a.job_dir))
+    try:
+        d = JobDir(a.job_dir, create=first)
+    except FileNotFoundError:
+        raise UsageError(f"job directory {a.job_dir} is gone; the job ends") from None
+    with d:
+        env = _next(a, p, d, restart, k, job_id)
+    if isinstance(env, int):
+        return env
+    sys.stdout.write(env)
+    return 0
+
+
+def _next(a, p, d: JobDir, restart: int, k: int, job_id: str) -> str | int:
+    """The next attempt's environment, or the exit code that ends the script."""
     if k == 0:
         nodes = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
         c = p.at(len(nodes)) if nodes else None
         if c is None:  # render refuses a node count without a layout; outside a job there are no nodes
             raise UsageError(f"_node-loss next: {len(nodes)} node(s) in SLURM_JOB_NODELIST give no layout to run")
         lay = nodeloss.layout_of(p, c, nodes, a.policy)  # the first attempt runs what render chose, served or not
-        write_text_atomically(str(job_dir / f"attempt-{_tag(restart, 0)}.json"), json.dumps(lay.summary()))
-        _write_env(job_dir, lay, 0, a)
-        return 0
+        d.write(f"attempt-{_tag(restart, 0)}.json", json.dumps(lay.summary()))
+        return _attempt_env(lay, 0, a)
     seen = time.time()
-    prev = _read_json(job_dir / f"attempt-{_tag(restart, k - 1)}.json")
+    prev = _read_json(d, f"attempt-{_tag(restart, k - 1)}.json")
     if prev is None:
-        print(f"transit-launch: the step failed (exit {a.rc}) and attempt {k - 1}'s layout is missing; the job ends")
+        _say(f"transit-launch: the step failed (exit {a.rc}) and attempt {k - 1}'s layout is missing; the job ends")
         return a.rc or 1
     old = Layout.of(prev)
     job = nodeloss.fields(_scontrol("show", "job", "-o", job_id))
     gone, left = nodeloss.lost(old.nodes, hostnames(job.get("NodeList", "")),
                                nodeloss.node_states(_scontrol("show", "node", "-o", ",".join(old.nodes))))
     if not gone:
-        print(f"transit-launch: the step failed (exit {a.rc}) with every node up: not a node loss; the job ends")
+        _say(f"transit-launch: the step failed (exit {a.rc}) with every node up: not a node loss; the job ends")
         return a.rc or 1
-    progress = _read_json(job_dir / f"progress-{_tag(restart, k - 1)}.json") or {}
+    progress = _read_json(d, f"progress-{_tag(restart, k - 1)}.json") or {}
     new, why = nodeloss.best_layout(p, left, a.policy)
     t = Transition("scale-in" if new else "requeue", restart, k, seen, gone, old.summary(),
                    new.summary() if new else None, _checkpoint_step(a.checkpoint_dir), progress.get("last_step"),
                    why if not new else "")
     if new is None:
         t.reason = f"no layout fits {len(left)} node(s) even with offloading ({why})"
-        print(nodeloss.line(t), flush=True)
-        _append(job_dir, t)
+        _say(nodeloss.line(t))
+        _append(d, t)
         res = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
         if res.returncode != 0:
-            print(f"transit-launch: scontrol requeue {job_id} failed: {res.stderr.strip()}; the job ends")
+            _say(f"transit-launch: scontrol requeue {job_id} failed: {res.stderr.strip()}; the job ends")
             return a.rc or 1
         return 3  # requeued: Slurm ends this run of the script and starts it again on a full allocation
-    print(nodeloss.line(t), flush=True)
-    _append(job_dir, t)
-    write_text_atomically(str(job_dir / f"attempt-{_tag(restart, k)}.json"), json.dumps(new.summary()))
-    _write_env(job_dir, new, k, a)
-    return 0
+    _say(nodeloss.line(t))
+    _append(d, t)
+    d.write(f"attempt-{_tag(restart, k)}.json", json.dumps(new.summary()))
+    return _attempt_env(new, k, a)
 
 
 def cmd_watch(a) -> int:
     """Copy stdin to stdout line by line; never the reason the attempt dies (errors in the
     bookkeeping are reported once and the copying goes on)."""
-    job_dir, restart, k = Path(a.job_dir), _restart(), a.attempt
+    restart, k = _restart(), a.attempt
     out = sys.stdout.buffer
     first = last = None
     broken = False
+    try:
+        d = JobDir(a.job_dir)
+    except (OSError, UsageError) as e:  # the output still passes; nothing is recorded
+        print(f"transit-launch: no records for this attempt: {e}", flush=True)
+        d = None
     for raw in sys.stdin.buffer:
         out.write(raw)
         out.flush()
@@ -168,39 +192,43 @@ def cmd_watch(a) -> int:
         if first is None:
             first = step
             try:
-                _first_step(job_dir, restart, k, step, time.time())
+                if d is not None:
+                    _first_step(d, restart, k, step, time.time())
             except Exception as e:  # noqa: BLE001 - the record must not stop the job's output
                 if not broken:
                     print(f"transit-launch: could not complete the transition record: {e}", flush=True)
                 broken = True
+    if d is None:
+        return 0
     try:
-        write_text_atomically(str(job_dir / f"progress-{_tag(restart, k)}.json"),
-                              json.dumps({"first_step": first, "last_step": last}))
+        d.write(f"progress-{_tag(restart, k)}.json", json.dumps({"first_step": first, "last_step": last}))
     except UsageError as e:
         print(f"transit-launch: {e}", flush=True)
+    d.close()
     return 0
 
 
-def _first_step(job_dir: Path, restart: int, k: int, step: int, now: float) -> None:
-    path = job_dir / nodeloss.RECORDS
-    if k == 0 or not path.exists():
+def _first_step(d: JobDir, restart: int, k: int, step: int, now: float) -> None:
+    text = d.read(nodeloss.RECORDS)
+    if k == 0 or text is None:
         return
-    recs = nodeloss.records(path.read_text())
+    recs = nodeloss.records(text)
     for r in recs:
         if r["restart"] == restart and r["attempt"] == k and r["action"] == "scale-in" and r["downtime_s"] is None:
             r["downtime_s"] = round(now - r["loss_seen_epoch"], 2)
             r["first_step"] = step
             print(f"transit-launch: first step on the survivors (step {step}) {r['downtime_s']:.1f} s after the "
                   f"node loss", flush=True)
-    write_text_atomically(str(path), "".join(json.dumps(r) + "\n" for r in recs))
+    d.write(nodeloss.RECORDS, "".join(json.dumps(r) + "\n" for r in recs))
 
 
-def transitions(work_dir: str, job_id: str) -> list[dict]:
-    """The job's transition records (status --json), or [] when it has none."""
-    path = Path(work_dir) / nodeloss.job_dir_name(job_id) / nodeloss.RECORDS
+def transitions(work_dir: str, job_id: str, uid: int) -> list[dict]:
+    """The job's transition records (status --json), or [] when it has none; a directory
+    or file that is not the job's user's alone is refused (UsageError)."""
     try:
-        return nodeloss.records(path.read_text())
-    except OSError:
+        with JobDir(Path(work_dir) / nodeloss.job_dir_name(job_id), uid=uid) as d:
+            return nodeloss.records(d.read(nodeloss.RECORDS) or "")
+    except FileNotFoundError:
         return []
 
 

@@ -22,11 +22,40 @@ _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimit
 _SBATCH_UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
 _SLURM_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 _SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[^\s\"'\x00-\x1f\x7f]+)?")
-# what the rendered script decides itself: a site line must not contradict the plan
+# what the rendered script decides itself: a site line must not contradict the plan. With
+# the options that would change the same request another way (--ntasks, --gpus, --gres,
+# memory or CPUs per CPU/GPU; --gres only where it names GPUs, _GRES_GPU).
 _OURS = {"--nodes": "--nodes, from the plan", "--ntasks-per-node": "one torchrun per node",
-         "--gpus-per-node": "--gpus-per-node", "--job-name": "--job-name", "--output": "--output",
+         "--ntasks": "one torchrun per node", "--gpus-per-node": "--gpus-per-node", "--gpus": "--gpus-per-node",
+         "--job-name": "--job-name", "--output": "--output",
          "--partition": "--partition", "--account": "--account", "--time": "--time", "--mem": "--mem",
-         "--cpus-per-task": "--cpus-per-task", "--exclusive": "--exclusive", "--constraint": "--constraint"}
+         "--mem-per-cpu": "--mem", "--mem-per-gpu": "--mem", "--cpus-per-task": "--cpus-per-task",
+         "--cpus-per-gpu": "--cpus-per-task", "--exclusive": "--exclusive", "--constraint": "--constraint"}
+
+
+def ours(opt: str) -> str | None:
+    """Which of the script's own options `opt` would set, or None. sbatch (getopt_long)
+    takes any unambiguous prefix of a long option (--job-nam= is --job-name=), so a prefix
+    of one of ours counts as ours: refused whether or not sbatch would find it ambiguous."""
+    hit = next((o for o in _OURS if o.startswith(opt)), None) if len(opt) > 2 else None
+    return None if hit is None else _OURS[opt] if opt in _OURS else f"{opt} abbreviates {hit}: {_OURS[hit]}"
+
+
+_GRES_GPU = re.compile(r"--gres?=(.*,)?gpu\b")  # --gres (or its unambiguous prefix) asking for GPUs
+
+
+def sbatch_value(flag: str, v: str | None) -> None:
+    """THE check of a value that goes on an #SBATCH line (a job name included): sbatch splits
+    those lines at whitespace and reads quotes, and a newline would end the line, so a value
+    with any of them could add options of its own."""
+    if v is None:
+        return
+    if not v.strip():
+        raise UsageError(f"{flag} is empty")
+    if _SBATCH_UNSAFE.search(v):
+        raise UsageError(f"{flag} {v!r}: an #SBATCH value cannot hold whitespace, quotes or control characters")
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -48,14 +77,9 @@ class JobOptions:
     sbatch_args: tuple[str, ...] = ()  # the site's own #SBATCH lines, each one option
 
     def __post_init__(self):  # sbatch would refuse these only once the job is submitted
-        for flag, v in (("--partition", self.partition), ("--account", self.account), ("--output", self.output)):
-            if v is not None and not v.strip():
-                raise UsageError(f"{flag} is empty")
         for flag, v in (("--job-name", self.name), ("--partition", self.partition), ("--account", self.account),
-                        ("--time", self.time), ("--output", self.output)):
-            if v is not None and (not v or _SBATCH_UNSAFE.search(v)):
-                raise UsageError(f"{flag} {v!r}: an #SBATCH value cannot be empty or hold whitespace, quotes or "
-                                 "control characters")
+                        ("--time", self.time), ("--output", self.output), ("--constraint", self.constraint)):
+            sbatch_value(flag, v)
         if not integer(self.port) or not 1 <= self.port <= 65535:
             raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
         if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
@@ -65,20 +89,28 @@ class JobOptions:
         if self.mem is not None and not _SLURM_MEM.fullmatch(self.mem):
             raise UsageError(f"--mem {self.mem!r} is not sbatch's memory size (e.g. 500G, 256000M, or 0 for all of "
                              "a node's memory)")
-        if self.constraint is not None and (not self.constraint or _SBATCH_UNSAFE.search(self.constraint)):
-            raise UsageError(f"--constraint {self.constraint!r}: an #SBATCH value cannot be empty or hold "
-                             "whitespace, quotes or control characters")
         for arg in self.sbatch_args:
             opt = arg.split("=", 1)[0]
             if not _SBATCH_OPTION.fullmatch(arg):
                 raise UsageError(f"--sbatch-arg {arg!r}: give one sbatch option as --name or --name=value, with no "
                                  "whitespace, quotes or control characters")
-            if opt in _OURS:
-                raise UsageError(f"--sbatch-arg {opt}: transit-launch sets {opt} itself ({_OURS[opt]})")
+            why = ours(opt) or ("--gpus-per-node" if _GRES_GPU.match(arg) else None)
+            if why:
+                raise UsageError(f"--sbatch-arg {opt}: transit-launch sets {opt} itself ({why})" if opt in _OURS
+                                 else f"--sbatch-arg {opt}: transit-launch sets this itself ({why})")
 
 
 def job_name(p, job: JobOptions) -> str:
-    return job.name or (f"transit-{p.req.card.name}" if p else "transit")
+    """--job-name, else transit-CARD: a card's name comes from a file, so it is checked as
+    any other #SBATCH value."""
+    if job.name:
+        return job.name
+    name = f"transit-{p.req.card.name}" if p else "transit"
+    try:
+        sbatch_value("the job name", name)
+    except UsageError as e:
+        raise UsageError(f"{e} (it comes from the model card's name; give --job-name)") from None
+    return name
 
 
 def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts: ShimOptions,
