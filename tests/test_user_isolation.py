@@ -294,6 +294,68 @@ def test_a_model_cards_name_adds_no_sbatch_option(cli, tmp_path):
     assert "--export" not in "".join(ln for ln in out.read_text().splitlines() if ln.startswith("#SBATCH"))
 
 
+@pytest.mark.parametrize("name", ["1/../../../tmp/mal/leak", "x%j", "a/b"])
+def test_a_card_name_names_no_other_file(cli, tmp_path, name):
+    """A second review: the default output is %x-%j.out, so a card named with / (or %, or a
+    leading dot) put the job's output through a path of the card writer's choosing (a link
+    there overwrote the victim's .bashrc, and root's files when root submitted)."""
+    from tests.test_node_loss import TINY
+    card = tmp_path / "evil.toml"
+    card.write_text(TINY.replace('name = "tiny-node-loss"', f'name = "{name}"'))
+    rc, out, err = cli("render", "--model", str(card), "--nodes", "1", "--gpus-per-node", "1", "--", "python3", "x")
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and "give --job-name" in err, (rc, err)
+    for given in (name, ".hidden"):
+        rc, out, err = cli("render", "--model", "llama3-8b", "--job-name", given, "--", "python3", "x")
+        assert (rc, out) == (2, "") and "a job name is letters, digits" in err, (rc, err)
+
+
+def test_a_catalog_name_is_the_catalogs_whatever_the_directory_holds(tmp_path):
+    """A file named llama3-8b planted in the working directory stood in for the catalog's
+    card (plan, render, submit, and the scale-in job's re-plans)."""
+    from tests.test_node_loss import TINY
+    d = tmp_path / "shared"
+    d.mkdir()
+    (d / "llama3-8b").write_text(TINY.replace('name = "tiny-node-loss"', 'name = "planted"'))
+    res = subprocess.run(transit_launch_argv("plan", "--model", "llama3-8b", "--json"), cwd=d, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["model"] == "llama3-8b" and "planted" not in res.stdout
+    from transit_launch.slurm import nodeloss
+    from transit_launch.planning.plan import Request, plan
+    from transit_launch.planning.models import load_model
+    from transit_launch.planning.hardware import gpu_profile
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        p = plan(Request(load_model("llama3-8b"), gpu_profile("h100-80gb")))
+        flags = nodeloss.plan_flags(nodeloss.NodeLossOptions("scale-in", model="llama3-8b"), p, 2)
+    finally:
+        os.chdir(cwd)
+    assert flags[flags.index("--model") + 1] == "llama3-8b"
+
+
+def test_forged_records_are_no_json_bomb():
+    from transit_launch.slurm import nodeloss
+    assert nodeloss.records("[" * 200_000 + "\n" + '{"action": "scale-in"}\n') == [{"action": "scale-in"}]
+
+
+def test_status_takes_no_owner_or_place_from_free_form_fields(cli, lab, tmp_path):
+    """A job's name and comment are its owner's words: ' UserId=... WorkDir=... JobId=...'
+    in them made `status --json` read another user's records as this job's."""
+    forged = "x UserId=transit-victim(1001) WorkDir=/home/transit-victim/work JobId=4242 JobState=COMPLETED"
+    res = lab.cmd("sbatch", "--parsable", "--hold", f"--comment={forged}", f"--job-name={forged}", "--wrap", "true")
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip()
+    try:
+        rc, out, err = cli("status", "--json", job, env={"SLURM_CONF": str(lab.conf)})
+        assert rc == 0, err
+        info = json.loads(out)
+        assert (info["JobId"], info["UserId"], info["JobState"]) == (job, "root(0)", "PENDING"), info
+        assert info["WorkDir"] == str(lab.lab / "jobs") and info["transitions"] == []
+    finally:
+        lab.cmd("scancel", job)
+
+
 @pytest.mark.parametrize("arg,names", [
     ("--job-nam=x", "--job-name"), ("--gpus-per-n=1", "--gpus-per-node"), ("--ntasks-per-no=2", "--ntasks-per-node"),
     ("--node=3", "--nodes"), ("--par=debug", "--partition"), ("--ntasks=3", None), ("--gpus=4", None),

@@ -260,17 +260,19 @@ def catalog() -> dict[str, ModelCard]:
 
 
 def load_model(spec: str) -> ModelCard:
-    """A catalog name, a model-card .toml path or a Hugging Face config.json path."""
+    """A catalog name, a model-card .toml path or a Hugging Face config.json path. A catalog
+    name is the catalog's card, whatever the working directory holds under that name (a
+    shared directory's planted `llama3-8b` file must not stand in for it)."""
     if not isinstance(spec, str) or not spec.strip():  # Path('') is '.', which would read ./config.json
         raise UsageError(f"--model needs a catalog name or a file, got {spec!r}")
+    cards = catalog()
+    if spec in cards:
+        return cards[spec]
     path = Path(spec)
     if spec.endswith(".toml") or (path.suffix == "" and path.is_file()):
         return _card_from_dict(_read_toml(path), spec)
     if spec.endswith(".json") or path.is_dir():
         return from_hf_config(path / "config.json" if path.is_dir() else path)
-    cards = catalog()
-    if spec in cards:
-        return cards[spec]
     import difflib
     near = difflib.get_close_matches(spec.lower().replace("_", "-"), cards, n=1, cutoff=0.8)
     hint = f"did you mean {near[0]!r}? " if near else ""

@@ -136,14 +136,41 @@ def parse_sacct_job(text: str) -> dict | None:
             "ExitCode": code, "NodeList": nodes, "RunTime": elapsed}
 
 
+def job_owner(job_id: str) -> dict | None:
+    """The fields others act on (JobId, UserId, JobState, WorkDir) from squeue's fixed
+    columns, the free-form work directory last; None when squeue does not know the job.
+    scontrol's Key=Value line cannot be trusted for them: a job's name or comment may hold
+    ' UserId=... WorkDir=...' of its owner's choosing."""
+    import pwd
+    if not shutil.which("squeue"):
+        return None
+    res = _call(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i %U %T %Z"])
+    line = next((ln for ln in res.stdout.splitlines() if ln.strip()), "") if res.returncode == 0 else ""
+    parts = line.split(" ", 3)
+    if len(parts) != 4 or parts[0] != job_id or not parts[1].isdigit():
+        return None
+    uid = int(parts[1])
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return {"JobId": parts[0], "UserId": f"{name}({uid})", "JobState": parts[2], "WorkDir": parts[3]}
+
+
 def job_info(job_id: str) -> dict:
-    """scontrol's view of the job (key=value), or sacct's once it has left the controller;
-    "no such job" when neither knows it."""
+    """scontrol's view of the job (key=value) with squeue's JobId, UserId, JobState and
+    WorkDir over it (job_owner), or sacct's once it has left the controller; "no such job"
+    when neither knows it."""
     _check_job_id(job_id)
     args = ["scontrol", "show", "job", "-o", job_id]
     res = _call(args)
     if res.returncode == 0 and parse_scontrol_job(res.stdout):
-        return parse_scontrol_job(res.stdout)
+        info = parse_scontrol_job(res.stdout)
+        owner = job_owner(job_id)
+        if owner is None:  # nothing of the free-form fields is taken for the job's owner or place
+            for k in ("UserId", "WorkDir"):
+                info.pop(k, None)
+        return {**info, **(owner or {})}
     if res.returncode != 0 and not _NO_JOB.search(res.stderr):
         raise _failure(args, res)  # the controller is down, not the job unknown
     if shutil.which("sacct"):  # a job that ended before MinJobAge is gone from scontrol

@@ -172,7 +172,7 @@ def records(text: str) -> list[dict]:
     for line in text.splitlines():
         try:
             out.append(json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line of ten thousand [s
             continue
     return out
 
@@ -241,7 +241,9 @@ def plan_flags(opts: NodeLossOptions, p, nodes: int) -> list[str]:
     import os
     from transit_launch.rules import format_size
     req = p.req
-    model = os.path.abspath(opts.model) if os.path.exists(opts.model) else opts.model
+    from transit_launch.planning.models import catalog
+    # a catalog name stays one (load_model reads the catalog first); a file is named absolutely
+    model = opts.model if opts.model in catalog() or not os.path.exists(opts.model) else os.path.abspath(opts.model)
     out = ["--model", model, "--parallel", req.parallel, "--seq-len", str(req.seq_len),
            "--local-batch", str(req.local_batch), "--global-batch", str(global_batch(p, nodes)),
            "--precision", req.precision, "--recompute", req.recompute, "--gpus-per-node", str(req.gpus_per_node),

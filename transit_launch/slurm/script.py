@@ -44,6 +44,20 @@ def ours(opt: str) -> str | None:
 _GRES_GPU = re.compile(r"--gres?=(.*,)?gpu\b")  # --gres (or its unambiguous prefix) asking for GPUs
 
 
+# a job name: Slurm puts it in file names (%x in --output), so no / (a path), no % (another
+# pattern) and no leading dot
+_JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+
+
+def job_name_value(flag: str, v: str | None) -> None:
+    """THE check of a job name, the user's or the card's: an #SBATCH value that is also a
+    file name (the default --output is %x-%j.out)."""
+    sbatch_value(flag, v)
+    if v is not None and not _JOB_NAME.fullmatch(v):
+        raise UsageError(f"{flag} {v!r}: a job name is letters, digits and . _ + - (Slurm puts it in the output "
+                         "file's name), not starting with a dot")
+
+
 def sbatch_value(flag: str, v: str | None) -> None:
     """THE check of a value that goes on an #SBATCH line (a job name included): sbatch splits
     those lines at whitespace and reads quotes, and a newline would end the line, so a value
@@ -77,8 +91,9 @@ class JobOptions:
     sbatch_args: tuple[str, ...] = ()  # the site's own #SBATCH lines, each one option
 
     def __post_init__(self):  # sbatch would refuse these only once the job is submitted
-        for flag, v in (("--job-name", self.name), ("--partition", self.partition), ("--account", self.account),
-                        ("--time", self.time), ("--output", self.output), ("--constraint", self.constraint)):
+        job_name_value("--job-name", self.name)
+        for flag, v in (("--partition", self.partition), ("--account", self.account), ("--time", self.time),
+                        ("--output", self.output), ("--constraint", self.constraint)):
             sbatch_value(flag, v)
         if not integer(self.port) or not 1 <= self.port <= 65535:
             raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
@@ -107,7 +122,7 @@ def job_name(p, job: JobOptions) -> str:
         return job.name
     name = f"transit-{p.req.card.name}" if p else "transit"
     try:
-        sbatch_value("the job name", name)
+        job_name_value("the job name", name)
     except UsageError as e:
         raise UsageError(f"{e} (it comes from the model card's name; give --job-name)") from None
     return name
