@@ -767,7 +767,7 @@ def test_a_mode_that_is_none_is_said_once_and_the_step_runs_as_without_the_adapt
     hooks = site._Hooks(Api())
     assert hooks.overlap is None and hooks.pool.mark is None
     err = capsys.readouterr().err.splitlines()
-    assert err == ["transit adapter: TRANSIT_OVERLAP_STEP='sideways' is not one of 0, 1, staged, stream: the step "
+    assert err == ["transit adapter: TRANSIT_OVERLAP_STEP='sideways' is not one of 0, 1, staged, stream, host: the step "
                    "runs as without the adapter"], err
 
 
@@ -783,7 +783,7 @@ def test_retired_settings_are_said_once_and_ignored(T, monkeypatch, capsys):
     assert type(site._Hooks(Api()).overlap).__name__ == "StreamedStep"
     err = capsys.readouterr().err.splitlines()
     assert err == ["transit adapter: TRANSIT_OVERLAP_STEP=serial is retired and ignored (docs/retired-experiments.md): "
-                   "the optimizer step runs as if it were unset; the modes are 0, 1, staged, stream",
+                   "the optimizer step runs as if it were unset; the modes are 0, 1, staged, stream, host",
                    "transit adapter: TRANSIT_OVERLAP_SMS=16 is retired and ignored (docs/retired-experiments.md): "
                    "no green context is made (the early updates of 1 and staged run on a plain side stream)"], err
     monkeypatch.setenv(T.OVERLAP_ENV, "1")

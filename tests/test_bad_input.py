@@ -211,7 +211,7 @@ ROWS = [
     ([*RENDER, "--log", "chatty", *CMD], "invalid choice"),
     # a retired step mode is named as retired, with the modes there are (docs/retired-experiments.md)
     ([*RENDER, "--overlap", "serial", *CMD],
-     "argument --overlap: 'serial' is retired (docs/retired-experiments.md): the modes are 0, 1, staged, stream"),
+     "argument --overlap: 'serial' is retired (docs/retired-experiments.md): the modes are 0, 1, staged, stream, host"),
     (["run", "--overlap", "serial", "--", "true"], "argument --overlap: 'serial' is retired"),
     ([*PLAN, "--overlap", "serial"], "argument --overlap: 'serial' is retired"),
     ([*SUBMIT, "--overlap", "serial", *CMD], "argument --overlap: 'serial' is retired"),

@@ -57,5 +57,5 @@ def test_the_plans_request_says_a_retired_mode_as_the_cli_does():
     card, gpu = load_model("llama3-8b"), GPUS["h200-141gb"]
     with pytest.raises(UsageError, match=r"overlap 'serial' is retired \(docs/retired-experiments.md\)"):
         Request(card=card, gpu=gpu, overlap="serial")
-    with pytest.raises(UsageError, match="overlap 'fast' is not one of 0, 1, staged, stream"):
+    with pytest.raises(UsageError, match="overlap 'fast' is not one of 0, 1, staged, stream, host"):
         Request(card=card, gpu=gpu, overlap="fast")

@@ -23,10 +23,14 @@ POLICIES = ("off", "base", "prefetch", "advise")
 # TRANSIT_OVERLAP_STEP: "1" the optimizer step overlapped with backward, reading the state in
 # place; "staged" its state staged through the copy engines (the fastest measured, a second
 # host copy of the state); "stream" the step run when the application calls it, in slices
-# through the copy engines, the default under advise; "0" the opt-out. The adapter keeps its
+# through the copy engines, the default under advise; "host" (opt-in, issue 50) the update
+# of the state the budget cannot hold run on the host by torch's own CPU optimizer, the
+# gradients down during backward and the parameters up; "0" the opt-out. The adapter keeps its
 # own copy (a test keeps them equal): it runs in the job's Python, which need not have
 # transit_launch.
-OVERLAP_MODES = ("0", "1", "staged", "stream")
+OVERLAP_MODES = ("0", "1", "staged", "stream", "host")
+# modes the plan has no cost model for yet: refused by the plan (run takes them)
+UNPLANNED_OVERLAP = ("host",)
 # the mode when TRANSIT_OVERLAP_STEP is unset, by policy (the adapter's DEFAULT_MODES; a test
 # keeps them equal); the plan predicts advise with it
 DEFAULT_OVERLAP = {"advise": "stream"}

@@ -39,6 +39,27 @@ def _sibling(name):
     return mod
 
 
+def _state_room(api):
+    """room(device): the bytes of optimizer state the GPU budget holds beside what the job
+    has reserved at its first step (the shim's budget, from its stats), or None without one."""
+    import json
+    import tempfile
+
+    def room(device):
+        import torch
+
+        if device.type != "cuda":
+            return None
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "stats.json")
+            if api.write_stats(path) != 0:
+                return None
+            with open(path) as f:
+                budget = json.load(f).get("budget_bytes") or 0
+        return max(0, budget - torch.cuda.memory_reserved(device)) if budget else None
+    return room
+
+
 def _chain_next_sitecustomize():
     rest = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
@@ -239,6 +260,8 @@ def _overlap(api, hooks, mode):
     try:
         transit_overlap = _sibling("transit_overlap")
 
+        if mode == "host":  # the update of the state the budget cannot hold on the host (transit_host.py)
+            return _sibling("transit_host").HostStep(transit_overlap, ours=hooks.ours(), room=_state_room(api))
         if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
             transit_streamed = _sibling("transit_streamed")
 

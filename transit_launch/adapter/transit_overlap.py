@@ -33,7 +33,7 @@ OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STE
 # "1": early updates on a side stream beside backward, reading the state where it is (over
 # PCIe under advise); "staged": their state staged through the copy engines instead
 # (transit_staging.py; the fastest measured, with a second host copy)
-MODES = ("1", "staged", "stream")  # stream: not an overlap with backward (transit_streamed.py)
+MODES = ("1", "staged", "stream", "host")  # stream, host: not overlaps with backward (transit_streamed.py, transit_host.py)
 # Retired experiments (docs/retired-experiments.md; rules.RETIRED_OVERLAP_MODES and
 # rules.RETIRED_ENV, a test keeps them equal): a job that still sets one is told once, and
 # runs as if it were unset. "serial" ran the early updates on the compute stream (a
@@ -172,6 +172,19 @@ def call_refusal(opt, args, kwargs, mine):
         return "GradScaler steps it (unscaling and the inf check run inside the step)"
     if foreign_hooks(opt, mine):
         return "other optimizer step hooks are registered (they may change gradients or read them)"
+    return None
+
+
+def step_refusal(opt, args, kwargs, mine):
+    """Why this step of opt must run as the application made it (call_refusal, then each
+    param group's _group_refusal), or None: what the streamed and the host step share."""
+    why = call_refusal(opt, args, kwargs, mine)
+    if why:
+        return why
+    for group in opt.param_groups:
+        why = _group_refusal(group)
+        if why:
+            return why
     return None
 
 

@@ -149,14 +149,7 @@ class StreamedStep:
     def _why_not(self, opt, args, kwargs):
         if opt in self.said:
             return self.said[opt]
-        why = self.ov.call_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
-        if why:
-            return why
-        for group in opt.param_groups:
-            why = self.ov._group_refusal(group)
-            if why:
-                return why
-        return None
+        return self.ov.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
 
     def _items(self, opt, group):
         """([(param, state keys)] of the group's parameters with a gradient and a pinned home,

@@ -19,7 +19,7 @@ from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Lay
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import (DEFAULT_OVERLAP, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES, overlap_refusal,
+from transit_launch.rules import (DEFAULT_OVERLAP, UNPLANNED_OVERLAP, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES, overlap_refusal,
                                   STATE_ROOM_SPARE_PERCENT)
 from transit_launch.units import gb
 
@@ -110,6 +110,9 @@ class Request:
             raise UsageError(f"max_nodes {self.max_nodes} is above the planner's {MAX_NODES}")
         if self.overlap is not None and overlap_refusal(self.overlap):
             raise UsageError(f"overlap {overlap_refusal(self.overlap)}")
+        if self.overlap in UNPLANNED_OVERLAP:
+            raise UsageError(f"--overlap {self.overlap} is an experiment the plan has no cost model for yet (see "
+                             "bench/RESULTS.md); `transit-launch run --overlap host` runs it")
 
 
 @dataclass

@@ -1,0 +1,171 @@
+"""The host update path (TRANSIT_OVERLAP_STEP=host) against the default streamed step, plain
+advise and torchao's CPUOffloadOptimizer, on issue 50's held-out FSDP2 shape: blocks of
+Linear(dim -> ffn) + GELU + Linear(ffn -> dim) under FSDP2 (world size 1, bf16 parameters,
+fp32 reduce and master weights), fused AdamW, a fixed number of tokens a step split into
+microbatches, with or without clip_grad_norm_(1.0). No activation checkpointing.
+
+Each point: the reference (no shim) first; its peak reserved less the AdamW state is the
+GPU budget of the transit runs (issue 20's definition); torchao against its own reference
+(the same blocks without FSDP2, as torchao takes plain parameters). Per run: per-GPU TFLOPS
+(6 x parameters x tokens / median step time over the measured steps), the median step, the
+losses, the peak reserved, and for the host path its counters.
+
+    python3 bench/host_step.py --points base,clip --out $OUT/host_step.json
+    python3 bench/host_step.py --report bench/results/DATE/host_step.json
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# name -> (dim, ffn, blocks, tokens a step, microbatches, clip)
+POINTS = {"base": (4096, 16384, 8, 32768, 1, None), "clip": (4096, 16384, 8, 32768, 1, 1.0),
+          "clip-accum4": (4096, 16384, 8, 32768, 4, 1.0), "wide-clip": (8192, 32768, 2, 32768, 1, 1.0)}
+RUNS = ("reference", "stream", "host", "plain", "torchao-reference", "torchao")
+MODES = {"stream": None, "host": "host", "plain": "0"}  # TRANSIT_OVERLAP_STEP of each transit run
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def worker(a):
+    """One run in this process: prints one JSON line per step and a summary."""
+    import torch
+    import torch.distributed as dist
+
+    dim, ffn, blocks, tokens, micro, clip = POINTS[a.point]
+    torch.manual_seed(0)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+
+    def block():
+        return torch.nn.Sequential(torch.nn.Linear(dim, ffn, bias=False), torch.nn.GELU(),
+                                   torch.nn.Linear(ffn, dim, bias=False))
+
+    model = torch.nn.Sequential(*[block() for _ in range(blocks)]).to(dev)
+    params = sum(p.numel() for p in model.parameters())
+    if a.run.startswith("torchao"):
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16)
+        if a.run == "torchao":
+            from torchao.optim import CPUOffloadOptimizer
+            opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-4, fused=True)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    else:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for b in model:
+            fully_shard(b, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        ctx = torch.autocast("cuda", enabled=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    times, losses = [], []
+    for step in range(a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(micro):
+            x = torch.randn(tokens // micro, dim, device=dev, generator=gen, dtype=torch.bfloat16)
+            with ctx:
+                loss = model(x).float().pow(2).mean() / micro
+            loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item() * micro)
+        print(json.dumps({"step": step, "s": round(times[-1], 4), "loss": losses[-1]}), flush=True)
+    med = statistics.median(times[a.warmup:])
+    print(json.dumps({"summary": {"params": params, "median_s": med, "tflops": 6 * params * tokens / med / 1e12,
+                                  "first_s": times[0], "losses": losses,
+                                  "peak_reserved": torch.cuda.max_memory_reserved(dev),
+                                  "state_bytes": 8 * params}}), flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch(point, run, budget, a):
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--point", point, "--run", run,
+           "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    env = dict(os.environ, **MULTICAST_OFF, PYTHONUNBUFFERED="1")
+    if run in MODES:
+        env.pop("TRANSIT_OVERLAP_STEP", None)
+        if MODES[run] is not None:
+            env["TRANSIT_OVERLAP_STEP"] = MODES[run]
+        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", "advise", "--gpu-budget", f"{budget}B",
+               "--", *cmd]
+    t0 = time.time()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=a.timeout)
+    summary = next((json.loads(ln)["summary"] for ln in res.stdout.splitlines() if ln.startswith('{"summary"')), None)
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("transit adapter:")]
+    return {"point": point, "run": run, "budget": budget, "rc": res.returncode, "wall_s": round(time.time() - t0, 1),
+            "summary": summary, "adapter": said[-20:],
+            "stderr_tail": res.stderr[-1500:] if res.returncode or summary is None else ""}
+
+
+def drive(a):
+    out = []
+    for point in a.points.split(","):
+        ref = launch(point, "reference", 0, a)
+        out.append(ref)
+        s = ref["summary"]
+        budget = int(s["peak_reserved"] - s["state_bytes"]) if s else 0
+        for run in a.runs.split(","):
+            if run == "reference" or (run.startswith("torchao") and point not in a.torchao_points.split(",")):
+                continue
+            if budget <= 0 and run in MODES:
+                continue
+            out.append(launch(point, run, budget, a))
+            print(json.dumps({k: out[-1][k] for k in ("point", "run", "rc", "wall_s")}), file=sys.stderr, flush=True)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(out, indent=1))
+    report(out)
+
+
+def report(rows):
+    refs = {(r["point"], r["run"]): r["summary"] for r in rows if r["summary"]}
+    print(f"{'point':<12} {'run':<18} {'TFLOPS':>7} {'% of ref':>8} {'median s':>9} {'first s':>8}  loss[-1]")
+    for r in rows:
+        s = r["summary"]
+        if not s:
+            print(f"{r['point']:<12} {r['run']:<18} failed rc={r['rc']}: {r['stderr_tail'][-200:]!r}")
+            continue
+        ref = refs.get((r["point"], "torchao-reference" if r["run"] == "torchao" else "reference"))
+        pct = f"{100 * s['tflops'] / ref['tflops']:.1f}%" if ref else "-"
+        print(f"{r['point']:<12} {r['run']:<18} {s['tflops']:7.1f} {pct:>8} {s['median_s']:9.4f} {s['first_s']:8.3f}"
+              f"  {s['losses'][-1]:.6g}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--point", default="base")
+    ap.add_argument("--run", default="reference")
+    ap.add_argument("--points", default="base,clip", help=f"comma list of {', '.join(POINTS)}")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    ap.add_argument("--torchao-points", default="base,clip", help="points where torchao runs (beside its reference)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "host_step.json"))
+    ap.add_argument("--report", help="print the table of a results file")
+    a = ap.parse_args()
+    if a.worker:
+        worker(a)
+    elif a.report:
+        report(json.loads(Path(a.report).read_text()))
+    else:
+        drive(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The host update path (TRANSIT_OVERLAP_STEP=host, transit_launch/adapter/transit_host.py)
+on CPU models: the result equals torch's own fused CPU step on a copy of the model with the
+same clipping, accumulation, schedule and shared parameters, bit for bit, and the gradients
+copied at their final hook are used (scaled by the clip's coefficient) rather than copied
+again; a state torch's step would not see, or a step it refuses, runs as without it. The CPU
+stands in for the GPU (no streams, no pinning); on a GPU it is bench/offload.py's
+`transit-host` run."""
+
+import pytest
+
+from tests.conftest import NEEDS_TORCH, torch_importable
+from tests.test_adapter_streamed import load
+
+pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+STEPS, MICRO = 5, 3
+
+
+@pytest.fixture
+def host():
+    ov = load("transit_overlap")
+    h = load("transit_host").HostStep(ov)
+    h.install()
+    yield h
+    h.uninstall()
+
+
+class Tied:
+    """Wider than bench's blocks, with a weight used twice (a shared parameter)."""
+
+    def __new__(cls, seed=0):
+        import torch
+
+        torch.manual_seed(seed)
+        m = torch.nn.ModuleDict({"a": torch.nn.Linear(48, 512), "b": torch.nn.Linear(512, 48)})
+
+        def forward(x):
+            y = m["b"](torch.tanh(m["a"](x)))
+            z = torch.tanh(torch.nn.functional.linear(torch.tanh(y), m["b"].weight.t()))  # b's weight, again
+            return y + torch.nn.functional.linear(z, m["b"].weight)
+
+        m.fwd = forward
+        return m
+
+
+def train(m, opt, sched, clip, micro=MICRO, steps=STEPS):
+    import torch
+
+    torch.manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        for _ in range(micro):
+            x = torch.randn(16, 48)
+            loss = m.fwd(x).pow(2).mean()
+            loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _opt(cls, m, fused):
+    import torch
+
+    kw = {"momentum": 0.9, "weight_decay": 0.01} if cls is torch.optim.SGD else {"weight_decay": 0.1}
+    opt = cls(m.parameters(), lr=1e-2, fused=fused, **kw)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+
+
+@pytest.mark.parametrize("name", ["AdamW", "Adam", "SGD"])
+@pytest.mark.parametrize("clip", [0.05, None], ids=["clip-binds", "no-clip"])
+def test_the_host_step_is_torchs_own_cpu_step(host, name, clip):
+    """The application's optimizer (default kernels) under the host path gives what torch's
+    fused CPU step gives on a copy: every parameter and state tensor equal, bit for bit,
+    with clipping that binds (a step with the unclipped gradients would differ)."""
+    import torch
+
+    cls = getattr(torch.optim, name)
+    ref_m = Tied()
+    ref_opt, ref_s = _opt(cls, ref_m, fused=True)
+    host.uninstall()
+    ref_loss = train(ref_m, ref_opt, ref_s, clip)
+    host.install()
+    m = Tied()
+    opt, s = _opt(cls, m, fused=None)
+    loss = train(m, opt, s, clip)
+    assert loss == ref_loss
+    for (n, p), q in zip(m.named_parameters(), ref_m.parameters()):
+        assert torch.equal(p, q), n
+    for p, q in zip(m.parameters(), ref_m.parameters()):
+        st, ref = opt.state[p], ref_opt.state[q]
+        assert st.keys() == ref.keys() and all(torch.equal(st[k], ref[k]) for k in st)
+    assert host.stats["steps"] == STEPS and host.stats["host_params"] == 4
+    # the first step copies every gradient at the step (no hooks yet); from the second the copy
+    # made at the final hook is used (the second copies at every hook, as it has not learned
+    # the microbatches, and its last copy counts)
+    assert host.stats["recopied"] == 4
+    assert host.stats["clipped"] == ((STEPS - 1) * 4 if clip else 0)
+    unclipped = Tied()
+    u_opt, u_s = _opt(cls, unclipped, fused=True)
+    host.uninstall()
+    train(unclipped, u_opt, u_s, None)
+    if clip:
+        assert not all(torch.equal(p, q) for p, q in zip(m.parameters(), unclipped.parameters()))
+
+
+def test_a_gradient_changed_after_backward_is_copied_again(host):
+    """Anything but one clip (here a scale of the gradient in place) after the copy: the
+    step reads the gradient the application left, as torch's step would."""
+    import torch
+
+    ref_m, m = Tied(), Tied()
+    ref_opt, ref_s = _opt(torch.optim.AdamW, ref_m, fused=True)
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+
+    def run(model, o, sched):
+        torch.manual_seed(1)
+        for _ in range(4):
+            model.fwd(torch.randn(8, 48)).pow(2).mean().backward()
+            for p in model.parameters():
+                p.grad.mul_(0.5)  # a hand-made change, no clip function
+            o.step()
+            sched.step()
+            o.zero_grad()
+
+    host.uninstall()
+    run(ref_m, ref_opt, ref_s)
+    host.install()
+    run(m, opt, s)
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref_m.parameters()))
+    assert host.stats["recopied"] == 4 * 4 and host.stats["clipped"] == 0
+
+
+def test_the_state_dict_holds_the_host_state_and_loads_back(host):
+    """opt.state is the host state (one dict), so state_dict() is torch's; a state loaded
+    into the application's optimizer is taken in at the next step."""
+    import torch
+
+    m = Tied()
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+    train(m, opt, s, 0.05, steps=3)
+    sd = opt.state_dict()
+    assert len(sd["state"]) == 4 and all(int(v["step"]) == 3 for v in sd["state"].values())
+    saved = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
+    for v in opt.state.values():
+        v["exp_avg"].fill_(7.0)
+    opt.load_state_dict({"state": saved, "param_groups": sd["param_groups"]})
+    train(m, opt, s, 0.05, steps=1)
+    assert all(int(v["step"]) == 4 for v in opt.state_dict()["state"].values())
+    assert not any((v["exp_avg"] == 7.0).any() for v in opt.state.values())
+
+
+def test_what_the_host_step_refuses_runs_as_without_it(host, capsys):
+    """A closure, and an optimizer class that is not verified: torch's step, said once."""
+    import torch
+
+    m = Tied()
+    opt = torch.optim.RMSprop(m.parameters(), lr=1e-3)
+    m.fwd(torch.randn(4, 48)).sum().backward()
+    opt.step()
+    m2 = Tied()
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-3)
+
+    def closure():
+        opt2.zero_grad()
+        loss = m2.fwd(torch.randn(4, 48)).sum()
+        loss.backward()
+        return loss
+
+    opt2.step(closure)
+    opt2.step(closure)
+    err = capsys.readouterr().err
+    assert err.count("host step off for RMSprop: not torch.optim's Adam, AdamW or SGD") == 1
+    assert err.count("host step off for AdamW: optimizer.step() called with arguments") == 1
+    assert host.stats["steps"] == 0 and all(opt2.state[p]["step"] == 2 for p in m2.parameters())
+
+
+def test_the_state_the_budget_holds_stays_with_torchs_step():
+    """room(device) holds the state of the first two parameters (by group order): those step
+    in the application's own step (its kernels), the other two on the host (fused CPU). One
+    step: after it the model is a mix of the two references, whose next gradients differ."""
+    import torch
+
+    ov = load("transit_overlap")
+    first_two = sum(p.numel() * 4 * 2 for p in list(Tied().parameters())[:2])
+    h = load("transit_host").HostStep(ov, room=lambda dev: first_two)
+    refs = {}
+    for fused in (None, True):
+        refs[fused] = Tied()
+        o, sch = _opt(torch.optim.AdamW, refs[fused], fused=fused)
+        train(refs[fused], o, sch, 0.05, steps=1)
+    h.install()
+    try:
+        m = Tied()
+        opt, s = _opt(torch.optim.AdamW, m, fused=None)
+        train(m, opt, s, 0.05, steps=1)
+    finally:
+        h.uninstall()
+    assert (h.stats["resident_params"], h.stats["host_params"]) == (2, 2)
+    ps = list(m.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(ps[:2], list(refs[None].parameters())[:2]))
+    assert all(torch.equal(p, q) for p, q in zip(ps[2:], list(refs[True].parameters())[2:]))

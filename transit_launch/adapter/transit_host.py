@@ -1,0 +1,465 @@
+"""TRANSIT_OVERLAP_STEP=host (opt-in): the update of the state the GPU budget cannot hold
+runs on the host, with torch's own optimizer.
+
+The streamed step moves that state, 16 B a parameter of Adam (8 in, 8 out), after backward.
+Here it never moves: it lives in host memory, each parameter's gradient goes down (4 B) as it
+becomes final in the last microbatch's backward, on a copy stream beside backward, torch's own
+optimizer class (fused, on the CPU) steps a host copy of the parameter, and the parameter goes
+back up (4 B), chunk by chunk while the CPU steps the next chunk. What the budget holds on the
+GPU is left to the application's own step (bit-identical there).
+
+torch's semantics are kept: the same optimizer class and param groups (their hyper-parameters
+read at every step, so LR schedules apply), the step counts, the state in `opt.state` (plain
+tensors; see DTENSOR_STATE), and the gradients the step would see. A gradient copied at its
+final hook is used only if nothing changed it since backward ended (its version), except by
+gradient clipping: clip_grads_with_norm_ is wrapped, its coefficient recomputed as torch
+computes it and applied to the host copy (the same float multiply); any other change, or
+clipping twice, has the gradient copied again at the step. Which hook is final is learned
+from the previous step (its number of hooks); the first step copies at the step.
+
+What cannot run here steps as without the adapter, said once: optimizers other than Adam,
+AdamW and SGD, a closure or GradScaler, foreign step hooks, param groups the streamed step
+refuses too, sparse or non-contiguous tensors.
+"""
+
+import atexit
+import sys
+import time
+import weakref
+
+CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU steps one while one copies)
+# Said once for an optimizer of FSDP2 (DTensor) parameters: their host state is plain tensors,
+# which torch's distributed checkpoint cannot place
+DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not in opt.state, so "
+                 "state_dict() does not hold it (checkpoints need TRANSIT_OVERLAP_STEP=stream)")
+
+
+def _say(msg):
+    print(f"transit adapter: {msg}", file=sys.stderr, flush=True)
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class _Rec:
+    """One parameter on the host path: its host copy, its host gradient, what this step did."""
+
+    __slots__ = ("p", "local", "ph", "gh", "fires", "copied", "ended", "clip", "pver", "event")
+
+    def __init__(self, p, ph, gh):
+        self.p, self.local, self.ph, self.gh = p, _local(p).detach(), ph, gh
+        self.fires, self.copied, self.ended, self.clip = 0, None, None, []
+        self.pver = self.local._version  # the parameter's version when ph last equalled it
+        self.event = None  # the copy down's completion (a GPU's)
+
+
+class _Plan:
+    """One adopted optimizer: its host-path parameters in chunks, each stepped by a CPU
+    optimizer of the application's class over one param group's host copies."""
+
+    def __init__(self, opt):
+        self.opt = weakref.ref(opt)
+        self.recs = {}      # id(param) -> _Rec
+        self.chunks = []    # (group index, CPU optimizer, [_Rec])
+        self.learned = {}   # id(param) -> hooks in the last step (the last is final)
+        self.hidden = []    # (param, grad) hidden from the application's step
+        self.handles = []
+
+
+class HostStep:
+    """Global optimizer step pre/post hooks, a post-accumulate-grad hook on each host-path
+    parameter, and the clipping wrapper."""
+
+    def __init__(self, overlap, ours=(), room=None):
+        self.ov = overlap            # transit_overlap: the verified classes and the refusals it shares
+        self.ours = list(ours)       # the adapter's other step hooks: not foreign
+        self.room = room             # room(device) -> bytes of state the budget holds there; None: unbounded
+        self.plans = weakref.WeakKeyDictionary()
+        self.said = weakref.WeakKeyDictionary()  # optimizer -> why it steps as without the adapter
+        self.streams = {}            # device -> (down, up) copy streams
+        self.task_open = False       # a backward is running whose end is awaited
+        self.stats = {"steps": 0, "host_params": 0, "resident_params": 0, "recopied": 0, "clipped": 0,
+                      "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0}
+        self.handles = []
+        self._unclip = None
+        self.hook_failed = False
+        atexit.register(self.report)
+
+    def report(self):
+        s = self.stats
+        if s["steps"]:
+            _say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['resident_params']} "
+                 f"left to the GPU step; gradients copied again at the step {s['recopied']} times, scaled by a "
+                 f"clip {s['clipped']} times; seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
+                 f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, parameters "
+                 f"sent up {s['up_s']:.2f}")
+
+    # --- install ------------------------------------------------------------------------------
+
+    def install(self):
+        from torch.optim import optimizer as o
+
+        self.handles = [o.register_optimizer_step_pre_hook(self.pre_step),
+                        o.register_optimizer_step_post_hook(self.post_step)]
+        self._wrap_clipping()
+
+    def uninstall(self):
+        for h in self.handles:
+            h.remove()
+        for plan in list(self.plans.values()):
+            for h in plan.handles:
+                h.remove()
+        if self._unclip:
+            self._unclip()
+
+    def _wrap_clipping(self):
+        """torch.nn.utils.clip_grads_with_norm_ (TorchTitan calls it) and the function
+        clip_grad_norm_ calls, wrapped: after torch scales the gradients, on_clip records the
+        coefficient for the host copies."""
+        import torch.nn.utils as u
+        from torch.nn.utils import clip_grad as cg
+
+        orig = cg._clip_grads_with_norm_
+        host = self
+
+        def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
+            import torch
+
+            params = [parameters] if torch.is_tensor(parameters) else list(parameters)
+            out = orig(params, max_norm, total_norm, foreach)
+            try:
+                host.on_clip(params, max_norm, total_norm)
+            except Exception as e:  # never the reason a job dies: the step copies again
+                _say(f"host step: clipping not followed ({e!r}); gradients are copied again at the step")
+                host.clip_broken = True
+            return out
+
+        clip_grads_with_norm_.__wrapped__ = orig
+        saved = {(cg, "_clip_grads_with_norm_"): orig}
+        for mod in (u, cg):
+            if hasattr(mod, "clip_grads_with_norm_"):
+                saved[(mod, "clip_grads_with_norm_")] = mod.clip_grads_with_norm_
+        for mod, name in saved:
+            setattr(mod, name, clip_grads_with_norm_)
+        self.clip_broken = False
+
+        def unclip():
+            for (mod, name), f in saved.items():
+                setattr(mod, name, f)
+        self._unclip = unclip
+
+    # --- the hooks ----------------------------------------------------------------------------
+
+    def on_grad(self, p):
+        """A gradient is final when its hook has fired as often as in the last step: it goes
+        down on the copy stream, after the work that made it (the hook's current stream)."""
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
+        for plan in self.plans.values():
+            rec = plan.recs.get(id(p))
+            if rec is None:
+                continue
+            try:
+                rec.fires += 1
+                final = plan.learned.get(id(p))
+                if final is None or rec.fires == final:  # not learned yet: every hook copies, the last one counts
+                    self._down(rec)
+                self._await_end()
+            except Exception as e:
+                if not self.hook_failed:
+                    _say(f"host step: a gradient hook failed ({e!r}); such gradients are copied at the step")
+                self.hook_failed = True
+
+    def _down(self, rec):
+        import torch
+
+        g = _local(rec.p.grad)
+        if rec.local.device.type == "cuda":
+            down, _ = self._streams(rec.local.device)
+            down.wait_stream(torch.cuda.current_stream(rec.local.device))
+            with torch.cuda.stream(down):
+                rec.gh.copy_(g, non_blocking=True)
+                rec.event = down.record_event()
+            g.record_stream(down)
+        else:
+            rec.gh.copy_(g)
+        rec.copied, rec.clip = rec.p.grad, []
+
+    def _await_end(self):
+        """Versions are read when the backward has ended (FSDP2's gradients are views of one
+        buffer and share its version counter)."""
+        import torch
+
+        if not self.task_open:
+            self.task_open = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+
+    def _backward_ended(self):
+        self.task_open = False
+        for plan in self.plans.values():
+            for rec in plan.recs.values():
+                if rec.copied is not None and rec.copied is rec.p.grad:
+                    rec.ended = _local(rec.p.grad)._version
+
+    def on_clip(self, params, max_norm, total_norm):
+        import torch
+
+        ours = [(plan, plan.recs[id(p)]) for p in params for plan in self.plans.values()
+                if id(p) in plan.recs and p.grad is not None]
+        if not ours:
+            return
+        tn = total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm
+        coef = torch.clamp(float(max_norm) / (tn + 1e-6), max=1.0)  # as torch computes it
+        for _, rec in ours:
+            rec.clip.append((coef, _local(rec.p.grad)._version))
+
+    def pre_step(self, opt, args, kwargs):
+        if opt in self.said:
+            return
+        try:
+            plan = self.plans.get(opt)
+            why = self._why_not(opt, args, kwargs)
+            if why:
+                if plan is not None:
+                    self._give_back(opt, plan)
+                self._once(opt, why)
+                return
+            if plan is None:
+                t0 = time.perf_counter()
+                plan = self._adopt(opt)
+                self.stats["adopt_s"] += time.perf_counter() - t0
+                if plan is None:
+                    return
+            self._step(opt, plan)
+        except Exception as e:  # never the reason a job dies
+            plan = self.plans.get(opt)
+            if plan is not None:
+                self._give_back(opt, plan)
+            self._once(opt, f"an error in the host step: {e!r}")
+
+    def post_step(self, opt, args, kwargs):
+        plan = self.plans.get(opt)
+        if plan is None:
+            return
+        for p, g in plan.hidden:
+            p.grad = g
+        plan.hidden = []
+        for rec in plan.recs.values():
+            if rec.fires:  # a step whose backward ran without the hooks (the first) teaches nothing
+                plan.learned[id(rec.p)] = rec.fires
+            rec.fires, rec.copied, rec.ended, rec.clip, rec.event = 0, None, None, [], None
+
+    # --- adopting and stepping ------------------------------------------------------------------
+
+    def _once(self, opt, why):
+        if opt not in self.said:
+            self.said[opt] = why
+            _say(f"host step off for {type(opt).__name__}: {why}; its step runs as without the adapter")
+
+    def _why_not(self, opt, args, kwargs):
+        if self.ov._raw_step(opt) is None:
+            return f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})"
+        why = self.ov.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
+        if why:
+            return why
+        for group in opt.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is not None and (g.is_sparse or not _local(g).is_contiguous() or not _local(p).is_contiguous()):
+                    return "a sparse or non-contiguous parameter or gradient"
+        return None
+
+    def _streams(self, device):
+        import torch
+
+        if device not in self.streams:
+            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        return self.streams[device]
+
+    def _adopt(self, opt):
+        """At the first step: the parameters whose state the budget cannot hold (by group
+        order, the first ones fit) get host copies, chunks and hooks."""
+        import torch
+
+        plan = _Plan(opt)
+        per_param = 2 if type(opt).__name__ in ("Adam", "AdamW") else 1  # state tensors a parameter has
+        left = {}
+        dtensor = False
+        cls = type(opt)
+        for gi, group in enumerate(opt.param_groups):
+            chunk, size = [], 0
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                lp = _local(p).detach()
+                dev = lp.device
+                if dev not in left:  # no budget to ask (no shim, the CPU in tests): all of it on the host
+                    left[dev] = self.room(dev) if self.room else 0
+                need = lp.numel() * lp.element_size() * per_param
+                if left[dev] is None or need <= left[dev]:
+                    left[dev] = None if left[dev] is None else left[dev] - need
+                    self.stats["resident_params"] += 1
+                    continue
+                pin = dev.type == "cuda"
+                ph = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
+                ph.copy_(lp)
+                gh = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
+                rec = _Rec(p, ph, gh)
+                dtensor |= hasattr(p, "to_local")
+                plan.recs[id(p)] = rec
+                plan.handles.append(p.register_post_accumulate_grad_hook(self.on_grad))
+                chunk.append(rec)
+                size += lp.numel() * lp.element_size()
+                if size >= CHUNK_BYTES:
+                    plan.chunks.append(self._chunk(cls, opt, gi, chunk))
+                    chunk, size = [], 0
+            if chunk:
+                plan.chunks.append(self._chunk(cls, opt, gi, chunk))
+        if not plan.recs:
+            self._once(opt, "its state fits the GPU budget: nothing to step on the host")
+            return None
+        self.plans[opt] = plan
+        self.stats["host_params"] += len(plan.recs)
+        if dtensor:
+            _say(f"host step for {cls.__name__}: {DTENSOR_STATE}")
+        return plan
+
+    def _chunk(self, cls, opt, gi, recs):
+        """A CPU optimizer of the application's class over these host copies; the state the
+        application's optimizer has for them (a loaded state_dict) is moved into it."""
+        import torch
+
+        hyper = {k: v for k, v in opt.param_groups[gi].items() if k not in ("params", "foreach", "fused")}
+        cpu = cls([r.ph for r in recs], **{k: v for k, v in hyper.items() if k in cls.__init__.__code__.co_varnames},
+                  fused=True)
+        for r in recs:
+            old = opt.state.get(r.p)
+            if old:
+                cpu.state[r.ph] = {k: _local(v).detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+                                   for k, v in old.items()}
+            if not hasattr(r.p, "to_local"):
+                opt.state[r.p] = cpu.state[r.ph]  # one dict: state_dict() sees the host state
+        return gi, cpu, recs
+
+    def _step(self, opt, plan):
+        """Chunk by chunk in backward's order (the last layers' gradients come down first):
+        each chunk waits only for its own gradients' copies, so without clipping the CPU
+        steps the first chunks while the GPU still runs backward; each chunk's parameters go
+        up once it is stepped. With clipping the coefficient, known at backward's end, is
+        waited for first."""
+        import torch
+
+        self._resync(opt, plan)
+        raw = self.ov._raw_step
+        ups, synced, coefs = set(), set(), {}
+        clock = time.perf_counter
+        for gi, cpu, recs in reversed(plan.chunks):
+            group = opt.param_groups[gi]
+            for k, v in group.items():
+                if k not in ("params", "foreach", "fused"):
+                    cpu.param_groups[0][k] = v
+            live = [r for r in recs if r.p.grad is not None]
+            for r in recs:
+                r.ph.grad = r.gh if r.p.grad is not None else None
+            if not live:
+                continue
+            for r in live:
+                self._gradient(plan, r, synced, coefs)
+            t0 = clock()
+            raw(cpu)(cpu)
+            t1 = clock()
+            self.stats["cpu_s"] += t1 - t0
+            for r in live:
+                if r.local.device.type == "cuda":
+                    _, up = self._streams(r.local.device)
+                    ups.add(r.local.device)
+                    if r.event is not None:  # after the kernels that read the parameter in backward
+                        up.wait_event(r.event)
+                    with torch.cuda.stream(up):
+                        r.local.copy_(r.ph, non_blocking=True)
+                else:
+                    r.local.copy_(r.ph)
+                r.pver = r.local._version
+            self.stats["up_s"] += clock() - t1
+            if not hasattr(recs[0].p, "to_local"):
+                for r in recs:
+                    opt.state[r.p] = cpu.state[r.ph]
+        for dev in ups:  # the application's next work reads the parameters after they land
+            torch.cuda.current_stream(dev).wait_stream(self._streams(dev)[1])
+        plan.hidden = [(r.p, r.p.grad) for r in plan.recs.values() if r.p.grad is not None]
+        for p, _ in plan.hidden:
+            p.grad = None  # torch's step skips a parameter without a gradient
+        self.stats["steps"] += 1
+
+    def _gradient(self, plan, rec, synced, coefs):
+        """rec's host gradient equal to what the step would read: the copy made at its final
+        hook, unchanged since backward ended, or changed only by one clipping (scaled here),
+        else copied now (after the GPU's work so far)."""
+        import torch
+
+        clock = time.perf_counter
+        g = rec.p.grad
+        version = _local(g)._version
+        fresh = (rec.copied is g and rec.ended is not None
+                 and rec.fires == plan.learned.get(id(rec.p), rec.fires))  # no gradient after the copy
+        clipped = fresh and len(rec.clip) == 1 and rec.clip[0][1] == version and not self.clip_broken
+        if fresh and (clipped or not rec.clip and version == rec.ended):
+            t0 = clock()
+            if rec.event is not None:
+                rec.event.synchronize()
+            if clipped:
+                coef = rec.clip[0][0]
+                if id(coef) not in coefs:
+                    coefs[id(coef)] = coef.to("cpu")  # waits for the clip, at backward's end
+                t1 = clock()
+                rec.gh.mul_(coefs[id(coef)])
+                self.stats["clipped"] += 1
+                self.stats["grads_s"] += clock() - t1
+                t0 += clock() - t1
+            self.stats["wait_s"] += clock() - t0
+            return
+        t0 = clock()
+        dev = rec.local.device
+        if dev.type == "cuda" and dev not in synced:
+            torch.cuda.current_stream(dev).synchronize()
+            synced.add(dev)
+        self.stats["recopied"] += 1
+        rec.gh.copy_(_local(g))
+        self.stats["grads_s"] += clock() - t0
+
+    def _resync(self, opt, plan):
+        """What changed outside the host path since the last step is taken in: a parameter
+        written on the GPU (a loaded checkpoint, a weight constraint) is copied down, a state
+        the application's optimizer was given (load_state_dict) is moved to the host."""
+        import torch
+
+        for _, cpu, recs in plan.chunks:
+            for r in recs:
+                if r.local._version != r.pver:
+                    r.ph.copy_(r.local)
+                    r.pver = r.local._version
+                st = opt.state.get(r.p)
+                if st and not hasattr(r.p, "to_local") and st is not cpu.state.get(r.ph):
+                    cpu.state[r.ph] = {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+                                       for k, v in st.items()}
+                    opt.state[r.p] = cpu.state[r.ph]
+
+    def _give_back(self, opt, plan):
+        """The host path stops for this optimizer: its state and parameters go back to the
+        application's own step."""
+        import torch
+
+        for dev in self.streams:
+            self.streams[dev][1].synchronize()
+        for gi, cpu, recs in plan.chunks:
+            for r in recs:
+                st = cpu.state.get(r.ph)
+                if st:
+                    opt.state[r.p] = {k: v.to(r.local.device) if torch.is_tensor(v) and k != "step" else v
+                                      for k, v in st.items()}
+        for h in plan.handles:
+            h.remove()
+        self.plans.pop(opt, None)
