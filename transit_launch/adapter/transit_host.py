@@ -92,8 +92,8 @@ class HostStep:
             _say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['resident_params']} "
                  f"left to the GPU step; gradients copied again at the step {s['recopied']} times, scaled by a "
                  f"clip {s['clipped']} times; seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
-                 f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, parameters "
-                 f"sent up {s['up_s']:.2f}")
+                 f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, "
+                 f"parameters sent up {s['up_s']:.2f}")
 
     # --- install ------------------------------------------------------------------------------
 

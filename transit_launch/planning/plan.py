@@ -19,8 +19,8 @@ from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Lay
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import (DEFAULT_OVERLAP, UNPLANNED_OVERLAP, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES, overlap_refusal,
-                                  STATE_ROOM_SPARE_PERCENT)
+from transit_launch.rules import (DEFAULT_OVERLAP, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES,
+                                  STATE_ROOM_SPARE_PERCENT, UNPLANNED_OVERLAP, overlap_refusal)
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
