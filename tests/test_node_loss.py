@@ -293,7 +293,7 @@ def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, reference):
     # the job made its directory private and sources nothing from it (the environment is next's stdout)
     assert (d / f"transit-{job}").stat().st_mode & 0o777 == 0o700
     assert sorted(p.name for p in (d / f"transit-{job}").iterdir()) == sorted(
-        ["transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
+        [".job", "transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
                                                 for k in range(3)])
     assert all(re.fullmatch(r"step-\d+", p.name) for p in (d / "ckpt").iterdir())
 
@@ -364,7 +364,7 @@ def test_node_lost_during_a_checkpoint_write_resumes_from_the_one_before(lab, re
     # the job made its directory private and sources nothing from it (the environment is next's stdout)
     assert (d / f"transit-{job}").stat().st_mode & 0o777 == 0o700
     assert sorted(p.name for p in (d / f"transit-{job}").iterdir()) == sorted(
-        ["transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
+        [".job", "transitions.jsonl"] + [f"{kind}-0-{k}.json" for kind in ("attempt", "progress")
                                                 for k in range(2)])
     assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{s}" for s in sorted(range(2, SAVE_STEPS + 1, 2), key=str)]
     assert all((p / ".metadata").is_file() for p in ckpt.iterdir())

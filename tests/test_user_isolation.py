@@ -260,6 +260,82 @@ def test_job_directory_checks(tmp_path):
         JobDir(tmp_path / "transit-1", uid=os.geteuid() + 1)
 
 
+def test_a_directory_of_another_job_is_refused(tmp_path):
+    """A second review: in a group-writable working directory a member could swap the job's
+    directory for another of the same user's; the directory names its job."""
+    from transit_launch.slurm.jobdir import JobDir
+    JobDir(tmp_path / "transit-5", create=True, job="5").close()
+    JobDir(tmp_path / "transit-6", create=True, job="6").close()
+    os.rename(tmp_path / "transit-6", tmp_path / "transit-6.real")
+    os.rename(tmp_path / "transit-5", tmp_path / "transit-6")
+    with pytest.raises(UsageError, match="is not job 6's"):
+        JobDir(tmp_path / "transit-6", job="6")
+    big = JobDir(tmp_path / "transit-6.real", job="6")
+    (tmp_path / "transit-6.real" / "transitions.jsonl").write_bytes(b"x" * ((64 << 20) + 1))
+    with pytest.raises(UsageError, match="larger than 64 MiB"):
+        big.read("transitions.jsonl")
+    big.close()
+
+
+def test_an_output_file_in_a_directory_others_can_write_is_refused(tmp_path, monkeypatch):
+    """A second review: a member of a group directory planted links under the next job ids'
+    default output names (transit-llama3-8b-N.out) and the victim's job overwrote its own
+    .bashrc through them. submit refuses such an output before sbatch; a private directory
+    passes."""
+    from transit_launch.slurm import script
+    shared = tmp_path / "proj"
+    shared.mkdir()
+    shared.chmod(0o2770)
+    monkeypatch.setattr(script, "_kernel_protects", lambda: False)
+    why = script.shared_output("%x-%j.out", str(shared))
+    assert why and "other users can write" in why and "give --output" in why
+    private = tmp_path / "mine"
+    private.mkdir(mode=0o700)
+    assert script.shared_output(str(private / "%x-%j.out"), str(shared)) is None
+    sticky = tmp_path / "scratch"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert script.shared_output("%x-%j.out", str(sticky))  # the kernel's protection is off (stood in)
+    monkeypatch.setattr(script, "_kernel_protects", lambda: True)
+    assert script.shared_output("%x-%j.out", str(sticky)) is None and script.shared_output("%x-%j.out", str(shared))
+
+
+def test_submit_refuses_a_shared_output_before_sbatch(cli, lab, tmp_path):
+    shared = tmp_path / "proj"
+    shared.mkdir()
+    shared.chmod(0o2770)
+    res = subprocess.run(transit_launch_argv("submit", "--model", "llama3-8b", "--nodes", "1", "--", "true"),
+                         cwd=shared, capture_output=True, text=True, timeout=120, env=lab.env)
+    assert res.returncode == 2 and res.stderr.count("transit-launch: error:") == 1, res
+    assert "other users can write" in res.stderr and not list(shared.iterdir())
+
+
+def test_control_characters_reach_no_terminal():
+    from transit_launch.table import table
+    out = table(["field", "value"], [["JobName", "x\x1b]0;owned\x07\x1b[31m"]], "ll")
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;owned\\x07" in out
+
+
+def test_restore_of_a_group_not_ours_is_one_line(monkeypatch):
+    """A user's own journal naming another user's process group: the kernel refuses the
+    kill (EPERM; stood in for here: the suite runs as root, and the other users cannot run
+    its Python), which is one line, not a PermissionError traceback."""
+    from transit_launch.netcap import journal as jn
+    victim = _victim_group()
+    try:
+        def refused(pgid, sig):
+            raise PermissionError(1, "Operation not permitted")
+        monkeypatch.setattr(jn.os, "killpg", refused)
+        job = {"pgid": victim.pid, **jn.identity(victim.pid)}
+        with pytest.raises(UsageError, match=f"cannot end process group {victim.pid}, which the journal names: it "
+                                             "is not yours"):
+            jn.end_orphan(job)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 def test_job_directory_files_of_another_user_are_refused(tmp_path):
     _need_root()
     from transit_launch.slurm.jobdir import JobDir

@@ -273,6 +273,9 @@ def end_orphan(job: dict | None, grace: float = 5.0) -> str | None:
             os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    except PermissionError:
+        raise UsageError(f"cannot end process group {pgid}, which the journal names: it is not yours (run "
+                         "`sweep --restore` as the user who ran the sweep, or root)") from None
     return f"ended the job the sweep left running (process group {pgid})"
 
 

@@ -4,6 +4,7 @@ functions called, results printed."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 
@@ -113,6 +114,10 @@ def cmd_render(a, command):
     gpn = p.req.gpus_per_node if p else (a.gpus_per_node or DEFAULT_GPUS_PER_NODE)
     text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local, titan=titan_job(a),
                       node_loss=scalein.options(a))
+    if not a.local:  # where it is submitted from is not known here: said, not refused (submit refuses)
+        from transit_launch.slurm.script import shared_output
+        shared = shared_output(_job_opts(a).output, os.getcwd())
+        _warn([f"if submitted from here, {shared}"] if shared else [])
     if a.out:
         write_text_atomically(a.out, text)
         print(f"transit-launch: wrote {a.out}", file=sys.stderr)

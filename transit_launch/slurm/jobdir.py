@@ -6,7 +6,10 @@ the job itself, exclusively and private (mode 0700): one that exists already was
 someone else, or by an earlier run of this job, and is taken only when its owner is the
 job's user and nobody else can write it. Every read and write goes through the directory
 opened once and checked on its descriptor, and reads take only regular files of the same
-owner that nobody else can write: a link or file planted there is refused, never followed."""
+owner that nobody else can write: a link or file planted there is refused, never followed.
+The directory names its job (JOB_FILE, written when it is made): in a directory others can
+write, the job's directory could be swapped for another of the same user's, which the
+checks of owner and mode alone would take."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from pathlib import Path
 from transit_launch.errors import UsageError
 from transit_launch.slurm import trust
 
+JOB_FILE = ".job"  # the job id, written when the directory is made
+READ_LIMIT = 64 << 20  # bytes: a record file larger than this is refused, not read into memory
 
 def _untrusted(st: os.stat_result, uid: int) -> str | None:
     """Why a file or directory of a job whose user is uid cannot be trusted, or None."""
@@ -29,9 +34,10 @@ def _untrusted(st: os.stat_result, uid: int) -> str | None:
 
 class JobDir:
     """The job directory at path, opened and checked (uid: the job's user, default this
-    process's). create: make it, mode 0700, refused when anything is there already."""
+    process's; job: the job id it must name). create: make it, mode 0700, refused when
+    anything is there already."""
 
-    def __init__(self, path: str | os.PathLike, create: bool = False, uid: int | None = None):
+    def __init__(self, path: str | os.PathLike, create: bool = False, uid: int | None = None, job: str = ""):
         self.path = Path(path)
         self.uid = os.geteuid() if uid is None else uid
         if create:
@@ -46,6 +52,14 @@ class JobDir:
         if why:
             os.close(self.fd)
             raise UsageError(f"job directory {self.path} {why}: refusing to use it (was it made before the job?)")
+        if create:
+            self.write(JOB_FILE, job)
+        elif job:
+            named = self.read(JOB_FILE)
+            if named != job:
+                os.close(self.fd)
+                raise UsageError(f"job directory {self.path} is not job {job}'s (it names "
+                                 f"{'no job' if named is None else repr(named[:40])}): refusing to use it")
 
     def _make(self) -> None:
         parent = os.stat(self.path.parent)
@@ -81,9 +95,11 @@ class JobDir:
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else _untrusted(st, self.uid)
+            if not why and st.st_size > READ_LIMIT:
+                why = f"is larger than {READ_LIMIT >> 20} MiB"
             if why:
                 raise UsageError(f"{self.path / name} {why}: refusing to read it")
-            return f.read().decode(errors="replace")
+            return f.read(READ_LIMIT + 1).decode(errors="replace")
 
     def write(self, name: str, text: str) -> None:
         """Replace name with text: a new file (O_EXCL, mode 0600) renamed into place."""

@@ -117,7 +117,7 @@ def cmd_next(a) -> int:
     # that made one, finds its own (checked: owner, mode)
     first = k == 0 and (restart == 0 or not os.path.lexists(a.job_dir))
     try:
-        d = JobDir(a.job_dir, create=first)
+        d = JobDir(a.job_dir, create=first, job=job_id)
     except FileNotFoundError:
         raise UsageError(f"job directory {a.job_dir} is gone; the job ends") from None
     with d:
@@ -178,7 +178,7 @@ def cmd_watch(a) -> int:
     first = last = None
     broken = False
     try:
-        d = JobDir(a.job_dir)
+        d = JobDir(a.job_dir, job=os.environ.get("SLURM_JOB_ID", ""))
     except (OSError, UsageError) as e:  # the output still passes; nothing is recorded
         print(f"transit-launch: no records for this attempt: {e}", flush=True)
         d = None
@@ -226,7 +226,7 @@ def transitions(work_dir: str, job_id: str, uid: int) -> list[dict]:
     """The job's transition records (status --json), or [] when it has none; a directory
     or file that is not the job's user's alone is refused (UsageError)."""
     try:
-        with JobDir(Path(work_dir) / nodeloss.job_dir_name(job_id), uid=uid) as d:
+        with JobDir(Path(work_dir) / nodeloss.job_dir_name(job_id), uid=uid, job=job_id) as d:
             return nodeloss.records(d.read(nodeloss.RECORDS) or "")
     except FileNotFoundError:
         return []

@@ -115,6 +115,36 @@ class JobOptions:
                                  else f"--sbatch-arg {opt}: transit-launch sets this itself ({why})")
 
 
+def _kernel_protects() -> bool:
+    """Whether the kernel refuses, in sticky directories others can write, to follow a link
+    or open a file another user owns (fs.protected_symlinks and fs.protected_regular)."""
+    try:
+        return all(int(open(f"/proc/sys/fs/protected_{k}").read()) >= 1 for k in ("symlinks", "regular"))
+    except (OSError, ValueError):
+        return False
+
+
+def shared_output(output: str, cwd: str) -> str | None:
+    """Why another user could choose where the job's output goes, or None: its directory
+    (the working directory for a relative --output) can be written by others. Slurm opens
+    the file as the job's user and follows a link planted under its guessable name
+    (%x-%j.out: the next job ids), so a group directory let a member overwrite a victim's
+    files with the job's output."""
+    import os
+    import stat
+    d = os.path.dirname(os.path.join(cwd, output)) or cwd
+    if "%" in d:
+        return None  # a pattern in the directory: Slurm's to expand, not ours to check
+    try:
+        st = os.stat(d)
+    except OSError:
+        return None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (st.st_mode & stat.S_ISVTX and _kernel_protects()):
+        return (f"the job's output {output!r} would go into {d}, which other users can write (a link they plant "
+                f"under its name would be followed): give --output in a directory only you can write")
+    return None
+
+
 def job_name(p, job: JobOptions) -> str:
     """--job-name, else transit-CARD: a card's name comes from a file, so it is checked as
     any other #SBATCH value."""

@@ -10,7 +10,7 @@ from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.slurm import commands
 from transit_launch.shim.options import ShimOptions
-from transit_launch.slurm.script import JobOptions, job_name, job_script
+from transit_launch.slurm.script import JobOptions, job_name, job_script, shared_output
 from transit_launch.units import gb, n_nodes
 
 
@@ -76,6 +76,9 @@ def submit(sub: Submission, make_request) -> Submitted:
     done = Submitted(nodes, why, script, _hardware(p.req, part, no_part), warnings)
     if sub.dry_run:
         return done
+    shared = shared_output(sub.job.output, os.getcwd())
+    if shared:
+        raise UsageError(shared)
     done.job_id = commands.submit(script)
     out = sub.job.output.replace("%x", job_name(p, sub.job)).replace("%j", done.job_id)
     done.output = os.path.abspath(out)
