@@ -299,3 +299,17 @@ def test_every_output_shows_the_same_efficiency(cli):
     rows = {int(l.split()[0]): l for l in text.splitlines() if l.strip() and l.split()[0].isdigit()}
     for o in opts:
         assert f"{o['predicted_efficiency']:.0%}" in rows[o["nodes"]].split(), (o, rows[o["nodes"]])
+
+
+def test_run_exits_128_plus_the_signal_that_killed_the_command(cli):
+    """A command the OOM killer ends (SIGKILL) exits 137 through `run`, as through a shell
+    (it was 247, Python's exit of -9); SIGTERM 143, SIGSEGV 139; --json names the signal."""
+    import signal
+    for sig, want in ((signal.SIGKILL, 137), (signal.SIGTERM, 143), (signal.SIGSEGV, 139)):
+        rc, out, err = cli("run", "--policy", "off", "--", "bash", "-c", f"kill -{sig.name[3:]} $$")
+        assert rc == want, (sig, rc, err)
+    rc, out, _ = cli("run", "--policy", "off", "--json", "--", "bash", "-c", "kill -KILL $$")
+    import json
+    assert rc == 137 and json.loads(out)["signal"] == "SIGKILL" and json.loads(out)["returncode"] == -9
+    rc, _, _ = cli("run", "--policy", "off", "--", "bash", "-c", "exit 3")
+    assert rc == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from transit_launch.argtypes import gpu_budget, overlap_mode
@@ -42,11 +43,12 @@ def cmd_run(a, command):
     inject.check_off(a.policy, a.overlap, a.gpu_budget)
     rc, stats = runmod.run(command, ShimOptions.from_args(a))
     summ = runmod.summary(stats)
+    died = {"signal": signal.Signals(-rc).name} if rc < 0 and -rc in signal.valid_signals() else {}
     if a.json:
-        print(json.dumps(summ | {"returncode": rc}, indent=2))
+        print(json.dumps(summ | {"returncode": rc} | died, indent=2))
     else:
         print(runmod.summary_text(summ), file=sys.stderr)
-    return rc
+    return 128 - rc if rc < 0 else rc  # a child killed by signal N exits 128+N, as a shell says it (OOM: 137)
 
 
 def register(sub):
