@@ -67,7 +67,7 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
-NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{node_port}-{node_port_end}] CPUs=2 RealMemory=2000 Gres=gpu:{gpus} State=UNKNOWN
+NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{node_port}-{node_port_end}] CPUs=2 RealMemory=1000000 Gres=gpu:{gpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 

@@ -143,7 +143,7 @@ def test_submit_auto_says_why(lab, cli):
     # llama3-8b fits one node of the lab's 4 GPUs: auto keeps it, and says which hardware it read
     rc, out, err = cli("submit", "--model", "llama3-8b", "--dry-run", "--", "python", "train.py", env=lab.env)
     assert rc == 0, err
-    assert "partition debug (4 nodes): 4 GPUs/node, 2 GB host DRAM/node" in err
+    assert "partition debug (4 nodes): 4 GPUs/node, 1049 GB host DRAM/node" in err
     assert "1 node(s): no fewer nodes can run this layout" in err and "#SBATCH --gpus-per-node=4" in out
 
 
@@ -182,7 +182,7 @@ def test_partition_discovery(lab):
     os.environ["SLURM_CONF"] = str(lab.conf)
     try:
         p = slurm.partition(None)
-        assert (p.name, p.nodes, p.gpus_per_node, p.real_memory_mb, p.default) == ("debug", 4, 4, 2000, True)
+        assert (p.name, p.nodes, p.gpus_per_node, p.real_memory_mb, p.default, p.cpus_per_node) == ("debug", 4, 4, 1000000, True, 2)
     finally:
         if env_before is None:
             os.environ.pop("SLURM_CONF")

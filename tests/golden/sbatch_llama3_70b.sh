@@ -6,6 +6,7 @@
 #SBATCH --gpus-per-node=4
 #SBATCH --partition=gpu
 #SBATCH --time=04:00:00
+#SBATCH --mem=231209M
 #SBATCH --output=%x-%j.out
 # Plan: llama3-70b, fsdp, h100-80gb; no-offload minimum 6 nodes (24 GPUs).
 # This job: 3 nodes, dp12, 126.6 GB per GPU, offload 47.7 GB per GPU, predicted efficiency 99%.

@@ -5,6 +5,8 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=4
 #SBATCH --partition=debug
+#SBATCH --cpus-per-task=2
+#SBATCH --mem=373286M
 #SBATCH --output=%x-%j.out
 # Plan: llama3-70b, fsdp, h100-80gb; no-offload minimum 5 nodes (20 GPUs).
 # This job: 2 nodes, dp8, 160.4 GB per GPU, offload 83.2 GB per GPU, predicted efficiency 81%.

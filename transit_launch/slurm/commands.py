@@ -50,6 +50,7 @@ class Partition:
     gpus_per_node: int
     real_memory_mb: int
     default: bool = False
+    cpus_per_node: int = 0  # the fewest CPUs a node of it has (0: not reported)
 
 
 _GRES_GPU = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")
@@ -63,7 +64,7 @@ def gpus_from_gres(gres: str) -> int:
 def partitions() -> list[Partition]:
     """One row per partition and node configuration; the smallest GPU count and memory
     per partition win (a job must fit on every node it may get)."""
-    args = ["sinfo", "-h", "-N", "-o", "%P|%N|%G|%m"]
+    args = ["sinfo", "-h", "-N", "-o", "%P|%N|%G|%m|%c"]
     res = _call(args)
     if res.returncode != 0:
         raise NoSlurm(str(_failure(args, res)))
@@ -72,9 +73,12 @@ def partitions() -> list[Partition]:
     seen: dict[str, set] = {}
     for line in out.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 4:
+        if len(fields) == 4:  # a sinfo that does not know %c
+            fields.append("0")
+        if len(fields) != 5:
             continue
-        pname, node, gres, mem = fields
+        pname, node, gres, mem, cpus = fields
+        cpus_n = int(cpus.rstrip("+")) if cpus.rstrip("+").isdigit() else 0
         default = pname.endswith("*")
         pname = pname.rstrip("*")
         try:
@@ -91,6 +95,7 @@ def partitions() -> list[Partition]:
             p.nodes += 1
             p.gpus_per_node = min(p.gpus_per_node, g) if p.nodes > 1 else g
             p.real_memory_mb = min(p.real_memory_mb, mem_mb) if p.nodes > 1 else mem_mb
+            p.cpus_per_node = min(p.cpus_per_node, cpus_n) if p.nodes > 1 else cpus_n
     return list(parts.values())
 
 

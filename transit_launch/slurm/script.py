@@ -145,6 +145,18 @@ def shared_output(output: str, cwd: str) -> str | None:
     return None
 
 
+MEM_HEADROOM = 0.05  # over the plan's host memory per node in the job's --mem: allocator and page-cache slack
+
+
+def planned_mem(p, nodes: int) -> int | None:
+    """The host memory a node of the plan's job at `nodes` needs, in MiB (what --mem asks
+    for): what the plan costed (the offloaded state, its pinned second copy where the step
+    needs one, each rank's own memory) and MEM_HEADROOM; None without a layout there."""
+    import math
+    c = p.at(nodes) if p else None
+    return math.ceil(c.host_per_node * (1 + MEM_HEADROOM) / 2**20) if c else None
+
+
 def job_name(p, job: JobOptions) -> str:
     """--job-name, else transit-CARD: a card's name comes from a file, so it is checked as
     any other #SBATCH value."""
@@ -184,9 +196,10 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     if local:
         return render("local.j2", **ctx)
     summary = f"{p.req.card.name} on {nodes} node(s), policy {policy}" if p else f"{nodes} node(s), policy {policy}"
+    mem = job.mem if job.mem is not None else (f"{planned_mem(p, nodes)}M" if planned_mem(p, nodes) else None)
     return render("sbatch.j2", nodes=nodes, job_name=job_name(p, job), partition=job.partition,
                   account=job.account, time=job.time, output=job.output, port=job.port,
-                  cpus_per_task=job.cpus_per_task, mem=job.mem, exclusive=job.exclusive, constraint=job.constraint,
+                  cpus_per_task=job.cpus_per_task, mem=mem, exclusive=job.exclusive, constraint=job.constraint,
                   sbatch_args=job.sbatch_args,
                   plan_lines=report.plan_comment(p, nodes) if p else [], summary=summary, **ctx,
                   **nodeloss.template_context(node_loss, p, nodes, shim_opts, job.port, shim, adapter))

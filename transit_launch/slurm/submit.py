@@ -10,7 +10,7 @@ from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.slurm import commands
 from transit_launch.shim.options import ShimOptions
-from transit_launch.slurm.script import JobOptions, job_name, job_script, shared_output
+from transit_launch.slurm.script import JobOptions, job_name, job_script, planned_mem, shared_output
 from transit_launch.units import gb, n_nodes
 
 
@@ -58,9 +58,20 @@ def submit(sub: Submission, make_request) -> Submitted:
         no_part = str(e)
     if part and not part.gpus_per_node:
         raise UsageError(f"partition {part.name} has no GPUs (no gpu GRES on its nodes)")
+    host_mem = part.real_memory_mb * 2**20 if part else None
+    if part and part.real_memory_mb < 1024:  # Slurm's default RealMemory is 1 (MB): not configured
+        host_mem = None
+        sub_warnings = [f"partition {part.name}'s nodes report RealMemory={part.real_memory_mb} MB (Slurm's default "
+                        "when slurm.conf sets none): the plan assumes --host-mem or its default, and the job's --mem "
+                        "cannot be checked against the nodes"]
+    else:
+        sub_warnings = []
+    if part and sub.job.cpus_per_task is None and part.cpus_per_node > 1:
+        # one task a node runs every rank and the host-side work: all of the node's cores, not Slurm's one
+        sub = replace(sub, job=replace(sub.job, cpus_per_task=part.cpus_per_node))
     if part and sub.nodes is not None and sub.nodes > part.nodes:
         raise UsageError(f"--nodes {sub.nodes}: the partition has {n_nodes(part.nodes)} ({part.name})")
-    req = make_request(part.gpus_per_node if part else None, part.real_memory_mb * 2**20 if part else None)
+    req = make_request(part.gpus_per_node if part else None, host_mem)
     if part and sub.nodes is None:
         # auto searches the partition's nodes only; a count the user chose is planned as
         # `plan` would and explained (with warnings), not refused for the partition's sake
@@ -73,7 +84,15 @@ def submit(sub: Submission, make_request) -> Submitted:
         why, warnings = explain(p, nodes)
     script = job_script(sub.command, p, nodes, p.req.gpus_per_node, sub.shim, sub.job, titan=sub.titan,
                         node_loss=sub.node_loss)
-    done = Submitted(nodes, why, script, _hardware(p.req, part, no_part), warnings)
+    mem = planned_mem(p, nodes)
+    if part and host_mem and sub.job.mem is None and mem and mem > part.real_memory_mb:
+        short = (f"the job needs {mem} MiB of host memory per node (the plan's {mem / 1024:.1f} GiB: offloaded "
+                 f"state and each rank's own), more than partition {part.name}'s nodes have "
+                 f"(RealMemory={part.real_memory_mb} MB); fewer GPUs a node, more nodes, or --mem to override")
+        if not sub.dry_run:  # sbatch would refuse it, or the job would never start
+            raise UsageError(short)
+        sub_warnings.append(short)
+    done = Submitted(nodes, why, script, _hardware(p.req, part, no_part), sub_warnings + warnings)
     if sub.dry_run:
         return done
     shared = shared_output(sub.job.output, os.getcwd())

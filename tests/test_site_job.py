@@ -1,0 +1,86 @@
+"""The job a site runs is the job the plan costed (issue 51): its host memory and CPUs, on
+the real lab cluster (tests/slurm_lab.py: 4 nodes of 2 CPUs, RealMemory=1000000 MB under
+config_overrides) and against fake sinfo outputs for the partitions the lab cannot be."""
+
+import json
+import re
+import subprocess
+
+from tests.test_cli import fake_slurm
+from transit_launch.isolated import transit_launch_argv
+from transit_launch.planning.hardware import gpu_profile
+from transit_launch.planning.models import load_model
+from transit_launch.planning.plan import Request, plan
+
+TRAIN = ["--", "python", "train.py"]
+
+
+def _host_mib(model, nodes, gpus_per_node, host_mem):
+    """The plan's host memory per node at `nodes`, in MiB with the 5% headroom: what --mem asks."""
+    p = plan(Request(load_model(model), gpu_profile("h100-80gb"), gpus_per_node=gpus_per_node, host_mem=host_mem))
+    return -(-int(p.at(nodes).host_per_node * 1.05) // 2**20)
+
+
+def test_a_submitted_job_asks_for_the_memory_and_cpus_the_plan_costed(lab, tmp_path):
+    """scontrol's view of the submitted job: MinMemoryNode is the plan's host memory per node
+    (offloaded state and each rank's own, 5% headroom), and the one task a node has every CPU
+    of the node (Slurm's default is one: eight ranks and the host-side work on one core)."""
+    d = tmp_path / "work"
+    d.mkdir(mode=0o700)
+    res = subprocess.run(transit_launch_argv("submit", "--model", "llama3-8b", "--nodes", "1", "--output",
+                                             str(d / "%x-%j.out"), "--", "true"),
+                         cwd=d, capture_output=True, text=True, timeout=120, env=lab.env)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.split()[2]
+    info = lab.cmd("scontrol", "show", "job", "-o", job).stdout
+    lab.wait_job(job, timeout=120)
+    want = _host_mib("llama3-8b", 1, 4, 1_000_000 * 2**20)
+    assert f"MinMemoryNode={want}M" in info or f"MinMemoryNode={want / 1024:g}G" in info, (want, info)
+    assert re.search(r"\bCPUs/Task=2\b", info), info
+
+
+def test_a_node_too_small_for_the_plans_memory_is_refused(cli, tmp_path):
+    """Nodes of 64 GB and a 70B model on one node: the plan's host memory is more than they
+    have; submit says so in one line (sbatch would refuse it, or the job never start), and a
+    dry run shows the script with the same line as a warning."""
+    sinfo = ('#!/bin/sh\ncase "$*" in\n  *--version*) echo "slurm 22.05.8" ;;\n'
+             '  *-N*) for n in 1 2; do echo "gpu*|n$n|gpu:4|65536|64"; done ;;\n  *) echo "gpu*" ;;\nesac\n')
+    env = fake_slurm(tmp_path, sinfo)
+    rc, out, err = cli("submit", "--model", "llama3-70b", "--nodes", "2", *TRAIN, env=env)
+    assert (rc, out) == (2, "") and err.count("transit-launch: error:") == 1, (rc, err)
+    last = err.strip().splitlines()[-1]
+    assert "of host memory per node" in last and "(RealMemory=65536 MB)" in last
+    rc, out, err = cli("submit", "--model", "llama3-70b", "--nodes", "2", "--dry-run", *TRAIN, env=env)
+    assert rc == 0 and "WARNING: the job needs" in err and "#SBATCH --cpus-per-task=64\n" in out
+
+
+def test_unconfigured_real_memory_is_said_not_mistaken_for_an_option(cli, tmp_path):
+    """Slurm's default RealMemory is 1 MB: submit said "--host-mem must be at least 1GiB", an
+    option nobody gave. Now the plan assumes its default and says why."""
+    sinfo = ('#!/bin/sh\ncase "$*" in\n  *--version*) echo "slurm 22.05.8" ;;\n'
+             '  *-N*) for n in 1 2 3 4; do echo "gpu*|n$n|gpu:4|1|32"; done ;;\n  *) echo "gpu*" ;;\nesac\n')
+    rc, out, err = cli("submit", "--model", "llama3-8b", "--dry-run", *TRAIN, env=fake_slurm(tmp_path, sinfo))
+    assert rc == 0, err
+    assert "--host-mem must be" not in err and "report RealMemory=1 MB (Slurm's default when slurm.conf sets none)" in err
+    assert re.search(r"#SBATCH --mem=\d+M\n", out)
+
+
+def test_render_asks_for_the_plans_memory_and_an_explicit_mem_wins(cli):
+    rc, out, err = cli("render", "--model", "llama3-70b", "--nodes", "3", *TRAIN)
+    assert rc == 0, err
+    assert f"#SBATCH --mem={_host_mib('llama3-70b', 3, 4, 2000e9)}M\n" in out
+    rc, out, err = cli("render", "--model", "llama3-70b", "--nodes", "3", "--mem", "500G", *TRAIN)
+    assert rc == 0 and "#SBATCH --mem=500G\n" in out and out.count("--mem") == 1
+    rc, out, err = cli("render", "--nodes", "2", *TRAIN)  # no plan: nothing to cost
+    assert rc == 0 and "--mem" not in out
+
+
+def test_partitions_report_their_cpus(tmp_path, monkeypatch):
+    from transit_launch.slurm import commands
+    sinfo = ('#!/bin/sh\necho "gpu*|n1|gpu:a100:8|1000000|128"\necho "gpu*|n2|gpu:a100:8|1000000|96"\n'
+             'echo "cpu|c1|(null)|500000|64"\n')
+    env = fake_slurm(tmp_path, sinfo)
+    monkeypatch.setenv("PATH", env["PATH"])
+    parts = {p.name: p for p in commands.partitions()}
+    assert (parts["gpu"].cpus_per_node, parts["gpu"].gpus_per_node, parts["cpu"].cpus_per_node) == (96, 8, 64)
+    assert json.dumps(parts["gpu"].real_memory_mb) == "1000000"
