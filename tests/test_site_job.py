@@ -84,3 +84,34 @@ def test_partitions_report_their_cpus(tmp_path, monkeypatch):
     parts = {p.name: p for p in commands.partitions()}
     assert (parts["gpu"].cpus_per_node, parts["gpu"].gpus_per_node, parts["cpu"].cpus_per_node) == (96, 8, 64)
     assert json.dumps(parts["gpu"].real_memory_mb) == "1000000"
+
+
+def _typed_sinfo(gres):
+    return ('#!/bin/sh\ncase "$*" in\n  *--version*) echo "slurm 22.05.8" ;;\n'
+            f'  *-N*) for n in 1 2 3 4 5 6 7 8; do echo "gpu*|n$n|{gres}|1907348|64"; done ;;\n'
+            '  *) echo "gpu*" ;;\nesac\n')
+
+
+def test_the_partitions_gpu_type_is_the_plans(cli, tmp_path):
+    """sinfo's gpu:a100_80gb:8 plans an A100 80GB (it planned an H100, said only on stderr);
+    --gpu wins; a type without its size, an unknown type and a mix are one line each."""
+    env = fake_slurm(tmp_path, _typed_sinfo("gpu:a100_80gb:8(S:0-1)"))
+    rc, out, err = cli("submit", "--model", "llama3-70b", "--dry-run", *TRAIN, env=env)
+    assert rc == 0 and "8 GPUs/node, 2000 GB host DRAM/node, a100-80gb (85.9 GB)" in err, err
+    assert "Plan: llama3-70b, fsdp, a100-80gb" in out
+    rc, out, err = cli("submit", "--model", "llama3-70b", "--dry-run", "--gpu", "h100-80gb", *TRAIN, env=env)
+    assert rc == 0 and "h100-80gb (85.5 GB)" in err
+    for gres, why in (("gpu:a100:8", "does not say whether they have 40 GB or 80 GB: give --gpu"),
+                      ("gpu:l40s:8", "none of the known ones"), ("gpu:a100_40gb:4,gpu:h100:4", "several types")):
+        d = tmp_path / gres.replace(":", "_").replace(",", "_")
+        d.mkdir()
+        env = fake_slurm(d, _typed_sinfo(gres))
+        rc, out, err = cli("submit", "--model", "llama3-70b", "--dry-run", *TRAIN, env=env)
+        assert (rc, out) == (2, "") and why in err and err.count("transit-launch: error:") == 1, (gres, err)
+
+
+def test_gres_types():
+    from transit_launch.planning.hardware import gpu_from_gres_type
+    assert [gpu_from_gres_type(t) for t in ("h100", "H100", "nvidia_h100_80gb_hbm3", "h100_94gb", "h200",
+                                            "a100-sxm4-40gb", "nvidia_a100-sxm4-80gb")] == \
+        ["h100-80gb", "h100-80gb", "h100-80gb", "h100-94gb", "h200-141gb", "a100-40gb", "a100-80gb"]

@@ -26,8 +26,8 @@ def slurm_env(lab, monkeypatch):
 
 
 def _request(seen):
-    def make(gpus_per_node, host_mem):
-        seen.append((gpus_per_node, host_mem))
+    def make(gpus_per_node, host_mem, gpu):
+        seen.append((gpus_per_node, host_mem, gpu))
         return Request(card=load_model("llama3-8b"), gpu=gpu_profile(None),
                        gpus_per_node=gpus_per_node or 4, host_mem=host_mem or 2000e9)
     return make
@@ -36,7 +36,7 @@ def _request(seen):
 def test_partition_hardware_reaches_the_planner(slurm_env):
     seen = []
     done = submit(Submission(["python", "train.py"], dry_run=True), _request(seen))
-    assert seen == [(4, 1_000_000 * 2**20)]  # gres gpu:4 and RealMemory=1000000 MB, as numbers
+    assert seen == [(4, 1_000_000 * 2**20, None)]  # gres gpu:4 (no type) and RealMemory=1000000 MB, as numbers
     assert done.job_id is None and done.nodes >= 1 and "no fewer nodes can run this layout" in done.why
     assert f"#SBATCH --nodes={done.nodes}" in done.script and "#SBATCH --gpus-per-node=4" in done.script
 

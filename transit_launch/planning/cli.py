@@ -78,10 +78,10 @@ def titan_job(a):
     return a._titan_job
 
 
-def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
-    """The plan.Request of parsed options; gpus_per_node and host_mem are the defaults a
-    caller knows better (a Slurm partition's), explicit options still win, over a
-    --torchtitan config's values too."""
+def request(a, gpus_per_node: int | None = None, host_mem: float | None = None, gpu: str | None = None):
+    """The plan.Request of parsed options; gpus_per_node, host_mem and gpu (a profile's
+    name) are the defaults a caller knows better (a Slurm partition's), explicit options
+    still win, over a --torchtitan config's values too."""
     from transit_launch.planning.models import load_model
     from transit_launch.planning.plan import Request
     job = titan_job(a)
@@ -91,7 +91,8 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None):
     v = {k: getattr(a, k) if getattr(a, k) is not None else given.get(k, DEFAULTS.get(k))
          for k in ("tp", "pp", "ep", "global_batch", *DEFAULTS)}
     parallel = a.parallel or ("fsdp+ep" if v["ep"] else "tp+pp" if v["pp"] else "fsdp+tp" if v["tp"] else "fsdp")
-    return Request(card=job.card if job else load_model(a.model), gpu=gpu_profile(a.gpu, a.gpu_mem),
+    name = a.gpu if a.gpu is not None else gpu  # '' is a typo, refused, not the default
+    return Request(card=job.card if job else load_model(a.model), gpu=gpu_profile(name, a.gpu_mem),
                    gpus_per_node=a.gpus_per_node or gpus_per_node or DEFAULT_GPUS_PER_NODE,
                    host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM, parallel=parallel,
                    scale_in=tuple(a.scale_in) if a.scale_in else None, min_efficiency=a.min_efficiency,

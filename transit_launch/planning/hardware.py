@@ -64,6 +64,26 @@ GPUS = {g.name: g for g in (
 )}
 
 
+def gpu_from_gres_type(gres_type: str) -> str:
+    """The profile a Slurm GRES type names ('h100', 'a100_80gb', 'nvidia_h100_80gb_hbm3',
+    AutoDetect's names): its model and, where it has two sizes, its memory; UsageError, one
+    line, when it names none of the known profiles or not which size."""
+    t = gres_type.lower()
+    sizes = {"h200": {"": "h200-141gb"}, "h100": {"94": "h100-94gb", "": "h100-80gb"},
+             "a100": {"40": "a100-40gb", "80": "a100-80gb"}}
+    for model, by_size in sizes.items():
+        if model in t:
+            for size, name in by_size.items():
+                if size and size in t.replace(model, ""):
+                    return name
+            if "" in by_size:
+                return by_size[""]
+            raise UsageError(f"the partition's GPUs are gpu:{gres_type}, which does not say whether they have "
+                             f"{' or '.join(s + ' GB' for s in by_size)}: give --gpu ({', '.join(by_size.values())})")
+    raise UsageError(f"the partition's GPUs are gpu:{gres_type}, none of the known ones ({', '.join(GPUS)}): give "
+                     "--gpu, or --gpu-mem SIZE for another GPU")
+
+
 def gpu_profile(name: str | None, memory: int | None = None) -> GPU:
     """A named profile, optionally with its memory replaced (--gpu-mem)."""
     base = GPUS.get("h100-80gb" if name is None else name)  # '' is a typo, not the default

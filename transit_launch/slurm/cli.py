@@ -130,9 +130,9 @@ def cmd_submit(a, command):
     from transit_launch.slurm.submit import Submission, submit
     titan = titan_job(a)  # its command defaults to python -m torchtitan.train
     sub = Submission(command or (list(DEFAULT_COMMAND) if titan else []), a.nodes, _shim_opts(a), _job_opts(a),
-                     a.dry_run, titan)
+                     a.dry_run, titan, gpu_given=a.gpu is not None)
     sub = replace(sub, node_loss=scalein.options(a))
-    done = submit(sub, lambda gpn, host_mem: request(a, gpn, host_mem))
+    done = submit(sub, lambda gpn, host_mem, gpu: request(a, gpn, host_mem, gpu))
     print(f"transit-launch: {done.hardware}", file=sys.stderr)
     print(f"transit-launch: {done.nodes} node(s): {done.why}", file=sys.stderr)
     _warn(done.warnings)

@@ -51,9 +51,18 @@ class Partition:
     real_memory_mb: int
     default: bool = False
     cpus_per_node: int = 0  # the fewest CPUs a node of it has (0: not reported)
+    gpu_types: tuple = ()   # the GRES types of its GPUs ('a100' of gpu:a100:8); () when untyped
 
 
 _GRES_GPU = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")
+
+
+_GRES_TYPE = re.compile(r"gpu:([^:,()]+):\d+")
+
+
+def gpu_types_from_gres(gres: str) -> set:
+    """'gpu:a100:8(S:0-1),gpu:h100:4' -> {'a100', 'h100'}; 'gpu:4' -> set() (untyped)."""
+    return set(_GRES_TYPE.findall(gres or ""))
 
 
 def gpus_from_gres(gres: str) -> int:
@@ -96,6 +105,7 @@ def partitions() -> list[Partition]:
             p.gpus_per_node = min(p.gpus_per_node, g) if p.nodes > 1 else g
             p.real_memory_mb = min(p.real_memory_mb, mem_mb) if p.nodes > 1 else mem_mb
             p.cpus_per_node = min(p.cpus_per_node, cpus_n) if p.nodes > 1 else cpus_n
+            p.gpu_types = tuple(sorted(set(p.gpu_types) | gpu_types_from_gres(gres)))
     return list(parts.values())
 
 

@@ -248,7 +248,10 @@ def plan_flags(opts: NodeLossOptions, p, nodes: int) -> list[str]:
            "--local-batch", str(req.local_batch), "--global-batch", str(global_batch(p, nodes)),
            "--precision", req.precision, "--recompute", req.recompute, "--gpus-per-node", str(req.gpus_per_node),
            "--host-mem", format_size(int(req.host_mem)), "--min-efficiency", repr(req.min_efficiency)]
-    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--ep", req.ep), ("--gpu", opts.gpu)):
+    from transit_launch.planning.hardware import GPUS
+    # the GPU the plan used: as typed, else the profile it resolved to (the partition's GRES type)
+    gpu = opts.gpu or (req.gpu.name if req.gpu.name in GPUS else None)
+    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--ep", req.ep), ("--gpu", gpu)):
         if v is not None:
             out += [flag, str(v)]
     if opts.gpu_mem is not None:

@@ -23,6 +23,7 @@ class Submission:
     dry_run: bool = False
     titan: object = None              # a planning.titan_config.TitanJob: the layout goes to TorchTitan
     node_loss: object = None          # a slurm.nodeloss.NodeLossOptions (--on-node-loss)
+    gpu_given: bool = False           # --gpu was given: it wins over the partition's GPU type
 
     def __post_init__(self):
         if not self.command:
@@ -43,7 +44,7 @@ class Submitted:
 
 
 def submit(sub: Submission, make_request) -> Submitted:
-    """make_request(gpus_per_node, host_mem) -> plan.Request: the planner's request once the
+    """make_request(gpus_per_node, host_mem, gpu) -> plan.Request: the planner's request once the
     partition's hardware is known (explicit options win over it). The node count is plan's
     recommendation within the partition's nodes (planning.choice decides for plan, render
     and submit alike), or the one asked for, explained."""
@@ -71,7 +72,14 @@ def submit(sub: Submission, make_request) -> Submitted:
         sub = replace(sub, job=replace(sub.job, cpus_per_task=part.cpus_per_node))
     if part and sub.nodes is not None and sub.nodes > part.nodes:
         raise UsageError(f"--nodes {sub.nodes}: the partition has {n_nodes(part.nodes)} ({part.name})")
-    req = make_request(part.gpus_per_node if part else None, host_mem)
+    gpu = None
+    if part and part.gpu_types and not sub.gpu_given:  # the partition's GPU, unless --gpu/--gpu-mem said
+        if len(part.gpu_types) > 1:
+            raise UsageError(f"partition {part.name} has GPUs of several types ({', '.join(part.gpu_types)}): give "
+                             "--gpu, and a --constraint that picks those nodes")
+        from transit_launch.planning.hardware import gpu_from_gres_type
+        gpu = gpu_from_gres_type(part.gpu_types[0])
+    req = make_request(part.gpus_per_node if part else None, host_mem, gpu)
     if part and sub.nodes is None:
         # auto searches the partition's nodes only; a count the user chose is planned as
         # `plan` would and explained (with warnings), not refused for the partition's sake
