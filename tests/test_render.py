@@ -54,9 +54,37 @@ def test_render_to_file(cli, tmp_path):
     (["python3.12", "-m", "torchtitan.train"], ["-m", "torchtitan.train"]),
     (["/usr/bin/python3", "-u", "x.py"], ["--no-python", "/usr/bin/python3", "-u", "x.py"]),
     (["./job.sh", "a b"], ["--no-python", "./job.sh", "a b"]),
+    # a named interpreter is kept (it was dropped: torchrun's own Python ran the script)
+    (["/opt/venv/bin/python", "train.py"], ["--no-python", "/opt/venv/bin/python", "train.py"]),
+    # the user's own torchrun is adopted, not nested inside the script's
+    (["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
+    (["torchrun", "--nproc_per_node=4", "--standalone", "-m", "torchtitan.train"], ["-m", "torchtitan.train"]),
+    (["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc-per-node=4", "x.py"], ["x.py"]),
+    (["torchrun", "--no-python", "./job.sh"], ["--no-python", "./job.sh"]),
 ])
 def test_torchrun_tail(cmd, tail):
-    assert torchrun_tail(cmd) == tail
+    assert torchrun_tail(cmd, 4) == tail
+
+
+@pytest.mark.parametrize("cmd,why", [
+    (["torchrun", "--nproc-per-node", "8", "train.py"], "torchrun --nproc-per-node 8: the plan runs 4 GPUs a node"),
+    (["torchrun", "--nnodes", "2", "train.py"], "the command's torchrun option --nnodes: the script runs torchrun"),
+    (["torchrun", "--rdzv-endpoint=h:1", "train.py"], "torchrun option --rdzv-endpoint"),
+    (["torchrun", "--nproc-per-node"], "has no value"),
+    (["torchrun", "--standalone"], "names no training script"),
+    (["python", "-m", "torch.distributed.launch", "x.py"], "torch.distributed.launch (deprecated)"),
+])
+def test_a_users_torchrun_that_contradicts_the_plan_is_one_line(cli, cmd, why):
+    rc, out, err = cli("render", "--model", "llama3-8b", "--nodes", "2", "--", *cmd)
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and why in err, (rc, err)
+
+
+def test_a_users_torchrun_renders_one_torchrun(cli):
+    rc, out, err = cli("render", "--model", "llama3-8b", "--nodes", "2", "--", "torchrun", "--nproc-per-node", "4",
+                       "train.py", "--steps", "10")
+    assert rc == 0, err
+    assert out.count("srun --export=ALL torchrun") == 1 and out.count(" torchrun ") == 1
+    assert "    train.py --steps 10\n" in out
 
 
 def test_env_passes_multicast_vars_only_when_set():

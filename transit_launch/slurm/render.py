@@ -21,16 +21,65 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def torchrun_tail(command: list[str]) -> list[str]:
-    """torchrun runs a script or a module itself: `python x.py` -> `x.py`,
-    `python -m pkg` -> `-m pkg`; any other program goes through --no-python."""
+# torchrun's own options a command may carry, when the script runs torchrun itself: what they
+# take, and the ones the script decides (the rendezvous and the node count are its own)
+_TORCHRUN_VALUE = {"--nproc-per-node", "--nproc_per_node"}
+_TORCHRUN_FLAGS = {"--standalone"}  # a single-node rendezvous: the script's c10d one replaces it
+
+
+def _adopt_torchrun(args: list[str], gpus_per_node: int | None) -> list[str]:
+    """The user's `torchrun [OPTIONS] SCRIPT ...` (or `python -m torch.distributed.run`):
+    its script and arguments, for the script's own torchrun; its --nproc-per-node must be the
+    plan's GPUs a node, and any other torchrun option is refused (the script sets the
+    rendezvous, the node count and the node rank itself)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] not in ("-m", "--module", "--no-python", "--no_python"):
+        opt, eq, val = args[i].partition("=")
+        if opt in _TORCHRUN_FLAGS:
+            i += 1
+            continue
+        if opt not in _TORCHRUN_VALUE:
+            raise UsageError(f"the command's torchrun option {opt}: the script runs torchrun itself and sets its "
+                             "rendezvous and node count; give the training script and its arguments (or only "
+                             "--nproc-per-node)")
+        if not eq:
+            i += 1
+            if i == len(args):
+                raise UsageError(f"the command's torchrun {opt} has no value")
+            val = args[i]
+        if gpus_per_node is not None and val != str(gpus_per_node):
+            raise UsageError(f"the command's torchrun {opt} {val}: the plan runs {gpus_per_node} GPUs a node "
+                             "(--gpus-per-node); leave it out or make them equal")
+        i += 1
+    rest = args[i:]
+    if not rest:
+        raise UsageError("the command's torchrun names no training script")
+    if rest[0] in ("--module", "--no_python"):
+        rest = [{"--module": "-m", "--no_python": "--no-python"}[rest[0]], *rest[1:]]
+    return rest
+
+
+def torchrun_tail(command: list[str], gpus_per_node: int | None = None) -> list[str]:
+    """What follows the script's `torchrun OPTIONS`: `python x.py` -> `x.py`, `python -m pkg`
+    -> `-m pkg` (torchrun's Python runs them); an interpreter named by its path is kept
+    (`--no-python /opt/venv/bin/python x.py`: the job runs in the environment the user
+    named); the user's own torchrun (or `python -m torch.distributed.run`) is adopted, not
+    nested; any other program goes through --no-python."""
     exe = Path(command[0]).name
+    if exe == "torchrun":
+        return _adopt_torchrun(command[1:], gpus_per_node)
     if re.fullmatch(r"python[0-9.]*", exe) and len(command) > 1:
         rest = command[1:]
-        if rest[0] == "-m" and len(rest) > 1:
-            return ["-m", *rest[1:]]
-        if not rest[0].startswith("-"):
-            return rest
+        if rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
+            if rest[1] == "torch.distributed.launch":
+                raise UsageError("the command runs torch.distributed.launch (deprecated): give the training script; "
+                                 "the script runs torchrun itself")
+            return _adopt_torchrun(rest[2:], gpus_per_node)
+        if "/" not in command[0]:
+            if rest[0] == "-m" and len(rest) > 1:
+                return ["-m", *rest[1:]]
+            if not rest[0].startswith("-"):
+                return rest
     return ["--no-python", *command]
 
 
@@ -58,5 +107,5 @@ def _no_control(ctx: dict) -> None:
 def render(template: str, **ctx) -> str:
     ctx.setdefault("version", __version__)
     _no_control(ctx)
-    ctx["command"] = shlex.join(torchrun_tail(ctx["command"]))
+    ctx["command"] = shlex.join(torchrun_tail(ctx["command"], ctx.get("gpus_per_node")))
     return _env().get_template(template).render(**ctx)
