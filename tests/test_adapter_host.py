@@ -202,3 +202,27 @@ def test_the_state_the_budget_holds_stays_with_torchs_step():
     ps = list(m.parameters())
     assert all(torch.equal(p, q) for p, q in zip(ps[:2], list(refs[None].parameters())[:2]))
     assert all(torch.equal(p, q) for p, q in zip(ps[2:], list(refs[True].parameters())[2:]))
+
+
+def test_a_step_refused_after_adoption_gives_the_state_back(host, capsys):
+    """Two host steps, then one with a closure (refused): the state goes back to the
+    application's optimizer, which steps on with it (its step count continues)."""
+    import torch
+
+    m = Tied()
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+    train(m, opt, s, 0.05, steps=2)
+    assert host.stats["steps"] == 2
+
+    def closure():
+        opt.zero_grad()
+        loss = m.fwd(torch.randn(4, 48)).pow(2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert "host step off for AdamW: optimizer.step() called with arguments" in capsys.readouterr().err
+    assert host.stats["steps"] == 2 and not host.plans
+    for p in m.parameters():
+        st = opt.state[p]
+        assert int(st["step"]) == 3 and st["exp_avg"].device == p.device and st["exp_avg"].abs().sum() > 0

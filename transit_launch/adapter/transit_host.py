@@ -455,11 +455,14 @@ class HostStep:
         for dev in self.streams:
             self.streams[dev][1].synchronize()
         for gi, cpu, recs in plan.chunks:
+            group = opt.param_groups[gi]
+            # where torch's load_state_dict puts a step count: on the device for fused or capturable steps
+            step_on_device = bool(group.get("fused") or group.get("capturable"))
             for r in recs:
                 st = cpu.state.get(r.ph)
                 if st:
-                    opt.state[r.p] = {k: v.to(r.local.device) if torch.is_tensor(v) and k != "step" else v
-                                      for k, v in st.items()}
+                    opt.state[r.p] = {k: v.to(r.local.device) if torch.is_tensor(v) and (k != "step" or step_on_device)
+                                      else v for k, v in st.items()}
         for h in plan.handles:
             h.remove()
         self.plans.pop(opt, None)
