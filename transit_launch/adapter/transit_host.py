@@ -105,6 +105,7 @@ class HostStep:
         self._wrap_clipping()
 
     def uninstall(self):
+        atexit.unregister(self.report)
         for h in self.handles:
             h.remove()
         for plan in list(self.plans.values()):
