@@ -115,3 +115,29 @@ def test_gres_types():
     assert [gpu_from_gres_type(t) for t in ("h100", "H100", "nvidia_h100_80gb_hbm3", "h100_94gb", "h200",
                                             "a100-sxm4-40gb", "nvidia_a100-sxm4-80gb")] == \
         ["h100-80gb", "h100-80gb", "h100-80gb", "h100-94gb", "h200-141gb", "a100-40gb", "a100-80gb"]
+
+
+def _line(out, start):
+    return next((ln for ln in out.splitlines() if ln.startswith(start)), None)
+
+
+def test_one_budget_the_plan_assumes_and_the_job_gets(cli):
+    """--gpu-mem 60GB planned a 60 GB GPU but the job got no budget (the full GPU); --gpu-budget
+    60GB set the budget but planned the full GPU. Either one now sets both; both, different,
+    are one line; a budget or a memory above the named GPU's is refused."""
+    rendered = {}
+    for flag in ("--gpu-mem", "--gpu-budget"):
+        rc, out, err = cli("render", "--model", "llama3-70b", flag, "60GB", *TRAIN)
+        assert rc == 0, err
+        assert _line(out, "export TRANSIT_GPU_BUDGET=") == "export TRANSIT_GPU_BUDGET=60GB", (flag, out)
+        rendered[flag] = _line(out, "#SBATCH --nodes=")
+    rc, plan_out, _ = cli("plan", "--model", "llama3-70b", "--gpu-mem", "60GB", "--json")
+    nodes = json.loads(plan_out)["recommended"]["nodes"]
+    assert rendered == {"--gpu-mem": f"#SBATCH --nodes={nodes}", "--gpu-budget": f"#SBATCH --nodes={nodes}"}
+    for args, why in ((["--gpu-mem", "60GB", "--gpu-budget", "50GB"], "differ"),
+                      (["--gpu", "h100-80gb", "--gpu-mem", "200GB"], "--gpu-mem 200GB is more than h100-80gb has"),
+                      (["--gpu-budget", "100GB"], "--gpu-budget 100GB is more than the GPU has")):
+        rc, out, err = cli("render", "--model", "llama3-70b", *args, *TRAIN)
+        assert (rc, out) == (2, "") and err.count("\n") == 1 and why in err, (args, err)
+    rc, out, err = cli("plan", "--model", "llama3-8b", "--gpu-mem", "200GB")  # no --gpu: a custom GPU, as before
+    assert rc == 0 and "custom-200GB" in out, err

@@ -10,6 +10,7 @@ from transit_launch.argtypes import finite_float, fractions, output_file, overla
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPUS, gpu_profile
 from transit_launch.planning import titan_config
 from transit_launch.planning.plan import DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
+from transit_launch.rules import format_size
 
 # What a request gets for an option given neither on the command line nor by a TorchTitan config.
 DEFAULTS = {"seq_len": 8192, "local_batch": 1, "precision": "mixed", "recompute": "full"}
@@ -92,7 +93,20 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None, 
          for k in ("tp", "pp", "ep", "global_batch", *DEFAULTS)}
     parallel = a.parallel or ("fsdp+ep" if v["ep"] else "tp+pp" if v["pp"] else "fsdp+tp" if v["tp"] else "fsdp")
     name = a.gpu if a.gpu is not None else gpu  # '' is a typo, refused, not the default
-    return Request(card=job.card if job else load_model(a.model), gpu=gpu_profile(name, a.gpu_mem),
+    # one budget: the GPU memory the plan assumes is the budget the job gets (render and
+    # submit take --gpu-budget too: either one sets both; two different ones are refused)
+    budget = getattr(a, "gpu_budget", None)
+    if budget and a.gpu_mem and budget != a.gpu_mem:
+        raise UsageError(f"--gpu-mem {format_size(a.gpu_mem)} and --gpu-budget {format_size(budget)} differ: the plan "
+                         "would cost one GPU and the job run on another; give one of them")
+    if budget and not a.gpu_mem:  # the budget is the plan's GPU memory: of the GPU named (or the default)
+        part = gpu_profile(name)
+        if budget > part.memory:
+            raise UsageError(f"--gpu-budget {format_size(budget)} is more than the GPU has: {part.name} has "
+                             f"{part.memory / 1e9:.2f} GB (a budget emulates a smaller GPU; --gpu names the GPU)")
+        name = part.name
+    gpu_mem = a.gpu_mem or budget
+    return Request(card=job.card if job else load_model(a.model), gpu=gpu_profile(name, gpu_mem),
                    gpus_per_node=a.gpus_per_node or gpus_per_node or DEFAULT_GPUS_PER_NODE,
                    host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM, parallel=parallel,
                    scale_in=tuple(a.scale_in) if a.scale_in else None, min_efficiency=a.min_efficiency,

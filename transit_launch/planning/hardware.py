@@ -92,5 +92,8 @@ def gpu_profile(name: str | None, memory: int | None = None) -> GPU:
     if memory is None:
         return base
     size = f"{memory / 1e9:.2f}".rstrip("0").rstrip(".") + "GB"
+    if name is not None and memory > base.memory:  # a named GPU has what it has (without --gpu: a custom one)
+        raise UsageError(f"--gpu-mem {size} is more than {base.name} has ({base.memory / 1e9:.2f} GB): the plan would "
+                         "cost a job that does not fit; name a larger --gpu, or leave out --gpu for a custom GPU")
     return GPU(f"{base.name}@{size}" if name else f"custom-{size}", memory, base.peak_bf16, base.host_link,
                base.fault_link, capacity=base.memory)

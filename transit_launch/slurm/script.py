@@ -182,6 +182,10 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
         from transit_launch.planning.titan_config import job_command
         command = job_command(titan, command, p, nodes)
     policy = policy_for(p, nodes, shim_opts.policy)
+    if p and shim_opts.gpu_budget is None and policy != "off" and p.req.gpu.memory < p.req.gpu.physical:
+        # --gpu-mem planned a smaller GPU than the part: the job's budget is the same number
+        from dataclasses import replace
+        shim_opts = replace(shim_opts, gpu_budget=int(p.req.gpu.memory))
     inject.check_off(policy, shim_opts.overlap, shim_opts.gpu_budget)  # also when the plan chose off for these nodes
     if p:
         inject.check_budget(shim_opts.gpu_budget, p.req.gpu)
