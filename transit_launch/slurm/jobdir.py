@@ -55,7 +55,11 @@ class JobDir:
         if create:
             self.write(JOB_FILE, job)
         elif job:
-            named = self.read(JOB_FILE)
+            try:
+                named = self.read(JOB_FILE)
+            except UsageError:
+                os.close(self.fd)
+                raise
             if named != job:
                 os.close(self.fd)
                 raise UsageError(f"job directory {self.path} is not job {job}'s (it names "
