@@ -24,7 +24,7 @@ _SLURM_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 _SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[^\s\"'\x00-\x1f\x7f]+)?")
 # what the rendered script decides itself: a site line must not contradict the plan. With
 # the options that would change the same request another way (--ntasks, --gpus, --gres,
-# memory or CPUs per CPU/GPU; --gres only where it names GPUs, _GRES_GPU).
+# memory or CPUs per CPU/GPU; --gres only where it names GPUs, _SBATCH_GRES_GPU).
 _OURS = {"--nodes": "--nodes, from the plan", "--ntasks-per-node": "one torchrun per node",
          "--ntasks": "one torchrun per node", "--gpus-per-node": "--gpus-per-node", "--gpus": "--gpus-per-node",
          "--job-name": "--job-name", "--output": "--output",
@@ -41,7 +41,7 @@ def ours(opt: str) -> str | None:
     return None if hit is None else _OURS[opt] if opt in _OURS else f"{opt} abbreviates {hit}: {_OURS[hit]}"
 
 
-_GRES_GPU = re.compile(r"--gres?=(.*,)?gpu\b")  # --gres (or its unambiguous prefix) asking for GPUs
+_SBATCH_GRES_GPU = re.compile(r"--gres?=(.*,)?gpu\b")  # --gres (or its unambiguous prefix) asking for GPUs
 
 
 # a job name: Slurm puts it in file names (%x in --output), so no / (a path), no % (another
@@ -109,7 +109,7 @@ class JobOptions:
             if not _SBATCH_OPTION.fullmatch(arg):
                 raise UsageError(f"--sbatch-arg {arg!r}: give one sbatch option as --name or --name=value, with no "
                                  "whitespace, quotes or control characters")
-            why = ours(opt) or ("--gpus-per-node" if _GRES_GPU.match(arg) else None)
+            why = ours(opt) or ("--gpus-per-node" if _SBATCH_GRES_GPU.match(arg) else None)
             if why:
                 raise UsageError(f"--sbatch-arg {opt}: transit-launch sets {opt} itself ({why})" if opt in _OURS
                                  else f"--sbatch-arg {opt}: transit-launch sets this itself ({why})")
@@ -200,7 +200,8 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     if local:
         return render("local.j2", **ctx)
     summary = f"{p.req.card.name} on {nodes} node(s), policy {policy}" if p else f"{nodes} node(s), policy {policy}"
-    mem = job.mem if job.mem is not None else (f"{planned_mem(p, nodes)}M" if planned_mem(p, nodes) else None)
+    planned = planned_mem(p, nodes)
+    mem = job.mem if job.mem is not None else (f"{planned}M" if planned else None)
     return render("sbatch.j2", nodes=nodes, job_name=job_name(p, job), partition=job.partition,
                   account=job.account, time=job.time, output=job.output, port=job.port,
                   cpus_per_task=job.cpus_per_task, mem=mem, exclusive=job.exclusive, constraint=job.constraint,

@@ -60,20 +60,19 @@ def submit(sub: Submission, make_request) -> Submitted:
     if part and not part.gpus_per_node:
         raise UsageError(f"partition {part.name} has no GPUs (no gpu GRES on its nodes)")
     host_mem = part.real_memory_mb * 2**20 if part else None
+    sub_warnings = []
     if part and part.real_memory_mb < 1024:  # Slurm's default RealMemory is 1 (MB): not configured
         host_mem = None
-        sub_warnings = [f"partition {part.name}'s nodes report RealMemory={part.real_memory_mb} MB (Slurm's default "
-                        "when slurm.conf sets none): the plan assumes --host-mem or its default, and the job's --mem "
-                        "cannot be checked against the nodes"]
-    else:
-        sub_warnings = []
+        sub_warnings.append(f"partition {part.name}'s nodes report RealMemory={part.real_memory_mb} MB (Slurm's "
+                            "default when slurm.conf sets none): the plan assumes --host-mem or its default, and the "
+                            "job's --mem cannot be checked against the nodes")
     if part and sub.job.cpus_per_task is None and part.cpus_per_node > 1:
         # one task a node runs every rank and the host-side work: all of the node's cores, not Slurm's one
         sub = replace(sub, job=replace(sub.job, cpus_per_task=part.cpus_per_node))
     if part and sub.nodes is not None and sub.nodes > part.nodes:
         raise UsageError(f"--nodes {sub.nodes}: the partition has {n_nodes(part.nodes)} ({part.name})")
     gpu = None
-    if part and part.gpu_types and not sub.gpu_given:  # the partition's GPU, unless --gpu/--gpu-mem said
+    if part and part.gpu_types and not sub.gpu_given:  # the partition's GPU, unless --gpu said (--gpu-mem resizes it)
         if len(part.gpu_types) > 1:
             raise UsageError(f"partition {part.name} has GPUs of several types ({', '.join(part.gpu_types)}): give "
                              "--gpu, and a --constraint that picks those nodes")
