@@ -27,8 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # name -> (dim, ffn, blocks, tokens a step, microbatches, clip)
 POINTS = {"base": (4096, 16384, 8, 32768, 1, None), "clip": (4096, 16384, 8, 32768, 1, 1.0),
           "clip-accum4": (4096, 16384, 8, 32768, 4, 1.0), "wide-clip": (8192, 32768, 2, 32768, 1, 1.0)}
-RUNS = ("reference", "stream", "host", "plain", "torchao-reference", "torchao")
-MODES = {"stream": None, "host": "host", "plain": "0"}  # TRANSIT_OVERLAP_STEP of each transit run
+RUNS = ("reference", "stream", "host", "host-roomy", "host-bare", "plain", "torchao-reference", "torchao")
+# TRANSIT_OVERLAP_STEP of each transit run; host-roomy: the host path at the budget plus ROOMY
+MODES = {"stream": None, "host": "host", "host-roomy": "host", "plain": "0"}
+ROOMY = 16 << 30
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -66,6 +68,15 @@ def worker(a):
         fully_shard(model, mp_policy=mp)
         ctx = torch.autocast("cuda", enabled=False)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        if a.run == "host-bare":  # the host path without the shim: all of the state on the host
+            import importlib.util
+            adapter = ROOT / "transit_launch" / "adapter"
+            mods = {}
+            for name in ("transit_overlap", "transit_host"):
+                spec = importlib.util.spec_from_file_location(name, adapter / f"{name}.py")
+                mods[name] = sys.modules[name] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mods[name])
+            mods["transit_host"].HostStep(mods["transit_overlap"]).install()
     gen = torch.Generator(device=dev).manual_seed(1)
     times, losses = [], []
     for step in range(a.steps):
@@ -88,12 +99,35 @@ def worker(a):
     print(json.dumps({"summary": {"params": params, "median_s": med, "tflops": 6 * params * tokens / med / 1e12,
                                   "first_s": times[0], "losses": losses,
                                   "peak_reserved": torch.cuda.max_memory_reserved(dev),
+                                  "alloc_retries": torch.cuda.memory_stats(dev).get("num_alloc_retries"),
+                                  "threads": thread_ticks(),
                                   "state_bytes": 8 * params}}), flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
+def thread_ticks():
+    """CPU clock ticks (user + system) this process's threads used, summed by thread name."""
+    out = {}
+    tasks = f"/proc/{os.getpid()}/task"
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"{tasks}/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        n, ticks = out.get(name, (0, 0))
+        out[name] = (n + 1, ticks + int(fields[11]) + int(fields[12]))
+    return out
+
+
 def launch(point, run, budget, a):
+    import tempfile
+
+    stats = tempfile.mkdtemp(prefix="host-step-stats-")
+    budget += ROOMY if run == "host-roomy" else 0
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--point", point, "--run", run,
            "--steps", str(a.steps), "--warmup", str(a.warmup)]
     env = dict(os.environ, **MULTICAST_OFF, PYTHONUNBUFFERED="1")
@@ -102,13 +136,14 @@ def launch(point, run, budget, a):
         if MODES[run] is not None:
             env["TRANSIT_OVERLAP_STEP"] = MODES[run]
         cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", "advise", "--gpu-budget", f"{budget}B",
-               "--", *cmd]
+               "--stats", stats, "--", *cmd]
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=a.timeout)
     summary = next((json.loads(ln)["summary"] for ln in res.stdout.splitlines() if ln.startswith('{"summary"')), None)
     said = [ln for ln in res.stderr.splitlines() if ln.startswith("transit adapter:")]
+    shim = [json.loads(f.read_text()) for f in sorted(Path(stats).glob("*.json"))]
     return {"point": point, "run": run, "budget": budget, "rc": res.returncode, "wall_s": round(time.time() - t0, 1),
-            "summary": summary, "adapter": said[-20:],
+            "summary": summary, "adapter": said[-20:], "shim": shim,
             "stderr_tail": res.stderr[-1500:] if res.returncode or summary is None else ""}
 
 

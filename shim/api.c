@@ -132,6 +132,15 @@ EXPORT void transit_state_expect(size_t bytes)
         tr_prefill_end();
 }
 
+EXPORT void transit_state_on_host(void)
+{
+    if (!transit_active())
+        return;
+    pthread_mutex_lock(&tr_lock);
+    tr_s.cold_reported = 1; /* as an optimizer hint does: no access probe (state.c) */
+    pthread_mutex_unlock(&tr_lock);
+}
+
 EXPORT int transit_host_state(uintptr_t ptr, size_t size)
 {
     if (!transit_active())

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 8
+#define TRANSIT_API_VERSION 9
 /* SPARSE (version 6): master weights the forward reads only in part, an nn.Embedding's table
  * outside FSDP (a gather of the step's rows): advise gives them the GPU after the dense
  * master weights and before the optimizer state. */
@@ -53,4 +53,8 @@ int transit_host_state(uintptr_t ptr, size_t size);
  * step is over, what it did not take is given back (prefill.c). Version 7's
  * transit_state_expect(bytes) is retired (api.c). */
 void transit_state_segments(const size_t *sizes, size_t n);
+/* The optimizer state the GPU budget cannot hold lives in the application's host memory (the
+ * adapter's host step, version 9): advise has its state named, as a hint of it would, and
+ * probes no access (a probe moves every managed byte to the host for its first recording). */
+void transit_state_on_host(void);
 #endif

@@ -185,7 +185,8 @@ def test_the_state_the_budget_holds_stays_with_torchs_step():
 
     ov = load("transit_overlap")
     first_two = sum(p.numel() * 4 * 2 for p in list(Tied().parameters())[:2])
-    h = load("transit_host").HostStep(ov, room=lambda dev: first_two)
+    told = []  # the shim is told, before the first step's boundary, that state is on the host
+    h = load("transit_host").HostStep(ov, room=lambda dev: first_two, on_host=lambda: told.append(h.stats["steps"]))
     refs = {}
     for fused in (None, True):
         refs[fused] = Tied()
@@ -199,6 +200,7 @@ def test_the_state_the_budget_holds_stays_with_torchs_step():
     finally:
         h.uninstall()
     assert (h.stats["resident_params"], h.stats["host_params"]) == (2, 2)
+    assert told == [0]  # once, at adoption (before the step counted)
     ps = list(m.parameters())
     assert all(torch.equal(p, q) for p, q in zip(ps[:2], list(refs[None].parameters())[:2]))
     assert all(torch.equal(p, q) for p, q in zip(ps[2:], list(refs[True].parameters())[2:]))

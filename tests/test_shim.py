@@ -605,7 +605,7 @@ def test_an_older_adapter_still_finds_the_retired_staging_calls(built):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**env, "LD_PRELOAD": str(built["shim"]), "TRANSIT_POLICY": "advise"})
-    assert res.returncode == 0 and res.stdout.split() == ["8", "0", "0", "0", "0"], res.stderr  # version 8 today
+    assert res.returncode == 0 and res.stdout.split() == ["9", "0", "0", "0", "0"], res.stderr  # version 9 today
     from transit_launch.adapter import transit_api
     assert "stage" not in transit_api.CDEF
 

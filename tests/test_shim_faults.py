@@ -233,6 +233,27 @@ def test_an_attached_adapter_keeps_cupti_free_under_gradient_accumulation(built,
         assert "cuptiActivityRegisterCallbacks" in cupti_calls and "cuptiFinalize" in cupti_calls
 
 
+@pytest.mark.parametrize("onhost", [False, True])
+def test_state_on_the_host_keeps_advise_from_probing(built, cupti, tmp_path, onhost):
+    """The host step (TRANSIT_OVERLAP_STEP=host) keeps the optimizer state in the application's
+    host memory, so advise found no state hinted and probed access: its recording sent every
+    managed byte to the host at the first boundary (on the H100: 32 GB evicted, a 14.9 s second
+    step). transit_state_on_host names the state as a hint would: no recording, nothing evicted,
+    though both allocations fit the budget either way."""
+    res, out, calls = run(built, "loop", 4, 40, GB, "adapter", "attach", *(["onhost"] if onhost else []),
+                          env={"LD_LIBRARY_PATH": str(cupti), "TRANSIT_GPU_BUDGET": "4GB",
+                               "TRANSIT_STATS": str(tmp_path / "s.json")})
+    assert res.returncode == 0 and out["last_error"] == "0", res.stderr
+    s = stats_of(tmp_path / "s.json")
+    cupti_calls = [c for c in calls if c.startswith("cupti")]
+    if onhost:
+        assert cupti_calls == [] and "CUPTI recording" not in res.stderr
+        assert s["evict_calls"] == 0 and s["host_placed_peak_bytes"] == 0
+    else:
+        assert "CUPTI recording started" in res.stderr and "cuptiActivityRegisterCallbacks" in cupti_calls
+        assert s["evict_bytes"] >= 2 * GB  # both allocations sent to the host for the recording
+
+
 # ---- the shim's own settings (issue 15) ------------------------------------------
 
 BAD_SETTINGS = [

@@ -555,10 +555,12 @@ int main(int argc, char **argv)
         int iters = atoi(argv[2]), launches = atoi(argv[3]);
         size_t size = strtoull(argv[4], NULL, 10);
         int adapter = 0, replay = 0, straddle = 0, refree = 0, accum = 1, attach = 0, touch = 0, unaligned = 0;
+        int onhost = 0;
         for (int i = 5; i < argc; i++) {
             adapter |= !strcmp(argv[i], "adapter");
             touch |= !strcmp(argv[i], "touch"); /* every iteration's first kernel touches p and q */
             attach |= !strcmp(argv[i], "attach");
+            onhost |= !strcmp(argv[i], "onhost"); /* transit_state_on_host before the first boundary */
             if (!strncmp(argv[i], "accum=", 6))
                 accum = atoi(argv[i] + 6);
             replay |= !strcmp(argv[i], "replay");
@@ -597,6 +599,9 @@ int main(int argc, char **argv)
         int (*hint_fn)(uintptr_t, size_t, int) = (int (*)(uintptr_t, size_t, int))api("transit_hint");
         if (attach && attach_fn)
             attach_fn();
+        void (*onhost_fn)(void) = (void (*)(void))api("transit_state_on_host");
+        if (onhost && onhost_fn)
+            onhost_fn();
         struct fake_touch pq[3] = {{(uintptr_t)p, size}, {(uintptr_t)q, size}, {0, 0}};
         for (int it = 0; it < iters; it++) {
             if (touch)

@@ -261,7 +261,8 @@ def _overlap(api, hooks, mode):
         transit_overlap = _sibling("transit_overlap")
 
         if mode == "host":  # the update of the state the budget cannot hold on the host (transit_host.py)
-            return _sibling("transit_host").HostStep(transit_overlap, ours=hooks.ours(), room=_state_room(api))
+            return _sibling("transit_host").HostStep(transit_overlap, ours=hooks.ours(), room=_state_room(api),
+                                                     on_host=api.state_on_host)
         if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
             transit_streamed = _sibling("transit_streamed")
 

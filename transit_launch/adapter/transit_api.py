@@ -21,6 +21,7 @@ int transit_device_free(uintptr_t ptr);
 void transit_state_alloc(int on);
 int transit_host_state(uintptr_t ptr, size_t size);
 void transit_state_segments(const size_t *sizes, size_t n);
+void transit_state_on_host(void);
 """
 
 
@@ -59,6 +60,8 @@ def _load():
     if version >= 8:
         lib.transit_state_segments.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
         lib.transit_state_segments.restype = None
+    if version >= 9:
+        lib.transit_state_on_host.restype = None
     return "ctypes", lib, None
 
 
@@ -149,4 +152,13 @@ def state_segments(sizes) -> bool:
         import ctypes
 
         _lib.transit_state_segments((ctypes.c_size_t * len(sizes))(*sizes) if sizes else None, len(sizes))
+    return True
+
+
+def state_on_host() -> bool:
+    """The state the budget cannot hold is in the application's host memory (the host step;
+    API version 9): the shim's advise probes no access for it. False with an older shim."""
+    if not _since(9):
+        return False
+    _lib.transit_state_on_host()
     return True

@@ -71,10 +71,14 @@ class HostStep:
     """Global optimizer step pre/post hooks, a post-accumulate-grad hook on each host-path
     parameter, and the clipping wrapper."""
 
-    def __init__(self, overlap, ours=(), room=None):
+    def __init__(self, overlap, ours=(), room=None, on_host=None):
         self.ov = overlap            # transit_overlap: the verified classes and the refusals it shares
         self.ours = list(ours)       # the adapter's other step hooks: not foreign
         self.room = room             # room(device) -> bytes of state the budget holds there; None: unbounded
+        # on_host(): tells the shim the state it will not see is on the host (transit_api.state_on_host),
+        # before the first step's boundary: else advise, finding no state hinted, probes every
+        # managed byte's access (all of them sent to the host for its recording)
+        self.on_host = on_host
         self.plans = weakref.WeakKeyDictionary()
         self.said = weakref.WeakKeyDictionary()  # optimizer -> why it steps as without the adapter
         self.streams = {}            # device -> (down, up) copy streams
@@ -324,6 +328,8 @@ class HostStep:
             return None
         self.plans[opt] = plan
         self.stats["host_params"] += len(plan.recs)
+        if self.on_host:
+            self.on_host()
         if dtensor:
             _say(f"host step for {cls.__name__}: {DTENSOR_STATE}")
         return plan
