@@ -37,6 +37,8 @@
 #define TR_STATE_ROOM_SPARE_PERCENT 3
 #define TR_STAGE_RING_BYTES 268435456ull
 #define TR_GPU_BUDGET_MIN_TEXT "512MiB"
+#define TR_GPU_BUDGET_MAX 1099511627776ull
+#define TR_GPU_BUDGET_MAX_TEXT "1TiB"
 #define TR_SIZE_UNITS {{"b", 1ull}, {"k", 1000ull}, {"kb", 1000ull}, {"kib", 1024ull}, {"m", 1000000ull}, {"mb", 1000000ull}, {"mib", 1048576ull}, {"g", 1000000000ull}, {"gb", 1000000000ull}, {"gib", 1073741824ull}, {"t", 1000000000000ull}, {"tb", 1000000000000ull}, {"tib", 1099511627776ull}, {"p", 1000000000000000ull}, {"pb", 1000000000000000ull}, {"pib", 1125899906842624ull}}
 
 #endif

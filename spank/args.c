@@ -81,8 +81,8 @@ int tr_opt_policy(const char *arg)
 }
 
 /* The rule of the CLI's --gpu-budget: a size with its unit (a bare 70 is refused, not 70
- * bytes) and at least TR_GPU_BUDGET_MIN, about a CUDA context (rules.py). The GPU's own
- * size is not known here. */
+ * bytes), at least TR_GPU_BUDGET_MIN, about a CUDA context, and at most TR_GPU_BUDGET_MAX,
+ * more than any GPU has (rules.py). The GPU's own size is not known here. */
 int tr_opt_budget(const char *arg)
 {
     uint64_t v = 0;
@@ -95,6 +95,11 @@ int tr_opt_budget(const char *arg)
     if (v < TR_GPU_BUDGET_MIN) {
         slurm_error("transit: --transit-budget=%s is below " TR_GPU_BUDGET_MIN_TEXT
                     ", the least GPU budget (about what a CUDA context alone takes)", echo(arg));
+        return -1;
+    }
+    if (v > TR_GPU_BUDGET_MAX) {
+        slurm_error("transit: --transit-budget=%s is above " TR_GPU_BUDGET_MAX_TEXT
+                    ", more than any GPU has (a budget emulates a smaller GPU)", echo(arg));
         return -1;
     }
     strcpy(tr_job.budget, arg);

@@ -77,6 +77,9 @@ FILES = {
     "broken.toml": "name = ",
     "binary.toml": b"name = \"\xff\"\n",
     "dir.toml/placeholder": "",
+    "gpt2.toml": card('name = "c"', 'name = "c"\nfamily = "gpt2"'),
+    "pub5x.toml": card('name = "c"', 'name = "c"\npublished_params = 7.5e9'),  # [arch] gives 1.50B
+    "titan.d/placeholder": "",
     # traces
     "empty.csv": "",
     "header.csv": HEAD,
@@ -94,6 +97,7 @@ RENDER = ["render", "--model", "llama3-70b"]
 CMD = ["--", "python", "train.py"]
 SYN = ["simulate", "--synthetic", "100"]
 SUBMIT = ["submit", "--model", "llama3-70b", "--dry-run"]
+BW, BW_END = ["sweep", "--cap", "mlnx_qos", "--iface", "lo", "--bandwidths"], ["--journal", f"{D}/j.json", "--", "true"]
 
 ROWS = [
     # --- model: catalog names, Hugging Face config.json, model cards --------------------
@@ -135,6 +139,13 @@ ROWS = [
     (["plan", "--model", f"{D}/broken.toml"], "is not valid TOML"),
     (["plan", "--model", f"{D}/binary.toml"], "is not UTF-8 text"),
     (["plan", "--model", f"{D}/dir.toml"], "Is a directory"),
+    # issue 51: a family the formulas do not describe; a published count 5x off its dimensions
+    (["plan", "--model", f"{D}/gpt2.toml"], "family 'gpt2' is not one the planner can cost"),
+    (["plan", "--model", f"{D}/pub5x.toml"],
+     "published_params 7.5e+09 and the [arch] numbers (1,498,482,688 parameters, 0.2x) disagree"),
+    # a path below a file (ENOTDIR), a directory where a file goes
+    (["plan", "--model", f"{D}/file/x"], f"cannot read {D}/file/x: Not a directory"),
+    (["plan", "--torchtitan", f"{D}/titan.d"], "titan.d is a directory; give the job's .toml file"),
     (["plan", "--model", f"{D}/missing.toml"], "No such file"),
     (["plan", "--model", f"{D}/two\nlines\x1b[31m.toml"], "two lines\\x1b[31m.toml: No such file"),
     # --- plan: sizes, degrees, batches, hardware ------------------------------------------
@@ -190,15 +201,17 @@ ROWS = [
     ([*PLAN, "--plot", f"{D}/x.jpg"], "must end in .png"),
     ([*PLAN, "--plot", "/proc/x.png"], "cannot create files in /proc"),
     ([*PLAN, "--plot", ""], "the file name is empty"),
+    ([*PLAN, "--plot", f"{D}/file/x.png"], f"{D}/file is not a directory"),
     # --- render ------------------------------------------------------------------------------
     (RENDER, "render needs the training command"),
     (["render", *CMD], "render needs --model"),
     ([*RENDER, "-o", "/nonexistent/dir/x", *CMD], "directory /nonexistent/dir does not exist"),
     ([*RENDER, "-o", D, *CMD], "is a directory; give a file name"),
     ([*RENDER, "-o", "/proc/nope", *CMD], "cannot create files in /proc"),
-    ([*RENDER, "--port", "99999", *CMD], "--port must be a TCP port from 1 to 65535"),
-    ([*RENDER, "--port", "0", *CMD], "argument --port: must be a positive integer"),
-    ([*RENDER, "--port", "-1", *CMD], "argument --port: must be a positive integer"),
+    ([*RENDER, "-o", f"{D}/file/x", *CMD], f"{D}/file is not a directory"),
+    ([*RENDER, "--port", "99999", *CMD], "--port: must be a TCP port from 1 to 65535"),
+    ([*RENDER, "--port", "0", *CMD], "argument --port: must be a TCP port from 1 to 65535"),
+    ([*RENDER, "--port", "-1", *CMD], "argument --port: must be a TCP port from 1 to 65535"),
     ([*RENDER, "--time", "forever", *CMD], "--time 'forever' is not a Slurm time limit"),
     ([*RENDER, "--time", "1:2:3:4", *CMD], "is not a Slurm time limit"),
     ([*RENDER, "--partition", "", *CMD], "--partition is empty"),
@@ -254,6 +267,12 @@ ROWS = [
      f"journal directory {D}/no does not exist"),
     (["sweep", "--cap", "tc", "--iface", "lo", "--bandwidths", "100", "--plot", f"{D}/x.jpg", "--", "true"],
      "must end in .png"),
+    # bytes are not bits: tc's mbps is megabytes a second (mlnx_qos: a regression touches no NIC here)
+    ([*BW, "100MBps", *BW_END],
+     ("bandwidth '100MBps': bandwidths are bits a second, and 'Bps' reads as bytes (tc's mbps is megabytes a second): "
+      "800Mbit is 100 MB/s, 100Mbit is 100 Mbit/s")),
+    ([*BW, "1gbps", *BW_END], "8Gbit is 1 GB/s, 1Gbit is 1 Gbit/s"),
+    ([*BW, "100MB/s", *BW_END], "'B/s' reads as bytes"),
     (["plan", "--modle", "llama3-70b"], "unrecognized arguments: --modle llama3-70b (did you mean --model?)"),
     (["render", "--nodes", "1", "--partiton", "gpu", *CMD], "unrecognized arguments: --partiton gpu (did you mean"),
     # --- simulate ----------------------------------------------------------------------------
@@ -292,6 +311,8 @@ ROWS = [
     ([*SYN, "--racks", "1000000"], "--racks takes 1 to 10,000 racks"),
     ([*SYN, "--racks", "0"], "argument --racks: must be a positive integer"),
     ([*SYN, "--reduced-racks", "20000"], "--racks takes 1 to 10,000 racks"),
+    ([*SYN, "--racks", "4", "--reduced-racks", "8"], "--reduced-racks 8 must be fewer than --racks 4"),
+    ([*SYN, "--racks", "4", "--reduced-racks", "4"], "--reduced-racks 4 must be fewer than --racks 4"),
     ([*SYN, "--rack-gpus", "30"], "--rack-gpus 30 is not a multiple of --gpus-per-node 4"),
     ([*SYN, "--rack-gpus", "100000"], "--rack-gpus takes 1 to 1024 GPUs a rack"),
     ([*SYN, "--gpus-per-node", "6"], "invalid choice"),
@@ -311,6 +332,8 @@ ROWS = [
     (["run", "--policy", "bogus", "--", "true"], "invalid choice"),
     (["spank", "build", "--out", "/proc/nope"], "cannot create files in /proc"),
     (["spank", "build", "--out", f"{D}/file"], "exists and is not a directory"),
+    (["spank", "build", "--out", f"{D}/file/x"], f"{D}/file is not a directory"),
+    (["sweep", "--restore", "--journal", f"{D}/titan.d"], "restore journal {d}/titan.d is not a regular file"),
     (["doctor", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice"),
     (["status", "12;rm -rf"], "'12;rm -rf' is not a Slurm job id"),
@@ -420,3 +443,117 @@ def test_unreadable_rows_reported_by_the_cli(cli, tmp_path):
     assert rc == 0 and err == "", err
     dropped = out.splitlines()[1]
     assert dropped.startswith("dropped: ") and "4 unparsable GPU count" in dropped and "4 unparsable submit time" in dropped
+
+
+# --- issue 51: what still gave tracebacks or passed silently ---------------------------------
+
+def test_hidden_subcommand_is_not_offered(cli):
+    rc, out, err = cli("frobnicate")
+    assert rc == 2 and "invalid choice: 'frobnicate'" in err and "'plan'" in err and "_node-loss" not in err
+    rc, out, err = cli("--help")
+    assert rc == 0 and "_node-loss" not in out
+
+
+# a directory the user cannot search: as root, the DAC override capabilities dropped first
+LOCKED_CASES = [
+    ([*PLAN, "--plot", "{L}/x.png"], "cannot create files in {L} (Permission denied)"),
+    ([*PLAN, "--plot", "{L}/sub/x.png"], "cannot reach {L}/sub (Permission denied)"),
+    ([*RENDER, "-o", "{L}/job.sbatch", *CMD], "cannot create files in {L} (Permission denied)"),
+    (["run", "--stats", "{L}/stats", "--", "true"], "--stats {L}/stats: cannot create the directory (Permission"),
+    (["plan", "--model", "{L}/config.json"], "cannot read {L}/config.json: Permission denied"),
+    (["plan", "--model", "{L}/card.toml"], "cannot read model card {L}/card.toml: Permission denied"),
+    (["plan", "--model", "{L}/model"], "cannot read {L}/model: Permission denied"),
+    (["plan", "--torchtitan", "{L}/job.toml"], "--torchtitan {L}/job.toml: cannot read it (Permission denied)"),
+    (["spank", "build", "--out", "{L}/lib"], "cannot create files in {L} (Permission denied)"),
+    (["simulate", "--synthetic", "10", "--plot", "{L}/x.png"], "cannot create files in {L} (Permission denied)"),
+]
+
+
+@pytest.mark.parametrize("args,needle", LOCKED_CASES, ids=[" ".join(a)[:50] for a, _ in LOCKED_CASES])
+def test_paths_in_a_directory_the_user_cannot_search(tmp_path, args, needle):
+    import shutil
+    import subprocess
+    import sys
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    prefix = []
+    if os.geteuid() == 0:  # root passes permission bits: a directory of nobody's, and no override
+        if not shutil.which("setpriv"):
+            pytest.skip("needs setpriv (util-linux) to run without CAP_DAC_OVERRIDE as root")
+        os.chown(locked, 65534, 65534)
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    locked.chmod(0o700 if prefix else 0)
+    try:
+        res = subprocess.run([*prefix, sys.executable, "-m", "transit_launch", *[a.replace("{L}", str(locked))
+                                                                                  for a in args]],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False)
+    finally:
+        locked.chmod(0o700)
+    assert res.returncode == 2 and res.stdout == "" and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and needle.replace("{L}", str(locked)) in res.stderr, res.stderr
+
+
+def test_stdout_that_cannot_be_written(tmp_path):
+    import subprocess
+    import sys
+    cases = [(["plan", "--model", "llama3-70b"], {}, "cannot write to standard output: No space left on device"),
+             (["plan", "--help"], {}, "cannot write to standard output: No space left on device"),
+             (["render", "--model", "llama3-70b", "--nodes", "3", *CMD], {}, "cannot write to standard output"),
+             (["simulate", "--synthetic", "100", "--racks", "8", "--quiet"], {}, "No space left on device")]
+    model = tmp_path / "modèle"  # a name an ASCII-only stdout cannot print
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA))
+    cases.append((["plan", "--model", str(model)], {"PYTHONIOENCODING": "ascii"},
+                  "standard output's encoding (ascii) cannot write '\\xe8': set PYTHONIOENCODING=utf-8"))
+    for args, env, needle in cases:
+        with open("/dev/full" if not env else os.devnull, "w") as sink:
+            res = subprocess.run([sys.executable, "-m", "transit_launch", *args], stdout=sink, stderr=subprocess.PIPE,
+                                 text=True, timeout=60, env=dict(os.environ, **env), cwd=tmp_path, check=False)
+        errors = [line for line in res.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+        assert res.returncode == 2 and len(errors) == 1 and needle in errors[0], (args, res.stderr)
+        assert errors[0].startswith("transit-launch: error: ") and "Exception ignored" not in res.stderr
+
+
+def test_trace_with_a_byte_order_mark(cli, tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_bytes(b"\xef\xbb\xbf" + (HEAD + "0,100,8\n5,50,4\n").encode())  # as spreadsheets save UTF-8
+    rc, out, err = cli("simulate", "--trace", str(p), "--racks", "1", "--quiet")
+    assert rc == 0 and err == "" and out.startswith(f"trace: {p} (generic), 2 GPU jobs"), err
+
+
+def test_policy_off_offloads_nothing_in_the_script(cli):
+    # at its no-offload minimum (20 nodes) the plan offloads 3.4 GB under the shim (its 5%
+    # reserved gap), but policy off runs no shim: the script must not claim any offload
+    rc, out, err = cli("render", "--model", "llama3-70b", "--gpu", "a100-40gb", "--global-batch", "240", "--nodes",
+                       "20", *CMD)
+    assert rc == 0 and "policy off" in out
+    assert "# This job: 20 nodes, dp80, 42.7 GB per GPU, no offloading (policy off).\n" in out
+    # policy off asked for below the minimum: the script and a warning say the job cannot fit
+    rc, out, err = cli("render", "--model", "llama3-70b", "--policy", "off", "--nodes", "3", *CMD)
+    assert rc == 0 and "offload 34.3" not in out
+    assert ("# This job: 3 nodes, dp12, 111.4 GB per GPU, 25.9 GB more than the h100-80gb's 85.5 GB, and policy off "
+            "offloads nothing: the job runs out of GPU memory.\n") in out
+    assert "transit-launch: WARNING: 3 node(s): 25.9 GB more than the h100-80gb's 85.5 GB" in err
+
+
+def test_submit_does_not_warn_about_the_count_it_recommends(files):
+    # llama4-scout under fsdp: nothing reaches --min-efficiency, the plan recommends its fastest, 4 nodes
+    env = {"PATH": f"{files / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    rc, _, err = run_cli("submit", "--dry-run", "--model", "llama4-scout", "--nodes", "4", *CMD, env=env)
+    assert rc == 0 and "WARNING: 4 node(s)" not in err, err
+    assert "transit-launch: 4 node(s): as asked; 137.0 GB per GPU, offload 58.6 GB per GPU, predicted efficiency " \
+           "64%; the plan recommends it (nothing fits without offloading" in err
+    rc, _, err = run_cli("submit", "--dry-run", "--model", "llama4-scout", "--nodes", "3", *CMD, env=env)
+    assert rc == 0 and "WARNING: 3 node(s) push" in err and "the plan recommends 4" in err
+
+
+def test_missing_slurm_config_fails_fast(tmp_path):
+    # Slurm's commands wait a minute for a SLURM_CONF that is not there: this sinfo stands for them
+    (tmp_path / "sinfo").write_text("#!/bin/sh\nsleep 30\necho 'sinfo: fatal: Unable to process configuration "
+                                    "file' >&2\nexit 1\n")
+    (tmp_path / "sinfo").chmod(0o755)
+    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    rc, out, err = run_cli("submit", "--model", "llama3-70b", *CMD, env=env, timeout=10)
+    assert rc == 2 and out == "" and err == (f"transit-launch: error: SLURM_CONF={tmp_path}/slurm.conf: no such file "
+                                             "(sinfo would wait a minute for it); point it at the cluster's slurm.conf "
+                                             "or unset it\n")

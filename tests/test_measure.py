@@ -124,3 +124,36 @@ def test_measure_when_no_layout_fits_without_offloading(cli):
     _, plan_out, _ = cli("plan", "--model", "llama3-70b", "--global-batch", "16", "--json")
     rec = json.loads(plan_out)["recommended"]  # what the plan recommends, whichever it is
     assert c["layers"] == 1 and c["layout"]["dp"] == rec["gpus"] and rec["offload"]
+
+
+@NEEDS
+def test_a_long_measurement_says_how_far_it_is():
+    """Past Progress.AFTER seconds the phase and, in forward and backward, the layers done
+    (llama3-405b takes minutes); every layer is counted once in each direction, the
+    recomputation of checkpointed blocks in backward not again."""
+    import io
+
+    from transit_launch.planning import measure
+    from transit_launch.planning.memory import Layout
+    from transit_launch.planning.models import load_model
+    card = load_model(card_file_text(DENSE))
+    quiet = measure.Progress(3, io.StringIO())
+    m = measure.measure(card, Layout(dp=4), layers=3, progress=quiet)
+    assert quiet.counted == {"forward": 3, "backward": 3}
+    assert quiet.out.getvalue() == ""  # it ended before AFTER seconds
+    assert m.layers == 3
+    chatty = measure.Progress(3, io.StringIO())
+    chatty.AFTER = chatty.EVERY = 0.01
+    measure.measure(card, Layout(dp=4), layers=3, progress=chatty)
+    lines = chatty.out.getvalue().splitlines()
+    assert lines and all(ln.startswith("transit-launch: plan --measure: ") for ln in lines)
+    assert any(", forward, " in ln or ", backward, " in ln or "optimizer" in ln for ln in lines), lines
+
+
+def card_file_text(text):
+    import tempfile
+    d = tempfile.mkdtemp()
+    path = f"{d}/tiny.toml"
+    with open(path, "w") as f:
+        f.write(text)
+    return path

@@ -91,6 +91,28 @@ def test_hf_import_llama4_maverick_interleaved(write_json):
     assert round(card.active_params / 1e9, 1) == 17.2  # "17B active" like Scout
 
 
+# Llama's shape under other names, their published config.json (mistralai/Mistral-7B-v0.1,
+# Qwen/Qwen2-7B) and published totals (7.24B; 7.62B, Qwen2's q/k/v biases included)
+LLAMA_SHAPED = [
+    ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+      "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+      "vocab_size": 32000, "sliding_window": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0}, 7.24e9),
+    ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+      "intermediate_size": 18944, "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+      "vocab_size": 152064, "max_window_layers": 28, "use_sliding_window": False, "tie_word_embeddings": False,
+      "rope_theta": 1000000.0}, 7.62e9),
+]
+
+
+@pytest.mark.parametrize("cfg,published", LLAMA_SHAPED, ids=["mistral-7b", "qwen2-7b"])
+def test_hf_import_llama_shaped_under_other_names(cfg, published, write_json, cli):
+    card = load_model(str(write_json(cfg)))
+    assert abs(card.params - published) / published < 0.01
+    assert card.active_params == card.params and card.moe is None
+    rc, out, err = cli("plan", "--model", str(write_json(cfg, "m.json")))
+    assert rc == 0 and out.startswith(f"m: {published / 1e9:.2f} B parameters"), err
+
+
 def test_hf_import_directory(write_json):
     path = write_json(HF["llama3-8b"], "my-llama.json")
     assert load_model(str(path.parent)).params == catalog()["llama3-8b"].params
@@ -98,7 +120,9 @@ def test_hf_import_directory(write_json):
 
 @pytest.mark.parametrize("content,needle", [
     ("{not json", "not valid JSON"),
-    ('{"architectures": ["MistralForCausalLM"], "model_type": "mistral"}', "unsupported architecture"),
+    ('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}', "unsupported architecture"),
+    ('{"architectures": ["MistralForCausalLM"], "model_type": "mistral"}', "lacks 'hidden_size'"),
+    ('{"model_type": "mistral", "num_local_experts": 8}', "is not Llama-shaped"),
     ('{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}', "lacks"),
     ('{"architectures": ["LlamaForCausalLM"], "hidden_size": "big", "num_attention_heads": 32,'
      ' "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 5}',

@@ -125,9 +125,40 @@ def test_rendered_script_runs_with_slurm_stand_ins(cli, tmp_path):
     assert calls[1] == "scontrol show node node-a -o"
     assert calls[2].startswith("srun --export=ALL torchrun --nnodes 2 --nproc-per-node 4")
     assert calls[3] == ("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-id 42 --rdzv-backend c10d "
-                        "--rdzv-endpoint 10.1.0.7:29500 -m torchtitan.train --job.config_file llama3_70b.toml")
+                        "--rdzv-endpoint 10.1.0.7:29542 -m torchtitan.train --job.config_file llama3_70b.toml")
+    # job 42's port: 29500 + 42 (no --port: from the job id, so jobs sharing a head node differ)
     assert calls[4] == (f"LD_PRELOAD={SHIM}:/usr/lib/libkeep.so TRANSIT_POLICY=advise "
                         "PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False")
+
+
+def _rdzv_endpoint(script: str, job_id: str, tmp_path) -> str:
+    """The endpoint the script's torchrun line gets in job job_id (stand-ins for scontrol, srun)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    _stub(bin_dir / "scontrol", 'if [ "$2" = node ]; then echo "NodeName=a NodeAddr=10.0.0.1"; else echo a; fi\n')
+    _stub(bin_dir / "srun", 'while [[ $1 == --* ]]; do shift; done; exec "$@"\n')
+    _stub(bin_dir / "torchrun", 'while [ $# -gt 0 ]; do [ "$1" = --rdzv-endpoint ] && echo "$2"; shift; done\n')
+    (tmp_path / "job.sh").write_text(script)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "a", "SLURM_JOB_ID": job_id}
+    res = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_rendezvous_port_comes_from_the_job_id(cli, tmp_path):
+    """Two jobs whose head node is one machine must not both take torchrun's 29500: without
+    --port the port is 29500 + (job id mod 1000); --port fixes it for every job."""
+    rc, script, _ = cli("render", "--nodes", "1", "--policy", "off", "--", "python", "t.py", env=CLEAN)
+    assert rc == 0
+    assert _rdzv_endpoint(script, "7", tmp_path) == "10.0.0.1:29507"
+    assert _rdzv_endpoint(script, "8", tmp_path) == "10.0.0.1:29508"
+    assert _rdzv_endpoint(script, "123999", tmp_path) == "10.0.0.1:30499"  # the span's last port
+    rc, script, _ = cli("render", "--nodes", "1", "--policy", "off", "--port", "31000", "--", "python", "t.py",
+                        env=CLEAN)
+    assert rc == 0
+    assert _rdzv_endpoint(script, "7", tmp_path) == "10.0.0.1:31000"
+    rc, _, err = cli("render", "--nodes", "1", "--port", "70000", "--", "python", "t.py", env=CLEAN)
+    assert rc == 2 and err.count("\n") == 1 and "--port" in err
 
 
 def test_overlap_goes_into_the_job(cli):

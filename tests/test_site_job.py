@@ -141,3 +141,69 @@ def test_one_budget_the_plan_assumes_and_the_job_gets(cli):
         assert (rc, out) == (2, "") and err.count("\n") == 1 and why in err, (args, err)
     rc, out, err = cli("plan", "--model", "llama3-8b", "--gpu-mem", "200GB")  # no --gpu: a custom GPU, as before
     assert rc == 0 and "custom-200GB" in out, err
+
+
+def test_submit_json_and_parsable_name_the_job_slurm_has(lab, tmp_path):
+    """--parsable prints the job id alone (as sbatch --parsable); --json the id, node count,
+    output file and script: both are jobs scontrol knows, with that output file."""
+    d = tmp_path / "work"
+    d.mkdir(mode=0o700)
+    args = ["submit", "--model", "llama3-8b", "--nodes", "1", "--output", str(d / "%x-%j.out")]
+    res = subprocess.run(transit_launch_argv(*args, "--parsable", "--", "true"), cwd=d, capture_output=True,
+                         text=True, timeout=120, env=lab.env)
+    assert res.returncode == 0, res.stderr
+    assert re.fullmatch(r"\d+\n", res.stdout), res.stdout
+    first = res.stdout.strip()
+    res = subprocess.run(transit_launch_argv(*args, "--json", "--", "true"), cwd=d, capture_output=True, text=True,
+                         timeout=120, env=lab.env)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["job_id"] != first and out["nodes"] == 1 and out["dry_run"] is False
+    for job in (first, out["job_id"]):
+        info = lab.cmd("scontrol", "show", "job", "-o", job).stdout
+        assert f"JobId={job} " in info
+    assert f"StdOut={out['output']}" in lab.cmd("scontrol", "show", "job", "-o", out["job_id"]).stdout
+    assert out["output"] == str(d / f"transit-llama3-8b-{out['job_id']}.out")
+    assert out["script"].startswith("#!/bin/bash\n") and "#SBATCH --nodes=1\n" in out["script"]
+    for job in (first, out["job_id"]):
+        lab.wait_job(job, timeout=120)
+
+
+def test_render_json_and_parsable_misuse(cli):
+    rc, out, err = cli("render", "--model", "llama3-70b", "--json", *TRAIN)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert (d["nodes"], d["policy"], d["gpus_per_node"]) == (3, "advise", 4)
+    assert "--rdzv-endpoint" in d["script"] and d["out"] is None
+    for extra in (["--dry-run"], ["--json"]):
+        rc, out, err = cli("submit", "--model", "llama3-70b", "--parsable", *extra, *TRAIN)
+        assert rc == 2 and out == "" and err.count("\n") == 1 and "--parsable" in err
+
+
+def test_special_files_are_not_replaced_and_closed_stdout_is_one_line(cli, tmp_path):
+    """-o onto a pipe (or, as root, /dev/null) renamed a regular file over it; a closed standard
+    output was a traceback. (A FIFO here: a regression must not replace a device of the machine.)"""
+    import os
+    import stat
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    rc, out, err = cli("render", "--model", "llama3-70b", "-o", str(fifo), *TRAIN)
+    assert rc == 2 and err.count("\n") == 1 and "is not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    res = subprocess.run(transit_launch_argv("plan", "--model", "llama3-70b"), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, timeout=60, close_fds=True,
+                         preexec_fn=lambda: os.close(1))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "standard output is closed" in res.stderr
+
+
+def test_mem_below_the_plan_is_warned_and_an_empty_command_refused(cli):
+    rc, out, err = cli("render", "--model", "llama3-70b", "--mem", "1G", *TRAIN)
+    assert rc == 0 and "#SBATCH --mem=1G\n" in out
+    [warn] = [ln for ln in err.splitlines() if "--mem" in ln]
+    want = _host_mib("llama3-70b", 3, 4, 2000 * 10**9)  # the plan's 3 nodes at the default 2000 GB a node
+    assert f"less than the {want} MiB a node of this plan needs" in warn
+    rc, out, err = cli("render", "--model", "llama3-70b", "--mem", "0", *TRAIN)  # 0: all of a node's
+    assert rc == 0 and "--mem" not in err
+    for cmd in ("render", "submit"):
+        rc, out, err = cli(cmd, "--model", "llama3-70b", *(["--dry-run"] if cmd == "submit" else []), "--", "")
+        assert rc == 2 and out == "" and err.count("\n") == 1 and "empty word" in err, err

@@ -17,7 +17,6 @@ several attacks, one probe row per step:
   values fail at submission."""
 
 import os
-import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,17 +40,21 @@ def script(lab, name, body):
 
 
 def submit(lab, *args, env=None):
-    res = lab.cmd("sbatch", "--parsable", "-o", "out-%j.txt", *args, env=env)
+    # stderr in a file of its own: srun forwards a line longer than 1024 bytes (the "long"
+    # row) in pieces, and what reaches the job's stderr meanwhile (slurmstepd's and srun's
+    # messages) landed inside it when both went to one file (once, under load)
+    res = lab.cmd("sbatch", "--parsable", "-o", "out-%j.txt", "-e", "err-%j.txt", *args, env=env)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
 
 
 def rows_of(lab, job):
+    """The job's probe rows (its stdout), and its stdout and stderr for messages."""
     info = lab.wait_job(job, timeout=120)
-    out = (lab.lab / "jobs" / f"out-{job}.txt").read_text()
-    assert info["JobState"] == "COMPLETED", out
+    out, err = ((lab.lab / "jobs" / f"{kind}-{job}.txt").read_text() for kind in ("out", "err"))
+    assert info["JobState"] == "COMPLETED", out + err
     rows = [dict(zip(FIELDS, line.split("|")[1:])) for line in out.splitlines() if line.startswith("ROW|")]
-    return rows, out
+    return rows, out + "\n--- stderr\n" + err
 
 
 def entries(preload):
@@ -171,6 +174,18 @@ def test_bad_plugstack_lines_fail_sbatch_with_one_line(lab, tmp_path):
 def test_budget_outside_the_grammar_refused_at_submit(lab, value):
     res = lab.cmd("sbatch", "--transit=advise", f"--transit-budget={value}", "--wrap", "true")
     assert res.returncode != 0 and "expected a size such as 40GB" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("value, said", [("999TB", "is above 1TiB"), ("256MB", "is below 512MiB")])
+def test_budget_no_gpu_has_refused_at_submit(lab, cli, value, said):
+    """The plugin cannot know the node's GPU at submit time: a budget above what any GPU has
+    (rules.GPU_BUDGET_MAX, a typo such as 999TB for 99GB) is refused there, as the CLI
+    refuses it, instead of reaching the job as the shim's warning on its node."""
+    res = lab.cmd("sbatch", "--transit=advise", f"--transit-budget={value}", "--wrap", "true")
+    ours = [line for line in res.stderr.splitlines() if "transit:" in line]
+    assert res.returncode != 0 and len(ours) == 1 and said in ours[0], res.stderr
+    rc, out, err = cli("run", "--gpu-budget", value, "--", "true")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and said in err, err
 
 
 def test_cli_budget_outside_the_grammar_refused(cli):

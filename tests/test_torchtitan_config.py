@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, run_cli, torch_importable
+from tests.conftest import NEEDS_TORCH, build_once, run_cli, torch_importable
 from tests.forkcli import SERVER
 from tests.readme_outputs import README, command
 
@@ -89,25 +89,30 @@ class Titan:
 def titan(tmp_path_factory):
     if not torch_importable():
         pytest.skip(NEEDS_TORCH)
-    d = tmp_path_factory.mktemp("torchtitan")
-    os.chmod(d, 0o755)  # the lab's job steps run its python
-    venv = d / "venv"
-    # no pip of its own (ensurepip costs seconds): this interpreter's pip installs into it
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
-    # this interpreter's packages (the transit_launch under test, jinja2, psutil) after the venv's own
-    (site / "transit_under_test.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # triton: torchtitan imports it (its MoE kernels) and declares it not (CUDA builds of torch bring it)
-    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                          "--disable-pip-version-check", "torchtitan==0.2.2", "triton"],
-                         capture_output=True, text=True, timeout=900)
-    if res.returncode != 0:
-        pytest.skip(f"pip could not install torchtitan==0.2.2: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
-    # torch's torchrun is a console script of the system's Python: one for this venv
-    (venv / "bin" / "torchrun").write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\n"
-                                           "from torch.distributed.run import main\nsys.exit(main())\n")
-    (venv / "bin" / "torchrun").chmod(0o755)
+
+    def make(d):  # once a run, whatever the workers (tests/conftest.py: build_once); its mode lets
+        venv = d / "venv"  # the lab's job steps run its python
+        # no pip of its own (ensurepip costs seconds): this interpreter's pip installs into it
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+                       check=True)
+        site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig."
+                                    "get_paths()['purelib'])"], capture_output=True, text=True,
+                                   check=True).stdout.strip())
+        # this interpreter's packages (the transit_launch under test, jinja2, psutil) after the venv's own
+        (site / "transit_under_test.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        # triton: torchtitan imports it (its MoE kernels) and declares it not (CUDA builds of torch bring it)
+        res = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                              "--disable-pip-version-check", "torchtitan==0.2.2", "triton"],
+                             capture_output=True, text=True, timeout=900)
+        if res.returncode != 0:
+            pytest.skip(f"pip could not install torchtitan==0.2.2: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+        # torch's torchrun is a console script of the system's Python: one for this venv
+        (venv / "bin" / "torchrun").write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\n"
+                                               "from torch.distributed.run import main\nsys.exit(main())\n")
+        (venv / "bin" / "torchrun").chmod(0o755)
+
+    venv = build_once(tmp_path_factory, "torchtitan", [], [sys.executable, sysconfig.get_paths()["purelib"]],
+                      make) / "venv"
     t = Titan(venv)
     yield t
     t.proc.stdin.close()
@@ -296,6 +301,11 @@ BAD = [
     (["plan", "--torchtitan", "{d}/cpuoffload.toml"], "training.enable_cpu_offload = true is FSDP's own CPU offload"),
     (["plan", "--torchtitan", "{d}/seqstr.toml"], "training.seq_len must be an integer of at least 1, got 'long'"),
     (["plan", "--torchtitan", "{d}/flex.toml"], "uses attn_type 'flex'"),
+    # TorchTitan's parser takes any activation_checkpoint.mode; its apply_ac refuses on the nodes
+    (["plan", "--torchtitan", "{d}/acmode.toml"],
+     "activation_checkpoint.mode 'partial' is not one of TorchTitan's: selective, full, memory_budget, none"),
+    (["plan", "--torchtitan", "{d}/acopt.toml"], "selective_ac_option 'every': TorchTitan takes 'op' or a positive"),
+    (["plan", "--torchtitan", "{d}/acbudget.toml"], "memory_budget needs the model compiled"),
     (["render", "--torchtitan", "{debug}", "--", "python", "-m", "torchtitan.train", "--training.seq-len=64"],
      "the command sets --training.seq_len, which the plan reads from"),
     (["render", "--torchtitan", "{debug}", "--", "python", "-m", "torchtitan.train", "--job.config_file", "x.toml"],
@@ -311,7 +321,10 @@ CONFIGS = {"syntax.toml": "[training\n", "unknown.toml": "[training]\nseq_lenx =
            "hsdp.toml": "[parallelism]\ndata_parallel_replicate_degree = 2\n",
            "cpuoffload.toml": "[training]\nenable_cpu_offload = true\n",
            "seqstr.toml": '[training]\nseq_len = "long"\n',
-           "flex.toml": '[model]\nname = "llama3"\nflavor = "debugmodel_flex_attn"\n'}
+           "flex.toml": '[model]\nname = "llama3"\nflavor = "debugmodel_flex_attn"\n',
+           "acmode.toml": '[activation_checkpoint]\nmode = "partial"\n',
+           "acopt.toml": '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "every"\n',
+           "acbudget.toml": '[activation_checkpoint]\nmode = "memory_budget"\n'}
 
 
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a)[:50] for a, _ in BAD])
@@ -462,8 +475,9 @@ def test_lab_job_runs_the_layout_the_plan_chose(titan, lab, tmp_path):
     rec = next(o for o in plan["options"] if o["recommended"])
     train = ["--", "python", "-m", "torchtitan.train", "--training.steps=2", "--comm.init_timeout_seconds=120"]
     jobs = {}
-    for name, extra in (("auto", ["--nodes", "auto", "--port", "29611"]),
-                        ("two", ["--nodes", "2", "--recompute", "full", "--port", "29612"])):
+    # rendezvous ports of the lab's own block: a fixed one clashed with another run's lab job
+    for name, extra in (("auto", ["--nodes", "auto", "--port", str(lab.job_ports(1))]),
+                        ("two", ["--nodes", "2", "--recompute", "full", "--port", str(lab.job_ports(1))])):
         rc, out, err = titan.cli("submit", *req, *extra, "--job-name", f"titan-{name}", "--output",
                                  str(work / f"{name}-%j.out"), *train, cwd=work, env=env)
         assert rc == 0, err

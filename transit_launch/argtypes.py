@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import math
 import os
 import re
@@ -30,7 +31,21 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print usage + message)
         if message.startswith("unrecognized arguments: ") and not message.split()[2].startswith("-"):
             message += " (a command to run goes after --, e.g. -- python train.py)"  # most often so
+        if "invalid choice" in message:  # hidden subcommands (_node-loss) are not offered
+            message = re.sub(r"(, )?'_[\w-]*'(?=[,)])", "", message)
         raise UsageError(message)
+
+    def _print_message(self, message, file=None):  # argparse drops write errors: --help > /dev/full said nothing
+        from transit_launch.output import failed
+        if message:
+            file = file or sys.stderr
+            try:
+                file.write(message)
+                file.flush()
+            except BrokenPipeError:
+                raise
+            except OSError as e:
+                raise failed(file, e) from None
 
     def parse_known_args(self, args=None, namespace=None):
         """An unknown option is reported first, by this parser (which knows the options to
@@ -95,6 +110,7 @@ def finite_float():
 
 
 nonneg_float = number(float, 0.0, "a non-negative number")
+tcp_port = number(int, 1, "a TCP port from 1 to 65535", 65535)
 
 
 def size(text):
@@ -113,6 +129,9 @@ def gpu_budget(text):
     if v < rules.GPU_BUDGET_MIN:
         raise argparse.ArgumentTypeError(f"{text!r} is below {rules.format_size(rules.GPU_BUDGET_MIN)}, the least "
                                          "GPU budget (about what a CUDA context alone takes)")
+    if v > rules.GPU_BUDGET_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is above {rules.format_size(rules.GPU_BUDGET_MAX)}, more than any "
+                                         "GPU has (a budget emulates a smaller GPU)")
     return v
 
 
@@ -170,15 +189,42 @@ def output_problem(text: str, suffixes: tuple[str, ...] = ()) -> str | None:
     if not text:
         return "the file name is empty"
     path = Path(text)
-    if path.is_dir():
+    # os.path's tests, not Path's: these raise on a directory the user cannot search
+    if os.path.isdir(path):
         return f"{text} is a directory; give a file name" + (f" ending in {suffixes[0]}" if suffixes else "")
     if suffixes and path.suffix.lower() not in suffixes:
         return f"{text}: the file name must end in {' or '.join(suffixes)}"
-    if not path.parent.is_dir():
-        return f"{text}: directory {path.parent} does not exist"
-    if path.exists() and not os.access(path, os.W_OK):
+    if not os.path.isdir(path.parent):
+        return f"{text}: {_not_a_directory(path.parent)}"
+    special = _not_regular(path)
+    if special:
+        return special
+    if os.path.exists(path) and not os.access(path, os.W_OK):
         return f"{text}: not writable"
     return _probe(path.parent, text)
+
+
+def _not_regular(path) -> str | None:
+    """Why an existing `path` (a link followed) must not be replaced by a file: the rename that
+    writes it would put a regular file in place of a device, pipe or socket (as root,
+    `-o /dev/null` replaced the device)."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # absent (or unreadable: the write says why)
+    if stat.S_ISREG(mode):
+        return None
+    return f"{path} is not a regular file (a device, pipe or socket): give a file name"
+
+
+def _not_a_directory(d: Path) -> str:
+    """Why d, which os.path.isdir refused, is no directory to write in."""
+    try:
+        os.stat(d)
+    except OSError as e:
+        return f"directory {d} does not exist" if e.errno == errno.ENOENT else f"cannot reach {d} ({e.strerror})"
+    return f"{d} is not a directory"
 
 
 def output_dir_problem(text: str) -> str | None:
@@ -186,10 +232,10 @@ def output_dir_problem(text: str) -> str | None:
     if not text:
         return "the directory name is empty"
     path = Path(text)
-    if path.exists() and not path.is_dir():
+    if os.path.exists(path) and not os.path.isdir(path):
         return f"{text} exists and is not a directory"
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
+    existing = next(p for p in (path, *path.parents) if os.path.exists(p))
+    if not os.path.isdir(existing):
         return f"{text}: {existing} is not a directory"
     return _probe(existing, text)
 
@@ -229,6 +275,9 @@ def write_atomically(path: str, write) -> None:
     planted in a shared directory is neither written through nor reused; the rename
     replaces a link at `path` instead of following it."""
     target = Path(path)
+    special = _not_regular(target)
+    if special:
+        raise UsageError(special)
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     except OSError as e:

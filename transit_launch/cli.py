@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 
-from transit_launch import __version__, doctor
+from transit_launch import __version__, config, doctor
 from transit_launch.argtypes import Parser
 from transit_launch.errors import UsageError
 from transit_launch.netcap import cli as netcap_cli
+from transit_launch.output import checked_stdout
 from transit_launch.planning import cli as planning_cli
 from transit_launch.shim import cli as shim_cli
 from transit_launch.sim import cli as sim_cli
@@ -26,6 +27,7 @@ def build_parser() -> Parser:
         owner.register(sub)
     # a subcommand named _x is for scripts transit-launch renders, not for people: not listed
     sub.metavar = "{" + ",".join(name for name in sub.choices if not name.startswith("_")) + "}"
+    p.commands = sub.choices
     return p
 
 
@@ -41,13 +43,17 @@ def main(argv=None):
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
+    applied = {}
     try:
-        a = build_parser().parse_args(argv)
+        parser = build_parser()
+        applied = config.apply(parser.commands)  # the site's and the user's config.toml: defaults flags override
+        a = parser.parse_args(argv)
         if command and not getattr(a, "takes_command", False):
             raise UsageError(f"{a.cmd} takes no command after --")
-        return a.func(a, command)
+        with checked_stdout():  # a full disk or an ASCII-only encoding: one line
+            return a.func(a, command)
     except UsageError as e:
-        print(f"transit-launch: error: {one_line(str(e))}", file=sys.stderr)
+        print(f"transit-launch: error: {one_line(config.attribute(str(e), applied, argv))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("transit-launch: interrupted", file=sys.stderr)

@@ -110,6 +110,10 @@ SIZE_MAX = 2**50          # 1 PiB: larger than any GPU or node's DRAM, small eno
 # tiny models are checked at budgets below that (the TorchTitan debug model at 0.82 GB,
 # bench/RESULTS.md). The shim itself takes any size (its tests emulate small GPUs).
 GPU_BUDGET_MIN = 512 * 2**20
+# The most a GPU budget may be where the GPU is not known (the SPANK plugin at submit time;
+# the CLI checks against the planned GPU): no GPU has 1 TiB, so more is a typo (999TB for
+# 99GB) that the job would learn of only from the shim's warning on its node.
+GPU_BUDGET_MAX = 2**40
 SIZE_INT_DIGITS = 16      # digits before the point (more is a typo, not a size)
 SIZE_FRAC_DIGITS = 6      # digits after it (keeps digits x unit inside 64 bits in C)
 SIZE_EXAMPLES = "80GB, 141GiB, 512MiB, 1.5TB, 4096B"
@@ -186,6 +190,8 @@ def c_header() -> str:
         f"#define TR_STATE_ROOM_SPARE_PERCENT {STATE_ROOM_SPARE_PERCENT}",
         f"#define TR_STAGE_RING_BYTES {STAGE_RING_BYTES}ull",
         f'#define TR_GPU_BUDGET_MIN_TEXT "{format_size(GPU_BUDGET_MIN)}"',
+        f"#define TR_GPU_BUDGET_MAX {GPU_BUDGET_MAX}ull",
+        f'#define TR_GPU_BUDGET_MAX_TEXT "{format_size(GPU_BUDGET_MAX)}"',
         f"#define TR_SIZE_UNITS {{{units}}}",
         "",
         "#endif",

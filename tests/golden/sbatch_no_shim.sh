@@ -14,6 +14,7 @@ set -euo pipefail
 nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
 head_node=$(scontrol show node "${nodes[0]}" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 head_node=${head_node:-${nodes[0]}}
+rdzv_port=$(( 29500 + SLURM_JOB_ID % 1000 ))
 
 # libtransit.so is not installed here (see `transit-launch doctor`): the job runs without the shim.
 export TRANSIT_POLICY=prefetch
@@ -28,5 +29,5 @@ srun --export=ALL torchrun \
     --nproc-per-node 8 \
     --rdzv-id "$SLURM_JOB_ID" \
     --rdzv-backend c10d \
-    --rdzv-endpoint "$head_node:29500" \
+    --rdzv-endpoint "$head_node:$rdzv_port" \
     --no-python ./train.sh --steps 10

@@ -18,6 +18,7 @@ set -euo pipefail
 nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
 head_node=$(scontrol show node "${nodes[0]}" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 head_node=${head_node:-${nodes[0]}}
+rdzv_port=$(( 29500 + SLURM_JOB_ID % 1000 ))
 
 export LD_PRELOAD=/opt/transit/lib/libtransit.so${LD_PRELOAD:+:$LD_PRELOAD}
 export PYTHONPATH=/opt/transit/adapter${PYTHONPATH:+:$PYTHONPATH}
@@ -30,5 +31,5 @@ srun --export=ALL torchrun \
     --nproc-per-node 4 \
     --rdzv-id "$SLURM_JOB_ID" \
     --rdzv-backend c10d \
-    --rdzv-endpoint "$head_node:29500" \
+    --rdzv-endpoint "$head_node:$rdzv_port" \
     train.py

@@ -42,7 +42,7 @@ def _load():
 
     lib = ctypes.CDLL(None)
     try:
-        lib.transit_api_version
+        lib.transit_api_version  # noqa: B018 (raises AttributeError without the shim)
     except AttributeError:
         return None, None, None
     lib.transit_hint.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]

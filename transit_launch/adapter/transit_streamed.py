@@ -355,7 +355,7 @@ class StreamedStep:
             if streams:
                 s_out.wait_stream(s_upd)
             with _on(s_out):
-                for p, k, a, b, t, off in layout:
+                for p, k, a, b, t, _off in layout:
                     homes[t.data_ptr()].view(-1)[a:b].copy_(bufs[(id(p), k, a)], non_blocking=True)
                     if t.data_ptr() in self.fresh:
                         self.fresh[t.data_ptr()][1].append((a, b))

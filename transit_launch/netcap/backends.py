@@ -9,23 +9,29 @@ NETNS/IFACE to reach a network namespace (`ip netns exec NETNS ...`)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 from transit_launch.errors import UsageError
 
-RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit|bps)?\s*$", re.I)
+RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit(/s)?)?\s*$", re.I)
+# bytes, or tc's bps (bytes a second there, bits to most people): refused, with the bits
+BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bps|b/s|b|bytes?(/s)?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 def parse_bandwidth(text: str, default_unit: str = "g") -> float:
     """'400' (Gbit/s by default), '100gbit', '1000mbit', '25G' -> bits per second (always bits)."""
     m = RATE_RE.match(str(text))
+    b = None if m else BYTES_RE.match(str(text))
+    if b:
+        v, unit = float(b.group(1)), b.group(2).lower()
+        raise UsageError(f"bandwidth {text!r}: bandwidths are bits a second, and {b.group(3)!r} reads as bytes "
+                         f"(tc's mbps is megabytes a second): {fmt_rate(v * 8 * _SCALE[unit])} is {b.group(1)} "
+                         f"{unit.upper()}B/s, {fmt_rate(v * _SCALE[unit])} is {b.group(1)} {unit.upper()}bit/s")
     if not m:
         raise UsageError(f"bandwidth {text!r} is not a number with an optional unit (400, 100gbit, 1000mbit)")
     value = float(m.group(1))

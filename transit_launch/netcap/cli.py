@@ -88,7 +88,8 @@ def cmd_netcap(a, command):
 def register(sub):
     sp = sub.add_parser("sweep", help="run a job under NIC bandwidth caps and compute rho",
                         usage="transit-launch sweep --bandwidths 400,100 --cap tc --iface IFACE -- COMMAND...")
-    sp.add_argument("--bandwidths", help="comma-separated, Gbit/s unless a unit is given (400,100 or 1000mbit,100mbit)")
+    sp.add_argument("--bandwidths", help="comma-separated bits a second, Gbit/s unless a unit is given (400,100 or "
+                                         "1000mbit,100mbit; not bytes: 100MBps is refused)")
     # --cap and --repeat default to None, so that --restore can tell they were given
     sp.add_argument("--cap", choices=tuple(BACKENDS), help=f"how the NICs are capped (default {DEFAULT_CAP})")
     sp.add_argument("--iface", help="IFACE[,IFACE...]; NETNS/IFACE for an interface inside a network namespace")

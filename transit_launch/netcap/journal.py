@@ -120,11 +120,11 @@ class Journal:
                 raise UsageError(f"restore journal {self.path}: {e.strerror}; refusing to act on it") from None
         finally:
             os.close(dfd)
+        why = _not_ours(os.fstat(fd), "a regular file", stat.S_ISREG)  # before fdopen: it raises on a directory
+        if why:
+            os.close(fd)
+            raise UsageError(f"restore journal {self.path} {why}; refusing to act on it")
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            why = _not_ours(st, "a regular file", stat.S_ISREG)
-            if why:
-                raise UsageError(f"restore journal {self.path} {why}; refusing to act on it")
             raw = f.read()
         try:
             data = json.loads(raw)

@@ -60,6 +60,8 @@ def explain(p, nodes: int) -> tuple[str, list[str]]:
                             f"({p.why_not(nodes)}); {rec}"]
     why = (f"as asked; {gb(c.est.total):.1f} GB per GPU, offload {gb(c.offload):.1f} GB per GPU, "
            f"predicted efficiency {c.efficiency:.0%}")
+    if nodes == p.recommended.nodes:  # its shortfalls are the plan's own reason, not a warning against it
+        return f"{why}; the plan recommends it ({p.reason})", []
     warnings = []
     if c.spill:
         warnings.append(f"{nodes} node(s) push {gb(c.spill):.1f} GB of hot data per GPU (gradients, activations) "

@@ -146,14 +146,65 @@ def _phase(where) -> tuple[str, str]:
     return ("embedding backward" if layers_done else "loss"), inner
 
 
-def measure(card: ModelCard, lay: Layout, layers: int | None = None) -> Measured:
-    """Peak bytes of one training step of rank 0, by kind. `layers` truncates the depth."""
+class Progress:
+    """Where a measurement is, said on stderr every EVERY seconds once it has run AFTER seconds
+    (the large models take minutes): the phase, and in forward and backward the layers done."""
+
+    AFTER, EVERY = 3.0, 5.0
+
+    def __init__(self, layers: int, out=None):
+        import sys
+        import threading
+
+        self.layers, self.out = layers, out or sys.stderr
+        self.phase, self.done = "building the model", 0
+        self.counted = {}  # phase -> layers done there (forward, backward)
+        self.t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="measure-progress", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, phase: str) -> None:
+        if self.done:
+            self.counted[self.phase] = self.done
+        self.phase, self.done = phase, 0
+
+    def forward_done(self, module, inputs, output) -> None:
+        """A block's forward hook: counted in forward (not in backward's recomputation), and a
+        hook on its output counts the block's backward (a tensor hook changes no graph)."""
+        if self.phase != "forward":
+            return
+        self.done += 1
+        if getattr(output, "requires_grad", False):
+            output.register_hook(self._backward_done)
+
+    def _backward_done(self, grad):
+        self.done += 1
+
+    def line(self) -> str:
+        layers = f", {self.done} of {self.layers} layers" if self.phase in ("forward", "backward") else ""
+        return f"transit-launch: plan --measure: {time.perf_counter() - self.t0:.0f} s, {self.phase}{layers}"
+
+    def _run(self) -> None:
+        wait = self.AFTER
+        while not self._stop.wait(wait):
+            print(self.line(), file=self.out, flush=True)
+            wait = self.EVERY
+
+
+def measure(card: ModelCard, lay: Layout, layers: int | None = None, progress: Progress | None = None) -> Measured:
+    """Peak bytes of one training step of rank 0, by kind. `layers` truncates the depth;
+    progress: what says how far it is (default: a Progress on stderr)."""
     if not torch_available():
         raise UsageError(INSTALL_HINT)
     check_layout(card, lay)
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from transit_launch.planning import titan_model
     depth = card.layers if layers is None else layers
     if not 1 <= depth <= card.layers:
         raise UsageError(f"--measure-layers must lie in 1..{card.layers}, got {depth}")
@@ -161,38 +212,58 @@ def measure(card: ModelCard, lay: Layout, layers: int | None = None) -> Measured
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        mesh = _fake_world(lay.dp)
-        with FakeTensorMode():
-            with torch.device("meta"):
-                model = titan_model.Decoder(card, depth, lay.seq_len)
-            _parallelize(model, mesh, card.tied_embeddings)
-            model.to_empty(device="cpu")
-            params = list(model.parameters())
-            opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=False)
-            for p in params:  # the states exist before the tracked step, as in its second iteration
-                p.grad = torch.zeros_like(p)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if lay.microsteps > 1:  # a later microbatch: the earlier ones' gradients are there
-                for p in params:
-                    p.grad = torch.zeros_like(p)
-            tokens = torch.randint(0, card.vocab, (lay.local_batch, lay.seq_len))
-            labels = torch.randint(0, card.vocab, (lay.local_batch, lay.seq_len))
-            tracker = _tracker_class()(model, opt)
-            tracker.track_inputs((tokens, labels))
-            with tracker:
-                pred = model(tokens)
-                loss = titan_model.cross_entropy_loss(pred, labels)
-                del pred
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=False)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
-            phase, where = _phase(tracker.where)
+        with progress or Progress(depth) as said:
+            snap, phase, where = _step(card, lay, depth, said)
     finally:
         if gc_was:
             gc.enable()
         gc.collect()
     kinds = {getattr(k, "value", str(k)): float(v) for k, v in snap.items() if str(k) != "Total"}
     return Measured(float(snap["Total"]), kinds, phase, where, depth, time.perf_counter() - t0)
+
+
+def _step(card: ModelCard, lay: Layout, depth: int, progress: Progress):
+    """The tracked step: (the peak snapshot, its phase, where in the model)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transit_launch.planning import titan_model
+    mesh = _fake_world(lay.dp)
+    with FakeTensorMode():
+        with torch.device("meta"):
+            model = titan_model.Decoder(card, depth, lay.seq_len)
+        progress.at("sharding the model (FSDP2)")
+        _parallelize(model, mesh, card.tied_embeddings)
+        model.to_empty(device="cpu")
+        params = list(model.parameters())
+        progress.at("making the optimizer state")
+        opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=False)
+        for p in params:  # the states exist before the tracked step, as in its second iteration
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if lay.microsteps > 1:  # a later microbatch: the earlier ones' gradients are there
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        tokens = torch.randint(0, card.vocab, (lay.local_batch, lay.seq_len))
+        labels = torch.randint(0, card.vocab, (lay.local_batch, lay.seq_len))
+        tracker = _tracker_class()(model, opt)
+        tracker.track_inputs((tokens, labels))
+        hooks = [b.register_forward_hook(progress.forward_done) for b in model.layers.values()]
+        try:
+            with tracker:
+                progress.at("forward")
+                pred = model(tokens)
+                loss = titan_model.cross_entropy_loss(pred, labels)
+                del pred
+                progress.at("backward")
+                loss.backward()
+                progress.at("clipping and the optimizer step")
+                torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=False)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        finally:
+            for h in hooks:
+                h.remove()
+        snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        phase, where = _phase(tracker.where)
+    return snap, phase, where

@@ -1,13 +1,14 @@
 """Model cards: architecture numbers for decoder-only transformers (dense and MoE).
 
 Cards live as TOML files in transit_launch/planning/cards/; `load_model` also imports a Hugging
-Face config.json (Llama, Qwen3, Qwen3-MoE, Llama4). Parameter counts are derived from
+Face config.json (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Llama4). Parameter counts are derived from
 the architecture, never typed in, and tests compare them with the published totals.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -30,6 +31,14 @@ else:  # pragma: no cover - exercised on 3.10 only
 LIMITS = {"hidden": 2**20, "layers": 2**10, "heads": 2**14, "kv_heads": 2**14, "head_dim": 2**16,
           "ffn": 2**22, "vocab": 2**24, "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22,
           "shared_experts": 2**10, "shared_ffn": 2**22, "step": 2**14}
+
+
+# Families the planner's parameter and memory formulas describe (Llama-shaped: SwiGLU MLPs,
+# grouped-query attention, RMSNorm); mistral and qwen2 are Llama's shape under other names.
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "llama4")
+# How far a card's published_params may be from the count its [arch] gives (the catalog's
+# are within 0.2%; a typed dimension or a count in billions is off by far more).
+PUBLISHED_SLACK = 1.1
 
 
 def check_count(value, what: str, limit_of: str | None = None, minimum: int = 1) -> int:
@@ -76,6 +85,7 @@ class ModelCard:
     vocab: int
     tied_embeddings: bool = False
     qk_norm: bool = False  # learned per-head-dim q/k RMSNorm weights (Qwen3)
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
     moe: MoE | None = None
     family: str = "llama"
     published_params: float | None = None
@@ -90,7 +100,7 @@ class ModelCard:
                 raise UsageError(f"{name} must be a string, got {getattr(self, name)!r}")
         for name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab"):
             check_count(getattr(self, name), name)
-        for name in ("tied_embeddings", "qk_norm"):
+        for name in ("tied_embeddings", "qk_norm", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.heads % self.kv_heads:  # grouped-query attention shares each k/v head by a group
@@ -103,6 +113,9 @@ class ModelCard:
             if not self.moe_layer_count:
                 raise UsageError(f"the moe table makes no layer an MoE layer (step={self.moe.step}, "
                                  f"{self.layers} layers)")
+        if self.family not in FAMILIES:
+            raise UsageError(f"family {self.family!r} is not one the planner can cost; it models decoder-only "
+                             f"transformers shaped like Llama: {', '.join(FAMILIES)}")
         p = self.published_params
         if p is not None and (not real(p) or p <= 0):
             raise UsageError(f"published_params must be a positive number, got {p!r}")
@@ -131,6 +144,8 @@ class ModelCard:
         p = 2 * h * self.q_dim + 2 * h * self.kv_dim  # wq, wo, wk, wv
         if self.qk_norm:
             p += 2 * self.head_dim
+        if self.qkv_bias:
+            p += self.q_dim + 2 * self.kv_dim
         return p
 
     @property
@@ -244,8 +259,14 @@ def _card_from_dict(d: dict, origin: str) -> ModelCard:
             if isinstance(moe.get("dense_layers"), list):
                 moe["dense_layers"] = tuple(moe["dense_layers"])
             moe = MoE(**moe)
-        return ModelCard(name=d["name"], family=d.get("family", "llama"), published_params=d.get("published_params"),
+        card = ModelCard(name=d["name"], family=d.get("family", "llama"), published_params=d.get("published_params"),
                          source=d.get("source", ""), notes=d.get("notes", ""), moe=moe, **arch)
+        # checked on the file only: a card derived with replace(card, layers=...) keeps the count
+        p = card.published_params
+        if p is not None and not 1 / PUBLISHED_SLACK <= card.params / p <= PUBLISHED_SLACK:
+            raise UsageError(f"published_params {p:.4g} and the [arch] numbers ({card.params:,} parameters, "
+                             f"{card.params / p:.2g}x) disagree: a dimension or the count is wrong")
+        return card
     except UsageError as e:
         raise UsageError(f"{origin}: not a valid model card: {e}") from None
 
@@ -269,10 +290,16 @@ def load_model(spec: str) -> ModelCard:
     if spec in cards:
         return cards[spec]
     path = Path(spec)
-    if spec.endswith(".toml") or (path.suffix == "" and path.is_file()):
+    # os.path's tests, not Path's: these raise on a directory the user cannot search
+    if spec.endswith(".toml") or (path.suffix == "" and os.path.isfile(path)):
         return _card_from_dict(_read_toml(path), spec)
-    if spec.endswith(".json") or path.is_dir():
-        return from_hf_config(path / "config.json" if path.is_dir() else path)
+    if spec.endswith(".json") or os.path.isdir(path):
+        return from_hf_config(path / "config.json" if os.path.isdir(path) else path)
+    if os.sep in spec:  # a path, not a catalog name: why it cannot be read
+        try:
+            os.stat(path)
+        except OSError as e:
+            raise UsageError(f"cannot read {spec}: {e.strerror}") from None
     import difflib
     near = difflib.get_close_matches(spec.lower().replace("_", "-"), cards, n=1, cutoff=0.8)
     hint = f"did you mean {near[0]!r}? " if near else ""
@@ -301,9 +328,13 @@ def _read_toml(path: Path) -> dict:
 _HF_ARCHS = {
     "LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
     "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4",
+    "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
 }
 _HF_TYPES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
-             "llama4": "llama4", "llama4_text": "llama4"}
+             "llama4": "llama4", "llama4_text": "llama4", "mistral": "mistral", "qwen2": "qwen2"}
+# Llama's shape under another name: planned as Llama when no key says otherwise (experts)
+_LLAMA_SHAPED = ("llama", "mistral", "qwen2")
+_NOT_LLAMA_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 
 def _hf_count(d: dict, key: str, card_field: str, default=None) -> int:
@@ -361,7 +392,11 @@ def _hf_card(cfg: dict, name: str, source: str) -> ModelCard:
     kind = _hf_kind(cfg)
     if kind is None:
         raise UsageError(f"unsupported architecture {cfg.get('architectures') or cfg.get('model_type')!r}; "
-                         "supported: Llama, Qwen3, Qwen3-MoE, Llama4")
+                         "supported: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Llama4")
+    moe_keys = [k for k in _NOT_LLAMA_KEYS if cfg.get(k)] if kind in _LLAMA_SHAPED else []
+    if moe_keys:
+        raise UsageError(f"a {kind} config with {moe_keys[0]!r} is not Llama-shaped (experts); supported: "
+                         "Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Llama4")
     text = cfg.get("text_config", cfg) if kind == "llama4" else cfg
     if not isinstance(text, dict):
         raise UsageError(f"text_config must be an object, got {text!r}")
@@ -375,8 +410,8 @@ def _hf_card(cfg: dict, name: str, source: str) -> ModelCard:
         tied_embeddings=_hf_bool(text, "tie_word_embeddings", _hf_bool(cfg, "tie_word_embeddings", False)),
     )
     ffn = _hf_count(text, "intermediate_size", "ffn")
-    if kind == "llama":
-        return ModelCard(ffn=ffn, **common)
+    if kind in _LLAMA_SHAPED:
+        return ModelCard(ffn=ffn, qkv_bias=kind == "qwen2", **common)
     if kind == "qwen3":
         return ModelCard(ffn=ffn, qk_norm=True, **common)
     if kind == "qwen3_moe":

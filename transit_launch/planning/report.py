@@ -98,6 +98,7 @@ def plan_json(p: Plan) -> dict:
         "host_gb_per_node": gb(req.host_mem),
         "parallel": req.parallel,
         "global_batch": req.global_batch,
+        "min_efficiency": req.min_efficiency,  # what the recommendation must keep
         "precision": req.precision,  # as asked; each layout's precision is what TorchTitan runs
         "precision_note": precision_note(p),
         "min_gpus_no_offload": b.layout.gpus if b else None,
@@ -243,17 +244,30 @@ def _other_text(p: Plan) -> list[str]:
     return [f"Another layout keeps --min-efficiency {choice._pct(req.min_efficiency)}: {there}, against {here}."]
 
 
-def plan_comment(p: Plan, nodes: int) -> list[str]:
+def plan_comment(p: Plan, nodes: int, policy: str | None = None) -> list[str]:
+    """The script's comment on its plan; policy: the job's shim policy (off offloads nothing)."""
     c = p.at(nodes)
     minimum = (f"no-offload minimum {n_nodes(p.baseline.nodes)} ({p.baseline.layout.gpus} GPUs)" if p.baseline else
                f"no node count up to {p.req.max_nodes} fits without offloading")
     lines = [f"Plan: {p.req.card.name}, {p.req.parallel}, {p.req.gpu.name}; {minimum}."]
-    if c:
+    if c and policy == "off":
+        lines.append(f"This job: {n_nodes(nodes)}, {layout_str(c.layout)}, {gb(c.est.total):.1f} GB per GPU, "
+                     + (f"{off_overflow(p, c)}." if off_overflow(p, c) else "no offloading (policy off)."))
+    elif c:
         lines.append(f"This job: {n_nodes(nodes)}, {layout_str(c.layout)}, {gb(c.est.total):.1f} GB per GPU, "
                      f"offload {gb(c.offload):.1f} GB per GPU, predicted efficiency {c.efficiency:.0%}.")
     else:
         lines.append(f"This job: {n_nodes(nodes)} (not a planned option for these settings).")
     return lines
+
+
+def off_overflow(p: Plan, c) -> str | None:
+    """Why candidate c cannot run under policy off (nothing offloaded), or None."""
+    over = c.est.total - p.req.gpu.memory
+    if over <= 0:
+        return None
+    return (f"{gb(over):.1f} GB more than the {p.req.gpu.name}'s {gb(p.req.gpu.memory):.1f} GB, and policy off "
+            "offloads nothing: the job runs out of GPU memory")
 
 
 def models_text(cards: dict) -> str:

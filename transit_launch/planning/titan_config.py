@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import io
 import logging
 import os
@@ -33,6 +34,8 @@ FAMILIES = {"llama3": "llama", "qwen3": "qwen3", "llama4": "llama4"}
 PRECISION_ARGS = {"mixed": {"training.dtype": "float32", "training.mixed_precision_param": "bfloat16"},
                   "bf16": {"training.dtype": "bfloat16"},
                   "fp32": {"training.dtype": "float32", "training.mixed_precision_param": "float32"}}
+# TorchTitan's activation_checkpoint.mode values (its ActivationCheckpoint dataclass)
+AC_MODES = ("selective", "full", "memory_budget", "none")
 # What a rendered command may not set itself: the plan read these from the config (or
 # refused them), and the overrides it appends say what it planned.
 PLANNED = ("job.config_file", "model.name", "model.flavor", "training.seq_len", "training.local_batch_size",
@@ -67,9 +70,17 @@ class TitanJob:
 
 def load(path: str) -> TitanJob:
     """The TitanJob of a TorchTitan TOML file, parsed by TorchTitan's own ConfigManager."""
+    if not path:
+        raise UsageError("--torchtitan needs a TorchTitan job config (a .toml file)")
+    if os.path.isdir(path):
+        raise UsageError(f"--torchtitan {path} is a directory; give the job's .toml file")
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # a FIFO must not block
+    except OSError as e:
+        raise UsageError(f"--torchtitan {path}: no such file" if e.errno == errno.ENOENT else
+                         f"--torchtitan {path}: cannot read it ({e.strerror})") from None
     if not os.path.isfile(path):
-        raise UsageError(f"--torchtitan {path}: no such file" if path else "--torchtitan needs a TorchTitan job "
-                         "config (a .toml file)")
+        raise UsageError(f"--torchtitan {path} is not a regular file; give the job's .toml file")
     config_manager, get_train_spec, version = _import()
     with _quiet():
         try:
@@ -160,6 +171,7 @@ def _layout(cfg, notes: list[str]) -> dict:
         precision = "bf16"
     else:
         precision = "fp32" if t.mixed_precision_param == "float32" else "mixed"
+    _check_ac(cfg)
     if ac.mode in ("full", "none"):
         recompute = ac.mode
     else:  # selective (per layer or per op) and memory_budget keep part of what none keeps
@@ -176,6 +188,21 @@ def _layout(cfg, notes: list[str]) -> dict:
                 global_batch=None if gbatch == -1 else gbatch, precision=precision, recompute=recompute,
                 ac_mode=ac.mode,
                 **{k: (v if v > 1 else None) for k, v in degrees.items()})
+
+
+def _check_ac(cfg) -> None:
+    """What TorchTitan's apply_ac would refuse on the nodes, after the queue: refused here."""
+    ac = cfg.activation_checkpoint
+    if ac.mode not in AC_MODES:
+        raise UsageError(f"--torchtitan: activation_checkpoint.mode {ac.mode!r} is not one of TorchTitan's: "
+                         f"{', '.join(AC_MODES)}")
+    opt = str(ac.selective_ac_option)
+    if ac.mode == "selective" and not (opt == "op" or (opt.isdigit() and int(opt) > 0)):
+        raise UsageError(f"--torchtitan: activation_checkpoint.selective_ac_option {opt!r}: TorchTitan takes 'op' "
+                         "or a positive whole number (every Nth layer)")
+    if ac.mode == "memory_budget" and not (cfg.compile.enable and "model" in cfg.compile.components):
+        raise UsageError("--torchtitan: activation_checkpoint.mode memory_budget needs the model compiled "
+                         "(compile.enable = true, \"model\" in compile.components), as TorchTitan requires")
 
 
 def titan_card(name: str, flavor: str, cfg, get_train_spec, source: str = ""):

@@ -76,9 +76,9 @@ class Attention(nn.Module):
     def __init__(self, c: ModelCard):
         super().__init__()
         self.head_dim = c.head_dim
-        self.wq = nn.Linear(c.hidden, c.q_dim, bias=False)
-        self.wk = nn.Linear(c.hidden, c.kv_dim, bias=False)
-        self.wv = nn.Linear(c.hidden, c.kv_dim, bias=False)
+        self.wq = nn.Linear(c.hidden, c.q_dim, bias=c.qkv_bias)
+        self.wk = nn.Linear(c.hidden, c.kv_dim, bias=c.qkv_bias)
+        self.wv = nn.Linear(c.hidden, c.kv_dim, bias=c.qkv_bias)
         self.wo = nn.Linear(c.q_dim, c.hidden, bias=False)
         self.q_norm = RMSNorm(c.head_dim) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim) if c.qk_norm else None

@@ -55,6 +55,7 @@ def register(sub):
     sp = sub.add_parser("run", help="run a command here with the shim injected, then summarize its stats",
                         usage="transit-launch run [--policy P] [--gpu-budget SIZE] [--overlap MODE] -- COMMAND...")
     add_shim_args(sp, default_policy="advise", policy_help="shim policy (default advise)",
-                  stats_help="directory (or file) for the shim's stats JSON (default: a temporary directory)")
+                  stats_help="directory for the shim's stats JSON, one file per process (made if absent; "
+                             "default: a temporary directory)")
     sp.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     sp.set_defaults(func=cmd_run, takes_command=True)

@@ -61,7 +61,7 @@ def run(command: list[str], opts: ShimOptions) -> tuple[int, list[dict]]:
 def _stats_dir(path: str) -> None:
     """Create the stats directory before the command starts: a job of hours must not end
     without its stats because the shim could not write them."""
-    if Path(path).exists() and not Path(path).is_dir():
+    if os.path.exists(path) and not os.path.isdir(path):  # Path's raise where the user cannot search
         raise UsageError(f"--stats {path} is a file; run writes one stats file per process into a directory")
     try:
         Path(path).mkdir(parents=True, exist_ok=True)

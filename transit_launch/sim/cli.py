@@ -82,6 +82,8 @@ def cmd_simulate(a, command):
             refs.setdefault(c["scenario"], c["reference"])
         out = {"trace": {"source": trace.source, "jobs": len(trace), "dropped": trace.dropped}, "seeds": seeds,
                "efficiency": scs[0].efficiency.name,
+               # the curve at each --reductions value (a job's own reduction is rounded to whole nodes)
+               "efficiency_at": {f"{f:g}": round(scs[0].efficiency(f), 4) for f in reductions},
                "scenarios": [{"scenario": m["scenario"], "racks": m["racks"], "reduction": m["reduction"],
                               "reference": refs.get(m["scenario"]), "mean": m, "runs": list(rs)}
                              for m, rs in zip(means, zip(*runs))],

@@ -19,6 +19,9 @@ def scenarios(racks: int, reductions: list[float], reduced_racks: int | None, **
         for f in reductions:
             out.append(Scenario(name=compare.baseline_name(r) if f == 0 else f"{r} racks, scale-in {f:.0%}", racks=r,
                                 reduction=f, **kw))
+    if reduced_racks and reduced_racks >= racks:  # after Scenario's own range check of it
+        raise UsageError(f"--reduced-racks {reduced_racks} must be fewer than --racks {racks}: it is the smaller "
+                         "cluster the scenarios also run on")
     return out
 
 

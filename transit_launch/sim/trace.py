@@ -146,7 +146,8 @@ def load_csv(path: str | Path, fmt: str = "auto", progress=None) -> Trace:
     try:
         # bytes that are not UTF-8 become U+FFFD: the field fails to parse and the row is
         # dropped and counted, like any other unreadable row
-        f = path.open(newline="", encoding="utf-8", errors="replace")
+        # (utf-8-sig: a byte-order mark, as spreadsheet programs write, is not the first column's name)
+        f = path.open(newline="", encoding="utf-8-sig", errors="replace")
     except OSError as e:
         raise UsageError(f"cannot read trace {path}: {e.strerror}") from None
     try:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 
 from transit_launch.units import n_nodes
-from transit_launch.argtypes import number, output_dir, output_file, positive_int
+from transit_launch.argtypes import number, output_dir, output_file, positive_int, tcp_port
 from transit_launch.errors import UsageError
 from transit_launch.planning.cli import add_plan_args, request, titan_job
 from transit_launch.planning.titan_config import DEFAULT_COMMAND
@@ -27,8 +27,9 @@ def add_job_args(sp):
     g.add_argument("--account", help="Slurm account to charge (default: the user's default account)")
     g.add_argument("--time", help="Slurm time limit, e.g. 04:00:00")
     g.add_argument("--output", default="%x-%j.out", help="Slurm output file (default %%x-%%j.out)")
-    g.add_argument("--port", type=positive_int(), default=29500,
-                   help="torchrun's rendezvous port on the head node (default 29500)")
+    g.add_argument("--port", type=tcp_port,
+                   help="torchrun's rendezvous port on the head node (default: 29500 plus the job id modulo 1000, "
+                        "so jobs sharing a head node do not collide)")
     g.add_argument("--cpus-per-task", type=positive_int(),
                    help="CPUs for each node's torchrun (default: the partition's)")
     g.add_argument("--mem", help="host memory per node, sbatch's syntax: 500G, 256000M, 0 for all (default: the "
@@ -114,14 +115,21 @@ def cmd_render(a, command):
     gpn = p.req.gpus_per_node if p else (a.gpus_per_node or DEFAULT_GPUS_PER_NODE)
     text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local, titan=titan_job(a),
                       node_loss=scalein.options(a))
+    warnings = []
     if not a.local:  # where it is submitted from is not known here: said, not refused (submit refuses)
         from transit_launch.slurm.script import shared_output
         shared = shared_output(_job_opts(a).output, os.getcwd())
-        _warn([f"if submitted from here, {shared}"] if shared else [])
+        warnings = [f"if submitted from here, {shared}"] if shared else []
+        _warn(warnings)
     if a.out:
         write_text_atomically(a.out, text)
         print(f"transit-launch: wrote {a.out}", file=sys.stderr)
-    else:
+    if a.json:
+        from transit_launch.planning.choice import policy_for
+        print(json.dumps({"nodes": nodes, "gpus_per_node": gpn, "policy": policy_for(p, nodes, a.policy),
+                          "model": p.req.card.name if p else None, "local": a.local, "out": a.out,
+                          "script": None if a.out else text, "warnings": warnings}, indent=2))
+    elif not a.out:
         sys.stdout.write(text)
     return 0
 
@@ -132,11 +140,20 @@ def cmd_submit(a, command):
     sub = Submission(command or (list(DEFAULT_COMMAND) if titan else []), a.nodes, _shim_opts(a), _job_opts(a),
                      a.dry_run, titan, gpu_given=a.gpu is not None)
     sub = replace(sub, node_loss=scalein.options(a))
+    if a.parsable and (a.json or a.dry_run):  # before the plan and sbatch: one line on bad input
+        raise UsageError(f"--parsable prints the job id alone; {'--json' if a.json else 'a --dry-run'} "
+                         f"{'prints its own' if a.json else 'has none'}")
     done = submit(sub, lambda gpn, host_mem, gpu: request(a, gpn, host_mem, gpu))
     print(f"transit-launch: {done.hardware}", file=sys.stderr)
     print(f"transit-launch: {done.nodes} node(s): {done.why}", file=sys.stderr)
     _warn(done.warnings)
-    if a.dry_run:
+    if a.json:
+        print(json.dumps({"job_id": done.job_id, "nodes": done.nodes, "why": done.why, "hardware": done.hardware,
+                          "warnings": done.warnings, "output": done.output, "dry_run": a.dry_run,
+                          "script": done.script}, indent=2))
+    elif a.parsable:  # as sbatch --parsable: the job id and nothing else on stdout
+        print(done.job_id)
+    elif a.dry_run:
         sys.stdout.write(done.script)
     else:
         print(f"submitted job {done.job_id} ({n_nodes(done.nodes)}); output: {done.output}")
@@ -192,6 +209,8 @@ def register(sub):
     scalein.add_node_loss_args(sp)
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
     sp.add_argument("-o", "--out", type=output_file(), help="write to this file instead of stdout")
+    sp.add_argument("--json", action="store_true",
+                    help="print the node count, policy, warnings and script (unless --out) as JSON")
     sp.set_defaults(func=cmd_render, takes_command=True)
 
     sp = sub.add_parser("submit", help="plan, render and sbatch a job with the shim injected",
@@ -204,6 +223,9 @@ def register(sub):
     add_job_args(sp)
     scalein.add_node_loss_args(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    sp.add_argument("--json", action="store_true",
+                    help="print the job id, node count, reason, warnings, output file and script as JSON")
+    sp.add_argument("--parsable", action="store_true", help="print only the job id, as sbatch --parsable does")
     sp.set_defaults(func=cmd_submit, takes_command=True)
 
     sp = sub.add_parser("status", help="a Slurm job's state")

@@ -4,6 +4,7 @@ whose Slurm matches the pyslurm release (PyPI has 25.11 only; see pyslurm_backen
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -21,6 +22,10 @@ def _call(args: list[str], input: str | None = None, timeout: float = 60) -> sub
     exe = shutil.which(args[0])
     if not exe:
         raise NoSlurm(f"{args[0]} not found: is this a Slurm login node? (transit-launch doctor)")
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # Slurm's commands wait 60 s for it to appear, then fail
+        raise NoSlurm(f"SLURM_CONF={conf}: no such file ({args[0]} would wait a minute for it); point it at the "
+                      "cluster's slurm.conf or unset it")
     try:
         return subprocess.run([exe, *args[1:]], capture_output=True, text=True, input=input, timeout=timeout)
     except subprocess.TimeoutExpired:

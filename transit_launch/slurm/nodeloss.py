@@ -267,7 +267,7 @@ def global_batch(p, nodes: int) -> int:
     return lay.dp * lay.local_batch
 
 
-def template_context(opts: NodeLossOptions | None, p, nodes: int, shim_opts, port: int, shim, adapter) -> dict:
+def template_context(opts: NodeLossOptions | None, p, nodes: int, shim_opts, port: int | None, shim, adapter) -> dict:
     """What sbatch.j2 needs for --on-node-loss scale-in: the transit-launch that rendered
     the script (this Python, by absolute path, isolated: the nodes run the same
     installation) and
@@ -281,8 +281,9 @@ def template_context(opts: NodeLossOptions | None, p, nodes: int, shim_opts, por
     from transit_launch.shim import inject
     # the shim is named even when this layout runs without it: a scaled-in one may need it
     shim, adapter = shim or inject.shim_path(), adapter or inject.adapter_dir()
-    args = plan_flags(opts, p, nodes) + ["--port", str(port), "--shim", str(shim or ""),
-                                         "--adapter", str(adapter or "")]
+    args = plan_flags(opts, p, nodes) + ["--shim", str(shim or ""), "--adapter", str(adapter or "")]
+    if port is not None:
+        args += ["--port", str(port)]
     if opts.checkpoint_dir:
         args += ["--checkpoint-dir", opts.checkpoint_dir]
     for flag, v in (("--policy", shim_opts.policy), ("--stats", shim_opts.stats), ("--log", shim_opts.log),

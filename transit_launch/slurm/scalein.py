@@ -75,13 +75,24 @@ def _shim_exports(a, policy: str) -> list[str]:
     return out
 
 
+def _port(a, attempt: int) -> int:
+    """The attempt's rendezvous port (script.rdzv_port): a new one each attempt, since the
+    last attempt's store may still hold its port."""
+    from transit_launch.slurm.script import rdzv_port
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if a.port is None and not job.isdigit():
+        raise UsageError("_node-loss next: SLURM_JOB_ID is not a job id (the rendezvous port comes from it); "
+                         "give --port")
+    return rdzv_port(int(job) if job.isdigit() else 0, attempt, a.port)
+
+
 def _attempt_env(lay: Layout, attempt: int, a) -> str:
     """The next attempt's shell environment (the script evaluates it)."""
     head = lay.nodes[0]
     states = _scontrol("show", "node", "-o", head)
     addr = next((nodeloss.fields(ln).get("NodeAddr") for ln in states.splitlines() if ln.strip()), None) or head
     lines = [f"nodes_now={len(lay.nodes)}", f"nodelist_now={shlex.quote(','.join(lay.nodes))}",
-             f"head_node={shlex.quote(addr)}", f"rdzv_port={a.port + attempt}",
+             f"head_node={shlex.quote(addr)}", f"rdzv_port={_port(a, attempt)}",
              *_shim_exports(a, lay.policy)]
     return "\n".join(lines) + "\n"
 
@@ -253,7 +264,7 @@ def cmd_node_loss(a, command):
 
 
 def register(sub):
-    from transit_launch.argtypes import positive_int
+    from transit_launch.argtypes import tcp_port
     from transit_launch.planning.cli import add_plan_args
     from transit_launch.shim.cli import add_shim_args
     sp = sub.add_parser("_node-loss")  # no help: not listed (cli.build_parser leaves _ names out of the usage)
@@ -263,8 +274,9 @@ def register(sub):
     sp.add_argument("--attempt", type=int, required=True, help="this attempt's number, from 0")
     sp.add_argument("--rc", type=int, default=0, help="the last step's exit code (default 0)")
     sp.add_argument("--checkpoint-dir", help="the trainer's step-N checkpoints (default: not recorded)")
-    sp.add_argument("--port", type=positive_int(), default=29500,
-                    help="rendezvous port of attempt 0; attempt k uses port + k (default 29500)")
+    sp.add_argument("--port", type=tcp_port,
+                    help="rendezvous port of attempt 0; attempt k uses port + k (default: from the job id, as "
+                         "render's --port)")
     sp.add_argument("--shim", help="libtransit.so for layouts that offload (default: none)")
     sp.add_argument("--adapter", help="the hint adapter's directory (default: none)")
     add_plan_args(sp, model_required=False)

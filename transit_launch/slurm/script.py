@@ -83,7 +83,7 @@ class JobOptions:
     account: str | None = None
     time: str | None = None
     output: str = "%x-%j.out"
-    port: int = 29500
+    port: int | None = None         # torchrun's rendezvous port; None: rdzv_port_expr's, from the job id
     cpus_per_task: int | None = None
     mem: str | None = None          # sbatch's --mem: a number with K, M, G or T (M when none); 0: all
     exclusive: bool = False
@@ -95,7 +95,7 @@ class JobOptions:
         for flag, v in (("--partition", self.partition), ("--account", self.account), ("--time", self.time),
                         ("--output", self.output), ("--constraint", self.constraint)):
             sbatch_value(flag, v)
-        if not integer(self.port) or not 1 <= self.port <= 65535:
+        if self.port is not None and (not integer(self.port) or not 1 <= self.port <= 65535):
             raise UsageError(f"--port must be a TCP port from 1 to 65535, got {self.port!r}")
         if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
             raise UsageError(f"--time {self.time!r} is not a Slurm time limit (e.g. 30, 04:00:00, 2-00:00:00)")
@@ -145,6 +145,24 @@ def shared_output(output: str, cwd: str) -> str | None:
     return None
 
 
+# torchrun's rendezvous port when --port is not given: one of RDZV_PORT_SPAN ports from
+# RDZV_PORT_BASE (torchrun's default), picked by the job id, so that two jobs whose head
+# nodes are one machine do not both take 29500. Below Linux's ephemeral range (32768 up).
+RDZV_PORT_BASE, RDZV_PORT_SPAN = 29500, 1000
+
+
+def rdzv_port(job_id: int, attempt: int = 0, port: int | None = None) -> int:
+    """The rendezvous port of a job's attempt: --port + attempt, else from the job id."""
+    if port is not None:
+        return port + attempt
+    return RDZV_PORT_BASE + (job_id + attempt) % RDZV_PORT_SPAN
+
+
+def rdzv_port_expr(port: int | None) -> str:
+    """rdzv_port in the batch script's shell (attempt 0): the same rule as rdzv_port."""
+    return str(port) if port is not None else f"$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))"
+
+
 MEM_HEADROOM = 0.05  # over the plan's host memory per node in the job's --mem: allocator and page-cache slack
 
 
@@ -170,12 +188,35 @@ def job_name(p, job: JobOptions) -> str:
     return name
 
 
+def mem_mib(text: str) -> int:
+    """sbatch's --mem in MiB (a number with K, M, G or T; M when none; 0: all of a node's)."""
+    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+    unit = text[-1].upper() if text[-1].isalpha() else "M"
+    return int(int(text.rstrip("KMGTkmgt")) * scale[unit])
+
+
+def short_mem(job: JobOptions, planned: int | None) -> str | None:
+    """A warning when --mem gives a node less host memory than the plan costed, or None."""
+    if job.mem is None or planned is None or job.mem.rstrip("KMGTkmgt") == "0" or mem_mib(job.mem) >= planned:
+        return None
+    return (f"--mem {job.mem} is less than the {planned} MiB a node of this plan needs (offloaded state and each "
+            "rank's own memory): a site that enforces memory limits kills the job")
+
+
+def check_command(command: list[str]) -> None:
+    """The training command after --: a first word that is empty or blank runs nothing."""
+    if command and not command[0].strip():
+        raise UsageError("the command after -- starts with an empty word: give the program to run, e.g. -- python "
+                         "train.py")
+
+
 def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts: ShimOptions,
                job: JobOptions, local: bool = False, titan=None, node_loss=None) -> str:
     """The sbatch script (local: the torchrun line) for `nodes` nodes of plan p (or None);
     titan (a TitanJob, planned by p): the command gets the config and the layout's overrides."""
     from transit_launch.planning import report
     from transit_launch.slurm import nodeloss
+    check_command(command)
     if node_loss is not None:  # a nodeloss.NodeLossOptions (--on-node-loss)
         nodeloss.check(node_loss, p, nodes, local, titan)
     if titan is not None:
@@ -197,14 +238,20 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
         from transit_launch.shim.inject import shim_missing_reason
         print(f"transit-launch: warning: libtransit.so is not installed ({shim_missing_reason()}); "
               f"the job will run without the shim", file=sys.stderr)
+    if p and policy == "off" and p.at(nodes) and report.off_overflow(p, p.at(nodes)):
+        print(f"transit-launch: WARNING: {nodes} node(s): {report.off_overflow(p, p.at(nodes))} "
+              "(leave out --policy off)", file=sys.stderr)
     if local:
         return render("local.j2", **ctx)
     summary = f"{p.req.card.name} on {nodes} node(s), policy {policy}" if p else f"{nodes} node(s), policy {policy}"
     planned = planned_mem(p, nodes)
     mem = job.mem if job.mem is not None else (f"{planned}M" if planned else None)
+    short = short_mem(job, planned)
+    if short:
+        print(f"transit-launch: WARNING: {short}", file=sys.stderr)
     return render("sbatch.j2", nodes=nodes, job_name=job_name(p, job), partition=job.partition,
-                  account=job.account, time=job.time, output=job.output, port=job.port,
+                  account=job.account, time=job.time, output=job.output, rdzv_port=rdzv_port_expr(job.port),
                   cpus_per_task=job.cpus_per_task, mem=mem, exclusive=job.exclusive, constraint=job.constraint,
                   sbatch_args=job.sbatch_args,
-                  plan_lines=report.plan_comment(p, nodes) if p else [], summary=summary, **ctx,
+                  plan_lines=report.plan_comment(p, nodes, policy) if p else [], summary=summary, **ctx,
                   **nodeloss.template_context(node_loss, p, nodes, shim_opts, job.port, shim, adapter))
