@@ -8,6 +8,7 @@ and decide parts (slurm/nodeloss.py) are checked on Slurm's own output without a
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,42 @@ def test_default_script_is_unchanged_by_the_option(cli):
     assert rc == 0 and off == plain and "--no-kill" not in plain and "_node-loss" not in plain
 
 
+def _replan_on_survivors(cli, tmp_path, survivors, *plan_args):
+    """Render a 4-node (one GPU each) scale-in job of the trainer's model, take the plan flags
+    its script hands `_node-loss next`, re-plan from them as that command does and lay out the
+    survivors: (the flags, the layout). No torch, no Slurm."""
+    card = tmp_path / "tiny.toml"
+    card.write_text(TINY)
+    rc, out, err = cli("render", "--model", str(card), "--nodes", "4", "--gpus-per-node", "1", "--seq-len", str(SEQ),
+                       *plan_args, "--on-node-loss", "scale-in", "--output", str(tmp_path / "%j.out"), "--",
+                       "python", "train.py")
+    assert rc == 0, err
+    m = re.search(r'" next --job-dir "\$job_dir" --attempt "\$attempt" --rc "\$rc" (.*)\) \|\| exit', out)
+    assert m, out
+    flags = shlex.split(m.group(1))
+    from transit_launch.cli import build_parser
+    from transit_launch.slurm import scalein
+    a = build_parser().parse_args(["_node-loss", "next", "--job-dir", str(tmp_path / "d"), "--attempt", "1", *flags])
+    lay, _ = nodeloss.best_layout(plan(scalein._request(a)), survivors, None)
+    return flags, lay
+
+
+def test_the_replan_keeps_the_global_batch_given(cli, tmp_path):
+    # --global-batch 12 on 4 x 1 GPU: 3 survivors run dp 3 x 4 microbatches (12 = 3 x 4 x 1)
+    flags, lay = _replan_on_survivors(cli, tmp_path, ["n1", "n2", "n4"], "--global-batch", "12")
+    assert flags[flags.index("--global-batch") + 1] == "12"
+    assert (lay.nodes, lay.dp, lay.microbatches) == (["n1", "n2", "n4"], 3, 4)
+
+
+def test_the_replan_keeps_the_first_layouts_batch_without_global_batch(cli, tmp_path):
+    # no --global-batch, local batch 2: the first layout, dp 4 on 4 nodes, runs 4 x 2 = 8
+    # sequences a step, which the survivors keep: 3 x 2 = 6 does not divide 8, so 2 of them
+    # run dp 2 x 2 microbatches x 2 = 8 (without the rule: dp 3, one microbatch, 6 a step)
+    flags, lay = _replan_on_survivors(cli, tmp_path, ["n1", "n2", "n4"], "--local-batch", "2")
+    assert flags[flags.index("--global-batch") + 1] == "8"
+    assert (lay.nodes, lay.dp, lay.microbatches) == (["n1", "n2"], 2, 2)
+
+
 # --- on the lab cluster -------------------------------------------------------------------
 
 def _losses(text: str) -> dict[int, list[float]]:
@@ -165,7 +202,7 @@ def reference(tmp_path_factory) -> dict[int, float]:
     It is this test's input, not its subject: a rank that aborts in torch's C++ ("terminate
     called without an active exception", SIGABRT; seen once in CI and once by a helper on an
     unchanged tree, not in 20 runs here) gets the run made once more, and only that."""
-    for attempt in range(2):
+    for _attempt in range(2):
         res = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "4", str(TRAINER), *MODEL],
                              capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.mktemp("reference"),
                              env={**os.environ, **JOB_ENV})

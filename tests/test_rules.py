@@ -10,6 +10,12 @@ import pytest
 from tests.conftest import C_SOURCES, CUDA_INC, have_cc, spank_include
 from transit_launch import rules
 
+# Sizes of 2^64 bytes and more that the grammar takes (at most 16 digits): each product wraps
+# in 64 bits (2^64 -> 0, 2^64 + 2^30 -> 1 GiB, 2^64 + 2^50 -> 1 PiB, 2^64 + 2^20 -> 1 MiB,
+# 18446745 x 10^12 - 2^64 = 926290448384 -> 0.93 TB); the parser must refuse each as too large.
+OVER_2_64 = ["17179869184GiB", "17179869185GiB", "16385PiB", "16384PiB", "18446745TB", "17179869185.5GiB",
+             "17592186044417MiB"]
+
 CASES = [
     # (text, bytes or None for a refusal)
     ("80GB", 80 * 10**9), ("141GiB", 141 * 2**30), ("512MiB", 512 * 2**20), ("4096B", 4096),
@@ -27,6 +33,8 @@ CASES = [
     ("40 ", None), ("1.", None), (".5GB", None), ("1.1234567GB", None), ("12345678901234567", None),
     ("9999999999999999", None), ("9999999999999999TiB", None), ("40GBB", None), ("40 G B", None),
     ("4\u0660GB", None), ("40\tGB", None), ("40GB\n", None), ("abc", None), ("1,5GB", None),
+    # at and past 2^64 bytes (OVER_2_64), an exbibyte, 20 digits (past the grammar's 16)
+    *((t, None) for t in OVER_2_64), ("16EiB", None), ("18446744073709551616", None), ("99999999999999999999B", None),
 ]
 
 DRIVER = r"""
@@ -100,6 +108,31 @@ def test_shim_parser_agrees(tmp_path):
                    [f"-I{CUDA_INC}", f"-I{C_SOURCES / 'shim'}", "-D_DEFAULT_SOURCE"])
     got = _feed(exe)
     assert got == [str(w) if w is not None else "-" for _, w in CASES]
+
+
+# tr_size_parse itself: its return code and the reason the shim and the plugin print.
+PARSE = {"decl": '#include "transit_size.h"',
+         "body": 'uint64_t v = 0; int rc = tr_size_parse(line, &v); '
+                 'printf("%d %llu %s\\n", rc, (unsigned long long)v, rc ? tr_size_reason(rc) : "");'}
+
+
+@pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
+def test_sizes_past_2_64_are_too_large_in_c_and_python(tmp_path, cli):
+    """17179869185GiB is 2^64 + 2^30 bytes: a product that wraps read it as 1 GiB. Each of
+    OVER_2_64 is refused as too large in C (under UBSan) and in Python, and --gpu-budget says
+    so in one line; what the grammar does not take at all (20 digits, EiB) is no size."""
+    exe = _compile(tmp_path, "size_rc", PARSE, [], [f"-I{C_SOURCES / 'shim'}"])
+    assert _feed(exe, OVER_2_64) == ["-3 0 is larger than 1 PiB"] * len(OVER_2_64)  # TR_SIZE_TOO_LARGE
+    for text in OVER_2_64:
+        with pytest.raises(rules.SizeError, match="is larger than 1 PiB"):
+            rules.parse_size(text)
+    bad = ["16EiB", "18446744073709551616", "99999999999999999999B"]
+    assert [line.split()[:2] for line in _feed(exe, bad)] == [["-1", "0"]] * 3  # TR_SIZE_BAD
+    for text, why in (("17179869185GiB", "is larger than 1 PiB"), *((t, "as a size") for t in bad)):
+        rc, out, err = cli("run", "--gpu-budget", text, "--", "true")
+        assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith("transit-launch: error: argument --gpu-budget: ") and f"'{text}' " in err, err
+        assert why in err, err
 
 
 @pytest.mark.skipif(not have_cc(), reason="needs a C compiler")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from transit_launch import rules
 from tests.test_shim import GB, pytestmark, run, stats_of  # noqa: F401  (pytestmark: the same skip)
 from tests.test_shim_faults import cupti  # noqa: F401  (the fake CUPTI, a fixture)
 
@@ -66,21 +65,14 @@ def test_marked_state_is_pinned_host_memory(built, tmp_path):
     assert stats["device_placed_peak_bytes"] == 4 * GB and stats["host_placed_peak_bytes"] == 2 * STATE
 
 
-def spare(budget):
-    """What the shim leaves free beside the device's peak before it keeps state (hoststate.c): the
-    cache's growth share and, with no ring yet, the adapter's staging ring."""
-    return budget // 100 * rules.STATE_ROOM_SPARE_PERCENT + rules.STAGE_RING_BYTES
+# The room for state (hoststate.c): the budget less the device's peak (the 4 GB), 3% of the
+# budget (the cache's growth) and, with no ring yet, the 256 MiB staging ring. By hand:
+#   6 GB:    6e9 - 4e9 - 180,000,000 - 268,435,456 = 1,551,564,544, 23 states: all 3 kept
+#   4573 MB: 4.573e9 - 4e9 - 137,190,000 - 268,435,456 = 167,374,544 = 2.49 states: 2 kept
+BUDGET_2_5_STATES = 4_573_000_000
 
 
-def budget_for(room):
-    """The budget that leaves `room` bytes for state beside the 4 GB and spare(budget)."""
-    b = 4 * GB + rules.STAGE_RING_BYTES + room
-    while b - 4 * GB - spare(b) < room:
-        b += MiB
-    return b
-
-
-@pytest.mark.parametrize("budget, kept", [(6 * GB, 3), (budget_for(2 * STATE + STATE // 2), 2)])
+@pytest.mark.parametrize("budget, kept", [(6 * GB, 3), (BUDGET_2_5_STATES, 2)])
 def test_state_the_budget_holds_stays_managed_on_the_device(built, tmp_path, budget, kept):
     """Only the overflow is pinned: under 6 GB all three states fit beside the 4 GB and the
     spare room, and stay managed, placed on the device (the fake's pages say so); with room for
@@ -183,11 +175,9 @@ def test_the_room_left_for_the_ring_is_the_ring_the_adapter_makes(built, tmp_pat
     positive integer, else the 256 MiB default). Under a budget with room for two and a half
     states beside the default ring, a 64 MiB ring leaves room for all three, a 1 GiB ring for
     none, and a value that is no positive integer changes nothing."""
-    budget = budget_for(2 * STATE + STATE // 2)
-    ring = int(inflight) if inflight.isdigit() and int(inflight) > 0 else rules.STAGE_RING_BYTES
-    room = budget - 4 * GB - (budget // 100 * rules.STATE_ROOM_SPARE_PERCENT + ring)
-    kept = max(0, min(3, room // STATE))
-    assert kept == {str(64 * MiB): 3, str(1 << 30): 0}.get(inflight, 2)  # the cases are the ones meant
-    res, out, calls, stats = state_run(built, tmp_path, env={"TRANSIT_GPU_BUDGET": f"{budget}B",
+    # 4573 MB less the 4 GB and 137,190,000 (3%): 435,810,000; less a 64 MiB ring 368,701,136
+    # (5.49 states: 3 kept), less 1 GiB nothing (0 kept), less 256 MiB 2.49 states (2 kept)
+    kept = {str(64 * MiB): 3, str(1 << 30): 0}.get(inflight, 2)
+    res, out, calls, stats = state_run(built, tmp_path, env={"TRANSIT_GPU_BUDGET": f"{BUDGET_2_5_STATES}B",
                                                              "TRANSIT_OVERLAP_INFLIGHT": inflight})
     assert stats["host_state_kept_bytes"] == kept * STATE and stats["host_state_bytes"] == (3 - kept) * STATE

@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 
 from tests.test_shim import GB, pytestmark, run, stats_of  # noqa: F401  (pytestmark: the same skip)
-from tests.test_shim_host_state import BUDGET, STATE, THP, MiB, budget_for, host_allocs, spare, state_run
+from tests.test_shim_host_state import BUDGET, STATE, THP, MiB, host_allocs, state_run
 
 DEBUG = {"TRANSIT_LOG": "debug"}
 GATED = {**DEBUG, "APP_PREFILL_GATE": "1"}  # the fill begins nothing until the allocations are made
+# Budgets and the room each leaves for state beside the 4 GB (hoststate.c, derived as in
+# test_shim_host_state.py: less 3% of the budget and the 256 MiB ring):
+#   4505 MB: 505,000,000 - 135,150,000 - 268,435,456 = 101,414,544, 1.51 states of 64 MiB
+#            (one state leaves 34,305,680: a half state, 32 MiB, fits beside it)
+#   4643 MB: 643,000,000 - 139,290,000 - 268,435,456 = 235,274,544, 3.51 states
+BUDGET_1_5_STATES, ROOM_1_5 = 4_505_000_000, 101_414_544
+BUDGET_3_5_STATES, ROOM_3_5 = 4_643_000_000, 235_274_544
 
 
 def pool_of(res):
@@ -92,7 +99,7 @@ def test_the_fill_makes_no_region_the_budget_would_keep_on_the_device(built, tmp
     that room; the first allocation is kept on the device, the other two take the two made, and
     the first region is never registered (none is made for nothing)."""
     res, out, calls, stats = state_run(
-        built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(STATE + STATE // 2)}B"},
+        built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{BUDGET_1_5_STATES}B"},
         then=("segs-ready:s,s,s",))
     start, size = pool_of(res)
     assert size == 3 * STATE
@@ -101,9 +108,8 @@ def test_the_fill_makes_no_region_the_budget_would_keep_on_the_device(built, tmp
     assert stats["host_state_kept_bytes"] == STATE and stats["host_state_prefill_ready_bytes"] == 2 * STATE
     assert stats["host_state_prefill_unused_bytes"] == 0
     # the room the hold made its two regions under is the room the state found: nothing kept that was made
-    b = budget_for(STATE + STATE // 2)
     assert stats["host_state_prefill_hold_regions"] == 2
-    assert stats["host_state_prefill_hold_room_bytes"] == stats["host_state_first_room_bytes"] == b - 4 * GB - spare(b)
+    assert stats["host_state_prefill_hold_room_bytes"] == stats["host_state_first_room_bytes"] == ROOM_1_5
     assert unregistered_once(calls, [p for p, _ in registered(calls)]) and after_frees(res)["fake_pinned"] == "0"
 
 
@@ -113,14 +119,13 @@ def test_the_fill_makes_nothing_when_the_budget_keeps_all_the_state(built, tmp_p
     state found is the rule then, not what is left beside the state itself): nothing is
     written or registered, nothing made for nothing."""
     res, out, calls, stats = state_run(
-        built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(3 * STATE + STATE // 2)}B"},
+        built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{BUDGET_3_5_STATES}B"},
         then=("segs-idle:s,s,s",))
     assert out["settled"] == "1" and pool_of(res)[1] == 3 * STATE
     assert [out[f"state{i}_host"] for i in range(3)] == ["0"] * 3 and registered(calls) == [], calls
     assert stats["host_state_kept_bytes"] == 3 * STATE and stats["host_state_prefill_unused_bytes"] == 0
     assert stats["host_state_prefill_ready_bytes"] == 0 and stats["host_state_prefill_register_s"] == 0
-    b = budget_for(3 * STATE + STATE // 2)
-    assert stats["host_state_prefill_hold_regions"] == 0 and stats["host_state_first_room_bytes"] == b - 4 * GB - spare(b)
+    assert stats["host_state_prefill_hold_regions"] == 0 and stats["host_state_first_room_bytes"] == ROOM_3_5
 
 
 def test_a_state_taking_a_later_ready_region_leaves_the_fill_its_earlier_ones(built, tmp_path):
@@ -145,7 +150,7 @@ def test_the_greedy_rule_holds_only_what_the_budget_keeps(built, tmp_path):
     first (hoststate.c decides allocation by allocation). So the fill makes only the double one's
     region: the half's lies past the room by its end but is kept, and is not made for nothing."""
     res, out, calls, stats = state_run(
-        built, tmp_path, parts=1, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{budget_for(STATE + STATE // 2)}B"},
+        built, tmp_path, parts=1, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{BUDGET_1_5_STATES}B"},
         then=(f"segs-idle:s,{2 * STATE},{STATE // 2}",))
     start, size = pool_of(res)
     assert size == 3 * STATE + STATE // 2
@@ -423,7 +428,7 @@ def test_after_the_first_take_the_fill_still_makes_no_region_the_budget_keeps(bu
     rule, under the room the first state found, decides after the first take too. (It was made
     for nothing, then given back: TorchTitan's same-size segments made 2.2-4.1 GB so at half the
     state.)"""
-    b = budget_for(STATE + STATE // 2)
+    b = BUDGET_1_5_STATES
     res, out, calls, stats = state_run(built, tmp_path, env={**DEBUG, "TRANSIT_GPU_BUDGET": f"{b}B"},
                                        then=("segs-settled:s,s,s",))
     start, size = pool_of(res)
@@ -438,7 +443,7 @@ def test_states_that_took_the_kept_states_regions_leave_the_fill_nothing_to_make
     states each take the first free region of their size, the kept state's and the next, and
     make them themselves. The rule still pins the last two regions, but two of that size are
     taken: the fill makes no third (it would be taken by nobody)."""
-    b = budget_for(STATE + STATE // 2)
+    b = BUDGET_1_5_STATES
     res, out, calls, stats = state_run(built, tmp_path, env={**GATED, "TRANSIT_GPU_BUDGET": f"{b}B"},
                                        then=("segs-idle:s,s,s",))
     start, size = pool_of(res)

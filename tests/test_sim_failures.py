@@ -60,3 +60,61 @@ def test_llama3_rate_and_cli(cli):
     assert rc == 2 and "add --node-failures" in err
     rc, _, err = cli("simulate", "--synthetic", "10", "--node-failures", "lots")
     assert rc == 2 and "failures per node-day" in err and "Traceback" not in err
+
+
+# Two failures of one job, by hand. One rack of four 4-GPU nodes, job A: 4 nodes for 10 h
+# from t=0; checkpoints every hour of a run (counted from its start, restart downtime
+# included), 0.1 h a restart, nodes back 3 h after failing; scale-in runs 3/4 x 0.8 on 3
+# nodes and 2/4 x 0.6 on 2. A second failure is where a run began with a restart: its
+# checkpoints hold 0.1 h less work than the wall time since it began.
+CURVE2 = Curve("hand", ((0.0, 1.0), (0.25, 0.8), (0.5, 0.6)))
+ONE_JOB = {"submit": [0.0], "duration": [10 * H], "gpus": [16], "ids": ["A"], "source": "hand", "types": [],
+           "states": []}
+
+
+def test_a_job_that_fails_twice_requeues_twice_by_hand():
+    # node 0 fails at 2.5 h (back 5.5 h), node 1 at 8 h (back 11 h).
+    # 1st: 2 h checkpointed, 8 h left; held 16 x 2.5 = 40. Restarts at 5.5 h on 4 nodes.
+    # 2nd at 8 h: the run began 5.5 h, progress from 5.6 h; its checkpoint at 7.5 h holds
+    #   7.5 - 5.6 = 1.9 h (not 2 h): 6.1 h left; held 16 x 2.5 = 40.
+    # Restarts at 11 h (node 1 back), 0.1 h down + 6.1 h: ends 17.2 h; held 16 x 6.2 = 99.2.
+    # held 179.2 GPU-h, useful 16 x 10 = 160, goodput 160 / 179.2 = 0.8929
+    f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0), (8.0 * H, 1)))
+    o = replay(Trace(**ONE_JOB), 1, 16, 4, "requeue", f, CURVE2)
+    assert o.end[0] / H == pytest.approx(17.2) and o.start[0] == 0.0
+    r = report(o)
+    assert (r["failures_hitting_jobs"], r["interrupted_jobs"]) == (2, 1)
+    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput"]) == pytest.approx((179.2, 160.0, 0.8929))
+    assert (r["jct_interrupted_mean_h"], r["makespan_h"]) == pytest.approx((17.2, 17.2))
+
+
+def test_a_job_that_fails_twice_scales_in_twice_by_hand():
+    # node 0 fails at 2.5 h (back 5.5 h), node 1 at 4.25 h (back 7.25 h), all times in h.
+    # 2.5: 2 h checkpointed, 8 left; held 16 x 2.5 = 40; on 3 nodes at 0.6 from 2.6.
+    # 4.25: the run began 2.5, its checkpoint at 3.5 holds (3.5 - 2.6) x 0.6 = 0.54:
+    #   7.46 left; held 12 x 1.75 = 21; on 2 nodes at 0.3 from 4.35.
+    # 5.5 (node 0 back): checkpoint of (5.5 - 4.35) x 0.3 = 0.345: 7.115 left; held 8 x 1.25
+    #   = 10; on 3 nodes at 0.6 from 5.6.
+    # 7.25 (node 1 back): (7.25 - 5.6) x 0.6 = 0.99: 6.125 left; held 12 x 1.75 = 21; on 4
+    #   nodes from 7.35: ends 13.475; held 16 x 6.225 = 99.6.
+    # held 40 + 21 + 10 + 21 + 99.6 = 191.6, goodput 160 / 191.6 = 0.8351
+    f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0), (4.25 * H, 1)))
+    o = replay(Trace(**ONE_JOB), 1, 16, 4, "scale-in", f, CURVE2)
+    assert o.end[0] / H == pytest.approx(13.475)
+    r = report(o)
+    assert (r["failures_hitting_jobs"], r["interrupted_jobs"]) == (2, 1)
+    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput"]) == pytest.approx((191.6, 160.0, 0.8351))
+
+
+def test_a_scaled_in_job_that_loses_its_last_other_node_requeues_by_hand():
+    # A: 2 nodes (8 GPUs) for 10 h, a rack of two nodes; node 0 fails at 2.5 h (back 5.5 h),
+    # node 1 at 4.25 h (back 7.25 h). 2.5: 2 h kept, 8 left; held 8 x 2.5 = 20; on 1 node
+    # at 1/2 x 0.6 = 0.3 from 2.6. 4.25: checkpoint at 3.5 holds 0.9 x 0.3 = 0.27: 7.73
+    # left; held 4 x 1.75 = 7; no node left: requeued, node 0 goes back to the pool at 5.5,
+    # A starts on both at 7.25: ends 7.35 + 7.73 = 15.08; held 8 x 7.83 = 62.64.
+    # held 89.64, useful 80, goodput 0.8925
+    t = Trace(**{**ONE_JOB, "gpus": [8]})
+    f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0), (4.25 * H, 1)))
+    r = report(replay(t, 1, 8, 4, "scale-in", f, CURVE2))
+    assert (r["failures_hitting_jobs"], r["jct_interrupted_mean_h"]) == (2, pytest.approx(15.08))
+    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput"]) == pytest.approx((89.64, 80.0, 0.8925))

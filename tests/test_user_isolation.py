@@ -551,6 +551,38 @@ def test_restore_kills_only_the_recorded_group(tmp_path):
             victim.wait()
 
 
+def test_a_journal_from_another_host_is_left_for_that_host(tmp_path):
+    """Its caps are on that host's NICs and its process group is that host's: `sweep --restore`
+    here ends nothing, undoes nothing and keeps the journal byte for byte, saying in one line
+    where to run it (docs/security.md: not replayed). On its own host the same journal is
+    replayed: the group ended, the entry dropped, the journal gone."""
+    d = tmp_path / "j"
+    d.mkdir(mode=0o700)
+    target = d / "netcap.json"
+    # replayed, this entry would be dropped: its namespace does not exist on this host
+    entry = {"backend": "tc", "iface": "tsgone52/veth-a", "state": {"root": None}}
+    victim = _victim_group()
+    try:
+        _journal(target, victim.pid)
+        here = json.loads(target.read_text())
+        target.write_text(json.dumps(dict(here, host="elsewhere", entries=[entry])))
+        before = target.read_bytes()
+        res = _restore(target)
+        assert (res.returncode, res.stderr) == (1, ""), res
+        assert res.stdout == (f"ERROR {target} was written on elsewhere: run `transit-launch sweep --restore "
+                              f"--journal {target}` there\n")
+        assert target.exists() and target.read_bytes() == before and victim.poll() is None
+        target.write_text(json.dumps(dict(here, entries=[entry])))
+        res = _restore(target)
+        assert res.returncode == 0 and f"process group {victim.pid}" in res.stdout, res
+        assert "WARNING tc tsgone52/veth-a: network namespace tsgone52 no longer exists" in res.stdout
+        assert victim.wait(timeout=30) == -signal.SIGTERM and not target.exists()
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+
+
 # --- the adapter's own modules ---------------------------------------------------------------------
 
 
