@@ -208,7 +208,7 @@ def replay(snap, ranges, device=0):
             seen_first.setdefault(e["addr"], e)
 
     def old_cat(addr, size):
-        for s, t, cat in ranges:
+        for s, _t, cat in ranges:
             if addr <= s < addr + size:
                 return cat
         return "older_than_step"

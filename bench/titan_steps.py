@@ -21,7 +21,6 @@ state (8 bytes a parameter): the GPU that could not hold the state. `--runs` nam
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time

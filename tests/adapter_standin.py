@@ -12,7 +12,7 @@ def install(adapter: str, mode: str):
     """mode "overlap" (TRANSIT_OVERLAP_STEP=1) or "default" (unset: advise's streamed step, every
     state "pinned" by the stand-in; the CPU stands in for the GPU, a state's own memory its
     home). Returns the adapter's hooks."""
-    import torch.optim.optimizer
+    import torch.optim.optimizer  # noqa: F401 (loaded: the module whose hooks the adapter takes)
 
     if mode == "overlap":
         os.environ["TRANSIT_OVERLAP_STEP"] = "1"

@@ -69,7 +69,7 @@ def train(make_opt, ov=None, model=mlp, steps=STEPS, micro=2, between=None, step
             if between:
                 between(i, m, opt)
             if step:
-                step(i, opt, lambda: loss_fn(data[-1]))
+                step(i, opt, lambda: loss_fn(data[-1]))  # noqa: B023 (called within this iteration)
             elif scaler:
                 scaler.step(opt)
                 scaler.update()

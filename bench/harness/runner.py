@@ -124,7 +124,7 @@ def run(suite: Suite, steps, gpus: int, env: dict, out: Path, dry_run: bool) -> 
             continue
         found = [[] for _ in ls]
 
-        def lane(i, gpu, seq):
+        def lane(i, gpu, seq, found=found, ls=ls):  # this iteration's lists (joined below)
             for s in seq:
                 found[i].append(run_step(s, gpu, len(ls), env, dict(values, gpu=gpu if gpu is not None else 0),
                                          out, lock))

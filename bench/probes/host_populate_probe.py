@@ -212,7 +212,7 @@ def pieces(rt, nbytes, threads, count):
             reg_s += time.perf_counter() - b
         t1 = time.perf_counter()
     finally:
-        for m, ptr in held:
+        for _m, ptr in held:
             rt.cudaHostUnregister(ctypes.c_void_p(ptr))
         held.clear()
     gb = part * count / 1e9
