@@ -1,6 +1,9 @@
+import fcntl
 import functools
+import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +25,10 @@ if os.environ.get("TRANSIT_TEST_INSTALLED") == "1" and ROOT in Path(transit_laun
                             "not from the installed wheel")
 if ROOT in Path(transit_launch.__file__).resolve().parents:  # a run on the checkout: subprocesses import it too
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+# the CLI reads the site's and the user's config.toml (transit_launch/config.py): the suite's
+# commands run without either, whatever this machine has (tests/test_config.py sets its own)
+os.environ["TRANSIT_LAUNCH_SITE_CONFIG"] = os.devnull
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="transit-test-xdg-")
 GOLDEN = Path(__file__).resolve().parent / "golden"
 NEEDS_TORCH = "needs PyTorch (CPU build) for the example trainer: .ci/run installs it"
 
@@ -88,23 +95,81 @@ def spank_include():
     return spank.locate_spank_h()
 
 
+# --- builds made once a run -------------------------------------------------------------
+
+SHARED_ENV = "TRANSIT_TEST_SHARED"  # nested runs (tests/test_mutations.py) inherit the directory
+
+
+def shared_root(tmp_path_factory) -> Path:
+    """A directory every xdist worker of this run sees (the run's base temp), handed to
+    nested runs through SHARED_ENV."""
+    if os.environ.get(SHARED_ENV):
+        root = Path(os.environ[SHARED_ENV])
+    else:
+        base = tmp_path_factory.getbasetemp()
+        root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+        os.environ[SHARED_ENV] = str(root)
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    return root
+
+
+def build_once(tmp_path_factory, name: str, inputs, flags, make) -> Path:
+    """The directory `make(dir)` filled, made once for this run and its nested runs whatever
+    the number of workers: keyed by the bytes of `inputs` (files, or directories' files)
+    and `flags`, made under a file lock (the other workers wait and take it)."""
+    h = hashlib.sha256()
+    for part in (name, *map(str, flags), shutil.which("cc") or "", str(CUDA_INC)):
+        h.update(part.encode() + b"\0")
+    for top in map(Path, inputs):
+        for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(top)).encode() + b"\0" + f.read_bytes() + b"\0")
+    root = shared_root(tmp_path_factory)
+    d = root / f"{name}-{h.hexdigest()[:16]}"
+    with open(root / f"{d.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / ".made").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(mode=0o755)
+            os.chmod(d, 0o755)  # also used from Slurm job steps
+            make(d)
+            (d / ".made").touch()
+    return d
+
+
+FAKE_CFLAGS = ["-O1", "-Wall", "-Wextra"]
+
+
+def build_fakes(d: Path, flags=FAKE_CFLAGS) -> None:
+    """The fake libcudart and the test program linked against it, into d."""
+    cc = ["cc", "-std=c11", *flags, f"-I{CUDA_INC}"]
+    for args in (["-fPIC", "-shared", "-Wl,-soname,libcudart.so.13", "-o", str(d / "libcudart.so.13"),
+                  str(FAKECUDA / "fake_cudart.c"), "-lpthread"],
+                 ["-o", str(d / "app"), str(FAKECUDA / "app.c"), f"-L{d}", "-lcudart", f"-Wl,-rpath,{d}",
+                  "-lpthread", "-ldl"]):
+        if args[0] == "-o" and not (d / "libcudart.so").exists():
+            (d / "libcudart.so").symlink_to("libcudart.so.13")
+        res = subprocess.run([*cc, *args], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+
+
+def build_shim(d: Path, flags) -> None:
+    """libtransit.so into d, its compiler's warnings in d/warnings.txt."""
+    shim, warnings = shimbuild.build(d, extra_cflags=list(flags))
+    assert shim, warnings
+    (d / "warnings.txt").write_text(warnings)
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """The fake libcudart, the test program linked against it, and libtransit.so built from
-    shim/ the way the package build does (plus -DTRANSIT_TESTING hooks)."""
+    shim/ the way the package build does (plus -DTRANSIT_TESTING hooks): once a run."""
     if CUDA_INC is None or not shutil.which("cc"):
         pytest.skip("needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")
-    d = tmp_path_factory.mktemp("fakecuda")
-    os.chmod(d, 0o755)  # also used from Slurm job steps
-    cc = ["cc", "-std=c11", "-O1", "-Wall", "-Wextra", f"-I{CUDA_INC}"]
-    subprocess.run([*cc, "-fPIC", "-shared", "-Wl,-soname,libcudart.so.13", "-o", str(d / "libcudart.so.13"),
-                    str(FAKECUDA / "fake_cudart.c"), "-lpthread"], check=True)
-    (d / "libcudart.so").symlink_to("libcudart.so.13")
-    subprocess.run([*cc, "-o", str(d / "app"), str(FAKECUDA / "app.c"), f"-L{d}", "-lcudart", f"-Wl,-rpath,{d}",
-                    "-lpthread", "-ldl"], check=True)
-    shim, warnings = shimbuild.build(d / "lib", extra_cflags=["-DTRANSIT_TESTING"])
-    assert shim, warnings
-    return {"dir": d, "app": d / "app", "shim": shim, "warnings": warnings}
+    d = build_once(tmp_path_factory, "fakecuda", [FAKECUDA], FAKE_CFLAGS, build_fakes)
+    flags = ["-DTRANSIT_TESTING"]
+    lib = build_once(tmp_path_factory, "shim", [shimbuild.SRC], flags, lambda out: build_shim(out, flags))
+    return {"dir": d, "app": d / "app", "shim": lib / "libtransit.so", "warnings": (lib / "warnings.txt").read_text()}
 
 
 @pytest.fixture(scope="session")
@@ -128,3 +193,49 @@ def lab(built):
     finally:
         lab.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- the run: interrupted cleanly, spread over xdist workers, in two tiers -------------------
+
+def _terminated(signum, frame):
+    """SIGTERM (a timeout's, or .ci/test's when it is ended itself) ends the run like Ctrl-C:
+    the fixtures' teardown runs, the Slurm lab's stop() included."""
+    signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    try:
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread: the run's own SIGTERM handling stays
+        pass
+
+
+LAB_GROUP = "slurm-lab"  # one xdist worker runs every test of the lab: one lab a run
+# The slow tier (deselected by the quick command, `-m "not slow"`): what starts the Slurm lab,
+# the TorchTitan venv, ranks of the example trainer, network namespaces, sanitizer or fuzz
+# builds, nested test runs, and the tests that each take seconds of CPU (plans of the large
+# models, the simulations behind the docs' figures, measurements under PyTorch).
+SLOW_FIXTURES = {"lab", "titan", "sanitized", "pair"}
+SLOW_MODULES = {"test_mutations.py", "test_shim_sanitizers.py", "test_node_loss.py", "test_trainer.py",
+                "test_example_trainer_shapes.py", "test_adapter_fsdp2_ranks.py", "test_sweep.py", "test_scale_in.py",
+                "test_lab_teardown.py", "test_doc_figures.py", "test_plan_rows.py", "test_measure.py"}
+SLOW_TESTS = {"test_fuzz_parsers_seeded_under_asan_ubsan", "test_fuzz_parsers_with_libfuzzer",
+              "test_the_suite_collects_without_torch",
+              "test_children_forked_while_the_fill_runs_never_wait_on_its_lock",
+              "test_submit_does_not_warn_about_the_count_it_recommends",
+              "test_example_trainer_fsdp2_cpu_under_the_adapter",
+              "test_recorder_marks_every_layer_forward_backward_and_the_optimizer"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects and xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "lab" in names:
+            item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
+        name = getattr(item, "originalname", item.name)
+        if names & SLOW_FIXTURES or item.path.name in SLOW_MODULES or name in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # workers take tests in this order: the long ones first
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

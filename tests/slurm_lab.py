@@ -127,7 +127,9 @@ class SlurmLab:
         self.conf = self.lab / "etc" / "slurm.conf"
         self.plugstack = plugstack
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        self.sock = self.lab / "run/munge/munge.socket.2"
         self.procs_started = False
+        self._watch = None  # (the watchdog, the pipe's write end): see _start_watchdog
 
     # --- bring-up ---------------------------------------------------------------
     def start(self, timeout: float = 60) -> "SlurmLab":
@@ -140,7 +142,7 @@ class SlurmLab:
         key = lab / "etc/munge/munge.key"
         subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
         os.chmod(key, 0o600)
-        self.sock = lab / "run/munge/munge.socket.2"
+        self._start_watchdog()
         subprocess.run(["munged", f"--key-file={key}", f"--socket={self.sock}", f"--pid-file={lab}/run/munged.pid",
                         f"--log-file={lab}/log/munged.log", f"--seed-file={lab}/run/munge.seed"],
                        check=True, capture_output=True)
@@ -334,20 +336,115 @@ class SlurmLab:
 
     # --- teardown -------------------------------------------------------------------
     def stop(self) -> None:
-        if not self.procs_started:
-            return
-        try:
-            self.cmd("scancel", "-u", "root", timeout=10)
-            self.cmd("scontrol", "shutdown", timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        time.sleep(0.5)
-        try:
-            subprocess.run(["munged", "--stop", f"--socket={self.sock}"], capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        for pidfile in (self.lab / "run").glob("*.pid"):
+        """Everything of this lab ended: jobs cancelled and the daemons shut down, then
+        whatever is left killed (reap). Safe after a start() that failed anywhere."""
+        if self.procs_started:
             try:
-                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
-            except (ValueError, ProcessLookupError, PermissionError, OSError):
+                self.cmd("scancel", "-u", "root", timeout=10)
+                self.cmd("scontrol", "shutdown", timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
                 pass
+            time.sleep(0.5)
+            try:
+                subprocess.run(["munged", "--stop", f"--socket={self.sock}"], capture_output=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        reap(self.lab, spare={self._watch[0].pid} if self._watch else set())
+        if self._watch:  # stopped: the watchdog has nothing left to do
+            proc, fd = self._watch
+            self._watch = None
+            try:
+                os.write(fd, b"s")
+            finally:
+                os.close(fd)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def _start_watchdog(self) -> None:
+        """A process of its own session that ends the lab when the test run ends without
+        stop(): a SIGKILL, a crash, a worker killed by xdist. It waits on a pipe whose only
+        write end this process holds (close-on-exec, so no daemon inherits it); end of file
+        without stop()'s byte means the run is gone: it reaps the lab and removes its
+        directory. Ctrl-C and a timeout's SIGTERM end the run through the fixtures' teardown
+        (tests/conftest.py) instead, which calls stop()."""
+        r, w = os.pipe()
+        try:
+            proc = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), "--watch", str(self.lab),
+                                     str(r)], pass_fds=(r,), start_new_session=True, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        self._watch = (proc, w)
+
+
+def _lab_processes(lab: Path, spare: set[int] = frozenset()) -> set[int]:
+    """Every process of the lab at `lab`: the ones whose command line names its directory
+    (munged, slurmctld, the slurmds) or whose SLURM_CONF lies in it (slurmstepd and the
+    jobs, which inherit it from slurmd or sbatch), and all their descendants; not this
+    process, its ancestors or `spare`."""
+    prefix = str(lab).rstrip("/") + "/"
+    mine = {os.getpid(), *spare}
+    p = os.getpid()
+    while p > 1:
+        try:
+            p = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        mine.add(p)
+    seeds, parent = set(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        pid = int(entry)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] in "ZX":  # already dead (a zombie holds no port or CPU)
+                continue
+            parent[pid] = int(stat[1])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        conf = next((kv[len(b"SLURM_CONF="):] for kv in env if kv.startswith(b"SLURM_CONF=")), b"")
+        if prefix.encode() in cmdline or conf.startswith(prefix.encode()):
+            seeds.add(pid)
+    found, grew = set(seeds), True
+    while grew:
+        more = {pid for pid, pp in parent.items() if pp in found and pid not in found}
+        found |= more
+        grew = bool(more)
+    return found
+
+
+def reap(lab: Path, spare: set[int] = frozenset(), rounds: int = 20) -> None:
+    """SIGKILL every process of the lab (_lab_processes) until none is left (a job may fork
+    while it is killed)."""
+    for _ in range(rounds):
+        left = _lab_processes(lab, spare)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
+
+
+def _watch(lab: Path, fd: int) -> None:
+    """The watchdog's body (SlurmLab._start_watchdog)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # not ended before the lab it guards
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    data = os.read(fd, 1)
+    reap(lab)
+    if not data:  # the run is gone without stop(): its directory goes too
+        shutil.rmtree(lab, ignore_errors=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
+    _watch(Path(sys.argv[2]), int(sys.argv[3]))

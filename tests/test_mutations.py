@@ -8,7 +8,9 @@ restore, the shim's guard against more managed memory than the GPU has free, its
 when an allocation is placed and while a freed one is still the runtime's, the
 installer's trust rule, the stats writer's rule for links on the way, advise's access probe
 kept off where the state is pinned, placement's cut of a region at the budget's line, and the
-background pre-fill's cap on host memory, its keeping above the regions taken and its device.""" 
+background pre-fill's cap on host memory, its keeping above the regions taken and its device;
+the size parser's refusal of sizes past 2^64 bytes (issue 52: 17179869185GiB read as 1 GiB) and
+the simulator's checkpoint of a run that began with a restart (a job's second failure).""" 
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import transit_launch
+from tests.conftest import SHARED_ENV, build_once, shared_root
 
 TESTS = Path(__file__).resolve().parent
 PKG = Path(transit_launch.__file__).resolve().parent
@@ -88,6 +91,10 @@ MUTANTS = [
     ("prefill-written-as-ready", "_csrc/shim/hoststate.c", "    if (ready != TR_PREFILL_READY) {",
      "    if (!ready) {",
      ["test_shim_prefill.py::test_a_region_written_but_not_yet_registered_is_registered_by_its_allocation"]),
+    ("size-parser-past-2-64", "_csrc/shim/transit_size.h", "if (whole > TR_SIZE_MAX || whole > TR_SIZE_MAX / mult)",
+     "if (whole > TR_SIZE_MAX)", ["test_rules.py::test_sizes_past_2_64_are_too_large_in_c_and_python"]),
+    ("sim-second-failure-checkpoint", "sim/failures.py", " - (seg[i] - run_start[i]))", ")",
+     ["test_sim_failures.py::test_a_job_that_fails_twice_requeues_twice_by_hand"]),
 ]
 
 
@@ -103,9 +110,14 @@ def _copy(tmp_path: Path) -> Path:
     return root
 
 
-def _run(root: Path, tests: list[str]) -> subprocess.CompletedProcess:
-    """pytest on the given tests, importing transit_launch from root (the copy)."""
-    env = dict(os.environ, PYTHONPATH=str(root), TRANSIT_TEST_INSTALLED="0", PYTHONDONTWRITEBYTECODE="1")
+def _run(root: Path, tests: list[str], shared: Path) -> subprocess.CompletedProcess:
+    """pytest on the given tests, importing transit_launch from root (the copy); its builds
+    come from this run's shared directory (the fakes, and the shim where the copy's C is
+    unchanged: tests/conftest.py's build_once)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # not a worker itself
+    env.update(PYTHONPATH=str(root), TRANSIT_TEST_INSTALLED="0", PYTHONDONTWRITEBYTECODE="1")
+    env[SHARED_ENV] = str(shared)
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # none is needed; hypothesis's alone costs a second a run
     ids = [str(TESTS / t.split("::")[0]) + ("::" + t.split("::")[1] if "::" in t else "") for t in tests]
     # a test id without parameters selects every parametrization of it
     # --import-mode=append: the copy on PYTHONPATH wins over a checkout beside the tests
@@ -121,25 +133,30 @@ def _skipped_all(res) -> bool:
 @pytest.fixture(scope="module")
 def control(tmp_path_factory):
     """The unbroken copy on every guarding test: green (or, where the machine lacks what a
-    test needs, skipped), so the mutants' failures are theirs."""
-    tmp = tmp_path_factory.mktemp("control")
-    root = _copy(tmp)
-    where = subprocess.run([sys.executable, "-c", "import transit_launch; print(transit_launch.__file__)"],
-                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(root)), cwd=root)
-    assert where.stdout.strip().startswith(str(root)), where.stdout  # the tests will import the copy
-    res = _run(root, sorted({t for *_, tests in MUTANTS for t in tests}))
-    assert res.returncode in (0, 5) and " failed" not in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
-    return res.stdout
+    test needs, skipped), so the mutants' failures are theirs. Run once a run, whatever the
+    xdist workers (tests/conftest.py: build_once)."""
+    guards = sorted({t for *_, tests in MUTANTS for t in tests})
+
+    def make(d):
+        root = _copy(d)
+        where = subprocess.run([sys.executable, "-c", "import transit_launch; print(transit_launch.__file__)"],
+                               capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(root)), cwd=root)
+        assert where.stdout.strip().startswith(str(root)), where.stdout  # the tests will import the copy
+        res = _run(root, guards, shared_root(tmp_path_factory))
+        assert res.returncode in (0, 5) and " failed" not in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
+        (d / "stdout").write_text(res.stdout)
+
+    return (build_once(tmp_path_factory, "mutation-control", [PKG, TESTS], guards, make) / "stdout").read_text()
 
 
 @pytest.mark.parametrize("name,path,old,new,tests", MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_the_suite_catches_the_breakage(control, tmp_path, name, path, old, new, tests):
+def test_the_suite_catches_the_breakage(control, tmp_path_factory, tmp_path, name, path, old, new, tests):
     root = _copy(tmp_path)
     f = root / "transit_launch" / path
     text = f.read_text()
     assert text.count(old) == 1, f"{name}: the code it breaks moved ({path}); update the mutant"
     f.write_text(text.replace(old, new))
-    res = _run(root, tests)
+    res = _run(root, tests, shared_root(tmp_path_factory))
     if _skipped_all(res):
         # CI (.ci/test) has what every guarding test needs: a breakage no test ran is not caught
         assert os.environ.get("TRANSIT_TEST_INSTALLED") != "1", \

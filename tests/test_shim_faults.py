@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CUDA_INC, FAKECUDA, shimbuild
+from tests.conftest import CUDA_INC, FAKECUDA, build_once, shimbuild
 from tests.test_shim import run, stats_of
 
 GB, MiB, GiB = 10**9, 1 << 20, 1 << 30
@@ -37,10 +37,9 @@ def build_fake_cupti(out_dir: Path, cflags=()) -> Path | None:
 
 @pytest.fixture(scope="module")
 def cupti(tmp_path_factory):
-    d = build_fake_cupti(tmp_path_factory.mktemp("fakecupti"))
-    if d is None:
+    if shimbuild.find_header("cupti.h", ("extras/CUPTI/include",)) is None:
         pytest.skip("needs CUPTI headers (cupti.h): the shim is built without the recorder")
-    return d
+    return build_once(tmp_path_factory, "fakecupti", [FAKECUDA], [], build_fake_cupti)
 
 
 def tally(out):

@@ -8,11 +8,10 @@ clang has it, else a seeded random generator)."""
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import C_SOURCES, have_cc, spank_include
+from tests.conftest import C_SOURCES, build_once, have_cc, spank_include
 
 SPANK = C_SOURCES / "spank"
 NOBODY = 65534
@@ -46,8 +45,9 @@ LIB = [SPANK / "args.c", SPANK / "env.c"]
 def check_tool(tmp_path_factory):
     """The installer's check, built with ASan/UBSan: every case below also runs sanitized."""
     _need_build()
-    d = tmp_path_factory.mktemp("spankcheck")
-    return _cc(d / "check", [SPANK / "tools" / "check.c", *LIB], *SAN)
+    d = build_once(tmp_path_factory, "spankcheck", [SPANK], SAN,
+                   lambda out: _cc(out / "check", [SPANK / "tools" / "check.c", *LIB], *SAN))
+    return d / "check"
 
 
 def test_plugin_builds_clean_with_werror(tmp_path):

@@ -1,0 +1,110 @@
+"""An interrupted test run leaves no Slurm lab behind (issue 52: a killed run left munged,
+slurmctld and four slurmd running, seen three times). A pytest subprocess starts the
+suite's own `lab` fixture, puts a job on it and is ended: by SIGTERM (a timeout's) and
+SIGINT (Ctrl-C), whose teardown stops the lab before the run exits, and by SIGKILL, where
+nothing of the run's own runs and the lab's watchdog (tests/slurm_lab.py) ends it. Then no
+daemon or job process of that lab is alive, its controller's port is free and its directory
+is gone. The processes are found here by the pid files and the jobs' SLURM_CONF, not by the
+lab's own search."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SHARED_ENV, shared_root
+from tests.slurm_lab import missing
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+# the suite's conftest (its fixtures and hooks) for a test directory outside the suite:
+# appended, so that an installed transit_launch still comes first (.ci/test)
+CONFTEST = f"""import sys
+sys.path.append({str(ROOT)!r})
+from tests.conftest import *  # noqa: F401,F403
+"""
+HOLD = """import os, time
+from pathlib import Path
+
+def test_hold(lab):
+    job = lab.cmd("sbatch", "--parsable", "-N1", "--wrap", "sleep 600").stdout.strip()
+    t0 = time.time()
+    while lab.cmd("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() != "RUNNING":
+        assert time.time() - t0 < 120, lab.logs()
+        time.sleep(0.2)
+    Path(os.environ["LAB_READY"]).write_text(str(lab.lab))
+    time.sleep(3600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:  # a zombie holds no port or CPU (this machine's init may not reap them)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+def _jobs_of(conf: Path) -> set[int]:
+    """Processes whose environment's SLURM_CONF is this lab's (its jobs and their steps)."""
+    want = b"SLURM_CONF=" + bytes(conf)
+    found = set()
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if want in Path(f"/proc/{p}/environ").read_bytes().split(b"\0"):
+                found.add(int(p))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_an_interrupted_run_leaves_no_lab_running(tmp_path_factory, tmp_path, sig):
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "conftest.py").write_text(CONFTEST)
+    (inner / "test_hold.py").write_text(HOLD)
+    ready = tmp_path / "ready"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(LAB_READY=str(ready), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               **{SHARED_ENV: str(shared_root(tmp_path_factory))})  # the builds made
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(inner),
+                             str(inner / "test_hold.py")], cwd=inner, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C's default
+    try:
+        t0 = time.time()
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()[0][-4000:]
+            assert time.time() - t0 < 300, "the inner run's lab did not come up"
+            time.sleep(0.2)
+        lab = Path(ready.read_text())
+        daemons = {f.stem: int(f.read_text().strip()) for f in (lab / "run").glob("*.pid")}
+        jobs = _jobs_of(lab / "etc" / "slurm.conf")
+        port = int(next(ln for ln in (lab / "etc" / "slurm.conf").read_text().splitlines()
+                        if ln.startswith("SlurmctldPort=")).split("=")[1])
+        assert sorted(daemons) == ["munged", "slurmctld", *(f"slurmd-n{i}" for i in range(1, 5))], daemons
+        assert jobs and all(map(_alive, [*daemons.values(), *jobs])), (daemons, jobs)
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    pids = [*daemons.values(), *jobs]
+    if sig == signal.SIGKILL:  # the watchdog works after the run is gone: give it its time
+        t0 = time.time()
+        while (any(map(_alive, pids)) or lab.exists()) and time.time() - t0 < 60:
+            time.sleep(0.2)
+    else:  # the teardown ran before the run exited
+        assert "KeyboardInterrupt" in out, out[-4000:]
+    assert not [p for p in pids if _alive(p)], (daemons, jobs, out[-4000:])
+    assert not lab.exists(), out[-4000:]
+    with socket.socket() as s:  # no one listens on slurmctld's port (its closed connections may linger)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
