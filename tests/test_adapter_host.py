@@ -228,3 +228,76 @@ def test_a_step_refused_after_adoption_gives_the_state_back(host, capsys):
     for p in m.parameters():
         st = opt.state[p]
         assert int(st["step"]) == 3 and st["exp_avg"].device == p.device and st["exp_avg"].abs().sum() > 0
+
+
+@pytest.fixture
+def held(host, monkeypatch):
+    """The host step's worker held at each CPU step until the test's timer lets it go, and
+    the order of what happened: "returned" (opt.step() came back on the application's
+    thread), "stepped" (the worker ran a chunk's CPU step)."""
+    import threading
+
+    real, log, go = host.ov._raw_step, [], threading.Event()
+    main = threading.current_thread()
+
+    def raw_step(opt):
+        f = real(opt)
+        if f is None:
+            return None
+
+        def step(o):
+            if threading.current_thread() is not main:
+                go.wait(5)
+                log.append("stepped")
+            return f(o)
+        return step
+
+    monkeypatch.setattr(host.ov, "_raw_step", raw_step)
+
+    def step(opt):  # opt.step(), the worker held until a timer after it returned
+        go.clear()
+        opt.step()
+        log.append("returned")
+        threading.Timer(0.2, go.set).start()
+    return log, step
+
+
+def test_the_step_returns_before_the_cpu_and_the_next_forward_waits(host, held):
+    """opt.step() comes back while the worker still steps on the CPU; the next forward (and
+    a read between steps, as an EMA does) waits for the parameters it reads: the losses, the
+    parameters and the state equal torch's fused CPU step's, bit for bit, with clipping."""
+    import torch
+
+    log, held_step = held
+    ref_m, m = Tied(), Tied()
+    ref_opt, ref_s = _opt(torch.optim.AdamW, ref_m, fused=True)
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+
+    def run(model, o, sched, hold):
+        torch.manual_seed(1)
+        out = []
+        for _ in range(4):
+            for _ in range(2):
+                loss = model.fwd(torch.randn(16, 48)).pow(2).mean()
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            held_step(o) if hold else o.step()
+            out.append((loss.item(), model["b"].weight.detach().clone()))  # a read between steps
+            sched.step()
+            o.zero_grad()
+        return out
+
+    host.uninstall()
+    ref = run(ref_m, ref_opt, ref_s, False)
+    host.install()
+    got = run(m, opt, s, True)
+    assert [x for x, _ in got] == [x for x, _ in ref]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, ref))
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref_m.parameters()))
+    got_sd, ref_sd = opt.state_dict()["state"], ref_opt.state_dict()["state"]
+    assert all(torch.equal(got_sd[i][k], ref_sd[i][k]) for i in ref_sd for k in ref_sd[i])
+    # every step came back before its first CPU step ran (a step that waited for the CPU
+    # would log "stepped" first); a step's chunks ran before the next step returned
+    assert log[0] == "returned" and log.count("returned") == 4
+    assert all(log[i + 1] == "stepped" for i, e in enumerate(log) if e == "returned"), log
+    assert host.stats["held_s"] > 0  # the application's thread waited at the gate

@@ -5,8 +5,12 @@ The streamed step moves that state, 16 B a parameter of Adam (8 in, 8 out), afte
 Here it never moves: it lives in host memory, each parameter's gradient goes down (4 B) as it
 becomes final in the last microbatch's backward, on a copy stream beside backward, torch's own
 optimizer class (fused, on the CPU) steps a host copy of the parameter, and the parameter goes
-back up (4 B), chunk by chunk while the CPU steps the next chunk. What the budget holds on the
-GPU is left to the application's own step (bit-identical there).
+back up (4 B), chunk by chunk while the CPU steps the next chunk. The CPU steps on a worker
+thread: `opt.step()` returns at once, and the work the CPU has left runs beside the next
+forward, which waits per FSDP2 parameter group (at its unshard, the one reader of the sharded
+parameter) for that group's chunks only; parameters outside FSDP2 wait for the whole step at
+the next forward. What the budget holds on the GPU is left to the application's own step
+(bit-identical there).
 
 torch's semantics are kept: the same optimizer class and param groups (their hyper-parameters
 read at every step, so LR schedules apply), the step counts, the state in `opt.state` (plain
@@ -24,9 +28,15 @@ refuses too, sparse or non-contiguous tensors.
 
 import atexit
 import sys
+import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
+# What reads a tensor's metadata, not its data: the gate lets it through (a parameter's
+# attributes, p.grad among them, are read by torch's step while the worker runs)
+METADATA = frozenset(("__get__", "__set__", "size", "dim", "numel", "stride", "is_contiguous", "element_size",
+                      "data_ptr", "untyped_storage", "is_floating_point", "is_complex", "__len__"))
 CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU steps one while one copies)
 # Said once for an optimizer of FSDP2 (DTensor) parameters: their host state is plain tensors,
 # which torch's distributed checkpoint cannot place
@@ -65,6 +75,33 @@ class _Plan:
         self.learned = {}   # id(param) -> hooks in the last step (the last is final)
         self.hidden = []    # (param, grad) hidden from the application's step
         self.handles = []
+        self.job = None     # the step the worker runs (_Job), until _finish
+
+
+class _Chunk:
+    """One chunk of a step for the worker: what to wait for, the CPU step, the copies up."""
+
+    __slots__ = ("cpu", "live", "items", "done", "up")
+
+    def __init__(self, cpu, live, items):
+        self.cpu, self.live = cpu, live
+        self.items = items               # (rec, copy-down event or None, (coefficient, event) or None)
+        self.done = threading.Event()    # set when the copies up are issued (or the job failed)
+        self.up = None                   # the copies up's completion (a GPU's event)
+
+    def landed(self):
+        """The gradients' copies (and the clip's coefficient) are on the host."""
+        return all((ev is None or ev.query()) and (c is None or c[1] is None or c[1].query())
+                   for _, ev, c in self.items)
+
+
+class _Job:
+    """One optimizer step's host work, run by the worker thread in _run."""
+
+    def __init__(self, device, chunks):
+        self.device, self.chunks = device, chunks
+        self.error = None
+        self.future = None
 
 
 class HostStep:
@@ -84,8 +121,11 @@ class HostStep:
         self.streams = {}            # device -> (down, up) copy streams
         self.task_open = False       # a backward is running whose end is awaited
         self.stats = {"steps": 0, "host_params": 0, "resident_params": 0, "recopied": 0, "clipped": 0,
-                      "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0}
+                      "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0, "held_s": 0.0}
         self.handles = []
+        self.worker = None           # one thread: the CPU steps of a job, in order
+        self.pending = {}            # storage address of a parameter in flight -> its _Chunk (_gate)
+        self.gate = None
         self._unclip = None
         self.hook_failed = False
         atexit.register(self.report)
@@ -97,7 +137,7 @@ class HostStep:
                  f"left to the GPU step; gradients copied again at the step {s['recopied']} times, scaled by a "
                  f"clip {s['clipped']} times; seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
                  f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, "
-                 f"parameters sent up {s['up_s']:.2f}")
+                 f"parameters sent up {s['up_s']:.2f}, the application held for the CPU {s['held_s']:.2f}")
 
     # --- install ------------------------------------------------------------------------------
 
@@ -110,13 +150,19 @@ class HostStep:
 
     def uninstall(self):
         atexit.unregister(self.report)
-        for h in self.handles:
-            h.remove()
         for plan in list(self.plans.values()):
+            self._finish(plan)
             for h in plan.handles:
                 h.remove()
+        for h in self.handles:
+            h.remove()
         if self._unclip:
             self._unclip()
+        if self.gate is not None:
+            self.gate.__exit__(None, None, None)
+            self.gate = None
+        if self.worker:
+            self.worker.shutdown()
 
     def _wrap_clipping(self):
         """torch.nn.utils.clip_grads_with_norm_ (TorchTitan calls it) and the function
@@ -153,6 +199,72 @@ class HostStep:
             for (mod, name), f in saved.items():
                 setattr(mod, name, f)
         self._unclip = unclip
+
+    def _push_gate(self):
+        """A torch function mode on this (the application's) thread: while a step's chunks are
+        in flight, an op that reads or writes one of their parameters (FSDP2's all-gather of
+        the sharded parameter, a forward, state_dict's detach, an EMA) first waits for that
+        chunk's copies up. The worker's own ops run on its thread, outside the mode."""
+        from torch.overrides import TorchFunctionMode
+
+        host = self
+
+        class Gate(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if host.pending and getattr(func, "__name__", None) not in METADATA:
+                    host._gate(args, kwargs)
+                return func(*args, **kwargs)
+
+        self.gate = Gate()
+        self.gate.__enter__()
+
+    def _gate(self, args, kwargs):
+        import torch
+
+        for a in (*args, *kwargs.values()):
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                t = getattr(t, "_local_tensor", t)  # a DTensor: its shard
+                try:
+                    ptr = t.untyped_storage().data_ptr()
+                except Exception:  # no storage (meta, fake): nothing the worker writes
+                    continue
+                for chunk in self.pending.pop(ptr, ()):
+                    self._await(chunk)
+                    if chunk.up is not None:
+                        torch.cuda.current_stream(chunk.up.device).wait_event(chunk.up)
+
+    def _await(self, chunk):
+        if not chunk.done.is_set():
+            t0 = time.perf_counter()
+            chunk.done.wait()
+            self.stats["held_s"] += time.perf_counter() - t0
+
+    def _finish(self, plan):
+        """The in-flight step of plan done, its copies up ordered before the application's
+        next work; an error of the worker said and the state given back."""
+        import torch
+
+        job, plan.job = plan.job, None
+        if job is None:
+            return
+        for c in job.chunks:
+            for r in c.live:
+                self.pending.pop(r.local.untyped_storage().data_ptr(), None)
+        t0 = time.perf_counter()
+        job.future.result()
+        self.stats["held_s"] += time.perf_counter() - t0
+        for c in job.chunks:
+            if c.up is not None:
+                torch.cuda.current_stream(c.up.device).wait_event(c.up)
+        if job.error is not None:
+            opt = plan.opt()
+            if opt is not None:
+                self._give_back(opt, plan)
+                self._once(opt, f"an error in the host step's worker: {job.error!r} (this step's update of "
+                                f"its host parameters may be partial)")
 
     # --- the hooks ----------------------------------------------------------------------------
 
@@ -327,6 +439,11 @@ class HostStep:
             self._once(opt, "its state fits the GPU budget: nothing to step on the host")
             return None
         self.plans[opt] = plan
+        if self.gate is None:  # on the thread that steps; not at install, which runs inside `import torch`
+            self._push_gate()
+        # what reads the state or the parameters outside a forward waits for the step in flight
+        plan.handles.append(opt.register_state_dict_pre_hook(lambda o: self._finish(plan)))
+        plan.handles.append(opt.register_load_state_dict_pre_hook(lambda o, sd: self._finish(plan)))
         self.stats["host_params"] += len(plan.recs)
         if self.on_host:
             self.on_host()
@@ -352,90 +469,125 @@ class HostStep:
         return gi, cpu, recs
 
     def _step(self, opt, plan):
-        """Chunk by chunk in backward's order (the last layers' gradients come down first):
-        each chunk waits only for its own gradients' copies, so without clipping the CPU
-        steps the first chunks while the GPU still runs backward; each chunk's parameters go
-        up once it is stepped. With clipping the coefficient, known at backward's end, is
-        waited for first."""
-        import torch
+        """The step's host work handed to the worker (_run), chunk by chunk; what must happen
+        on this thread (the hyper-parameters read, a gradient copied again, the clip's
+        coefficient sent down) happens here first. The parameters stepped on the host are
+        hidden from the application's own step and enter the gate (_gate) until sent up."""
 
+        self._finish(plan)
+        if self.plans.get(opt) is not plan:  # the last step's worker failed: given back
+            return
         self._resync(opt, plan)
-        raw = self.ov._raw_step
-        ups, synced, coefs = set(), set(), {}
-        clock = time.perf_counter
-        for gi, cpu, recs in reversed(plan.chunks):
-            group = opt.param_groups[gi]
-            for k, v in group.items():
+        chunks, synced, coefs = [], set(), {}
+        for gi, cpu, recs in plan.chunks:
+            for k, v in opt.param_groups[gi].items():
                 if k not in ("params", "foreach", "fused"):
                     cpu.param_groups[0][k] = v
             live = [r for r in recs if r.p.grad is not None]
             for r in recs:
                 r.ph.grad = r.gh if r.p.grad is not None else None
-            if not live:
-                continue
-            for r in live:
-                self._gradient(plan, r, synced, coefs)
-            t0 = clock()
-            raw(cpu)(cpu)
-            t1 = clock()
-            self.stats["cpu_s"] += t1 - t0
-            for r in live:
-                if r.local.device.type == "cuda":
-                    _, up = self._streams(r.local.device)
-                    ups.add(r.local.device)
-                    if r.event is not None:  # after the kernels that read the parameter in backward
-                        up.wait_event(r.event)
-                    with torch.cuda.stream(up):
-                        r.local.copy_(r.ph, non_blocking=True)
-                else:
-                    r.local.copy_(r.ph)
-                r.pver = r.local._version
-            self.stats["up_s"] += clock() - t1
-            if not hasattr(recs[0].p, "to_local"):
-                for r in recs:
-                    opt.state[r.p] = cpu.state[r.ph]
-        for dev in ups:  # the application's next work reads the parameters after they land
-            torch.cuda.current_stream(dev).wait_stream(self._streams(dev)[1])
+            if live:
+                chunks.append(_Chunk(cpu, live, [self._gradient(plan, r, synced, coefs) for r in live]))
         plan.hidden = [(r.p, r.p.grad) for r in plan.recs.values() if r.p.grad is not None]
         for p, _ in plan.hidden:
             p.grad = None  # torch's step skips a parameter without a gradient
         self.stats["steps"] += 1
+        if not chunks:
+            return
+        device = chunks[0].live[0].local.device
+        job = plan.job = _Job(device, chunks)
+        for c in chunks:
+            for r in c.live:
+                self.pending.setdefault(r.local.untyped_storage().data_ptr(), []).append(c)
+        if self.worker is None:
+            self.worker = ThreadPoolExecutor(1, thread_name_prefix="transit-host-step")
+        dtensor = hasattr(chunks[0].live[0].p, "to_local")
+        job.future = self.worker.submit(self._run, None if dtensor else opt, job)
 
-    def _gradient(self, plan, rec, synced, coefs):
-        """rec's host gradient equal to what the step would read: the copy made at its final
-        hook, unchanged since backward ended, or changed only by one clipping (scaled here),
-        else copied now (after the GPU's work so far)."""
+    def _run(self, opt, job):
+        """The worker: each chunk once its gradients are on the host, the first in forward's
+        order among those that are (backward sends the last layers first; the next forward
+        reads the first layers first), then its parameters sent up."""
         import torch
 
         clock = time.perf_counter
+        try:
+            if job.device.type == "cuda":
+                torch.cuda.set_device(job.device)
+                up = self._streams(job.device)[1]
+            left = list(job.chunks)
+            while left:
+                c = next((c for c in left if c.landed()), left[-1])
+                left.remove(c)
+                t0 = clock()
+                for r, ev, coef in c.items:
+                    if ev is not None:
+                        ev.synchronize()
+                    if coef is not None:
+                        if coef[1] is not None:
+                            coef[1].synchronize()
+                        t1 = clock()
+                        r.gh.mul_(coef[0])
+                        self.stats["grads_s"] += clock() - t1
+                        t0 += clock() - t1
+                t1 = clock()
+                self.stats["wait_s"] += t1 - t0
+                self.ov._raw_step(c.cpu)(c.cpu)
+                t2 = clock()
+                self.stats["cpu_s"] += t2 - t1
+                for r in c.live:
+                    if job.device.type == "cuda":
+                        if r.event is not None:  # after the kernels that read the parameter in backward
+                            up.wait_event(r.event)
+                        with torch.cuda.stream(up):
+                            r.local.copy_(r.ph, non_blocking=True)
+                    else:
+                        r.local.copy_(r.ph)
+                    r.pver = r.local._version
+                    if opt is not None:
+                        opt.state[r.p] = c.cpu.state[r.ph]
+                if job.device.type == "cuda":
+                    c.up = up.record_event()
+                self.stats["up_s"] += clock() - t2
+                c.done.set()
+        except Exception as e:  # said and given back by _finish, on the application's thread
+            job.error = e
+        finally:
+            for c in job.chunks:
+                c.done.set()
+
+    def _gradient(self, plan, rec, synced, coefs):
+        """What the worker needs to make rec's host gradient equal to what the step would
+        read: (rec, the copy down's event, the clip's (coefficient, event)) for the copy made
+        at its final hook, unchanged since backward ended or changed only by one clipping;
+        else it is copied again here, now (after the GPU's work so far)."""
+        import torch
+
         g = rec.p.grad
         version = _local(g)._version
         fresh = (rec.copied is g and rec.ended is not None
                  and rec.fires == plan.learned.get(id(rec.p), rec.fires))  # no gradient after the copy
         clipped = fresh and len(rec.clip) == 1 and rec.clip[0][1] == version and not self.clip_broken
         if fresh and (clipped or not rec.clip and version == rec.ended):
-            t0 = clock()
-            if rec.event is not None:
-                rec.event.synchronize()
-            if clipped:
-                coef = rec.clip[0][0]
-                if id(coef) not in coefs:
-                    coefs[id(coef)] = coef.to("cpu")  # waits for the clip, at backward's end
-                t1 = clock()
-                rec.gh.mul_(coefs[id(coef)])
-                self.stats["clipped"] += 1
-                self.stats["grads_s"] += clock() - t1
-                t0 += clock() - t1
-            self.stats["wait_s"] += clock() - t0
-            return
-        t0 = clock()
+            if not clipped:
+                return rec, rec.event, None
+            coef = rec.clip[0][0]
+            if id(coef) not in coefs:  # sent down once, after the clip's kernels
+                host = torch.empty((), dtype=coef.dtype, pin_memory=coef.is_cuda)
+                host.copy_(coef, non_blocking=True)
+                ev = torch.cuda.current_stream(coef.device).record_event() if coef.is_cuda else None
+                coefs[id(coef)] = (host, ev)
+            self.stats["clipped"] += 1
+            return rec, rec.event, coefs[id(coef)]
+        t0 = time.perf_counter()
         dev = rec.local.device
         if dev.type == "cuda" and dev not in synced:
             torch.cuda.current_stream(dev).synchronize()
             synced.add(dev)
         self.stats["recopied"] += 1
         rec.gh.copy_(_local(g))
-        self.stats["grads_s"] += clock() - t0
+        self.stats["grads_s"] += time.perf_counter() - t0
+        return rec, None, None
 
     def _resync(self, opt, plan):
         """What changed outside the host path since the last step is taken in: a parameter
@@ -459,6 +611,7 @@ class HostStep:
         application's own step."""
         import torch
 
+        self._finish(plan)
         for dev in self.streams:
             self.streams[dev][1].synchronize()
         for gi, cpu, recs in plan.chunks:
