@@ -9,13 +9,14 @@ import sys
 
 
 def install(adapter: str, mode: str):
-    """mode "overlap" (TRANSIT_OVERLAP_STEP=1) or "default" (unset: advise's streamed step, every
+    """mode "overlap" (TRANSIT_OVERLAP_STEP=1), "default" (unset: advise's streamed step, every
     state "pinned" by the stand-in; the CPU stands in for the GPU, a state's own memory its
-    home). Returns the adapter's hooks."""
+    home) or "host" (TRANSIT_OVERLAP_STEP=host with a budget that holds no state: every
+    parameter's update on the host path). Returns the adapter's hooks."""
     import torch.optim.optimizer  # noqa: F401 (loaded: the module whose hooks the adapter takes)
 
-    if mode == "overlap":
-        os.environ["TRANSIT_OVERLAP_STEP"] = "1"
+    if mode in ("overlap", "host"):
+        os.environ["TRANSIT_OVERLAP_STEP"] = "1" if mode == "overlap" else "host"
     else:
         os.environ.pop("TRANSIT_OVERLAP_STEP", None)
     sys.path.insert(0, adapter)
@@ -35,10 +36,13 @@ def install(adapter: str, mode: str):
         def device_free(self, ptr): return -1
         def state_alloc(self, on): return False
         def host_state(self, ptr, size): return mode == "default"
+        def state_on_host(self): return None
 
     if mode == "default":
         import transit_overlap
         transit_overlap._staging_module().Staging._homeable = staticmethod(lambda t: t.is_contiguous())
     hooks = site._Hooks(Api())
+    if mode == "host":  # the budget's room for state, asked of the shim's stats on a GPU: none
+        hooks.overlap.room = lambda device: 0
     hooks.register(sys.modules["torch.optim.optimizer"])
     return hooks

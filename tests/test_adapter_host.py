@@ -301,3 +301,31 @@ def test_the_step_returns_before_the_cpu_and_the_next_forward_waits(host, held):
     assert log[0] == "returned" and log.count("returned") == 4
     assert all(log[i + 1] == "stepped" for i, e in enumerate(log) if e == "returned"), log
     assert host.stats["held_s"] > 0  # the application's thread waited at the gate
+
+
+def test_a_containers_optimizers_step_on_the_host_and_nothing_is_said(host, capsys):
+    """TorchTitan's OptimizersContainer in miniature: the container's step only calls its
+    AdamWs', each adopted on its own; the container itself is neither adopted nor refused
+    (no line about it), and the result is torch's fused CPU step's, bit for bit."""
+    import types
+
+    import torch
+
+    from tests.test_adapter_streamed import Container
+
+    def run(m, fused):
+        opt = Container([m["a"], m["b"]], lr=1e-2, weight_decay=0.1)
+        for o in opt.optimizers:
+            for g in o.param_groups:
+                g["fused"] = fused
+        return train(m, opt, types.SimpleNamespace(step=lambda: None), 0.05)  # no schedule
+
+    host.uninstall()
+    ref_m = Tied()
+    ref = run(ref_m, True)
+    host.install()
+    m = Tied()
+    assert run(m, None) == ref
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref_m.parameters()))
+    assert host.stats["host_params"] == 4 and not host.said
+    assert "host step off" not in capsys.readouterr().err

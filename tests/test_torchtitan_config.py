@@ -400,7 +400,7 @@ import json, os, sys
 mode, standin, out = sys.argv[1:4]
 sys.argv = ["torchtitan.train", *sys.argv[4:]]
 hooks = None
-if mode == "default":
+if mode != "plain":
     sys.path.insert(0, os.path.dirname(standin))
     from transit_launch.shim import inject
     hooks = __import__("adapter_standin").install(str(inject.adapter_dir()), mode)
@@ -421,8 +421,33 @@ tt.main(tt.Trainer)
 ov = hooks.overlap if hooks else None
 with open(os.path.join(out, f"{mode}-{os.environ['RANK']}.json"), "w") as f:
     json.dump({"losses": losses, "norms": norms, "streamed": getattr(ov, "streamed", 0),
-               "said": [str(v) for v in getattr(ov, "said", {}).values()]}, f)
+               "stats": getattr(ov, "stats", {}), "said": [str(v) for v in getattr(ov, "said", {}).values()]}, f)
 """
+
+
+def _titan_runs(titan, tmp_path, modes, steps=4):
+    """TorchTitan's debug model, FSDP2 on two gloo ranks, 2 microbatches a step, clipping at
+    0.05 (it binds), seeded and deterministic, in each mode: each rank's record (TITAN_RANK)."""
+    work = _assets(tmp_path)
+    driver = tmp_path / "titan_rank.py"
+    driver.write_text(TITAN_RANK)
+    args = ["--job.config_file", str(DEBUG), f"--training.steps={steps}", "--training.max_norm=0.05",
+            "--training.local_batch_size=1", "--training.global_batch_size=4", "--training.seq_len=64",
+            "--comm.init_timeout_seconds=120", "--metrics.log_freq=1", "--debug.seed=7", "--debug.deterministic"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE / "cpu_standin"), os.environ.get("PYTHONPATH")])))
+    got = {}
+    for mode in modes:
+        res = subprocess.run([str(titan.venv / "bin" / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                              str(driver), mode, str(Path(__file__).with_name("adapter_standin.py")),
+                              str(tmp_path), *args],
+                             capture_output=True, text=True, timeout=600, cwd=work, env=env)
+        assert res.returncode == 0, res.stderr[-4000:]
+        got[mode] = [json.loads((tmp_path / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
+    plain = got["plain"]
+    assert [len(r["losses"]) for r in plain] == [2 * steps] * 2 and len(plain[0]["norms"]) == steps
+    assert all(n > 0.05 for n in plain[0]["norms"])  # the clipping binds at every step
+    return got
 
 
 def test_the_default_streamed_step_under_torchtitans_trainer_is_bit_identical(titan, tmp_path):
@@ -433,31 +458,33 @@ def test_the_default_streamed_step_under_torchtitans_trainer_is_bit_identical(ti
     nothing refused, and every microbatch's loss and
     every gradient norm equal to the run without the adapter (both seeded, deterministic), bit
     for bit."""
-    work = _assets(tmp_path)
-    driver = tmp_path / "titan_rank.py"
-    driver.write_text(TITAN_RANK)
     steps = 4
-    args = ["--job.config_file", str(DEBUG), f"--training.steps={steps}", "--training.max_norm=0.05",
-            "--training.local_batch_size=1", "--training.global_batch_size=4", "--training.seq_len=64",
-            "--comm.init_timeout_seconds=120", "--metrics.log_freq=1", "--debug.seed=7", "--debug.deterministic"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE / "cpu_standin"), os.environ.get("PYTHONPATH")])))
-    got = {}
-    for mode in ("plain", "default"):
-        res = subprocess.run([str(titan.venv / "bin" / "torchrun"), "--standalone", "--nproc-per-node", "2",
-                              str(driver), mode, str(Path(__file__).with_name("adapter_standin.py")),
-                              str(tmp_path), *args],
-                             capture_output=True, text=True, timeout=600, cwd=work, env=env)
-        assert res.returncode == 0, res.stderr[-4000:]
-        got[mode] = [json.loads((tmp_path / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
+    got = _titan_runs(titan, tmp_path, ("plain", "default"), steps)
     plain, default = got["plain"], got["default"]
-    assert [len(r["losses"]) for r in plain] == [2 * steps] * 2 and len(plain[0]["norms"]) == steps
-    assert all(n > 0.05 for n in plain[0]["norms"])  # the clipping binds at every step
     for p, d in zip(plain, default):
         assert d["losses"] == p["losses"] and d["norms"] == p["norms"]
     streamed = [r["streamed"] for r in default]
     assert streamed[0] == streamed[1] > 0 and streamed[0] % steps == 0, default
     assert all(r["said"] == [] for r in default), default  # nothing refused
+
+
+def test_the_host_step_under_torchtitans_trainer_is_bit_identical(titan, tmp_path):
+    """Issue 50's CPU check: the same trainer with TRANSIT_OVERLAP_STEP=host and a budget that
+    holds no state: every sharded parameter's update runs on the host path's worker (torch's
+    fused CPU AdamW on host copies, the clip's coefficient applied to the copied gradients),
+    and every loss and gradient norm equals the run without the adapter, bit for bit (a step
+    with the unclipped gradients, or a forward that read a parameter before its update, would
+    change the next losses)."""
+    steps = 4
+    got = _titan_runs(titan, tmp_path, ("plain", "host"), steps)
+    for p, h in zip(got["plain"], got["host"]):
+        assert h["losses"] == p["losses"] and h["norms"] == p["norms"]
+    for r in got["host"]:
+        st = r["stats"]
+        assert st["steps"] == steps and st["host_params"] > 0 and st["resident_params"] == 0, st
+        # from the second step each gradient copied at its final hook is used, scaled by the clip
+        assert st["clipped"] == (steps - 1) * st["host_params"], st
+        assert r["said"] == [], r
 
 
 def test_lab_job_runs_the_layout_the_plan_chose(titan, lab, tmp_path):

@@ -102,6 +102,7 @@ class _Job:
         self.device, self.chunks = device, chunks
         self.error = None
         self.future = None
+        self.threads = None
 
 
 class HostStep:
@@ -334,7 +335,7 @@ class HostStep:
             rec.clip.append((coef, _local(rec.p.grad)._version))
 
     def pre_step(self, opt, args, kwargs):
-        if opt in self.said:
+        if opt in self.said or self.ov.is_container(opt):  # a container: its optimizers come one by one
             return
         try:
             plan = self.plans.get(opt)
@@ -473,6 +474,7 @@ class HostStep:
         on this thread (the hyper-parameters read, a gradient copied again, the clip's
         coefficient sent down) happens here first. The parameters stepped on the host are
         hidden from the application's own step and enter the gate (_gate) until sent up."""
+        import torch
 
         self._finish(plan)
         if self.plans.get(opt) is not plan:  # the last step's worker failed: given back
@@ -502,6 +504,10 @@ class HostStep:
         if self.worker is None:
             self.worker = ThreadPoolExecutor(1, thread_name_prefix="transit-host-step")
         dtensor = hasattr(chunks[0].live[0].p, "to_local")
+        # the worker's intra-op threads (a per-thread setting): the application's less one, the core
+        # its own thread keeps (it launches the next forward, or spins in a CUDA sync): a team
+        # thread sharing that core would hold back the whole team at every parallel region's end
+        job.threads = max(1, torch.get_num_threads() - 1)
         job.future = self.worker.submit(self._run, None if dtensor else opt, job)
 
     def _run(self, opt, job):
@@ -512,6 +518,8 @@ class HostStep:
 
         clock = time.perf_counter
         try:
+            if torch.get_num_threads() != job.threads:
+                torch.set_num_threads(job.threads)
             if job.device.type == "cuda":
                 torch.cuda.set_device(job.device)
                 up = self._streams(job.device)[1]

@@ -175,6 +175,15 @@ def call_refusal(opt, args, kwargs, mine):
     return None
 
 
+def is_container(opt):
+    """Whether opt holds other optimizers (TorchTitan's OptimizersContainer: one per model
+    part): its step only calls theirs, each hooked on its own."""
+    from torch.optim import Optimizer
+
+    return any(isinstance(v, (list, tuple)) and v and all(isinstance(x, Optimizer) for x in v)
+               for v in vars(opt).values())
+
+
 def step_refusal(opt, args, kwargs, mine):
     """Why this step of opt must run as the application made it (call_refusal, then each
     param group's _group_refusal), or None: what the streamed and the host step share."""

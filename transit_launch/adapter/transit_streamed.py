@@ -48,14 +48,6 @@ def _say(msg):
     print(f"transit adapter: {msg}", file=sys.stderr, flush=True)
 
 
-def _container(opt):
-    """Whether opt holds other optimizers (TorchTitan's OptimizersContainer: one per model part)."""
-    from torch.optim import Optimizer
-
-    return any(isinstance(v, (list, tuple)) and v and all(isinstance(x, Optimizer) for x in v)
-               for v in vars(opt).values())
-
-
 class StreamedStep:
     """Global optimizer step pre/post hooks. pre_step streams the step and hides the gradients
     of what it updated from the application's step (torch's steps skip a parameter without a
@@ -102,7 +94,7 @@ class StreamedStep:
     def pre_step(self, opt, args, kwargs):
         raw = self.ov._raw_step(opt)
         if raw is None:
-            if not _container(opt):  # a container's step only calls its optimizers' (each hooked)
+            if not self.ov.is_container(opt):  # a container's step only calls its optimizers' (each hooked)
                 self._once(opt, f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})")
             return
         try:
