@@ -1,4 +1,8 @@
 /* The exported C API (transit_api.h). */
+#define _GNU_SOURCE /* strdup, strnlen */
+#include <stdlib.h>
+#include <string.h>
+
 #include "transit.h"
 #include "transit_api.h"
 
@@ -139,6 +143,25 @@ EXPORT void transit_state_on_host(void)
     pthread_mutex_lock(&tr_lock);
     tr_s.cold_reported = 1; /* as an optimizer hint does: no access probe (state.c) */
     pthread_mutex_unlock(&tr_lock);
+}
+
+EXPORT int transit_adapter_stats(const char *json)
+{
+    tr_init_once();
+    size_t n = json ? strnlen(json, TR_ADAPTER_STATS_MAX + 1) : 0;
+    if (n < 2 || n > TR_ADAPTER_STATS_MAX || json[0] != '{' || json[n - 1] != '}')
+        return -1;
+    for (size_t i = 0; i < n; i++) /* printable ASCII: nothing that could end the report's JSON line early */
+        if ((unsigned char)json[i] < 0x20 || (unsigned char)json[i] > 0x7e)
+            return -1;
+    char *copy = strdup(json);
+    if (!copy)
+        return -1;
+    pthread_mutex_lock(&tr_lock);
+    free(tr_s.adapter_stats);
+    tr_s.adapter_stats = copy;
+    pthread_mutex_unlock(&tr_lock);
+    return 0;
 }
 
 EXPORT int transit_host_state(uintptr_t ptr, size_t size)

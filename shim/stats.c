@@ -55,6 +55,34 @@ static int expand(const char *in, char *out, size_t len)
     return 0;
 }
 
+/* s when it is non-empty and every character is in ok, else NULL: what goes into the
+ * JSON unquoted (a rank) or quoted without escapes (a node's name). */
+static const char *plain(const char *s, const char *ok)
+{
+    return s && s[0] && strlen(s) < 256 && s[strspn(s, ok)] == 0 ? s : NULL;
+}
+
+/* A rank as a JSON number (digits, no leading zero), or NULL. */
+static const char *number(const char *s)
+{
+    s = plain(s, "0123456789");
+    return s && (s[0] != '0' || !s[1]) ? s : NULL;
+}
+
+/* Which rank of which node wrote the report, for `transit-launch report`: $RANK, and the
+ * node as Slurm names it ($SLURMD_NODENAME: the lab's nodes share one host) or the host. */
+static void who(FILE *f)
+{
+    static const char name[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-";
+    char host[256] = "";
+    const char *rank = number(getenv("RANK")), *local = number(getenv("LOCAL_RANK"));
+    const char *node = plain(getenv("SLURMD_NODENAME"), name);
+    if (!node && gethostname(host, sizeof host - 1) == 0)
+        node = plain(host, name);
+    fprintf(f, "  \"rank\": %s,\n  \"local_rank\": %s,\n", rank ? rank : "null", local ? local : "null");
+    fprintf(f, node ? "  \"node\": \"%s\",\n" : "  \"node\": null,\n", node);
+}
+
 /* Another user cannot have changed this: it is root's or ours. */
 static int owner_trusted(uid_t uid) { return uid == 0 || uid == geteuid(); }
 
@@ -205,6 +233,7 @@ int tr_write_stats(const char *path)
     static const char *sources[] = {"none", "adapter", "kernel-sequence"};
     fprintf(f, "{\n  \"version\": 1,\n  \"pid\": %d,\n  \"policy\": \"%s\",\n  \"passthrough\": %s,\n",
             (int)getpid(), tr_policy_name(tr_cfg.policy), tr_s.passthrough ? "true" : "false");
+    who(f);
     fprintf(f, "  \"budget_bytes\": %llu,\n  \"budget_explicit\": %s,\n  \"guard_limit_bytes\": %llu,\n",
             (unsigned long long)(tr_s.passthrough ? 0 : tr_budget_total()), tr_cfg.budget ? "true" : "false",
             (unsigned long long)tr_guard_limit());
@@ -261,6 +290,7 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_count.evict_calls, (unsigned long long)tr_count.evict_bytes,
             (unsigned long long)tr_count.advise_calls, (unsigned long long)tr_count.hint_errors,
             (unsigned long long)tr_replay_positions(), (unsigned long long)tr_count.room_demotions);
+    fprintf(f, "  \"adapter\": %s,\n", tr_s.adapter_stats ? tr_s.adapter_stats : "null");
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
             tr_count.iterations, sources[tr_count.boundary_source], (unsigned long long)tr_count.period);
     fprintf(f, "  \"first_iteration_ms\": %.3f,\n", tr_count.first_iter_ms);

@@ -238,7 +238,9 @@ struct tr_state {
     double t_last_boundary;
     double t_attach;          /* when the adapter attached (transit_adapter_attach); 0: not yet */
     int cold_reported;        /* the adapter named optimizer state (managed or pinned): under tr_lock */
+    char *adapter_stats;      /* the adapter's counters, a JSON object (transit_adapter_stats): under tr_lock */
 };
+#define TR_ADAPTER_STATS_MAX (64 << 10)
 HIDDEN extern struct tr_state tr_s;
 HIDDEN void tr_init_once(void);    /* configuration */
 HIDDEN void tr_runtime_once(void); /* + the CUDA runtime: from interposed calls only */

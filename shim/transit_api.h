@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRANSIT_API_VERSION 9
+#define TRANSIT_API_VERSION 10
 /* SPARSE (version 6): master weights the forward reads only in part, an nn.Embedding's table
  * outside FSDP (a gather of the step's rows): advise gives them the GPU after the dense
  * master weights and before the optimizer state. */
@@ -57,4 +57,8 @@ void transit_state_segments(const size_t *sizes, size_t n);
  * adapter's host step, version 9): advise has its state named, as a hint of it would, and
  * probes no access (a probe moves every managed byte to the host for its first recording). */
 void transit_state_on_host(void);
+/* The adapter's counters (version 10): a JSON object of printable ASCII, at most 64 KiB,
+ * written as "adapter" in every later stats report (a later call replaces it; null until
+ * one). 0, or -1 when refused (not an object's text, too long): the report keeps the last. */
+int transit_adapter_stats(const char *json);
 #endif

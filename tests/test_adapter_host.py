@@ -329,3 +329,34 @@ def test_a_containers_optimizers_step_on_the_host_and_nothing_is_said(host, caps
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref_m.parameters()))
     assert host.stats["host_params"] == 4 and not host.said
     assert "host step off" not in capsys.readouterr().err
+
+
+def test_the_counters_reach_the_shims_report_at_exit(host):
+    """sitecustomize's exit handler sends the step's mode and counters to the shim
+    (api.adapter_stats: the report's "adapter" object)."""
+    import importlib.util
+
+    import torch
+
+    from transit_launch.shim import inject
+
+    spec = importlib.util.spec_from_file_location("transit_site_h", inject.adapter_dir() / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)  # installs nothing here: no shim is loaded
+    m = Tied()
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+    train(m, opt, s, 0.05, steps=2)
+
+    class Api:
+        sent = []
+
+        def adapter_stats(self, counters):
+            self.sent.append(counters)
+            return True
+
+    hooks = object.__new__(site._Hooks)
+    hooks.api, hooks.mode, hooks.overlap = Api(), "host", host
+    hooks.send_stats()
+    [sent] = Api.sent
+    assert sent["mode"] == "host" and sent["steps"] == 2 and sent["host_params"] == 4 and sent["clipped"] == 4
+    assert sent["cpu_s"] == round(host.stats["cpu_s"], 3)

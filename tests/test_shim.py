@@ -605,7 +605,52 @@ def test_an_older_adapter_still_finds_the_retired_staging_calls(built):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**env, "LD_PRELOAD": str(built["shim"]), "TRANSIT_POLICY": "advise"})
-    assert res.returncode == 0 and res.stdout.split() == ["9", "0", "0", "0", "0"], res.stderr  # version 9 today
+    assert res.returncode == 0 and res.stdout.split() == ["10", "0", "0", "0", "0"], res.stderr  # version 10 today
     from transit_launch.adapter import transit_api
     assert "stage" not in transit_api.CDEF
 
+
+
+ADAPTER_STATS = r"""
+import ctypes, json, sys, threading
+sys.path.insert(0, sys.argv[1])
+import transit_api
+lib = ctypes.CDLL(None)
+out = sys.argv[2]
+assert lib.transit_write_stats(f"{out}/before.json".encode()) == 0
+said = [transit_api.adapter_stats({"mode": "host", "steps": 3, "cpu_s": 1.25})]
+refused = [lib.transit_adapter_stats(t) for t in (None, b"", b"{", b"[1]", b"{\"a\": 1} ", b"{\"a\":\n1}",
+                                                  b"{\"a\": \"\xc3\xa9\"}", b"{" + b" " * (64 << 10) + b"}")]
+def send(i):  # threads replacing each other's counters: the report holds one of them, whole
+    for _ in range(200):
+        lib.transit_adapter_stats(json.dumps({"thread": i, "pad": "x" * 100}).encode())
+ts = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+[t.start() for t in ts]
+for _ in range(50):
+    assert lib.transit_write_stats(f"{out}/during.json".encode()) == 0
+    json.load(open(f"{out}/during.json"))
+[t.join() for t in ts]
+assert lib.transit_adapter_stats(b'{"last": true}') == 0
+assert lib.transit_write_stats(f"{out}/after.json".encode()) == 0
+print(json.dumps({"said": said[0], "refused": refused}))
+"""
+
+
+def test_the_adapters_counters_go_into_the_stats_report(built, tmp_path):
+    """transit_adapter_stats (API version 10): the adapter's counters are the report's
+    "adapter" object (null before any call; the last call's after), through the adapter's own
+    binding; text that is not one JSON object of printable ASCII, or is over 64 KiB, is
+    refused and the report keeps what it had; calls from four threads while reports are
+    written leave every report valid JSON."""
+    from transit_launch.shim import inject
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
+    res = subprocess.run([sys.executable, "-c", ADAPTER_STATS, str(inject.adapter_dir()), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**env, "LD_PRELOAD": str(built["shim"]), "TRANSIT_POLICY": "advise"})
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["said"] is True and out["refused"] == [-1] * 8
+    assert stats_of(tmp_path / "before.json")["adapter"] is None
+    assert stats_of(tmp_path / "after.json")["adapter"] == {"last": True}
+    assert set(stats_of(tmp_path / "during.json")["adapter"]) in ({"thread", "pad"}, {"mode", "steps", "cpu_s"})

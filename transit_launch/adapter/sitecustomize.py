@@ -10,6 +10,7 @@ Under advise the optimizer step is streamed through the copy engines (transit_st
 TRANSIT_OVERLAP_STEP=0 turns it off, =1 or staged overlap it with backward instead). Any failure here disables the adapter and leaves the job running. A
 site's own sitecustomize further down sys.path still runs."""
 
+import atexit
 import functools
 import importlib.machinery
 import importlib.util
@@ -76,10 +77,19 @@ class _Hooks:
         self.failed = False
         self.sparse = _sparse_reads(api)  # which master weights the forward reads in part
         self.sparse_ids = set()
-        mode = _step_mode(api)  # asked once: a bad value is said once
+        mode = self.mode = _step_mode(api)  # asked once: a bad value is said once
         self.pool = _state_pool(api, mode)
         self.expect = _state_expect(api, self.pool)
         self.overlap = _overlap(api, self, mode)
+
+    def send_stats(self):
+        """At the job's exit, before the shim writes its report: the step's counters go into
+        it as its "adapter" object (transit-launch report shows them)."""
+        try:
+            counters = getattr(self.overlap, "counters", None)
+            self.api.adapter_stats({"mode": self.mode or "0", **(counters() if counters else {})})
+        except Exception as e:
+            print(f"transit adapter: counters not sent to the shim's report: {e!r}", file=sys.stderr)
 
     def ours(self):
         """The adapter's own step hooks (not foreign to the overlap's checks)."""
@@ -313,6 +323,7 @@ def _install():
     if not transit_api.active():
         return
     hooks = _Hooks(transit_api)
+    atexit.register(hooks.send_stats)  # the shim writes its report after Python's exit handlers
     if "torch.optim.optimizer" in sys.modules:
         hooks.register(sys.modules["torch.optim.optimizer"])
     else:

@@ -22,6 +22,7 @@ void transit_state_alloc(int on);
 int transit_host_state(uintptr_t ptr, size_t size);
 void transit_state_segments(const size_t *sizes, size_t n);
 void transit_state_on_host(void);
+int transit_adapter_stats(const char *json);
 """
 
 
@@ -62,6 +63,8 @@ def _load():
         lib.transit_state_segments.restype = None
     if version >= 9:
         lib.transit_state_on_host.restype = None
+    if version >= 10:
+        lib.transit_adapter_stats.argtypes = [ctypes.c_char_p]
     return "ctypes", lib, None
 
 
@@ -162,3 +165,14 @@ def state_on_host() -> bool:
         return False
     _lib.transit_state_on_host()
     return True
+
+
+def adapter_stats(counters: dict) -> bool:
+    """The adapter's counters into the shim's stats report, as its "adapter" object (API
+    version 10). False with an older shim, or when the shim refuses them (transit_api.h)."""
+    import json
+
+    if not _since(10):
+        return False
+    text = json.dumps(counters, sort_keys=True, allow_nan=False).encode()
+    return _lib.transit_adapter_stats(text) == 0

@@ -131,6 +131,10 @@ class HostStep:
         self.hook_failed = False
         atexit.register(self.report)
 
+    def counters(self):
+        """What the stats report's "adapter" object holds of the host step."""
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.stats.items()}
+
     def report(self):
         s = self.stats
         if s["steps"]:

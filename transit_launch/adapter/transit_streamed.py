@@ -72,6 +72,11 @@ class StreamedStep:
         self.unfilled = 0               # bytes of first-step state made without zeros over PCIe
         atexit.register(self.report)
 
+    def counters(self):
+        """What the stats report's "adapter" object holds of the streamed step."""
+        return {"steps": self.steps, "streamed_params": self.streamed, "slices": self.slices,
+                "resident_params": self.resident, "ring_bytes": self.staging.limit, "unfilled_bytes": self.unfilled}
+
     def report(self):
         if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
             _say(f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
