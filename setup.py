@@ -28,6 +28,10 @@ class BuildPyWithShim(build_py):
             for part in ("shim", "spank"):
                 shutil.copytree(HERE / part, pkg / "_csrc" / part, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("*.o", "*.so"))
+            # the README's examples run from the wheel: python3 -m transit_launch.examples.train_llama
+            (pkg / "examples").mkdir(exist_ok=True)
+            for name in ("train_llama.py", "model-card.toml"):
+                shutil.copy2(HERE / "examples" / name, pkg / "examples" / name)
         path, reason = shimbuild.build(pkg / "shim" / "lib", src=HERE / "shim")
         self.distribution.shim_built = path is not None
         print(f"transit-launch: shim {'built: ' + str(path) if path else 'not built: ' + reason}")

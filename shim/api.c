@@ -1,5 +1,5 @@
 /* The exported C API (transit_api.h). */
-#define _GNU_SOURCE /* strdup, strnlen */
+#define _GNU_SOURCE /* strdup */
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,12 +148,8 @@ EXPORT void transit_state_on_host(void)
 EXPORT int transit_adapter_stats(const char *json)
 {
     tr_init_once();
-    size_t n = json ? strnlen(json, TR_ADAPTER_STATS_MAX + 1) : 0;
-    if (n < 2 || n > TR_ADAPTER_STATS_MAX || json[0] != '{' || json[n - 1] != '}')
+    if (!tr_json_object(json, TR_ADAPTER_STATS_MAX))
         return -1;
-    for (size_t i = 0; i < n; i++) /* printable ASCII: nothing that could end the report's JSON line early */
-        if ((unsigned char)json[i] < 0x20 || (unsigned char)json[i] > 0x7e)
-            return -1;
     char *copy = strdup(json);
     if (!copy)
         return -1;

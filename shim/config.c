@@ -140,12 +140,29 @@ static void retired(const char *name, const char *instead)
                strlen(v) > 100 ? "..." : "", instead);
 }
 
+int tr_json_object(const char *s, size_t max)
+{
+    size_t n = 0;
+    while (s && n <= max && s[n]) /* strnlen, which C11 lacks */
+        n++;
+    if (n < 2 || n > max || s[0] != '{' || s[n - 1] != '}')
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+            return 0;
+    return 1;
+}
+
 void tr_config_load(void)
 {
     tr_cfg.log_level = TR_WARN; /* until TRANSIT_LOG is read: its own warning shows */
     tr_cfg.log_level = env_log_level();
     tr_cfg.policy = env_policy();
     tr_cfg.budget = env_size(TR_ENV_GPU_BUDGET, 0, "no budget");
+    if (tr_cfg.budget > TR_GPU_BUDGET_MAX) { /* the bound of the CLI and the plugin's option, also for a set variable */
+        not_honoured(TR_ENV_GPU_BUDGET, env(TR_ENV_GPU_BUDGET), "is above " TR_GPU_BUDGET_MAX_TEXT, "no budget");
+        tr_cfg.budget = 0;
+    }
     tr_cfg.allow_oversubscribe = env_flag(TR_ENV_ALLOW_OVERSUBSCRIBE);
     /* The guard keeps 1 GiB of the start-up free memory for what does not go through
      * cudaMalloc: context growth, cuBLAS/cuDNN handles, NCCL's cuMem buffers. */
@@ -156,6 +173,12 @@ void tr_config_load(void)
     tr_cfg.ring_bytes = env_ring();
     tr_cfg.cold_tail_ppm = env_cold_tail();
     retired(TR_RETIRED_ENV_STAGE, TR_ENV_OVERLAP_STEP "=stream or staged moves the optimizer state instead");
+    tr_cfg.plan = env(TR_ENV_PLAN); /* the environment's own string: it outlives the process's reports */
+    if (tr_cfg.plan && !tr_json_object(tr_cfg.plan, TR_ADAPTER_STATS_MAX)) {
+        not_honoured(TR_ENV_PLAN, tr_cfg.plan, "is not one JSON object of printable ASCII up to 64 KiB",
+                     "no prediction in the stats");
+        tr_cfg.plan = NULL;
+    }
     const char *v = env(TR_ENV_STATS);
     tr_cfg.stats_path[0] = 0;
     if (v && strlen(v) >= sizeof tr_cfg.stats_path)

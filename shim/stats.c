@@ -291,6 +291,7 @@ int tr_write_stats(const char *path)
             (unsigned long long)tr_count.advise_calls, (unsigned long long)tr_count.hint_errors,
             (unsigned long long)tr_replay_positions(), (unsigned long long)tr_count.room_demotions);
     fprintf(f, "  \"adapter\": %s,\n", tr_s.adapter_stats ? tr_s.adapter_stats : "null");
+    fprintf(f, "  \"plan\": %s,\n", tr_cfg.plan ? tr_cfg.plan : "null");
     fprintf(f, "  \"iterations\": %d,\n  \"iteration_source\": \"%s\",\n  \"detected_period\": %llu,\n",
             tr_count.iterations, sources[tr_count.boundary_source], (unsigned long long)tr_count.period);
     fprintf(f, "  \"first_iteration_ms\": %.3f,\n", tr_count.first_iter_ms);

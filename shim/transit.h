@@ -30,6 +30,7 @@ struct tr_config {
     int host_state;           /* TRANSIT_HOST_STATE (default 1): state over the budget in pinned memory */
     uint32_t cold_tail_ppm;   /* TRANSIT_COLD_TAIL in millionths (observe.c) */
     uint64_t ring_bytes;      /* the adapter's staging ring (TRANSIT_OVERLAP_INFLIGHT) */
+    const char *plan;         /* TRANSIT_PLAN: the plan's prediction, a JSON object (tr_json_object), or NULL */
 };
 HIDDEN extern struct tr_config tr_cfg;
 HIDDEN void tr_config_load(void);
@@ -241,6 +242,10 @@ struct tr_state {
     char *adapter_stats;      /* the adapter's counters, a JSON object (transit_adapter_stats): under tr_lock */
 };
 #define TR_ADAPTER_STATS_MAX (64 << 10)
+/* 1 when s is text the stats report may carry as a JSON object's value: braces first and
+ * last, printable ASCII only (nothing ends the report's line early), at most max bytes.
+ * The adapter's counters and TRANSIT_PLAN (config.c). */
+HIDDEN int tr_json_object(const char *s, size_t max);
 HIDDEN extern struct tr_state tr_s;
 HIDDEN void tr_init_once(void);    /* configuration */
 HIDDEN void tr_runtime_once(void); /* + the CUDA runtime: from interposed calls only */

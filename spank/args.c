@@ -116,6 +116,36 @@ int tr_opt_stats(const char *arg)
     return 0;
 }
 
+/* On the submit host (sbatch, salloc, srun): the directory --transit-stats names must exist
+ * (for a file name with %r or %p, one file a rank as the shim fills them in: its directory).
+ * Each rank writes its own file into it; a path that is no directory the shim takes for one
+ * file, which every rank replaces (the last one's report alone is left), and a missing parent
+ * loses every report to a warning in the job's output. The node makes no directory. */
+int tr_stats_dir_exists(const char *arg)
+{
+    struct stat st;
+    char dir[TR_PATH_MAX]; /* tr_opt_stats checked arg's length against it */
+    const char *path = arg, *slash = strrchr(arg, '/');
+    if (strstr(arg, "%r") || strstr(arg, "%p")) {
+        if (!slash) {
+            strcpy(dir, ".");
+        } else if (slash == arg) {
+            strcpy(dir, "/");
+        } else {
+            memcpy(dir, arg, (size_t)(slash - arg));
+            dir[slash - arg] = 0;
+        }
+        path = dir;
+    }
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    const char *shown = echo(arg); /* "?" for a long or unusual path: said without it */
+    slurm_error("transit: the --transit-stats directory%s%s is not there on this host: make it first (each rank "
+                "writes its own file into it; the nodes must see it too)", *shown == '?' ? "" : " ",
+                *shown == '?' ? "" : shown);
+    return -1;
+}
+
 /* --- shim= and adapter=: only root may be able to change what every job loads ---------- */
 
 /* Can anyone but root change this entry (or, for a directory, what it holds)? A directory
@@ -278,7 +308,7 @@ int tr_path_secure(const char *key, const char *path, int want_dir)
      * $PLATFORM and $ORIGIN, so the file loaded would not be the file checked. */
     if (strpbrk(path, " :$")) {
         slurm_error("transit: plugstack %s=%s: a path with ':', '$' or a space cannot go on %s", key, path,
-                    want_dir ? "PYTHONPATH" : "LD_PRELOAD");
+                    want_dir ? TR_JOB_ADAPTER_PATH : TR_JOB_PRELOAD);
         return -1;
     }
     char dir[TR_PATH_MAX];

@@ -31,13 +31,14 @@ static int inherited(int allocator, const char *var, const char *val)
  * in sbatch, salloc or srun; slurm_info reaches their stderr), without the values. The
  * policy is the one the node will use: --transit, else for srun inside a job the job's
  * (SLURM_SPANK_TRANSIT_POLICY, which sbatch and salloc always set; the node checks it
- * again), else the site default. */
-static void warn_unused(int allocator)
+ * again), else the site default. Returns whether --transit-stats was given here to a policy
+ * other than off: then the stats will be written. */
+static int warn_unused(int allocator)
 {
     int budget = tr_job.budget[0] && !inherited(allocator, "SLURM_SPANK_" TR_ENV_GPU_BUDGET, tr_job.budget);
     int stats = tr_job.stats[0] && !inherited(allocator, "SLURM_SPANK_" TR_ENV_STATS, tr_job.stats);
     if (!budget && !stats)
-        return;
+        return 0;
     const char *policy = tr_job.policy, *why = "--transit=off loads no shim";
     const char *job = allocator || policy[0] ? NULL : getenv("SLURM_SPANK_" TR_ENV_POLICY);
     if (!policy[0] && job && job[0]) {
@@ -48,14 +49,18 @@ static void warn_unused(int allocator)
         why = "without --transit this cluster's policy is off and loads no shim (add --transit=advise)";
     }
     if (strcmp(policy, "off") != 0)
-        return;
+        return stats;
     slurm_info("transit: warning: %s%s%s do%s nothing: %s", budget ? "--transit-budget" : "",
                budget && stats ? " and " : "", stats ? "--transit-stats" : "", budget && stats ? "" : "es", why);
+    return 0;
 }
 
 int tr_local_post_opt(spank_t sp, int allocator)
 {
-    warn_unused(allocator);
+    /* --transit-stats given here (not the job's, inherited by srun) to a shim that will run:
+     * the directory must exist (args.c) */
+    if (warn_unused(allocator) && tr_stats_dir_exists(tr_job.stats))
+        return -1;
     for (size_t i = 0; i < sizeof job_vars / sizeof job_vars[0]; i++) {
         if (!allocator && !job_vars[i].val[0])
             continue;

@@ -36,10 +36,10 @@ static int opt_stats(int val, const char *arg, int remote)
 }
 
 static struct spank_option options[] = {
-    {"transit", "POLICY", "run with libtransit.so: off, base, prefetch or advise (host DRAM as GPU memory)", 1, 0,
+    {TR_OPT_POLICY, "POLICY", "run with libtransit.so: off, base, prefetch or advise (host DRAM as GPU memory)", 1, 0,
      opt_policy},
-    {"transit-budget", "SIZE", "GPU memory the transit shim lets managed data use (e.g. 40GB)", 1, 0, opt_budget},
-    {"transit-stats", "DIR", "directory for the transit shim's per-rank stats JSON", 1, 0, opt_stats},
+    {TR_OPT_GPU_BUDGET, "SIZE", "GPU memory the transit shim lets managed data use (e.g. 40GB)", 1, 0, opt_budget},
+    {TR_OPT_STATS, "DIR", "directory for the transit shim's per-rank stats JSON", 1, 0, opt_stats},
 };
 
 int slurm_spank_init(spank_t sp, int ac, char **av)

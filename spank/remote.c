@@ -74,7 +74,7 @@ static int overlap_unused;
 static void check_overlap(spank_t sp)
 {
     char *v = get(sp, TR_ENV_OVERLAP_STEP);
-    char *pre = v && v[0] ? get(sp, "LD_PRELOAD") : NULL;
+    char *pre = v && v[0] ? get(sp, TR_JOB_PRELOAD) : NULL;
     overlap_unused = v && v[0] && !(pre && strstr(pre, "libtransit")); /* a shim of the user's own still runs it */
     free(v);
     free(pre);
@@ -104,8 +104,8 @@ int tr_remote_user_init(spank_t sp)
         if (!tr_job.policy[0])
             return 0; /* asked for nothing: the environment stays as it is */
         /* --transit=off in a step of a job that has the shim: take it out again */
-        if (edit(sp, "LD_PRELOAD", tr_site.shim, LD_SEPS, 0, 0) ||
-            (tr_site.adapter[0] && edit(sp, "PYTHONPATH", tr_site.adapter, ":", 1, 0)))
+        if (edit(sp, TR_JOB_PRELOAD, tr_site.shim, LD_SEPS, 0, 0) ||
+            (tr_site.adapter[0] && edit(sp, TR_JOB_ADAPTER_PATH, tr_site.adapter, ":", 1, 0)))
             goto fail;
         check_overlap(sp);
         return 0;
@@ -114,9 +114,9 @@ int tr_remote_user_init(spank_t sp)
         (tr_job.budget[0] && set(sp, TR_ENV_GPU_BUDGET, tr_job.budget)) ||
         (tr_job.stats[0] && set(sp, TR_ENV_STATS, tr_job.stats)) ||
         (tr_site.oversubscribe && set(sp, TR_ENV_ALLOW_OVERSUBSCRIBE, "1")) ||
-        set(sp, "PYTORCH_ALLOC_CONF", TR_ALLOC_CONF) || set(sp, "PYTORCH_CUDA_ALLOC_CONF", TR_ALLOC_CONF) ||
-        edit(sp, "LD_PRELOAD", tr_site.shim, LD_SEPS, 0, 1) ||
-        (tr_site.adapter[0] && edit(sp, "PYTHONPATH", tr_site.adapter, ":", 1, 1)))
+        set(sp, TR_JOB_ALLOC_CONF, TR_ALLOC_CONF) || set(sp, TR_JOB_CUDA_ALLOC_CONF, TR_ALLOC_CONF) ||
+        edit(sp, TR_JOB_PRELOAD, tr_site.shim, LD_SEPS, 0, 1) ||
+        (tr_site.adapter[0] && edit(sp, TR_JOB_ADAPTER_PATH, tr_site.adapter, ":", 1, 1)))
         goto fail;
     return 0;
 fail:

@@ -38,6 +38,7 @@ int tr_parse_args(int ac, char **av);
 int tr_opt_policy(const char *arg);
 int tr_opt_budget(const char *arg);
 int tr_opt_stats(const char *arg);
+int tr_stats_dir_exists(const char *arg);
 int tr_path_secure(const char *key, const char *path, int want_dir);
 int tr_list_has(const char *list, char sep, const char *item, size_t n);
 int tr_policy_known(const char *p);

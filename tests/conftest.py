@@ -195,6 +195,17 @@ def lab(built):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_group_left():
+    """A torch.distributed process group a module's tests left up (plan --measure's fake world
+    stays up for its next measurement: planning/measure.py) ends with the module, so that the
+    next module on the same xdist worker starts in a process without one."""
+    yield
+    dist = sys.modules.get("torch.distributed")  # never imported here: most modules run without torch
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 # --- the run: interrupted cleanly, spread over xdist workers, in two tiers -------------------
 
 def _terminated(signum, frame):
@@ -212,10 +223,11 @@ def pytest_configure(config):
 
 
 LAB_GROUP = "slurm-lab"  # one xdist worker runs every test of the lab: one lab a run
+TITAN_GROUP = "torchtitan"  # the TorchTitan tests off the lab on one worker: their fork server started once
 # The slow tier (deselected by the quick command, `-m "not slow"`): what starts the Slurm lab,
-# the TorchTitan venv, ranks of the example trainer, network namespaces, sanitizer or fuzz
-# builds, nested test runs, and the tests that each take seconds of CPU (plans of the large
-# models, the simulations behind the docs' figures, measurements under PyTorch).
+# needs PyTorch (its skip says so) or the TorchTitan venv, network namespaces, sanitizer or
+# fuzz builds, nested test runs, and the tests that each take seconds of CPU (plans of the
+# large models, the simulations behind the docs' figures).
 SLOW_FIXTURES = {"lab", "titan", "sanitized", "pair"}
 SLOW_MODULES = {"test_mutations.py", "test_shim_sanitizers.py", "test_node_loss.py", "test_trainer.py",
                 "test_example_trainer_shapes.py", "test_adapter_fsdp2_ranks.py", "test_sweep.py", "test_scale_in.py",
@@ -225,7 +237,14 @@ SLOW_TESTS = {"test_fuzz_parsers_seeded_under_asan_ubsan", "test_fuzz_parsers_wi
               "test_children_forked_while_the_fill_runs_never_wait_on_its_lock",
               "test_submit_does_not_warn_about_the_count_it_recommends",
               "test_example_trainer_fsdp2_cpu_under_the_adapter",
-              "test_recorder_marks_every_layer_forward_backward_and_the_optimizer"}
+              "test_recorder_marks_every_layer_forward_backward_and_the_optimizer",
+              # 1.5-2.5 s of CPU each on the 2-core machine (the quick tier's top, measured): a plan
+              # that searches every layout, a thread stress, builds of a variant shim or the plugin
+              "test_model_that_never_fits", "test_guard_holds_at_every_instant_under_threads",
+              "test_a_bench_builds_rest_between_registrations_keeps_every_region_ready",
+              "test_the_end_cuts_a_rest_short_and_the_rest_holds_no_lock", "test_spank_build_and_install"}
+# parametrized cases of quick tests that are slow alone: the README's 20,000-job simulation (5 s of CPU)
+SLOW_CASES = ("simulate --synthetic 20000",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects and xdist reads the groups
@@ -234,8 +253,12 @@ def pytest_collection_modifyitems(config, items):
         names = set(getattr(item, "fixturenames", ()))
         if "lab" in names:
             item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
+        elif "titan" in names:
+            item.add_marker(pytest.mark.xdist_group(TITAN_GROUP))
         name = getattr(item, "originalname", item.name)
-        if names & SLOW_FIXTURES or item.path.name in SLOW_MODULES or name in SLOW_TESTS:
+        torch = any("needs PyTorch" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+        if torch or names & SLOW_FIXTURES or item.path.name in SLOW_MODULES or name in SLOW_TESTS \
+                or any(case in item.name for case in SLOW_CASES):
             item.add_marker(pytest.mark.slow)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # workers take tests in this order: the long ones first
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -12,8 +12,9 @@ fitted to."""
 import json
 from pathlib import Path
 
+from tests.frozen import CARDS, RESULTS  # noqa: F401  (RESULTS: for the modules that import it from here)
+
 ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the unpacked sdist
-RESULTS = ROOT / "bench" / "results"
 
 
 def recorded(pattern: str) -> list:
@@ -209,7 +210,7 @@ def card_spec(r) -> str:
     if not spec.endswith(".toml"):
         return spec
     path = Path(spec)
-    return str(path if path.exists() else ROOT / "bench" / "cards" / path.name)
+    return str(path if path.exists() else CARDS / path.name)
 
 
 def recompare(r) -> dict:

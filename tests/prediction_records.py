@@ -16,8 +16,9 @@ from pathlib import Path
 
 from transit_launch.rules import ENV
 
+from tests.frozen import RESULTS
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 # (file, run) -> the constants of planning/plan.py fitted to it
 D1, D2 = "2026-12-01/", "2026-12-02/"
 FIT = {
@@ -164,7 +165,7 @@ WARM_UP_OVERSTATED = {
 def efficiency_at_offload(req, c, offload):
     """The plan's efficiency for candidate c of request req with `offload` bytes off the GPU in
     place of its own: what the step-time model gives when the memory model is taken out."""
-    from transit_launch.planning.plan import efficiency_of, host_terms
+    from transit_launch.planning.efficiency import efficiency_of, host_terms
     return efficiency_of(host_terms(req, replace(c, offload=offload)))
 
 
@@ -251,7 +252,8 @@ def shape_rows(paths=None):
     measured off the GPU as its offload (the two terms the named reasons are about)."""
     from tests.example_trainer import trainer_card, trainer_flags
     from transit_launch.planning.hardware import gpu_profile
-    from transit_launch.planning.plan import Request, efficiency_of, host_terms
+    from transit_launch.planning.efficiency import efficiency_of, host_terms
+    from transit_launch.planning.plan import Request
 
     out = []
     for path in paths or sorted(RESULTS.glob("*/shapes*/shapes_*.json")):  # every call's folder (shapes, shapes-2, ...)
@@ -338,6 +340,6 @@ def scale_in_rows(path=RESULTS / SCALE_IN):
 def scale_in_at_measured_terms(r):
     """The plan's efficiency for a scale-in point with its two measured terms in place: the bytes
     the shim offloaded for the plan's, and the one GPU's speed without offloading against the two."""
-    from transit_launch.planning.plan import efficiency_of, host_terms
+    from transit_launch.planning.efficiency import efficiency_of, host_terms
     c = replace(r["candidate"], offload=r["offload_measured"])  # (a copy: the row keeps the plan's)
     return efficiency_of(host_terms(r["request"], c)) * r["half_off_factor"]

@@ -56,7 +56,7 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters={sched}
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
@@ -67,7 +67,7 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
-NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{node_port}-{node_port_end}] CPUs=2 RealMemory=1000000 Gres=gpu:{gpus} State=UNKNOWN
+NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{node_port}-{node_port_end}] CPUs={cpus} RealMemory=1000000 Gres=gpu:{gpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -120,8 +120,17 @@ def _free_port_block(skip: set[int] = frozenset()) -> int:
     raise RuntimeError("no free port block for the Slurm lab")
 
 
+SCHED = "batch_sched_delay=0"
+
+
 class SlurmLab:
-    def __init__(self, root: Path, plugstack: str = ""):
+    def __init__(self, root: Path, plugstack: str = "", nodes: int = NODES, gpus: int = GPUS, cpus: int = 2,
+                 sched: str = SCHED, switches: int = 0):
+        """The defaults are the lab the suite shares. Other labs (the simulator's cross-check,
+        tests/test_sim_slurm.py): `nodes` of `gpus` fake GPUs and `cpus` CPUs each, `sched`
+        as SchedulerParameters, and with switches > 0 a topology/tree of that many leaf
+        switches ("racks") over consecutive equal blocks of nodes."""
+        self.nodes, self.gpus, self.cpus, self.sched, self.switches = nodes, gpus, cpus, sched, switches
         self.lab = Path(root)
         self.host = socket.gethostname().split(".")[0]
         self.conf = self.lab / "etc" / "slurm.conf"
@@ -147,11 +156,12 @@ class SlurmLab:
                         f"--log-file={lab}/log/munged.log", f"--seed-file={lab}/run/munge.seed"],
                        check=True, capture_output=True)
         self.procs_started = True
-        for i in range(GPUS):
+        for i in range(self.gpus):
             link = lab / "dev" / f"gpu{i}"
             if not link.exists():
                 link.symlink_to("/dev/null")
-        (lab / "etc/gres.conf").write_text(f"AutoDetect=off\nNodeName=n[1-{NODES}] Name=gpu File={lab}/dev/gpu[0-{GPUS - 1}]\n")
+        (lab / "etc/gres.conf").write_text(f"AutoDetect=off\nNodeName=n[1-{self.nodes}] Name=gpu "
+                                          f"File={lab}/dev/gpu[0-{self.gpus - 1}]\n")
         self.write_plugstack(self.plugstack)
         tried: set[int] = set()
         died = None
@@ -181,19 +191,32 @@ class SlurmLab:
         and the nodes go idle only when our slurmds registered; a daemon that died on a
         bind failure raises PortClash at once."""
         lab = self.lab
-        self.port_base, self._next_job_port = base, base + NODES + 1
+        self.port_base, self._next_job_port = base, base + self.nodes + 1
         self.conf.write_text(SLURM_CONF.format(host=self.host, lab=lab, ctld_port=base, node_port=base + 1,
-                                               node_port_end=base + NODES, nodes=NODES, gpus=GPUS))
+                                               node_port_end=base + self.nodes, nodes=self.nodes, gpus=self.gpus,
+                                               cpus=self.cpus, sched=self.sched) + self._topology())
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=self.env, capture_output=True)
         # a short timeout: a ping held by whatever took the port would wait out MessageTimeout
         self._wait(lambda: self.cmd("scontrol", "ping", timeout=3).stdout.find("UP") >= 0, timeout, "slurmctld",
                    daemons=["slurmctld"])
-        for n in range(1, NODES + 1):
+        for n in range(1, self.nodes + 1):
             (lab / f"state/slurmd-n{n}").mkdir(parents=True, exist_ok=True)
             subprocess.run(["slurmd", "-f", str(self.conf), "-N", f"n{n}"], check=True, env=self.env,
                            capture_output=True)
-        self._wait(lambda: self.cmd("sinfo", "-h", "-t", "idle", "-o", "%D").stdout.strip() == str(NODES),
-                   timeout, "four idle nodes", daemons=["slurmctld", *(f"slurmd-n{n}" for n in range(1, NODES + 1))])
+        self._wait(lambda: self.cmd("sinfo", "-h", "-t", "idle", "-o", "%D").stdout.strip() == str(self.nodes),
+                   timeout, "four idle nodes" if self.nodes == 4 else f"{self.nodes} idle nodes",
+                   daemons=["slurmctld", *(f"slurmd-n{n}" for n in range(1, self.nodes + 1))])
+
+    def _topology(self) -> str:
+        """With switches: topology.conf (leaf switch s1 over the first block of nodes, ...)
+        and the slurm.conf line that loads it; nothing for the shared lab."""
+        if not self.switches:
+            return ""
+        per = self.nodes // self.switches
+        lines = [f"SwitchName=s{k + 1} Nodes=n[{k * per + 1}-{(k + 1) * per}]" for k in range(self.switches)]
+        lines.append(f"SwitchName=top Switches=s[1-{self.switches}]")
+        (self.lab / "etc/topology.conf").write_text("\n".join(lines) + "\n")
+        return "TopologyPlugin=topology/tree\n"
 
     def _daemon_failed(self, names: list[str]) -> None:
         """PortClash when one of these daemons (pid file and log named after it) is gone

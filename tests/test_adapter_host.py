@@ -6,6 +6,8 @@ again; a state torch's step would not see, or a step it refuses, runs as without
 stands in for the GPU (no streams, no pinning); on a GPU it is bench/offload.py's
 `transit-host` run."""
 
+import sys
+
 import pytest
 
 from tests.conftest import NEEDS_TORCH, torch_importable
@@ -230,15 +232,11 @@ def test_a_step_refused_after_adoption_gives_the_state_back(host, capsys):
         assert int(st["step"]) == 3 and st["exp_avg"].device == p.device and st["exp_avg"].abs().sum() > 0
 
 
-@pytest.fixture
-def held(host, monkeypatch):
-    """The host step's worker held at each CPU step until the test's timer lets it go, and
-    the order of what happened: "returned" (opt.step() came back on the application's
-    thread), "stepped" (the worker ran a chunk's CPU step)."""
+def on_worker(host, monkeypatch, before):
+    """before(cpu optimizer) runs on the host step's worker right before each of its CPU steps."""
     import threading
 
-    real, log, go = host.ov._raw_step, [], threading.Event()
-    main = threading.current_thread()
+    real, main = host.ov._raw_step, threading.current_thread()
 
     def raw_step(opt):
         f = real(opt)
@@ -247,12 +245,26 @@ def held(host, monkeypatch):
 
         def step(o):
             if threading.current_thread() is not main:
-                go.wait(5)
-                log.append("stepped")
+                before(o)
             return f(o)
         return step
 
     monkeypatch.setattr(host.ov, "_raw_step", raw_step)
+
+
+@pytest.fixture
+def held(host, monkeypatch):
+    """The host step's worker held at each CPU step until the test's timer lets it go, and
+    the order of what happened: "returned" (opt.step() came back on the application's
+    thread), "stepped" (the worker ran a chunk's CPU step)."""
+    import threading
+
+    log, go = [], threading.Event()
+
+    def hold(o):
+        go.wait(5)
+        log.append("stepped")
+    on_worker(host, monkeypatch, hold)
 
     def step(opt):  # opt.step(), the worker held until a timer after it returned
         go.clear()
@@ -360,3 +372,47 @@ def test_the_counters_reach_the_shims_report_at_exit(host):
     [sent] = Api.sent
     assert sent["mode"] == "host" and sent["steps"] == 2 and sent["host_params"] == 4 and sent["clipped"] == 4
     assert sent["cpu_s"] == round(host.stats["cpu_s"], 3)
+
+
+def test_the_worker_steps_chunks_in_forwards_order_with_a_core_left(host, monkeypatch):
+    """One chunk a parameter (CHUNK_BYTES lowered): once their gradients are down (on the
+    CPU at once) the worker steps them in the order the next forward reads them, the first
+    layer first, with the application's intra-op threads less one (the core the
+    application's thread keeps)."""
+
+    import torch
+
+    monkeypatch.setattr(sys.modules["transit_host"], "CHUNK_BYTES", 1)
+    seen = []
+    on_worker(host, monkeypatch, lambda o: seen.append(
+        ([tuple(p.shape) for g in o.param_groups for p in g["params"]], torch.get_num_threads())))
+    m = Tied()
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+    threads = torch.get_num_threads()
+    train(m, opt, s, None, steps=2)
+    [p.sum() for p in m.parameters()]  # read: the gate waits for the last step's chunks
+    order = [shape for shape, _ in seen]
+    assert order == [[(512, 48)], [(512,)], [(48, 512)], [(48,)]] * 2, order  # a.weight, a.bias, b.weight, b.bias
+    assert {n for _, n in seen} == {max(1, threads - 1)}, seen
+
+
+def test_an_op_given_a_parameter_by_keyword_waits_for_it(host, held):
+    """The gate looks at keyword arguments too: torch.mul(input=p, other=1) right after the
+    step reads the stepped parameter, as torch's fused CPU step left it."""
+    import torch
+
+    _, held_step = held
+    ref_m, m = Tied(), Tied()
+    ref_opt, _ = _opt(torch.optim.AdamW, ref_m, fused=True)
+    opt, _ = _opt(torch.optim.AdamW, m, fused=None)
+    host.uninstall()
+    torch.manual_seed(1)
+    ref_m.fwd(torch.randn(16, 48)).pow(2).mean().backward()
+    ref_opt.step()
+    host.install()
+    torch.manual_seed(1)
+    m.fwd(torch.randn(16, 48)).pow(2).mean().backward()
+    held_step(opt)
+    with torch.no_grad():
+        got = torch.mul(input=m["a"].weight, other=1.0)  # the parameter reaches the op by keyword only
+    assert torch.equal(got, ref_m["a"].weight.detach())

@@ -338,6 +338,27 @@ ROWS = [
     (["frobnicate"], "invalid choice"),
     (["status", "12;rm -rf"], "'12;rm -rf' is not a Slurm job id"),
     (["cancel", "all"], "'all' is not a Slurm job id"),
+    # --- issue 51's last newcomer trial: absurd sizes, a missing interface or parent, job ids, digits
+    ([*PLAN, "--gpu-mem", "999TB"], "GPU memory (--gpu-mem) must be from 1GiB to 1TiB"),
+    ([*PLAN, "--host-mem", "999TB"], "--host-mem 999TB is more than any node has: host DRAM per node must be at "
+                                     "most 64TiB"),
+    (["netcap", "counters", "--cap", "tc", "--iface", "nosuchif0"],
+     "--iface nosuchif0: no such network interface on this node"),
+    (["spank", "build", "--out", f"{D}/missing/x"], f"{D}/missing/x: directory {D}/missing does not exist"),
+    (["status", "--", "-1"], "'-1' is not a Slurm job id (a positive integer, or an array task such as 123_4)"),
+    (["cancel", "--", "-1"], "'-1' is not a Slurm job id"),
+    (["status", "0"], "'0' is not a Slurm job id"),
+    (["status", "\uff13"], "'\uff13' is not a Slurm job id"),
+    (["status"], "status takes one job id, got none"),
+    ([*RENDER, "--nodes", "\uff13", *CMD], "--nodes: must be a positive integer of at most 100000 in ASCII digits"),
+    ([*SUBMIT, "--nodes", "\uff13", *CMD], "--nodes: must be auto or a positive integer of at most 100000 in ASCII"),
+    ([*PLAN, "--seq-len", "\uff18192"], "--seq-len: must be a positive integer in ASCII digits, got '\uff18192'"),
+    ([*PLAN, "--scale-in", "\uff10.5"], "--scale-in takes fractions like 0.25,0.5"),
+    ([*RENDER, "--local", "--on-node-loss", "scale-in", *CMD], "--on-node-loss scale-in is for sbatch jobs"),
+    ([*RENDER, "--time", "\uff130", *CMD], "--time '\uff130' is not a Slurm time limit"),
+    ([*RENDER, "--mem", "\uff18G", *CMD], "--mem '\uff18G' is not sbatch's memory size"),
+    (["sweep", "--restore", "--journal", f"{D}/missing/j.json"],
+     f"--journal {D}/missing/j.json: directory {D}/missing does not exist, so no sweep left a journal there"),
 ]
 
 
@@ -441,8 +462,8 @@ def test_unreadable_rows_reported_by_the_cli(cli, tmp_path):
     p.write_bytes((HEAD + "\n".join(["0,100,8", "5,50,4", *(r for r, _ in UNREADABLE[:-1])]) + "\n").encode("latin-1"))
     rc, out, err = cli("simulate", "--trace", str(p), "--racks", "1", "--quiet")
     assert rc == 0 and err == "", err
-    dropped = out.splitlines()[1]
-    assert dropped.startswith("dropped: ") and "4 unparsable GPU count" in dropped and "4 unparsable submit time" in dropped
+    dropped = next((ln for ln in out.splitlines()[:4] if ln.startswith("dropped: ")), "")  # in the report's head
+    assert "4 unparsable GPU count" in dropped and "4 unparsable submit time" in dropped, out
 
 
 # --- issue 51: what still gave tracebacks or passed silently ---------------------------------

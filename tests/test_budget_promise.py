@@ -10,9 +10,10 @@ say what the file says."""
 import json
 
 from tests.conftest import ROOT
+from tests.frozen import RESULTS
 from transit_launch import rules
 
-RECORD = ROOT / "bench" / "results" / "2026-12-02" / "probes" / "second_process_2026-12-02.json"
+RECORD = RESULTS / "2026-12-02" / "probes" / "second_process_2026-12-02.json"
 SECTION = "## What a second process can allocate beside a budgeted job"
 # A CUDA context with cuBLAS and the NCCL/torch libraries loaded takes 0.5-3 GB of device memory
 # outside any allocator (the second process's own context here: 0.55 GB); the shim places

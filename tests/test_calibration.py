@@ -15,12 +15,13 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.frozen import RESULTS
 
 from tests.example_trainer import planner_estimate, trainer_flags
 
 # Measured with the trainer's nn.RMSNorm (the earlier calibration_2026-11-29.json predates it:
 # its hand-written norm kept two fp32 copies of the input, which the planner does not model).
-MEASURED = ROOT / "bench" / "results" / "2026-11-29" / "calibration_2026-11-29b.json"
+MEASURED = RESULTS / "2026-11-29" / "calibration_2026-11-29b.json"
 
 
 def runs():

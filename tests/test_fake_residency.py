@@ -11,12 +11,13 @@ import subprocess
 import pytest
 
 from tests.conftest import CUDA_INC, ROOT
+from tests.frozen import RESULTS
 from tests.test_shim import run
 
-PROBE = json.loads((ROOT / "bench" / "results" / "2026-12-01" / "cuda_error_probe_2026-12-01.json").read_text())
+PROBE = json.loads((RESULTS / "2026-12-01" / "cuda_error_probe_2026-12-01.json").read_text())
 PROBE_MANAGED = 256 * (1 << 20)  # bench/probes/cuda_error_probe.c's MANAGED
 # its registered-memory cases, added since (issue 33), from the call that first ran them
-PROBE_REGISTER = json.loads((ROOT / "bench" / "results" / "2026-12-02" / "shapes" / "cuda_error_probe.json").read_text())
+PROBE_REGISTER = json.loads((RESULTS / "2026-12-02" / "shapes" / "cuda_error_probe.json").read_text())
 
 MiB, PAGE = 1 << 20, 4096
 ADV_PREFERRED, ADV_UNSET_PREFERRED, ADV_ACCESSED_BY = 3, 4, 5

@@ -8,6 +8,7 @@ is gone. The processes are found here by the pid files and the jobs' SLURM_CONF,
 lab's own search."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SHARED_ENV, shared_root
-from tests.slurm_lab import missing
+from tests.slurm_lab import SlurmLab, _lab_processes, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
@@ -96,15 +97,42 @@ def test_an_interrupted_run_leaves_no_lab_running(tmp_path_factory, tmp_path, si
             proc.kill()
             proc.wait()
     pids = [*daemons.values(), *jobs]
-    if sig == signal.SIGKILL:  # the watchdog works after the run is gone: give it its time
-        t0 = time.time()
-        while (any(map(_alive, pids)) or lab.exists()) and time.time() - t0 < 60:
-            time.sleep(0.2)
-    else:  # the teardown ran before the run exited
-        assert "KeyboardInterrupt" in out, out[-4000:]
-    assert not [p for p in pids if _alive(p)], (daemons, jobs, out[-4000:])
-    assert not lab.exists(), out[-4000:]
-    with socket.socket() as s:  # no one listens on slurmctld's port (its closed connections may linger)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        s.listen()
+    try:
+        if sig == signal.SIGKILL:  # the watchdog works after the run is gone: give it its time
+            t0 = time.time()
+            while (any(map(_alive, pids)) or lab.exists()) and time.time() - t0 < 60:
+                time.sleep(0.2)
+        else:  # the teardown ran before the run exited
+            assert "KeyboardInterrupt" in out, out[-4000:]
+        assert not [p for p in pids if _alive(p)], (daemons, jobs, out[-4000:])
+        assert not lab.exists(), out[-4000:]
+        with socket.socket() as s:  # no one listens on slurmctld's port (its closed connections may linger)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+    finally:  # what a failure found left is not left to the next run
+        for p in filter(_alive, pids):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(lab, ignore_errors=True)
+
+
+def test_stop_after_a_start_that_failed(tmp_path, monkeypatch):
+    """stop() after start() failed, before anything ran and after its watchdog began (munged
+    refusing to start): no error of its own, and nothing of the lab left, its watchdog
+    included."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "munged").write_text("#!/bin/sh\necho 'munged: refusing (the test)' >&2\nexit 1\n")
+    (bin_dir / "munged").chmod(0o755)
+    for name, path in (("none", str(tmp_path / "nothing")), ("munged", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")):
+        lab = SlurmLab(tmp_path / name)
+        lab.lab.mkdir()
+        monkeypatch.setenv("PATH", path)
+        with pytest.raises((OSError, subprocess.CalledProcessError)):
+            lab.start()
+        lab.stop()
+        monkeypatch.undo()
+        assert lab._watch is None and not _lab_processes(lab.lab), name  # the watchdog ended too

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from tests.conftest import ROOT, torch_importable
+from tests.conftest import torch_importable
+from tests.frozen import CARDS
 
 NEEDS = pytest.mark.skipif(not torch_importable(), reason="plan --measure needs PyTorch (CPU build); not installed")
 
@@ -29,7 +30,7 @@ head_dim = 32
 ffn = 768
 vocab = 4096
 """
-TOY_MOE = ROOT / "bench" / "cards" / "toy-moe.toml"  # also a row of bench/planner_fidelity.py
+TOY_MOE = CARDS / "toy-moe.toml"  # also a row of bench/planner_fidelity.py
 
 
 def card_file(tmp_path, text, name):

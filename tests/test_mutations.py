@@ -10,7 +10,8 @@ installer's trust rule, the stats writer's rule for links on the way, advise's a
 kept off where the state is pinned, placement's cut of a region at the budget's line, and the
 background pre-fill's cap on host memory, its keeping above the regions taken and its device;
 the size parser's refusal of sizes past 2^64 bytes (issue 52: 17179869185GiB read as 1 GiB) and
-the simulator's checkpoint of a run that began with a restart (a job's second failure).""" 
+the simulator's checkpoint of a run that began with a restart (a job's second failure); the
+host-state keep rule's device peak (activations freed before the state is made).""" 
 
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ MUTANTS = [
      "if (whole > TR_SIZE_MAX)", ["test_rules.py::test_sizes_past_2_64_are_too_large_in_c_and_python"]),
     ("sim-second-failure-checkpoint", "sim/failures.py", " - (seg[i] - run_start[i]))", ")",
      ["test_sim_failures.py::test_a_job_that_fails_twice_requeues_twice_by_hand"]),
+    ("host-state-room-device-peak", "_csrc/shim/hoststate.c",
+     "    uint64_t placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak;", "    uint64_t placed = tr_tab.dev_bytes;",
+     ["test_shim_host_state.py::test_activations_freed_before_the_state_still_keep_their_room"]),
 ]
 
 

@@ -34,6 +34,7 @@ def test_imported_from_the_wheel_not_the_tree():
                                    "transit_state_pool", "transit_sparse")),
     "_csrc/spank/plugin.c", "_csrc/spank/transit_spank.map", "_csrc/shim/transit.h", "_csrc/shim/transit_size.h",
     "_csrc/shim/transit_rules.h", "_csrc/shim/exports.map",
+    "examples/train_llama.py", "examples/model-card.toml",  # the README's run example runs from the wheel
 ])
 def test_wheel_carries(part):
     assert (PKG / part).is_file()

@@ -267,3 +267,40 @@ def test_a_budget_just_above_the_estimate_still_offloads_the_reserved_gap():
         offload[overlap] = evaluate(tight, 6, lay).offload
         assert offload[overlap] > 0.02 * est and evaluate(roomy, 6, lay).offload == 0
     assert offload["0"] == pytest.approx(est * 0.03, rel=1e-6)  # 1.05 - 1.02 of it
+
+
+def test_scale_in_shows_rows_but_does_not_change_the_recommendation():
+    """--scale-in picks the rows shown; the node count comes from every count below the
+    minimum, as for render and submit without it (issue 51: `--scale-in 0.25` showed 5 and 4
+    nodes and recommended 4 where the plan recommends 3). Llama3-70B, 4 GPUs a node, any
+    global batch: 3 nodes are the fewest at >= 90% (93%; 2 nodes: 81%), 5 the minimum."""
+    full = plan(req(global_batch=None))
+    assert (full.baseline.nodes, full.recommended.nodes) == (5, 3)
+    for fractions, shown in (((0.25,), [4, 3]), ((0.5,), [3, 2]), ((0.75,), [3, 1])):
+        p = plan(req(global_batch=None, scale_in=fractions))
+        assert p.recommended.nodes == 3 and p.reason == full.reason, fractions
+        assert [c.nodes for c in p.options] == shown, fractions  # the fraction's row, and the recommended one
+
+
+def test_the_no_offload_minimum_offloads_nothing():
+    """A row that runs without offloading shows 0 offloaded and 100% (issue 51). Llama3-70B at
+    2048 tokens on 16 GPUs needs 83.7 GB of the H100's 85.5 GB: it fits, but under the shim its
+    5% reserved gap (87.9 GB) would be over the GPU, which the rows showed as 5.2 GB offloaded
+    at 95%. Without offloading the job runs with policy off (no shim), where PyTorch's
+    allocator frees its cache and retries."""
+    p = plan(req(global_batch=None, seq_len=2048))
+    b = p.baseline
+    assert b.nodes == 4 and 83.6e9 < b.est.total <= H100.memory < 1.05 * b.est.total
+    assert (b.offload, b.spill, b.efficiency, b.warm_up_s) == (0.0, 0.0, 1.0, 0.0)
+    assert b.host_per_node == 4 * HOST_BYTES_PER_RANK  # only the ranks' own memory
+    assert p.at(5).offload == 0.0 and p.at(5).efficiency == 1.0  # more nodes than the minimum: no offload either
+    row = next(o for o in report.plan_json(p)["options"] if o["baseline"])
+    assert (row["offload_gb_per_gpu"], row["predicted_efficiency"]) == (0.0, 1.0)
+
+
+def test_an_efficiency_just_under_the_floor_is_not_rounded_up_to_it():
+    """89.84% against a floor of 90% is said as 89.84%, not "90% is below 90%"; one that is
+    plainly under keeps whole percent."""
+    from transit_launch.planning.choice import _under
+
+    assert _under(0.8984, 0.9) == "89.84%" and _under(0.83, 0.9) == "83%" and _under(0.8949, 0.9) == "89%"

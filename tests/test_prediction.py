@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 
 from tests import prediction_records as prediction
-from transit_launch.planning import plan as planmod
+from transit_launch.planning import efficiency
 from transit_launch.planning.hardware import GPUS
 
 ROWS = prediction.rows()
@@ -66,7 +66,7 @@ def test_the_state_link_share_is_what_its_fit_runs_measured():
     fit = [r for r in ROWS if "STATE_LINK_SHARE" in r["fit"]]
     assert len(fit) == 2
     share = statistics.mean(r["host_bytes"] / r["state_s"] / h200 for r in fit)
-    assert planmod.STATE_LINK_SHARE == pytest.approx(share, abs=0.01)
+    assert efficiency.STATE_LINK_SHARE == pytest.approx(share, abs=0.01)
 
 
 def test_the_stream_link_share_is_what_its_fit_runs_measured():
@@ -76,7 +76,7 @@ def test_the_stream_link_share_is_what_its_fit_runs_measured():
     fit = [r for r in ROWS if "STREAM_LINK_SHARE" in r["fit"]]
     assert len(fit) == 2 and {r["step"] for r in fit} == {"streamed"}
     share = statistics.mean(r["host_bytes"] / r["state_s"] / h200 for r in fit)
-    assert planmod.STREAM_LINK_SHARE == pytest.approx(share, abs=0.01)
+    assert efficiency.STREAM_LINK_SHARE == pytest.approx(share, abs=0.01)
 
 
 def test_the_reserved_gap_is_what_its_fit_runs_reserved():
@@ -84,7 +84,7 @@ def test_the_reserved_gap_is_what_its_fit_runs_reserved():
     fit = [r for r in ROWS if "SHIM_RESERVED_GAP" in r["fit"]]
     assert len(fit) == 2
     gaps = [r["reserved"] / prediction.predict(r).est.total - 1 for r in fit]
-    assert planmod.SHIM_RESERVED_GAP == pytest.approx(statistics.mean(gaps), abs=0.005)
+    assert efficiency.SHIM_RESERVED_GAP == pytest.approx(statistics.mean(gaps), abs=0.005)
 
 
 def test_the_pinned_warm_up_rate_is_what_its_fit_run_measured():
@@ -95,8 +95,8 @@ def test_the_pinned_warm_up_rate_is_what_its_fit_run_measured():
     assert r["step"] == "streamed"
     c = prediction.predict(r)
     opt = min(c.offload, c.est.optimizer)
-    master_s = (c.offload - opt) / planmod.WARMUP_STATE_RATE
-    assert planmod.WARMUP_PINNED_RATE == pytest.approx(opt / (r["first_step_extra_s"] - master_s), rel=0.02)
+    master_s = (c.offload - opt) / efficiency.WARMUP_STATE_RATE
+    assert efficiency.WARMUP_PINNED_RATE == pytest.approx(opt / (r["first_step_extra_s"] - master_s), rel=0.02)
 
 
 def test_the_in_place_warm_up_rate_is_what_its_fit_run_measured():
@@ -105,7 +105,7 @@ def test_the_in_place_warm_up_rate_is_what_its_fit_run_measured():
     (r,) = [r for r in ROWS if "WARMUP_STATE_RATE" in r["fit"]]
     assert r["step"] == "in place"
     rate = prediction.predict(r).offload / r["first_step_extra_s"]
-    assert planmod.WARMUP_STATE_RATE == pytest.approx(rate, rel=0.05)
+    assert efficiency.WARMUP_STATE_RATE == pytest.approx(rate, rel=0.05)
 
 
 def test_the_stated_warm_up_is_within_a_factor_of_two_of_the_measured():
@@ -170,7 +170,7 @@ def test_a_shape_off_target_is_off_for_its_named_reason(r):
     kind, _ = r["off_target"]
     if kind == "link":  # the shim's host bytes each way over the step's extra time, of the H200's host link
         share = r["host_bytes"] / r["extra_s"] / GPUS["h200-141gb"].host_link
-        assert share > planmod.STATE_LINK_SHARE + 0.05, share
+        assert share > efficiency.STATE_LINK_SHARE + 0.05, share
     elif kind == "compute":
         assert r["compute_s"] < 0.9 * r["ref_s"], (r["compute_s"], r["ref_s"])
         assert abs(r["host_s"] - r["extra_s"]) <= 0.1 * r["extra_s"], (r["host_s"], r["extra_s"])

@@ -182,3 +182,67 @@ def test_run_gives_the_overlap_to_the_command(cli):
     rc, out, err = cli("run", "--policy", "advise", "--overlap", "1", "--", "sh", "-c", "echo step=$TRANSIT_OVERLAP_STEP",
                        env=CLEAN)
     assert rc == 0 and "step=1" in out.splitlines(), (out, err)
+
+
+# --- the SPANK plugin's route (render --inject) ------------------------------------------------
+
+# how Slurm 22.05's sbatch --help lists a SPANK plugin's options, after its own (the lab's, trimmed)
+SBATCH_HELP = """Usage: sbatch [OPTIONS(0)...] [ : [OPTIONS(N)...]] script(0) [args(0)...]
+      --wrap[=command string] wrap command string in a sh script and submit
+
+Options provided by plugins:
+      --transit=POLICY        run with libtransit.so: off, base, prefetch or advise
+      --transit-budget=SIZE   GPU memory the transit shim lets managed data use
+"""
+
+
+def test_the_plugin_is_found_in_sbatchs_help():
+    from transit_launch.slurm.render import offers_transit
+    assert offers_transit(SBATCH_HELP)
+    assert not offers_transit(SBATCH_HELP.replace("--transit=POLICY", "--transitx=POLICY"))
+    assert not offers_transit("      --wrap[=command string] mentions --transit=POLICY in its text\n")
+
+
+def test_inject_spank_writes_the_plugins_options_instead_of_exports(cli):
+    rc, out, err = cli("render", "--nodes", "2", "--policy", "advise", "--gpu-budget", "40GB", "--stats",
+                       "/scratch/stats", "--overlap", "stream", "--inject", "spank", "--", "python", "train.py",
+                       env=CLEAN | {"TRANSIT_SHIM": SHIM})
+    assert rc == 0, err
+    assert ("#SBATCH --transit=advise\n#SBATCH --transit-budget=40GB\n#SBATCH --transit-stats=/scratch/stats\n"
+            in out)
+    exports = [line for line in out.splitlines() if line.startswith("export ")]
+    assert exports == ["export TRANSIT_OVERLAP_STEP=stream"], exports  # the plugin has no option for it
+    assert SHIM not in out and "not installed" not in err  # the site's shim, whatever this machine has
+    rc, out, err = cli("render", "--nodes", "2", "--policy", "advise", "--inject", "script", "--", "python",
+                       "train.py", env=CLEAN | {"TRANSIT_SHIM": SHIM})
+    assert rc == 0 and "--transit" not in out and f"export LD_PRELOAD={SHIM}" in out, err
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--local"], "--local renders a torchrun command without sbatch"),
+    (["--model", "llama3-8b", "--on-node-loss", "scale-in", "--checkpoint-dir", "/ckpt"],
+     "each attempt sets the shim's environment"),
+    (["--stats", "/scratch/my stats"], "an #SBATCH value cannot hold whitespace"),
+    # sbatch ends a value at '#' and drops '\\': the plugin would get /scratch/ab, the check saw another
+    (["--stats", "/scratch/a\\b#c"], "an #SBATCH value cannot hold whitespace, quotes, '#'"),
+    (["--output", "/scratch\\/x.out"], "an #SBATCH value cannot hold whitespace, quotes, '#'"),
+    (["--job-name", "a#b"], "an #SBATCH value cannot hold whitespace, quotes, '#'"),
+])
+def test_inject_spank_where_it_cannot_work_is_one_line(cli, args, said):
+    rc, out, err = cli("render", "--nodes", "1", "--policy", "advise", "--inject", "spank", *args, "--", "python",
+                       "train.py", env=CLEAN)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and said in err, err
+
+
+def test_inject_auto_exports_where_sbatch_has_no_plugin(cli, tmp_path):
+    """auto without a plugin in sbatch (here: an sbatch that lists none) is the export route."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir / "sbatch", "echo '      --wrap[=command string] wrap command string'\n")
+    rc, out, err = cli("render", "--nodes", "1", "--policy", "advise", "--", "python", "train.py",
+                       env=CLEAN | {"TRANSIT_SHIM": SHIM, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert rc == 0 and "--transit" not in out and f"export LD_PRELOAD={SHIM}" in out, err
+    _stub(bin_dir / "sbatch", f"cat <<'EOF'\n{SBATCH_HELP}EOF\n")
+    rc, out, err = cli("render", "--nodes", "1", "--policy", "advise", "--", "python", "train.py",
+                       env=CLEAN | {"TRANSIT_SHIM": SHIM, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert rc == 0 and "#SBATCH --transit=advise\n" in out and "LD_PRELOAD" not in out, err

@@ -107,7 +107,9 @@ def test_shim_parser_agrees(tmp_path):
     exe = _compile(tmp_path, "shim_size", SHIM, [C_SOURCES / "shim" / "config.c"],
                    [f"-I{CUDA_INC}", f"-I{C_SOURCES / 'shim'}", "-D_DEFAULT_SOURCE"])
     got = _feed(exe)
-    assert got == [str(w) if w is not None else "-" for _, w in CASES]
+    # a budget above GPU_BUDGET_MAX is no budget in the shim, as in the CLI and the plugin
+    assert got == [str(w) if w is not None and w <= rules.GPU_BUDGET_MAX else "-" for _, w in CASES]
+    assert any(w is not None and w > rules.GPU_BUDGET_MAX for _, w in CASES)  # the bound is exercised
 
 
 # tr_size_parse itself: its return code and the reason the shim and the plugin print.

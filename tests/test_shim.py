@@ -620,7 +620,8 @@ out = sys.argv[2]
 assert lib.transit_write_stats(f"{out}/before.json".encode()) == 0
 said = [transit_api.adapter_stats({"mode": "host", "steps": 3, "cpu_s": 1.25})]
 refused = [lib.transit_adapter_stats(t) for t in (None, b"", b"{", b"[1]", b"{\"a\": 1} ", b"{\"a\":\n1}",
-                                                  b"{\"a\": \"\xc3\xa9\"}", b"{" + b" " * (64 << 10) + b"}")]
+                                                  b"{\"a\": \"\xc3\xa9\"}", b"{" + b" " * (64 << 10) + b"}", b"1}",
+                                                  b"{\"a\": \"\x7f\"}")]
 def send(i):  # threads replacing each other's counters: the report holds one of them, whole
     for _ in range(200):
         lib.transit_adapter_stats(json.dumps({"thread": i, "pad": "x" * 100}).encode())
@@ -630,6 +631,7 @@ for _ in range(50):
     assert lib.transit_write_stats(f"{out}/during.json".encode()) == 0
     json.load(open(f"{out}/during.json"))
 [t.join() for t in ts]
+assert lib.transit_adapter_stats(b"{" + b" " * ((64 << 10) - 2) + b"}") == 0  # 64 KiB exactly: taken
 assert lib.transit_adapter_stats(b'{"last": true}') == 0
 assert lib.transit_write_stats(f"{out}/after.json".encode()) == 0
 print(json.dumps({"said": said[0], "refused": refused}))
@@ -650,7 +652,25 @@ def test_the_adapters_counters_go_into_the_stats_report(built, tmp_path):
                          env={**env, "LD_PRELOAD": str(built["shim"]), "TRANSIT_POLICY": "advise"})
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out["said"] is True and out["refused"] == [-1] * 8
+    assert out["said"] is True and out["refused"] == [-1] * 10
     assert stats_of(tmp_path / "before.json")["adapter"] is None
     assert stats_of(tmp_path / "after.json")["adapter"] == {"last": True}
     assert set(stats_of(tmp_path / "during.json")["adapter"]) in ({"thread", "pad"}, {"mode", "steps", "cpu_s"})
+
+
+def test_the_plans_prediction_rides_in_the_stats_report(built, tmp_path):
+    """TRANSIT_PLAN (the plan's prediction, set by render and submit) is the report's "plan"
+    object, copied by the shim's own writer; a value that is not one JSON object of printable
+    ASCII is one warning and no prediction (null), the job unharmed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
+    code = "import ctypes, sys; sys.exit(ctypes.CDLL(None).transit_write_stats(sys.argv[1].encode()))"
+    for i, (value, want) in enumerate((('{"nodes": 2, "offload_gb_per_gpu": 6.61}', {"nodes": 2, "offload_gb_per_gpu": 6.61}),
+                                       ('[2]', None), ('{"a": "\u00e9"}', None), ("{" + " " * (64 << 10) + "}", None))):
+        path = tmp_path / f"s{i}.json"
+        res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                             env={**env, "LD_PRELOAD": str(built["shim"]), "TRANSIT_POLICY": "advise",
+                                  "TRANSIT_PLAN": value})
+        assert res.returncode == 0, res.stderr
+        assert stats_of(path)["plan"] == want
+        warned = [ln for ln in res.stderr.splitlines() if "TRANSIT_PLAN=" in ln]
+        assert len(warned) == (0 if want else 1), res.stderr

@@ -304,6 +304,18 @@ def test_a_bare_number_is_refused_by_name_not_read_as_bytes(built):
         in line, line
 
 
+def test_a_budget_above_the_cli_and_plugin_bound_is_refused_in_the_variable_too(built):
+    """TRANSIT_GPU_BUDGET set in a job's environment (which the SPANK plugin's option check
+    never sees) is held to the same bound as --gpu-budget and --transit-budget
+    (rules.GPU_BUDGET_MAX): one warning, the job runs without a budget."""
+    for value, refused in (("2TiB", True), ("1TiB", False)):
+        res, out, _ = run(built, "alloc", GB, env={"TRANSIT_LOG": "warn", "TRANSIT_GPU_BUDGET": value})
+        assert res.returncode == 0 and out["alloc0"] == "0", res.stderr
+        said = [ln for ln in res.stderr.splitlines() if ln.endswith(f"TRANSIT_GPU_BUDGET={value} is above 1TiB: "
+                                                                     "using no budget")]
+        assert len(said) == refused, res.stderr  # 1TiB itself: taken (the guard then caps it at the free memory)
+
+
 @pytest.mark.parametrize("var,value", [
     ("TRANSIT_LOG", "ERROR"), ("TRANSIT_WARMUP_ITERS", "3"), ("TRANSIT_ALLOW_OVERSUBSCRIBE", "0"),
     ("TRANSIT_ALLOW_OVERSUBSCRIBE", "1"), ("TRANSIT_GPU_BUDGET", "40GB"),

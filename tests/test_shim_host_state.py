@@ -65,6 +65,24 @@ def test_marked_state_is_pinned_host_memory(built, tmp_path):
     assert stats["device_placed_peak_bytes"] == 4 * GB and stats["host_placed_peak_bytes"] == 2 * STATE
 
 
+def test_activations_freed_before_the_state_still_keep_their_room(built, tmp_path):
+    """Training's order (issue 52): the step's activations (the 4 GB) are freed before the
+    optimizer makes its state, and the next step makes them again after it. The room for state
+    is the budget less the most the device held, not less what is allocated when the state
+    comes: all three states are pinned as when the 4 GB lived, and the next step's 4 GB finds
+    the device as it left it (test_marked_state_is_pinned_host_memory's placement: the 4 GB
+    on the device, the two unmarked 64 MiB over the budget on the host). Kept on the device,
+    the 192 MiB of state would push part of the next step's activations to the host. By hand,
+    the room with the peak: 4,033,554,432 - 4e9 - 389,442,088 (3% of the budget and the 256 MiB
+    ring) < 0, none kept; with only what is allocated (nothing): 3,644,112,344, all three kept."""
+    res, out, calls, stats = state_run(built, tmp_path, env={"APP_HOT_FREED_FIRST": "1"})
+    assert [c.split()[1] for c in host_allocs(calls)] == [str(STATE)] * 3, calls
+    assert (out["state0_host"], out["state1_host"], out["state2_host"]) == ("1", "1", "1")
+    assert stats["host_state_kept_bytes"] == 0 and int(out["fake_pinned"]) == 3 * STATE
+    assert stats["device_placed_peak_bytes"] == 4 * GB and stats["host_placed_peak_bytes"] == 2 * STATE
+    assert int(out["fake_device_used_peak"]) <= 4 * GB + 32 * MiB
+
+
 # The room for state (hoststate.c): the budget less the device's peak (the 4 GB), 3% of the
 # budget (the cache's growth) and, with no ring yet, the 256 MiB staging ring. By hand:
 #   6 GB:    6e9 - 4e9 - 180,000,000 - 268,435,456 = 1,551,564,544, 23 states: all 3 kept

@@ -411,8 +411,9 @@ def test_the_end_cuts_a_rest_short_and_the_rest_holds_no_lock(built, tmp_path):
     (it waits on the pool's condition, without the pool's lock, which the allocations and the end
     take), so the job is not held for the rest."""
     import time
+    shim = rest_build(tmp_path, 20000000)  # before the clock starts: compiling it took 11 s under load
     t0 = time.monotonic()
-    res, out, calls, stats = state_run({**built, "shim": rest_build(tmp_path, 20000000)}, tmp_path,
+    res, out, calls, stats = state_run({**built, "shim": shim}, tmp_path,
                                        env={**DEBUG, "APP_PREFILL_GATE": "4"}, then=("segs-ready:s,s,s",))
     assert time.monotonic() - t0 < 10
     assert [out[f"state{i}_host"] for i in range(3)] == ["1"] * 3 and stats["host_state_allocs"] == 3

@@ -8,6 +8,7 @@ from transit_launch.errors import UsageError
 from transit_launch.sim import run as simrun
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import LINEAR
+from transit_launch.sim.limits import SchedParams
 from transit_launch.sim.scheduler import Factors, Scenario, simulate
 from transit_launch.sim.synth import SynthSpec, preset, synthetic
 from transit_launch.sim.trace import Trace, load_csv
@@ -26,8 +27,13 @@ def test_fifo_by_hand():
     assert res.end == [100, 150, 110]
 
 
+# a scheduler that knows every run time and backfills at every event (the rule alone)
+KNOWN_RUNTIMES = SchedParams(plan_on="runtimes", bf_interval=0, bf_resolution=0)
+
+
 def test_easy_backfill_by_hand():
-    res = simulate(trace((0, 100, 24), (1, 10, 32), (2, 50, 8), (3, 200, 8)), Scenario("t", racks=1, gpus_per_node=8))
+    res = simulate(trace((0, 100, 24), (1, 10, 32), (2, 50, 8), (3, 200, 8)),
+                   Scenario("t", racks=1, gpus_per_node=8, sched=KNOWN_RUNTIMES))
     # j1 (the whole rack) waits for j0: reservation at 100 with nothing extra; j2 ends
     # before it and backfills at 2; j3 would run past 100 and must wait behind j1.
     assert res.start == [0, 100, 2, 110]

@@ -7,6 +7,7 @@ import pytest
 
 from transit_launch.sim import run as simrun
 from transit_launch.sim.efficiency import LINEAR, parse
+from transit_launch.sim.limits import SchedParams
 from transit_launch.sim.scheduler import Factors, Scenario, simulate
 from transit_launch.sim.trace import Trace, load_csv
 
@@ -54,16 +55,20 @@ def test_reduced_cluster_rows_name_and_use_their_reference(cli):
     assert own["change"] == pytest.approx(mine - ref, abs=1e-3)
 
 
-# 2. utilisation, idle time and throughput over the submission window ---------------------
+# 2. utilisation, idle time and throughput over the makespan (issue 54), the window's beside them
 
-def test_metrics_over_the_submission_window():
-    # one rack of 32 GPUs; submissions at 0 and 100 s, so the window is 100 s. Job 0 (16 GPUs)
-    # runs 0-100, job 1 (8 GPUs) starts at 100 and runs 10000 s after the window.
+def test_metrics_over_the_makespan_and_the_window():
+    # one rack of 32 GPUs; submissions at 0 and 100 s. Job 0 (16 GPUs) runs 0-100, job 1
+    # (8 GPUs) 100-10100. Makespan 10100 s; burned 16 x 100 + 8 x 10000 = 81,600 GPU-s.
     t = trace((0, 100, 16), (100, 10000, 8))
     a = simrun.run_all(t, simrun.scenarios(1, [0.0], None, gpus_per_node=8))[0]["all"]
-    assert a["gpu_utilization"] == pytest.approx(16 * 100 / (32 * 100))  # 0.5, not 0.25 to the makespan
-    assert a["idle_gpu_hours"] == pytest.approx((32 - 16) * 100 / 3600, abs=0.05)
-    assert a["throughput_jobs_per_h"] == pytest.approx(1 / (100 / 3600))  # job 0 finished in the window
+    assert a["gpu_utilization"] == pytest.approx(81600 / (32 * 10100), abs=1e-4)          # 0.2525
+    assert a["idle_gpu_hours"] == pytest.approx((32 * 10100 - 81600) / 3600, abs=1e-3)   # 67.11
+    assert a["gpu_hours"] == pytest.approx(81600 / 3600, abs=1e-3)
+    assert a["throughput_jobs_per_h"] == pytest.approx(2 / (10100 / 3600), abs=1e-4)     # both jobs
+    # the submission window (0-100 s): job 0's 16 of 32 GPUs, and the one job it finished
+    assert a["gpu_utilization_in_window"] == pytest.approx(0.5)
+    assert a["throughput_in_window_jobs_per_h"] == pytest.approx(1 / (100 / 3600))
 
 
 # 3. the stretch follows an efficiency curve; rounding to the nearest node ------------------
@@ -113,7 +118,8 @@ def test_backfill_reserves_whole_nodes():
     # at 100 the short jobs free 8 GPUs (16 free in all, H's count) but no whole node. Y
     # (4 GPUs, 500 s) ends before 1000 and backfills at once; counting GPUs it waited to 100.
     jobs = [(0, 1000, 4)] * 4 + [(0, 100, 4)] * 2 + [(1, 50, 16), (2, 500, 4)]
-    res = simulate(trace(*jobs), Scenario("s", racks=1, strategy="spread", **E8))
+    known = SchedParams(plan_on="runtimes", bf_interval=0, bf_resolution=0)  # run times known, a pass every event
+    res = simulate(trace(*jobs), Scenario("s", racks=1, strategy="spread", sched=known, **E8))
     assert res.start[7] == 2 and res.start[6] == 1000
 
 

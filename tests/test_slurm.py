@@ -73,7 +73,9 @@ def test_bogus_policy_refused_at_submit(lab):
 def test_advise_on_two_nodes(lab, export):
     script = job_script(lab, "env.sh", ENV_PROBE)
     extra = [f"--export={export}"] if export else []
-    info, out = run_job(lab, "--transit=advise", "--transit-budget=40GB", "--transit-stats=/tmp/tstats", *extra,
+    tstats = lab.lab / "tstats"  # --transit-stats must name a directory that exists at submission
+    tstats.mkdir(exist_ok=True)
+    info, out = run_job(lab, "--transit=advise", "--transit-budget=40GB", f"--transit-stats={tstats}", *extra,
                         script=script)
     assert info["JobState"] == "COMPLETED", out
     rows = probe_rows(out)
@@ -83,7 +85,7 @@ def test_advise_on_two_nodes(lab, export):
         assert preload.count(lab.shim) == 1  # not prepended twice (batch step and srun step)
         assert policy == "advise" and pypath.split(":")[0] == str(ADAPTER)
         assert alloc == "backend:native,expandable_segments:False"
-        assert (budget, stats) == ("40GB", "/tmp/tstats")
+        assert (budget, stats) == ("40GB", str(tstats))
 
 
 def test_untouched_without_the_option(lab):

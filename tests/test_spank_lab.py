@@ -40,9 +40,12 @@ def script(lab, name, body):
 
 
 def submit(lab, *args, env=None):
-    # stderr in a file of its own: srun forwards a line longer than 1024 bytes (the "long"
-    # row) in pieces, and what reaches the job's stderr meanwhile (slurmstepd's and srun's
-    # messages) landed inside it when both went to one file (once, under load)
+    # stderr in a file of its own. slurmstepd forwards a task's stdout in messages of at most
+    # 1024 bytes (the "long" row is 10 kB) and writes its own errors (the plugin's, from every
+    # step after the script exports a bad SLURM_SPANK_TRANSIT_STATS) to the step's stderr; it
+    # reads the two pipes apart, so when it gets to them late (under load) both are full and
+    # stderr's lines go out between the row's pieces. srun appends both to the job's file in
+    # that order: in one file the row was cut after a piece (a row without its last fields)
     res = lab.cmd("sbatch", "--parsable", "-o", "out-%j.txt", "-e", "err-%j.txt", *args, env=env)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
@@ -54,6 +57,7 @@ def rows_of(lab, job):
     out, err = ((lab.lab / "jobs" / f"{kind}-{job}.txt").read_text() for kind in ("out", "err"))
     assert info["JobState"] == "COMPLETED", out + err
     rows = [dict(zip(FIELDS, line.split("|")[1:])) for line in out.splitlines() if line.startswith("ROW|")]
+    assert all(len(r) == len(FIELDS) for r in rows), out + err  # each row whole, as its step wrote it
     return rows, out + "\n--- stderr\n" + err
 
 

@@ -35,7 +35,8 @@ def ours(text: str) -> list[str]:
                                                                  "(add --transit=advise)"),
     (["--transit-stats=/tmp/stats-71"], "sbatch: transit: warning: --transit-stats does nothing: without --transit "
                                         "this cluster's policy is off and loads no shim (add --transit=advise)"),
-    (["--transit=advise", "--transit-budget=71GB", "--transit-stats=/tmp/stats-71"], None),
+    # under a policy the stats directory must exist (sbatch's cwd here; tests/test_spank_stats_lab.py)
+    (["--transit=advise", "--transit-budget=71GB", "--transit-stats=."], None),
     (["--transit=prefetch"], None),
     ([], None),
 ])

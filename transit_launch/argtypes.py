@@ -91,11 +91,12 @@ def number(cast, minimum, desc, maximum=None):
     puts the option's name before it: "argument --tp: must be a positive integer, got '0'")."""
     def conv(text):
         try:
-            v = cast(text)
+            v = cast(text) if text.isascii() else None  # int() and float() take any script's digits: '３'
         except (ValueError, OverflowError):
             v = None
         if v is None or not math.isfinite(v) or v < minimum or (maximum is not None and v > maximum):
-            raise argparse.ArgumentTypeError(f"must be {desc}, got {text!r}")
+            digits = "" if text.isascii() else " in ASCII digits"
+            raise argparse.ArgumentTypeError(f"must be {desc}{digits}, got {text!r}")
         return v
     return conv
 
@@ -147,6 +148,8 @@ def fractions(flag, allow_zero=False):
     """Comma-separated fractions: in (0, 1), or [0, 1) with allow_zero."""
     def conv(text):
         try:
+            if not text.isascii():  # float() takes any script's digits
+                raise ValueError(text)
             vals = [float(x) for x in text.split(",") if x.strip()]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} takes fractions like 0.25,0.5, got {text!r}") from None
@@ -228,16 +231,17 @@ def _not_a_directory(d: Path) -> str:
 
 
 def output_dir_problem(text: str) -> str | None:
-    """Why `text` cannot be used as a directory that exists or can be created (mkdir -p)."""
+    """Why `text` cannot be used as a directory that exists or can be made in an existing
+    one: a missing parent is refused, as for output files (a typo in it would otherwise make
+    a tree of directories, silently)."""
     if not text:
         return "the directory name is empty"
     path = Path(text)
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{text} exists and is not a directory"
-    existing = next(p for p in (path, *path.parents) if os.path.exists(p))
-    if not os.path.isdir(existing):
-        return f"{text}: {existing} is not a directory"
-    return _probe(existing, text)
+    if os.path.exists(path):
+        return _probe(path, text) if os.path.isdir(path) else f"{text} exists and is not a directory"
+    if not os.path.isdir(path.parent):
+        return f"{text}: {_not_a_directory(path.parent)}"
+    return _probe(path.parent, text)
 
 
 # argparse type: a directory checked before the work

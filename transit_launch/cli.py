@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from transit_launch import __version__, config, doctor
+from transit_launch import __version__, config, doctor, report
 from transit_launch.argtypes import Parser
 from transit_launch.errors import UsageError
 from transit_launch.netcap import cli as netcap_cli
@@ -15,8 +15,8 @@ from transit_launch.shim import cli as shim_cli
 from transit_launch.sim import cli as sim_cli
 from transit_launch.slurm import cli as slurm_cli
 
-# In help order: planning, jobs, the shim, clusters, NIC sweeps, the machine.
-OWNERS = (planning_cli, slurm_cli, shim_cli, sim_cli, netcap_cli, doctor)
+# In help order: planning, jobs, the shim, a job's stats, clusters, NIC sweeps, the machine.
+OWNERS = (planning_cli, slurm_cli, shim_cli, report, sim_cli, netcap_cli, doctor)
 
 
 def build_parser() -> Parser:

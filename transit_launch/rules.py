@@ -58,6 +58,9 @@ ENV = {
     "STATS": "TRANSIT_STATS",
     "LOG": "TRANSIT_LOG",
     "COLD_TAIL": "TRANSIT_COLD_TAIL",
+    # the plan's prediction for the job (a JSON object, set by render/submit): the shim copies it
+    # into its stats report as "plan", so `report` sets it beside what the ranks measured
+    "PLAN": "TRANSIT_PLAN",
     "HOST_STATE": "TRANSIT_HOST_STATE",  # 0: optimizer state over the budget stays managed memory (hoststate.c)
     # read by the framework adapter only (transit_overlap.py), not by the shim
     "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (adapter/transit_overlap.py)
@@ -94,6 +97,20 @@ def overlap_refusal(mode):
 # expandable segments (PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF for PyTorch < 2.9),
 # from the launcher and from the SPANK plugin alike.
 ALLOC_CONF = "backend:native,expandable_segments:False"
+
+# The job's environment besides the TRANSIT_* names: the path lists libtransit.so and the
+# adapter's directory go first in (what the job had stays after them), and the allocator's
+# settings (ALLOC_CONF in both). shim/inject.py:job_env builds it for `run` and `render`; the
+# SPANK plugin sets the same names on the node (TR_JOB_* in the header), so none is spelled twice.
+JOB_ENV = {
+    "PRELOAD": "LD_PRELOAD",                        # libtransit.so first
+    "ADAPTER_PATH": "PYTHONPATH",                   # the adapter's directory first
+    "ALLOC_CONF": "PYTORCH_ALLOC_CONF",             # = ALLOC_CONF
+    "CUDA_ALLOC_CONF": "PYTORCH_CUDA_ALLOC_CONF",   # = ALLOC_CONF, for PyTorch < 2.9
+}
+# The SPANK plugin's options (spank/plugin.c registers them; `render` writes #SBATCH lines of
+# them where the plugin is installed): what each sets on the node is TR_ENV_<same key>.
+PLUGIN_OPTIONS = {"POLICY": "transit", "GPU_BUDGET": "transit-budget", "STATS": "transit-stats"}
 
 SIZE_UNITS = {
     "b": 1,
@@ -181,6 +198,8 @@ def c_header() -> str:
         *(f'#define TR_ENV_{k} "{v}"' for k, v in ENV.items()),
         *(f'#define TR_RETIRED_ENV_{k} "{v}"' for k, v in RETIRED_ENV.items()),
         f'#define TR_ALLOC_CONF "{ALLOC_CONF}"',
+        *(f'#define TR_JOB_{k} "{v}"' for k, v in JOB_ENV.items()),
+        *(f'#define TR_OPT_{k} "{v}"' for k, v in PLUGIN_OPTIONS.items()),
         "",
         f"#define TR_SIZE_MAX {SIZE_MAX}ull",
         f"#define TR_SIZE_INT_DIGITS {SIZE_INT_DIGITS}",

@@ -25,7 +25,8 @@
  *                                 of STATE bytes marked as optimizer state (transit_state_alloc), one
  *                                 unmarked; a kernel touches all; stats; segs:LIST: the adapter's
  *                                 transit_state_segments(LIST) before them, the empty list after
- *                                 (segs_opt says the variants: -exit, -idle, -ready, -twice)
+ *                                 (segs_opt says the variants: -exit, -idle, -ready, -twice);
+ *                                 APP_HOT_FREED_FIRST: HOT freed before the state, made again after
  *   app state-threads HOT STATE THREADS STATS [segs[-exit]:LIST]   as state, the marked allocations made
  *                                 by THREADS threads at once, each marked on its own
  *   app stress SEED THREADS OPS STATS [replay]   THREADS threads of OPS seeded random calls
@@ -726,6 +727,11 @@ int main(int argc, char **argv)
         if (getenv("APP_DEVICE"))
             cudaSetDevice(atoi(getenv("APP_DEVICE"))); /* the job's device: the shim's fill registers there */
         cudaMalloc(&h, hot);
+        /* APP_HOT_FREED_FIRST: training's order: the step's activations are freed before the
+         * optimizer makes its state, and the next step makes them again after it */
+        int hot_freed = getenv("APP_HOT_FREED_FIRST") != NULL;
+        if (hot_freed)
+            cudaFree(h);
         int expecting = segs_opt(argc >= 7 ? argv[6] : NULL, state);
         if (expecting < 0)
             return 1;
@@ -734,6 +740,11 @@ int main(int argc, char **argv)
             printf("state%d_err=%d\n", i, (int)cudaMalloc(&s[i], state));
             if (i == 0 && getenv("APP_PREFILL_OPEN_AFTER_FIRST"))
                 prefill_open(); /* the fill may go on now that the first state took its region */
+        }
+        if (hot_freed) { /* unmarked: the activations are not state */
+            mark(0);
+            cudaMalloc(&h, hot);
+            mark(1);
         }
         struct other o = {state, NULL};
         pthread_t t; /* another thread's allocation meanwhile is not state: the mark is the caller's */

@@ -26,6 +26,7 @@ export TRANSIT_POLICY=advise
 export PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False
 export PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:False
 export NCCL_NVLS_ENABLE=0
+export TRANSIT_PLAN='{"gpu": "h100-80gb", "gpus": 12, "model": "llama3-70b", "nodes": 3, "offload_gb_per_gpu": 47.72, "per_gpu_total_gb": 126.64, "policy": "advise", "predicted_efficiency": 0.9924, "predicted_warm_up_s": 3.1, "version": 1}'
 
 srun --export=ALL torchrun \
     --nnodes 3 \

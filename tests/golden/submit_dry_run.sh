@@ -25,6 +25,7 @@ export PYTHONPATH=/opt/transit/adapter${PYTHONPATH:+:$PYTHONPATH}
 export TRANSIT_POLICY=advise
 export PYTORCH_ALLOC_CONF=backend:native,expandable_segments:False
 export PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:False
+export TRANSIT_PLAN='{"gpu": "h100-80gb", "gpus": 8, "model": "llama3-70b", "nodes": 2, "offload_gb_per_gpu": 83.19, "per_gpu_total_gb": 160.43, "policy": "advise", "predicted_efficiency": 0.8143, "predicted_warm_up_s": 10.4, "version": 1}'
 
 srun --export=ALL torchrun \
     --nnodes 2 \

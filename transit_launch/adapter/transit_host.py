@@ -132,7 +132,10 @@ class HostStep:
         atexit.register(self.report)
 
     def counters(self):
-        """What the stats report's "adapter" object holds of the host step."""
+        """What the stats report's "adapter" object holds of the host step, the steps in flight
+        done first (their CPU seconds counted)."""
+        for plan in list(self.plans.values()):
+            self._finish(plan)
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.stats.items()}
 
     def report(self):

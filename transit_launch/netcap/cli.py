@@ -19,6 +19,10 @@ def cmd_sweep(a, command):
         if unused:  # they would be ignored: --restore replays the journal, it runs no sweep
             raise UsageError(f"--restore only undoes the caps the journal records (it takes --journal); "
                              f"{', '.join(unused)} would do nothing with it")
+        parent = os.path.dirname(a.journal or "") or "."
+        if a.journal and "%n" not in parent and not os.path.isdir(parent):  # a typo: no sweep writes there
+            raise UsageError(f"--journal {a.journal}: directory {parent} does not exist, so no sweep left a journal "
+                             "there (a sweep refuses such a --journal)")
         done = [line for path in jn.journal_paths(a.journal) for line in jn.restore_journal(jn.Journal(path))]
         for line in done or ["nothing to restore"]:
             print(line)

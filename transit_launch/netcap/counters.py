@@ -8,20 +8,28 @@ import json
 import subprocess
 from pathlib import Path
 
+from transit_launch.errors import UsageError
 from transit_launch.netcap.backends import Iface
 
 IB = Path("/sys/class/infiniband")
 
 
 def _netdev(iface: Iface) -> tuple[int, int]:
+    """(tx, rx) bytes; an interface that is not there is an error, not zero traffic."""
+    missing = UsageError(f"--iface {iface}: no such network interface" + (f" in namespace {iface.netns}"
+                                                                        if iface.netns else " on this node"))
     if iface.netns:
-        out = subprocess.run(["ip", "-n", iface.netns, "-j", "-s", "link", "show", "dev", iface.name],
-                             capture_output=True, text=True, timeout=10).stdout
-        stats = json.loads(out or "[{}]")[0].get("stats64", {})
+        res = subprocess.run(["ip", "-n", iface.netns, "-j", "-s", "link", "show", "dev", iface.name],
+                             capture_output=True, text=True, timeout=10)
+        if res.returncode != 0 or not res.stdout.strip():
+            raise missing
+        stats = json.loads(res.stdout)[0].get("stats64", {})
         return stats.get("tx", {}).get("bytes", 0), stats.get("rx", {}).get("bytes", 0)
     import psutil
     c = psutil.net_io_counters(pernic=True).get(iface.name)
-    return (c.bytes_sent, c.bytes_recv) if c else (0, 0)
+    if c is None:
+        raise missing
+    return c.bytes_sent, c.bytes_recv
 
 
 def rdma_devices(iface: Iface, root: Path = IB) -> list[Path]:

@@ -39,7 +39,8 @@ def recommend(req, baseline, options) -> tuple[object, str]:
                               "hot data off the GPU: run without offloading")
         best = max(ok, key=lambda c: (c.efficiency, -c.nodes))
         return baseline, (f"no fewer nodes keep predicted per-GPU efficiency >= {floor} (the best, "
-                          f"{n_nodes(best.nodes)}, {best.efficiency:.0%}): run without offloading")
+                          f"{n_nodes(best.nodes)}, {_under(best.efficiency, req.min_efficiency)}): run without "
+                          "offloading")
     best = max(ok, key=lambda c: (c.efficiency, -c.nodes))
     return best, (f"nothing fits without offloading and no option reaches predicted efficiency >= {floor}; "
                   f"this one is predicted fastest ({best.efficiency:.0%})")
@@ -47,6 +48,12 @@ def recommend(req, baseline, options) -> tuple[object, str]:
 
 def _pct(fraction: float) -> str:
     return f"{round(fraction * 100, 2):g}%"  # 0.999 is 99.9%, not a rounded 100%
+
+
+def _under(fraction: float, floor: float) -> str:
+    """An efficiency below the floor, in whole percent unless that rounds up to the floor's
+    (89.84% against 90%, not "90% is below 90%")."""
+    return _pct(fraction) if round(fraction * 100) >= floor * 100 else f"{fraction:.0%}"
 
 
 def explain(p, nodes: int) -> tuple[str, list[str]]:
@@ -71,8 +78,8 @@ def explain(p, nodes: int) -> tuple[str, list[str]]:
         warnings.append(f"{nodes} node(s) need {gb(c.host_per_node):.0f} GB of host DRAM per node, more than "
                         f"the node's {gb(p.req.host_mem):.0f} GB allow; {rec}")
     if not warnings and c.efficiency < p.req.min_efficiency:
-        warnings.append(f"{nodes} node(s): predicted efficiency {c.efficiency:.0%} is below --min-efficiency "
-                        f"{_pct(p.req.min_efficiency)}; {rec}")
+        warnings.append(f"{nodes} node(s): predicted efficiency {_under(c.efficiency, p.req.min_efficiency)} is below "
+                        f"--min-efficiency {_pct(p.req.min_efficiency)}; {rec}")
     return why, warnings
 
 

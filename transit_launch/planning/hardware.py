@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
-from transit_launch.rules import SIZE_MAX, format_size
+from transit_launch.rules import GPU_BUDGET_MAX, format_size
 
 MiB = 2**20
 # plan, render, submit and simulate all assume this many GPUs per node unless told: 4 is
@@ -39,9 +39,10 @@ class GPU:
     capacity: int | None = None  # the part's own memory when --gpu-mem replaced it
 
     def __post_init__(self):
-        if not integer(self.memory) or not MIN_GPU_MEMORY <= self.memory <= SIZE_MAX:
+        # above GPU_BUDGET_MAX (the --gpu-budget bound, several times the largest GPU): a typo
+        if not integer(self.memory) or not MIN_GPU_MEMORY <= self.memory <= GPU_BUDGET_MAX:
             raise UsageError(f"GPU memory (--gpu-mem) must be from {format_size(MIN_GPU_MEMORY)} to "
-                             f"{format_size(SIZE_MAX)}, got {self.memory!r} bytes")
+                             f"{format_size(GPU_BUDGET_MAX)}, got {self.memory!r} bytes")
         for name in ("peak_bf16", "host_link", "fault_link"):
             v = getattr(self, name)
             if not (real(v) and v > 0):

@@ -2,8 +2,8 @@
 
 For every candidate node count the layout is derived from the parallelism preset, kept
 only if its degrees divide the model and its data-parallel degree divides the global
-batch, then sized (memory.estimate) and costed (traffic.per_node, a first-order step-time
-model below). Units: bytes inside, GB (1e9) in reports.
+batch, then sized (memory.estimate) and costed (traffic.per_node, and the first-order
+step-time model of efficiency.py). Units: bytes inside, GB (1e9) in reports.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, replace
 from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning import choice
+from transit_launch.planning.efficiency import SHIM_RESERVED_GAP, efficiency_of, host_terms, step_mode, streamed_offload
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPU, MAX_GPUS_PER_NODE
 from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Layout, check_degrees, estimate,
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import (DEFAULT_OVERLAP, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES,
-                                  STATE_ROOM_SPARE_PERCENT, UNPLANNED_OVERLAP, overlap_refusal)
+from transit_launch.rules import STAGE_RING_BYTES, UNPLANNED_OVERLAP, format_size, overlap_refusal
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
@@ -33,36 +33,13 @@ HOST_BYTES_PER_RANK = 10e9
 # Share of a node's DRAM a job may use: the OS, page cache and Slurm's own accounting
 # need the rest.
 HOST_USABLE_FRACTION = 0.9
-# Each constant below is measured or fitted as bench/RESULTS.md, "What the plan predicts",
-# records; tests/prediction_records.py names the runs each was fitted to, and tests/test_prediction.py
-# checks every recorded run against the plan.
-# The step's compute time: its FLOPs in TorchTitan's count (ModelCard.titan_flops_per_token:
-# recomputation not counted) at this share of the GPU's dense bf16 peak: the paper's
-# no-offload Llama3-70B baseline, not fitted to our runs.
-ASSUMED_MFU = 0.42
-# advise serves offloaded optimizer state zero-copy: the optimizer step reads and writes it
-# once over the full-duplex host link, at this share of host_link in state bytes a second.
-STATE_LINK_SHARE = 0.84
-# advise's default step streams the pinned state through the copy engines (transit_streamed.py):
-# in and out at once at this share of host_link in state bytes a second.
-STREAM_LINK_SHARE = 1.0
-# Under the shim PyTorch's cache never runs short (what does not fit the GPU is placed on the
-# host, not refused), so it keeps the blocks a real GPU's allocator would free and retry
-# with, and the budget bounds reserved bytes: TorchTitan's reserved peak over the estimate.
-SHIM_RESERVED_GAP = SHIM_RESERVED_GAP_PERCENT / 100
-# The first step makes the optimizer state, what does not fit in host memory: bytes a second,
-# for the warm-up the plan states (within a factor of 2). In place (plain advise) through the
-# GPU's first writes to managed memory; streamed (the default) pinned by the shim on huge
-# pages whose pages it writes in the background during the first forward and backward
-# (shim/prefill.c), then read zero-copy by the first step. tests/prediction_records.py FIT
-# says which run each was set from; one rank on the host: ranks pinning at once share its
-# memory bandwidth, not measured.
-WARMUP_STATE_RATE = 2.0e9
-WARMUP_PINNED_RATE = 17.2e9
 # 2 TB per node: DGX H100/H200 and the paper's clusters. Override with --host-mem.
 DEFAULT_HOST_MEM = 2000e9
-# A node of less DRAM cannot run a training rank: `--host-mem 1KB` is a typo.
+# A node of less DRAM cannot run a training rank: `--host-mem 1KB` is a typo. Nor does any
+# node hold more than MAX_HOST_MEM (the largest single-system-image servers hold tens of TB;
+# GPU nodes 0.5 to 4 TB): `--host-mem 999TB` is a typo too (docs/plan.md).
 MIN_HOST_MEM = 2**30
+MAX_HOST_MEM = 64 * 2**40
 
 
 @dataclass(frozen=True)
@@ -102,6 +79,9 @@ class Request:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node}: no node has more than {MAX_GPUS_PER_NODE} GPUs")
         if not real(self.host_mem) or self.host_mem < MIN_HOST_MEM:
             raise UsageError(f"--host-mem must be at least 1GiB, got {self.host_mem!r} bytes")
+        if self.host_mem > MAX_HOST_MEM:
+            raise UsageError(f"--host-mem {format_size(int(self.host_mem))} is more than any node has: host DRAM per "
+                             f"node must be at most {format_size(MAX_HOST_MEM)}")
         if not real(self.min_efficiency) or not 0 < self.min_efficiency <= 1:
             raise UsageError(f"--min-efficiency must lie in (0, 1], got {self.min_efficiency}")
         if self.scale_in is not None and not all(0 < f < 1 for f in self.scale_in):
@@ -171,11 +151,20 @@ def invalid(req: Request, lay: Layout | None) -> str | None:
     return None
 
 
-def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
+def evaluate(req: Request, nodes: int, lay: Layout, offloads: bool = True) -> Candidate:
+    """The candidate of `nodes` nodes under advise (offloads), or as the job runs without
+    the shim (the no-offload rows, policy off: a real GPU's allocator frees its cache and
+    retries, so the shim's reserved gap does not apply and nothing leaves the GPU)."""
     est = estimate(req.card, lay)
     gbatch = req.global_batch or lay.dp * lay.local_batch
     microsteps = gbatch // (lay.dp * lay.local_batch)
     c = Candidate(nodes, lay, est, per_node(req.card, lay, req.gpus_per_node), microsteps)
+    if lay.precision != req.precision:
+        c.notes.append(f"{lay.precision} (TorchTitan, TP/PP without FSDP)")
+    if not offloads:
+        c.host_per_node = req.gpus_per_node * HOST_BYTES_PER_RANK
+        c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
+        return c
     # what the shim places on the host: the reserved bytes over the budget (SHIM_RESERVED_GAP)
     # (also where the estimate alone fits: the budget bounds what is reserved, gap included)
     c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory)
@@ -193,8 +182,6 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     if c.offload:
         t = host_terms(req, c)
         c.efficiency, c.warm_up_s = round(efficiency_of(t), 4), t["warm_up_s"]
-    if lay.precision != req.precision:
-        c.notes.append(f"{lay.precision} (TorchTitan, TP/PP without FSDP)")
     if staged:
         c.notes.append(f"staged: +{gb(est.optimizer):.1f} GB host/GPU (the state's pinned copy), "
                        f"{STAGE_RING_BYTES >> 20} MiB ring")
@@ -205,53 +192,6 @@ def evaluate(req: Request, nodes: int, lay: Layout) -> Candidate:
     if not c.fits_host:
         c.notes.append("host DRAM too small")
     return c
-
-
-def streamed_offload(req: Request, est) -> float:
-    """What the streamed step leaves on the host, by the shim's rule for marked state
-    (shim/hoststate.c): the state stays on the GPU only where the budget, less the ring and
-    STATE_ROOM_SPARE_PERCENT of it, has room beside everything else; the rest is pinned. What
-    else does not fit beside the ring goes to the host as under advise."""
-    other = est.total * (1 + SHIM_RESERVED_GAP) - est.optimizer
-    room = req.gpu.memory * (1 - STATE_ROOM_SPARE_PERCENT / 100) - STAGE_RING_BYTES - other
-    kept = min(est.optimizer, max(0.0, room))
-    return est.optimizer - kept + max(0.0, other - (req.gpu.memory - STAGE_RING_BYTES))
-
-
-def step_mode(req: Request) -> str:
-    """The optimizer step's mode the job runs with: --overlap, else advise's default."""
-    return req.overlap if req.overlap is not None else DEFAULT_OVERLAP["advise"]
-
-
-def host_terms(req: Request, c: Candidate) -> dict:
-    """The step's parts in seconds: compute, and the host link's share of what is offloaded.
-    advise keeps on the GPU hot data first, then the fp32 master weights, then optimizer
-    state, so what leaves is optimizer state first (read and written once a step, at
-    STREAM_LINK_SHARE of the link when the step streams it, the default, else at
-    STATE_LINK_SHARE), then master weights (also read by FSDP's two gathers of
-    every microstep: an assumption, not measured), then hot data, which migrates on faults
-    both ways in every microstep (an assumption). Network effects are not included (see
-    traffic_ratio)."""
-    lay = c.layout
-    tokens = lay.local_batch * lay.seq_len
-    flops = req.card.titan_flops_per_token(lay.seq_len) * tokens / (lay.tp * lay.pp)
-    t_compute = c.microsteps * flops / (req.gpu.peak_bf16 * ASSUMED_MFU)
-    opt = min(c.offload, c.est.optimizer)
-    master = min(c.offload - opt, max(0.0, c.est.cold - c.est.optimizer))
-    state_link = STATE_LINK_SHARE * req.gpu.host_link
-    opt_link = (STREAM_LINK_SHARE if step_mode(req) == "stream" else STATE_LINK_SHARE) * req.gpu.host_link
-    return {"compute_s": t_compute, "state_s": opt / opt_link + master / state_link,
-            "master_reads_s": c.microsteps * 2 * master / req.gpu.host_link,
-            "spill_s": c.microsteps * 2 * c.spill / req.gpu.fault_link,
-            "warm_up_s": opt / (WARMUP_PINNED_RATE if step_mode(req) == "stream" else WARMUP_STATE_RATE)
-            + master / WARMUP_STATE_RATE}
-
-
-def efficiency_of(t: dict) -> float:
-    """Per-GPU throughput relative to running without offloading: compute against compute
-    plus the host link's part (the terms of host_terms)."""
-    return t["compute_s"] / (t["compute_s"] + t["state_s"] + t["master_reads_s"] + t["spill_s"])
-
 
 
 @dataclass
@@ -280,7 +220,7 @@ class Plan:
         if shown:
             return shown
         lay = layout_for(self.req, nodes)
-        return None if invalid(self.req, lay) else evaluate(self.req, nodes, lay)
+        return None if invalid(self.req, lay) else evaluate(self.req, nodes, lay, self.needs_offload(nodes))
 
     def why_not(self, nodes: int) -> str | None:
         return invalid(self.req, layout_for(self.req, nodes))
@@ -302,27 +242,27 @@ def plan(req: Request) -> Plan:
             rejected.setdefault(why, []).append(n)
             continue
         cand = evaluate(req, n, lay)
-        valid.append(cand)
-        if cand.est.total <= req.gpu.memory:
-            baseline = cand
+        if cand.est.total <= req.gpu.memory:  # the no-offload minimum runs without the shim (policy off)
+            baseline = evaluate(req, n, lay, offloads=False)
+            valid.append(baseline)
             break
+        valid.append(cand)
     if not valid:
         raise UsageError(choice.no_layout(req, rejected, pp_hint(req)))
     if baseline is None:
         return _no_fit(req, valid)
-    below = valid[:-1]
-    if req.scale_in is not None:
-        chosen = []
-        for f in req.scale_in:
-            target = round(baseline.nodes * (1 - f))
-            fit = [c for c in below if c.nodes <= max(target, 1)]
-            if fit and fit[-1] not in chosen:
-                chosen.append(fit[-1])
-        options = sorted(chosen, key=lambda c: -c.nodes)
-    else:
-        options = sorted(below, key=lambda c: -c.nodes)
-    recommended, reason = choice.recommend(req, baseline, options)
-    return Plan(req, baseline, options, recommended, reason)
+    below = sorted(valid[:-1], key=lambda c: -c.nodes)
+    # one rule over every node count (plan, render, submit): --scale-in only picks the rows shown
+    recommended, reason = choice.recommend(req, baseline, below)
+    if req.scale_in is None:
+        return Plan(req, baseline, below, recommended, reason)
+    shown = {recommended.nodes}
+    for f in req.scale_in:
+        target = round(baseline.nodes * (1 - f))
+        fit = [c.nodes for c in below if c.nodes <= max(target, 1)]
+        if fit:
+            shown.add(fit[0])
+    return Plan(req, baseline, [c for c in below if c.nodes in shown], recommended, reason)
 
 
 def _no_fit(req: Request, valid: list[Candidate]) -> Plan:

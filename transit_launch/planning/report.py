@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from transit_launch.planning import choice, memory
+from transit_launch.planning import efficiency
 from transit_launch.planning import plan as planmod
 from transit_launch.planning.plan import Candidate, Plan
 from transit_launch.table import table
@@ -115,10 +116,10 @@ def plan_json(p: Plan) -> dict:
         "options": [_option_json(p, c) for c in p.rows],
         "recommended": {"nodes": p.recommended.nodes, "gpus": p.recommended.layout.gpus,
                         "offload": p.needs_offload(p.recommended.nodes), "reason": p.reason},
-        "assumptions": {"mfu": planmod.ASSUMED_MFU, "state_link_share": planmod.STATE_LINK_SHARE,
-                        "shim_reserved_gap": planmod.SHIM_RESERVED_GAP,
-                        "warm_up_state_gb_s": gb(planmod.WARMUP_STATE_RATE),
-                        "warm_up_pinned_gb_s": gb(planmod.WARMUP_PINNED_RATE),
+        "assumptions": {"mfu": efficiency.ASSUMED_MFU, "state_link_share": efficiency.STATE_LINK_SHARE,
+                        "shim_reserved_gap": efficiency.SHIM_RESERVED_GAP,
+                        "warm_up_state_gb_s": gb(efficiency.WARMUP_STATE_RATE),
+                        "warm_up_pinned_gb_s": gb(efficiency.WARMUP_PINNED_RATE),
                         "host_bytes_per_rank_gb": gb(planmod.HOST_BYTES_PER_RANK),
                         "host_usable_fraction": planmod.HOST_USABLE_FRACTION,
                         "host_link_gb_s": gb(req.gpu.host_link)},

@@ -46,3 +46,11 @@ class ShimOptions:
         from transit_launch.shim import inject
         return inject.shim_env(policy or self.policy, self.gpu_budget, stats or self.stats, self.log,
                                environ=environ, overlap=self.overlap)
+
+    def job_env(self, policy: str | None = None, shim=None, adapter=None, environ: dict | None = None,
+                stats: str | None = None, plugin: bool = False, plan: dict | None = None):
+        """The job's whole environment (inject.job_env) with these options; policy and stats
+        as in env()."""
+        from transit_launch.shim import inject
+        return inject.job_env(policy or self.policy, self.gpu_budget, stats or self.stats, self.log, self.overlap,
+                              shim=shim, adapter=adapter, environ=environ, plugin=plugin, plan=plan)

@@ -22,13 +22,9 @@ from transit_launch.units import gb
 
 def launch_env(opts: ShimOptions, stats_dir: str, environ: dict | None = None) -> dict:
     env = dict(os.environ if environ is None else environ)
-    env.update(opts.env(environ=env, stats=stats_dir))
-    shim, adapter = inject.shim_path(), inject.adapter_dir()
-    if shim is not None:  # off too: the shim's pass-through mode, for A/B runs
-        env["LD_PRELOAD"] = inject.prepend("LD_PRELOAD", str(shim), env)
-        if adapter:
-            env["PYTHONPATH"] = inject.prepend("PYTHONPATH", str(adapter), env)
-    return env
+    # the shim under off too: its pass-through mode, for A/B runs
+    return opts.job_env(shim=inject.shim_path(), adapter=inject.adapter_dir(), environ=env,
+                        stats=stats_dir).apply(env)
 
 
 def run(command: list[str], opts: ShimOptions) -> tuple[int, list[dict]]:

@@ -10,8 +10,9 @@ from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.scheduler import STRATEGIES
 from transit_launch.sim.efficiency import NAMES as EFFICIENCY_NAMES
+from transit_launch.sim.limits import PLAN_ON
 from transit_launch.sim.synth import PRESETS
-from transit_launch.sim.trace import FORMATS
+from transit_launch.sim.tracefile import FORMATS
 
 
 def cmd_simulate(a, command):
@@ -19,7 +20,10 @@ def cmd_simulate(a, command):
     from transit_launch.sim import efficiency
     from transit_launch.sim import run as simrun
     from transit_launch.sim import synth
+    from transit_launch.sim import limits, tracefile
     from transit_launch.sim import trace as tr
+    from transit_launch.sim.jobsout import JobsOut
+    from transit_launch.sim.limits import SchedParams
     from transit_launch.sim.progress import Progress
     from transit_launch.sim.scheduler import Factors
     if bool(a.trace) == bool(a.synthetic):
@@ -30,8 +34,12 @@ def cmd_simulate(a, command):
             or a.restart_minutes is not None:
         raise UsageError("--on-node-loss, --repair-hours, --checkpoint-hours and --restart-minutes model node "
                          "failures; add --node-failures RATE (or llama3)")
-    if a.trace and (a.preset or a.seeds > 1 or a.median_duration is not None):
-        raise UsageError("--preset, --seeds and --median-duration shape synthetic traces; --trace replays one as it is")
+    if a.trace and (a.preset or a.median_duration is not None):
+        raise UsageError("--preset and --median-duration shape synthetic traces; --trace replays one as it is")
+    if a.trace and a.seeds > 1 and a.limit_factor == 1:
+        raise UsageError("--seeds with --trace varies the time limits drawn for jobs the trace gives none "
+                         "(--limit-factor above 1); with --limit-factor 1 every seed replays the same")
+    limits.modelled(tr.Trace(), a.limit_factor, 0)  # the factor's check, before the work
     if a.preset and a.median_duration is not None:
         raise UsageError(f"--preset {a.preset} sets its own durations; leave out --median-duration")
     # Everything that can be refused is refused before the work: the scenarios, the
@@ -41,7 +49,8 @@ def cmd_simulate(a, command):
     scs = simrun.scenarios(a.racks, reductions, a.reduced_racks, rack_gpus=a.rack_gpus,
                            gpus_per_node=a.gpus_per_node, strategy=a.placement,
                            factors=Factors(a.speedup, a.slowdown, a.unchanged),
-                           efficiency=efficiency.parse(a.efficiency))
+                           efficiency=efficiency.parse(a.efficiency),
+                           sched=SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on))
     seeds = list(range(a.seed, a.seed + a.seeds))
     if a.synthetic:
         gpus = a.racks * a.rack_gpus
@@ -50,7 +59,8 @@ def cmd_simulate(a, command):
                 synth.SynthSpec(load=a.load, cluster_gpus=gpus, median_duration=median))
         synth.check_jobs(a.synthetic)
         if max(g for g, _ in spec.sizes) > min(sc.racks for sc in scs) * a.rack_gpus:
-            raise UsageError(f"--preset {a.preset} has jobs of {max(g for g, _ in spec.sizes)} GPUs, more than "
+            raise UsageError(f"{f'--preset {a.preset}' if a.preset else 'the synthetic trace'} has jobs of "
+                             f"{max(g for g, _ in spec.sizes)} GPUs, more than "
                              f"{min(sc.racks for sc in scs)} racks of {a.rack_gpus} hold; use more racks")
     if a.plot:
         require_matplotlib("--plot")
@@ -60,15 +70,23 @@ def cmd_simulate(a, command):
     for s in seeds:
         phases += [(first + (f", seed {s}" if len(seeds) > 1 else ""), 0.15)] + [(sc.name, 1.0) for sc in scs]
     progress = Progress(phases, enabled=not a.quiet)
-    runs = []
+    runs, loaded = [], None
+    rows_out = JobsOut(a.jobs_out) if a.jobs_out else None
     try:
         for s in seeds:
             progress.phase(progress.k + 1)
-            trace = (tr.load_csv(a.trace, a.format, progress.update) if a.trace else
-                     synth.synthetic(a.synthetic, s, spec, progress.update))
-            runs.append(simrun.run_all(trace, scs, progress))
+            if a.trace:  # read once; each seed draws its own limits (sim/limits.py)
+                loaded = loaded or tracefile.load(a.trace, a.format, progress.update)
+                trace = loaded
+            else:
+                trace = synth.synthetic(a.synthetic, s, spec, progress.update)
+            trace = limits.modelled(trace, a.limit_factor, s)
+            each = (lambda res, s=s, t=trace: rows_out.write(s, res, t.ids, t.submit)) if rows_out else None
+            runs.append(simrun.run_all(trace, scs, progress, each))
     finally:
         progress.close()
+        if rows_out:
+            rows_out.close()
     if a.plot:
         simrun.plot(runs[0], a.plot)
         print(f"transit-launch: wrote {a.plot}", file=sys.stderr)
@@ -82,6 +100,7 @@ def cmd_simulate(a, command):
             refs.setdefault(c["scenario"], c["reference"])
         out = {"trace": {"source": trace.source, "jobs": len(trace), "dropped": trace.dropped}, "seeds": seeds,
                "efficiency": scs[0].efficiency.name,
+               "scheduler": dict(vars(scs[0].sched), limit_factor=a.limit_factor),
                # the curve at each --reductions value (a job's own reduction is rounded to whole nodes)
                "efficiency_at": {f"{f:g}": round(scs[0].efficiency(f), 4) for f in reductions},
                "scenarios": [{"scenario": m["scenario"], "racks": m["racks"], "reduction": m["reduction"],
@@ -90,7 +109,7 @@ def cmd_simulate(a, command):
                "comparisons": comparisons}
         print(json.dumps(out, indent=2))
     else:
-        print(simrun.text(means, comparisons, trace, seeds))
+        print(simrun.text(means, comparisons, trace, seeds, scs[0], a.limit_factor))
     return 0
 
 
@@ -112,8 +131,7 @@ def _node_failures(text: str) -> float:
 def _cmd_failures(a):
     """--node-failures: each policy (requeue and wait for the job's nodes, or continue
     scaled-in) replayed on the same trace and the same failures, per seed."""
-    from transit_launch.sim import efficiency, failures, synth
-    from transit_launch.sim import trace as tr
+    from transit_launch.sim import efficiency, failures, synth, tracefile
     from transit_launch.table import table
     if a.trace and (a.preset or a.seeds > 1):
         raise UsageError("--preset and --seeds shape synthetic traces; --trace replays one as it is")
@@ -126,7 +144,7 @@ def _cmd_failures(a):
     rows, out = [], []
     for s in range(a.seed, a.seed + a.seeds):
         if a.trace:
-            trace = tr.load_csv(a.trace, a.format)
+            trace = tracefile.load(a.trace, a.format)
         else:
             spec = (synth.preset(a.preset, a.load, gpus) if a.preset else
                     synth.SynthSpec(load=a.load, cluster_gpus=gpus,
@@ -161,14 +179,16 @@ def _cmd_failures(a):
 def register(sub):
     sp = sub.add_parser("simulate", help="replay a GPU job trace with and without scale-in")
     src = sp.add_argument_group("trace")
-    src.add_argument("--trace", help="ACME Seren/Kalos CSV, or a generic CSV with submit_time,duration,gpus")
+    src.add_argument("--trace", help="ACME Seren/Kalos CSV, a generic CSV with submit_time,duration,gpus (optional "
+                                      "job_id,type,state,time_limit), or SWF (docs/simulate.md)")
     src.add_argument("--format", choices=FORMATS, default="auto",
-                     help="--trace's format; auto tells them apart by the header (default auto)")
+                     help="--trace's format; auto: swf for a name ending in .swf, else told apart by the CSV header "
+                          "(default auto)")
     src.add_argument("--synthetic", type=positive_int(), help="generate N jobs instead")
     src.add_argument("--seed", type=int, default=0, help="synthetic: the generator's seed (default 0)")
     src.add_argument("--seeds", type=positive_int(), default=1,
-                     help="synthetic: run seeds --seed .. --seed+N-1 and report means and the range of each change "
-                          "(default 1)")
+                     help="run seeds --seed .. --seed+N-1 and report means and the range of each change: synthetic "
+                          "traces are drawn anew, a --trace's drawn time limits (--limit-factor above 1) (default 1)")
     src.add_argument("--preset", choices=PRESETS,
                      help="synthetic: sizes, durations tied to size, and failure shares shaped like a published trace "
                           "(ACME's cluster_summary.csv); the jobs go up to 1024 GPUs (helios 2048, philly 128)")
@@ -201,6 +221,20 @@ def register(sub):
                     help="intra-rack -> inter-rack slow-down (paper: 0-0.55; default 0.275)")
     sc.add_argument("--unchanged", type=finite_float(), default=0.0,
                     help="unchanged placement speed-up (paper: -0.05..0.05; default 0)")
+    sd = sp.add_argument_group("scheduler (Slurm's sched/backfill; defaults are Slurm's)")
+    sd.add_argument("--plan-on", choices=PLAN_ON, default="limits",
+                    help="what reservations and backfill plan on: the jobs' time limits, as Slurm does, or their "
+                         "run times, which no real scheduler knows (default limits)")
+    sd.add_argument("--limit-factor", type=finite_float(), default=1.0,
+                    help="a job without a recorded time limit gets its run time times a users' overestimate drawn "
+                         "from [1, this] by the seed, rounded up to a minute (default 1.0: the run time)")
+    sd.add_argument("--bf-max-job-test", type=positive_int(), default=500,
+                    help="jobs a backfill pass tests, the head included (Slurm's bf_max_job_test; default 500)")
+    sd.add_argument("--bf-interval", type=finite_float(), default=30.0,
+                    help="seconds between backfill passes; 0: at every event (Slurm's bf_interval; default 30)")
+    sd.add_argument("--bf-resolution", type=finite_float(), default=60.0,
+                    help="seconds to which the head's reservation is rounded down (Slurm's bf_resolution; "
+                         "default 60)")
     nf = sp.add_argument_group("node failures")
     nf.add_argument("--node-failures", type=_node_failures, metavar="RATE",
                     help="replay with node failures instead of scale-in at submission: failures per node-day, or "
@@ -216,6 +250,8 @@ def register(sub):
                     help="with --node-failures: downtime of each restart (default 5)")
     sp.add_argument("--plot", type=output_file((".png",)), metavar="FILE.png",
                     help="write a PNG like the paper's Figure 12 (needs matplotlib)")
+    sp.add_argument("--jobs-out", type=output_file((".csv",)), metavar="FILE.csv",
+                    help="write one row a job, scenario and seed: submit, start, end, nodes, racks, limit, scaled-in")
     sp.add_argument("--quiet", action="store_true",
                     help="no progress on stderr (otherwise: a line redrawn on a terminal, a line per phase elsewhere, "
                          "for runs longer than 2 s)")

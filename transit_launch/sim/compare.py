@@ -20,6 +20,8 @@ METRICS = (
     ("gpu_utilization", ("all", "gpu_utilization"), "GPU util"),
     ("throughput_jobs_per_h", ("all", "throughput_jobs_per_h"), "jobs/h"),
     ("eligible_throughput_jobs_per_h", ("eligible", "throughput_jobs_per_h"), "eligible jobs/h"),
+    ("gpu_hours", ("all", "gpu_hours"), "GPU-h burned"),
+    ("slowdown_mean", ("all", "slowdown_mean"), "slowdown"),
 )
 
 
@@ -77,6 +79,8 @@ def mean_report(reports: list[dict]) -> dict:
             return None
         if isinstance(vals[0], dict):
             return {k: avg([v.get(k) for v in vals]) for k in vals[0]}
+        if all(isinstance(v, bool) for v in vals):  # a flag (collapsed): raised by any seed
+            return any(vals)
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
             return round(statistics.fmean(vals), 4)
         return vals[0]

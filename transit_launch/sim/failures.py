@@ -23,7 +23,8 @@ checkpoint_h of its run since it last started) and then:
             restart_h; when the failed node returns it takes it back (a checkpoint at that
             moment, then restart_h). A one-node job, or one not eligible, requeues.
 Scheduling: FIFO with EASY backfill as in sim/scheduler.py (the head's reservation counts
-the running jobs' ends and the repaired nodes no scaled-in job waits for). No placement
+the running jobs' ends and the repaired nodes no scaled-in job waits for), but planned on
+run times, at every event: time limits and pass intervals are not modelled here. No placement
 transition factors: jobs run as recorded at their full size."""
 
 from __future__ import annotations
@@ -39,9 +40,13 @@ from transit_launch.errors import UsageError
 from transit_launch.sim import jobs
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import Curve
-from transit_launch.sim.scheduler import BACKFILL_DEPTH, demand, earliest_start
+from transit_launch.sim.limits import SchedParams
+from transit_launch.sim.scheduler import demand, earliest_start
 from transit_launch.sim.trace import Trace
 
+# the backfill window (Slurm's bf_max_job_test, the head included); this replay still plans
+# on the jobs' remaining run times and backfills at every event (docs/simulate.md)
+WINDOW = SchedParams().bf_max_job_test
 LLAMA3_RATE = 419 / (16_384 / 8 * 54)  # failures per node-day, Llama 3 paper (see above)
 POLICIES = ("requeue", "scale-in")
 DAY = 86_400.0
@@ -243,7 +248,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         shadow, extra = reserve(head, t)
         by_nodes = n0[head] > 1
         i = 1
-        while i < min(len(queue), 1 + BACKFILL_DEPTH) and cl.free_gpus > 0:
+        while i < min(len(queue), WINDOW) and cl.free_gpus > 0:
             j = queue[i]
             cost = n0[j] if by_nodes else g0[j]
             if g0[j] <= cl.free_gpus and (t + expected(j) <= shadow or cost <= extra) and begin(j, t):

@@ -38,10 +38,11 @@ def check_fits(trace: Trace, scs: list[Scenario]) -> None:
                              "use more --racks or drop them from the trace")
 
 
-def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None) -> list[dict]:
+def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None, each=None) -> list[dict]:
     """Every scenario on the trace, each scale-in's placement transitions judged against
     the baseline of its own cluster size (run first when it is in scs); progress (its
-    phases after the current one are the scenarios) is told how far each is."""
+    phases after the current one are the scenarios) is told how far each is; each(result),
+    when given, gets every scenario's Result (--jobs-out)."""
     check_fits(trace, scs)
     first = progress.k + 1 if progress else 0
     results, baselines = [], {}
@@ -51,6 +52,8 @@ def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None)
         res = simulate(trace, sc, baseline=baselines.get(sc.racks), progress=progress.update if progress else None)
         if sc.reduction == 0:
             baselines.setdefault(sc.racks, res)
+        if each:
+            each(res)
         results.append(metrics.scenario_report(res, trace.submit))
     return results
 
@@ -81,31 +84,41 @@ def _pct(p: float) -> str:
     return f"{p:+.0%}" if p < 10 else f"{1 + p:.0f}x"
 
 
-def text(means: list[dict], comparisons: list[dict], trace: Trace, seeds: list[int]) -> str:
+def text(means: list[dict], comparisons: list[dict], trace: Trace, seeds: list[int], sc: Scenario,
+         limit_factor: float = 1.0) -> str:
     rows = []
     for r in means:
         a, e = r["all"], r["eligible"]
-        rows.append([r["scenario"], f"{a['jobs']:.0f}", _fmt(a["gpu_utilization"], "%"), _fmt(a["idle_gpu_hours"]),
+        rows.append([r["scenario"] + (" *" if a.get("collapsed") else ""), f"{a['jobs']:.0f}",
+                     _fmt(a["gpu_utilization"], "%"), _fmt(a["gpu_hours"]), _fmt(a["idle_gpu_hours"]),
                      _fmt(a["throughput_jobs_per_h"]), _fmt(a["queue_mean_min"]), _fmt(a["queue_p95_min"]),
-                     _fmt(e.get("queue_mean_min")), _fmt(e.get("throughput_jobs_per_h")), _fmt(a["rack_traversals"]),
+                     _fmt(a["slowdown_mean"]), _fmt(e.get("queue_mean_min")), _fmt(a["rack_traversals"]),
                      _fmt(a["traversal_hours"]), f"{e.get('collapsed_to_one_node', 0):.0%}", _fmt(a["makespan_h"])])
-    shown = ("rack_traversals", "queue_mean_min", "eligible_queue_mean_min", "idle_gpu_hours", "gpu_utilization",
-             "eligible_throughput_jobs_per_h")
+    shown = ("rack_traversals", "queue_mean_min", "eligible_queue_mean_min", "gpu_hours", "idle_gpu_hours",
+             "throughput_jobs_per_h")
     labels = {k: label for k, _, label in compare.METRICS}
     crow = [[c["scenario"], c["reference"]] + [_change(c["metrics"][k], k) for k in shown] for c in comparisons]
     several = len(seeds) > 1
-    head = [f"trace: {trace.source}, {len(trace)} GPU jobs" + (f" each; means over {len(seeds)} seeds" if several else "")]
+    p = sc.sched
+    limits = "recorded, else " + (f"run time x [1, {limit_factor:g}] drawn" if limit_factor > 1 else "the run time")
+    head = [f"trace: {trace.source}, {len(trace)} GPU jobs" + (f" each; means over {len(seeds)} seeds" if several else ""),
+            f"scheduler: FIFO, EASY backfill on {p.plan_on} (time limits: {limits}, in minutes), bf_max_job_test "
+            f"{p.bf_max_job_test}, bf_interval {p.bf_interval:g} s, bf_resolution {p.bf_resolution:g} s",
+            f"scaled-in efficiency: {sc.efficiency.name}"]
     if trace.dropped:
         head.append("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(trace.dropped.items())))
+    collapsed = [r["scenario"] for r in means if r["all"].get("collapsed")]
     return "\n".join(head + [
-        "", table(["scenario", "jobs", "GPU util", "idle GPU-h", "jobs/h", "queue mean min", "p95", "eligible queue min",
-                   "eligible jobs/h", "rack traversals", "traversal-h", "eligible on 1 node", "makespan h"],
-                  rows, "lrrrrrrrrrrrr"),
+        "", table(["scenario", "jobs", "GPU util", "GPU-h", "idle GPU-h", "jobs/h", "queue mean min", "p95",
+                   "slowdown", "eligible queue min", "rack traversals", "traversal-h", "eligible on 1 node",
+                   "makespan h"], rows, "lrrrrrrrrrrrrr"),
         "", table(["scenario", "against"] + [labels[k] for k in shown], crow, "llrrrrrr"),
-        "", "GPU util, idle GPU-h and jobs/h: over the submission window (first to last submission); rack",
-        "traversals (racks spanned - 1, summed over jobs) is the inter-rack traffic proxy; eligible = multi-node",
-        "training jobs; queue times in minutes; a change is absolute (percent" + (
-            ", then its range over the seeds)." if several else ").")])
+        "", "GPU util, idle GPU-h and jobs/h: over the makespan (first submission to last end); GPU-h: burned by",
+        "the jobs; slowdown: (wait + run) / run, runs under 10 s as 10 s; rack traversals (racks spanned - 1,",
+        "summed over jobs) is the inter-rack traffic proxy; eligible = multi-node training jobs; queue times in",
+        "minutes; a change is absolute (percent" + (", then its range over the seeds)." if several else ").")]
+        + ([f"* collapsed: offered load above 1, the queue grows without bound and its times measure the trace's "
+            f"length ({', '.join(collapsed)})"] if collapsed else []))
 
 
 def plot(results: list[dict], path: str) -> None:

@@ -1,13 +1,20 @@
-"""FIFO with EASY backfill, over a heapq event loop.
+"""FIFO with EASY backfill on time limits, as Slurm's sched/backfill, over a heapq event loop.
 
-Variant: the queue is served in submission order; when its head cannot start, the head
-gets a reservation at the earliest time enough GPUs will be free (from the running jobs'
-known end times: traces give actual durations), and the next BACKFILL_DEPTH queued jobs
-(Slurm's bf_max_job_test plays this role) may start now if they end before that time or
-only use what the head will not need then. A multi-node head takes whole nodes, so its
+The queue is served in submission order (Slurm's priority with no priority plugin): the
+main scheduler starts the head while it fits, at every event. Every bf_interval seconds
+(sim/limits.py: SchedParams, Slurm's defaults) a backfill pass gives the head a
+reservation at the earliest time enough GPUs will be free by the running jobs' planned
+ends (start + time limit: a job's limit, not its run time, which the scheduler does not
+know; sim/limits.py), rounded down to bf_resolution, and the next queued jobs up to
+bf_max_job_test in all (started or not) may start now if their limit ends before that time or they only
+use what the head will not need then. A multi-node head takes whole nodes, so its
 reservation counts whole free nodes (freeing a few GPUs on busy nodes does not start it)
 and a backfilled job running past it costs its nodes (a single-node job, one); a
-single-node head's counts GPUs. It is recomputed when its time passes.
+single-node head is reserved the first node to have its GPUs free, as Slurm reserves
+nodes, and a job running past that may start anywhere else. Jobs end at their run time. A pass runs only when
+something changed since the last one (a submission, an end, a start by the main
+scheduler): otherwise it would start nothing. Slurm reserves for every job it tests
+(conservative within bf_window); this reserves for the head only (docs/simulate.md).
 
 Why not SimPy: measured on this 2-core machine, SimPy 4 needs 5.3 s for the bare
 arrival and finish events of one million jobs against 0.6 s for a heapq loop, and the
@@ -25,21 +32,21 @@ a cancellation or its time limit keeps its recorded duration on n' nodes."""
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass
 
 from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
-from transit_launch.sim import jobs
+from transit_launch.sim import jobs, limits
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import Curve, planner
+from transit_launch.sim.limits import SchedParams
 from transit_launch.sim.trace import Trace
-
-BACKFILL_DEPTH = 50
-
 
 # Beyond the largest clusters built (about 100k-200k GPUs, a few thousand racks), and the
 # replay grows with racks x jobs (placement scans the racks: 20k jobs on 4000 racks take
@@ -79,6 +86,7 @@ class Scenario:
     strategy: str = "pack"
     factors: Factors = Factors()
     efficiency: Curve | None = None  # None: the planner's curve
+    sched: SchedParams = SchedParams()
 
     def __post_init__(self):
         if not (integer(self.racks) and self.racks > 0) or self.racks > MAX_RACKS:
@@ -97,6 +105,8 @@ class Scenario:
             object.__setattr__(self, "efficiency", planner())
         if not isinstance(self.efficiency, Curve):
             raise UsageError(f"efficiency must be a Curve, got {self.efficiency!r}")
+        if not isinstance(self.sched, SchedParams):
+            raise UsageError(f"sched must be SchedParams, got {self.sched!r}")
 
 
 @dataclass
@@ -110,6 +120,7 @@ class Result:
     racks: list
     total_gpus: int
     eligible: list       # bool a job: scale-in applies to it (whether or not it lost a node)
+    limit: list          # the time limit the scheduler planned each job on, seconds
 
 
 def demand(g: int, gpn: int) -> tuple[int, int]:
@@ -133,17 +144,33 @@ def earliest_start(cl, events, nodes: int, gpus: int, now: float) -> tuple[float
         return math.inf, 0
     avail = cl.free_gpus
     for e, given in events:
-        avail += sum(g for _, g in given)
+        for _, g in given:
+            avail += g
         if avail >= gpus:
             return max(e, now), avail - gpus
     return math.inf, 0
 
 
+def reserved_node(cl, events, gpus: int, now: float) -> tuple[float, int]:
+    """(when, on which node) a single-node job of `gpus` GPUs can start first, as the events
+    give GPUs back: Slurm reserves the head that node, not a count of GPUs."""
+    free = {}
+    for e, given in events:
+        for node, g in given:
+            v = free.get(node, cl.free[node]) + g
+            free[node] = v
+            if v >= gpus:
+                return max(e, now), node
+    return math.inf, -1
+
+
 def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progress=None) -> Result:
     """progress(fraction of the jobs submitted) is told now and then."""
     cl = Cluster(sc.racks, sc.rack_gpus, sc.gpus_per_node)
+    sp = sc.sched
     gpn, N = sc.gpus_per_node, len(trace)
     submit, dur0, g0 = trace.submit, trace.duration, trace.gpus
+    lim = limits.of(dur0, trace.limits)
     nodes, gpus, dur, orig = [0] * N, [0] * N, [0.0] * N, [0] * N
     eligible, adjust = [False] * N, [False] * N  # adjust: the transition factor applies at start
     for i in range(N):
@@ -155,25 +182,35 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
             n2 = jobs.scaled_nodes(n, sc.reduction)
             if n2 < n:
                 if jobs.stretches(trace.state(i)):
-                    d = d * n / n2 / sc.efficiency(1 - n2 / n)
+                    stretch = n / n2 / sc.efficiency(1 - n2 / n)
+                    d *= stretch
+                    lim[i] = limits.minutes_up(lim[i] * stretch)
                     adjust[i] = True
                 n, g = (n2, n2 * gpn) if n2 > 1 else (1, gpn)
         nodes[i], gpus[i], dur[i] = n, g, d
         if g > cl.total_gpus:
             raise ValueError(f"job {trace.ids[i]} needs {g} GPUs, more than the {cl.total_gpus} of {sc.name}")
-    start, end, racks = [0.0] * N, [0.0] * N, [0] * N
+    on_limits = sp.plan_on == "limits"
+    plan = lim if on_limits else dur   # what the scheduler takes a job's length to be
+    start, end, racks, pend = [0.0] * N, [0.0] * N, [0] * N, [0.0] * N  # pend: planned end
     alloc = [None] * N
     running = []           # heap of (end, job)
+    planned = []           # (planned end, job) of the running jobs, sorted
     queue = deque()        # waiting jobs, submission order (pops at the head, backfill near it)
-    shadow, extra, shadow_for = math.inf, 0, -1
     nxt, t = 0, 0.0
+    due = math.inf         # the next backfill pass, when something changed since the last
+    version = 0            # counts starts and ends: the head's reservation is kept while it stays
+    cached = (None, 0.0, 0)
     step = max(1, N // 200)
+    window = sp.bf_max_job_test
     f = sc.factors
 
     def begin(i: int, now: float) -> bool:
+        nonlocal version
         placed = cl.place(nodes[i], gpus[i], sc.strategy)
         if placed is None:
             return False
+        version += 1
         alloc[i], racks[i] = placed
         d = dur[i]
         if adjust[i]:
@@ -185,47 +222,79 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
                 d *= 1 + f.slowdown
             else:
                 d /= 1 + f.unchanged
+            if on_limits and d > lim[i]:
+                lim[i] = limits.minutes_up(d)
         start[i], end[i] = now, now + d
         heapq.heappush(running, (end[i], i))
+        pend[i] = now + plan[i] if on_limits else end[i]
+        bisect.insort(planned, (pend[i], i))
         return True
 
-    def reserve(h: int, now: float) -> tuple[float, int]:
-        """(when the head can start, what is left over then): the running jobs' ends."""
-        return earliest_start(cl, [(e, alloc[j]) for e, j in sorted(running)], nodes[h], gpus[h], now)
-
     while nxt < N or running:
-        t = min(submit[nxt] if nxt < N else math.inf, running[0][0] if running else math.inf)
+        t = min(submit[nxt] if nxt < N else math.inf, running[0][0] if running else math.inf, due)
+        changed = False
         while running and running[0][0] <= t:
-            _, j = heapq.heappop(running)
+            e, j = heapq.heappop(running)
             cl.release(alloc[j])
             alloc[j] = None
+            del planned[bisect.bisect_left(planned, (pend[j], j))]
+            changed = True
+            version += 1
         while nxt < N and submit[nxt] <= t:
             queue.append(nxt)
             nxt += 1
+            changed = True
             if progress and nxt % step == 0:
                 progress(nxt / N)
-        # FIFO: start the head while it fits
-        while queue and begin(queue[0], t):
+        # the main scheduler: start the head while it fits (nothing freed, nothing new: it does not)
+        while changed and queue and begin(queue[0], t):
             queue.popleft()
-        if not queue or cl.free_gpus == 0:
+        if changed and queue and due == math.inf:
+            due = sp.next_pass(t)
+        if t < due:
             continue
+        due = math.inf
+        if len(queue) < 2 or cl.free_gpus == 0:  # nothing to backfill, or no room for it
+            continue
+        # a backfill pass: the head's reservation, then the next jobs that do not delay it;
+        # the window is the first bf_max_job_test jobs, started or not (a deque's islice, not
+        # its index, which walks the deque)
         head = queue[0]
-        if shadow_for != head or t >= shadow:
-            shadow, extra = reserve(head, t)
-            shadow_for = head
-        by_nodes = nodes[head] > 1  # extra counts whole nodes, else GPUs
-        # EASY backfill over the next jobs
-        i = 1
-        limit = min(len(queue), 1 + BACKFILL_DEPTH)
-        while i < limit and cl.free_gpus > 0:
-            j = queue[i]
-            cost = nodes[j] if by_nodes else gpus[j]
-            ok = gpus[j] <= cl.free_gpus and (t + dur[j] <= shadow or cost <= extra)
-            if ok and begin(j, t):
-                if end[j] > shadow:
-                    extra -= cost
-                del queue[i]
-                limit = min(len(queue), 1 + BACKFILL_DEPTH)
-            else:
-                i += 1
-    return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible)
+        shadow = extra = None  # worked out when a job that fits the free GPUs is tested
+        by_nodes = nodes[head] > 1  # extra: whole nodes to spare; for a single-node head, its node
+        free = cl.free_gpus
+        for j in [j for j in islice(queue, 1, window) if gpus[j] <= free]:
+            if gpus[j] > cl.free_gpus or (nodes[j] > 1 and nodes[j] > cl.whole):
+                if cl.free_gpus == 0:
+                    break
+                continue
+            if shadow is None and t + plan[j] <= sp.reservation(planned[0][0]):
+                # before the first planned end: before the head's reservation, which needs one
+                if begin(j, t):
+                    queue.remove(j)
+                continue
+            if shadow is None:
+                if cached[0] != (head, version):  # else no job started or ended since: the same reservation
+                    events = ((e, alloc[k]) for e, k in planned)
+                    sh, ex = (earliest_start(cl, events, nodes[head], gpus[head], t) if by_nodes else
+                              reserved_node(cl, events, gpus[head], t))
+                    # one that lies at t itself (a job past its planned end) moves with t: not kept
+                    cached = ((head, version) if sh > t else None, sp.reservation(sh), ex)
+                _, shadow, extra = cached
+            if t + plan[j] <= shadow:
+                if begin(j, t):
+                    queue.remove(j)
+            elif by_nodes:
+                if nodes[j] <= extra and begin(j, t):
+                    extra -= nodes[j]
+                    queue.remove(j)
+            elif extra >= 0:  # past the reservation: anywhere but on the head's node
+                held = cl.free[extra]
+                if held:
+                    cl._take(extra, held)
+                ok = begin(j, t)
+                if held:
+                    cl.release([(extra, held)])
+                if ok:
+                    queue.remove(j)
+    return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible, lim)

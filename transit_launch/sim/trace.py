@@ -1,7 +1,14 @@
 """Job traces: the ACME CSVs (Seren and Kalos column sets) and a minimal generic CSV
-(synthetic ones: sim/synth.py). A trace is a list of jobs (submit seconds, duration
-seconds, GPUs, job id, and where the source says so its type and end state) sorted by
-submit time, plus the count of rows dropped for each reason.
+(SWF: sim/swf.py; synthetic ones: sim/synth.py). A trace is a list of jobs (submit
+seconds, duration seconds, GPUs, job id, and where the source says so its type, end
+state and time limit) sorted by submit time, plus the count of rows dropped for each
+reason.
+
+The generic CSV: a header naming submit_time (seconds, or ISO-8601 with UTC for a time
+without an offset), duration (run time, seconds) and gpus (a count), in any order among
+other columns; optional job_id, type (ACME's: Evaluation and Debug jobs are not scaled
+in), state (COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL) and time_limit (seconds;
+empty or 0: none recorded). A byte-order mark before the header is ignored.
 
 Filtering follows the paper: only GPU jobs with a positive duration are kept; rows that
 cannot be parsed (bad numbers, bytes that are not UTF-8, broken CSV quoting, times
@@ -43,6 +50,7 @@ class Trace:
     dropped: dict = field(default_factory=dict)   # reason -> rows
     types: list = field(default_factory=list)     # ACME's Pretrain, SFT, Evaluation...; empty: not recorded
     states: list = field(default_factory=list)    # COMPLETED, FAILED, CANCELLED...; empty: not recorded
+    limits: list = field(default_factory=list)    # time limits, seconds; 0: not recorded; empty: none (sim/limits.py)
     source: str = ""
     epoch: datetime | None = None                 # wall time of submit == 0
 
@@ -56,6 +64,8 @@ class Trace:
             raise UsageError(f"trace durations must lie in (0, {MAX_DURATION:.0f}] seconds")
         if not all(integer(g) and g > 0 for g in self.gpus):
             raise UsageError("trace GPU counts must be positive integers")
+        if self.limits and (len(self.limits) != n or not all(real(x) and x >= 0 for x in self.limits)):
+            raise UsageError("trace limits must be empty or one non-negative number of seconds a job")
         for name in ("types", "states"):
             v = getattr(self, name)
             if v and (len(v) != n or not all(isinstance(x, str) for x in v)):
@@ -79,9 +89,11 @@ def _finish(rows: list, dropped: dict, source: str, tz) -> Trace:
     except (ValueError, OverflowError, OSError):  # the calendar's edge, shifted by the zone
         epoch = None
     typed = any(r[4] for r in rows) or any(r[5] for r in rows)
+    limited = any(r[6] for r in rows)
     return Trace(submit=[r[0] - t0 for r in rows], duration=[r[1] for r in rows], gpus=[r[2] for r in rows],
                  ids=[r[3] for r in rows], dropped=dropped, source=source, epoch=epoch,
-                 types=[r[4] for r in rows] if typed else [], states=[r[5] for r in rows] if typed else [])
+                 types=[r[4] for r in rows] if typed else [], states=[r[5] for r in rows] if typed else [],
+                 limits=[r[6] for r in rows] if limited else [])
 
 
 def detect_format(header: list[str]) -> str:
@@ -170,7 +182,7 @@ def _parse(path: Path, fmt: str, rows_in) -> Trace:
         i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpus"], col.get("job_id"), timezone.utc
     else:
         i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpu_num"], col["job_id"], TIMEZONES[found]
-    i_type, i_state = col.get("type"), col.get("state")  # optional in generic CSVs
+    i_type, i_state, i_lim = col.get("type"), col.get("state"), col.get("time_limit")  # optional in generic CSVs
     rows, dropped = [], {}
 
     def drop(reason):
@@ -208,6 +220,16 @@ def _parse(path: Path, fmt: str, rows_in) -> Trace:
         if dur > MAX_DURATION:
             drop("duration over a year")
             continue
+        limit = 0.0
+        if i_lim is not None and row[i_lim].strip():
+            try:
+                limit = float(row[i_lim])
+            except ValueError:
+                limit = -1.0
+            if not 0 <= limit <= MAX_DURATION:  # also nan; 0: none recorded
+                drop("unparsable time limit")
+                continue
         rows.append((submit, dur, gpus, row[i_id] if i_id is not None else str(n - 1),
-                     row[i_type].strip() if i_type is not None else "", row[i_state].strip() if i_state is not None else ""))
+                     row[i_type].strip() if i_type is not None else "", row[i_state].strip() if i_state is not None else "",
+                     limit))
     return _finish(rows, dropped, f"{path} ({found})", tz)

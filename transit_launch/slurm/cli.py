@@ -17,6 +17,7 @@ from transit_launch.rules import POLICIES
 from transit_launch.shim.cli import add_shim_args
 from transit_launch.slurm import scalein
 from transit_launch.shim.options import ShimOptions
+from transit_launch.slurm.render import ROUTES
 from transit_launch.slurm.script import JobOptions, job_script
 
 
@@ -110,11 +111,11 @@ def cmd_render(a, command):
     if p and a.torchtitan:  # before the warnings: a refusal is one line
         from transit_launch.planning.titan_config import runnable
         runnable(p, nodes)
-    if p and (a.nodes or a.local):
-        _warn(explain(p, nodes)[1])
     gpn = p.req.gpus_per_node if p else (a.gpus_per_node or DEFAULT_GPUS_PER_NODE)
     text = job_script(command, p, nodes, gpn, _shim_opts(a), _job_opts(a), local=a.local, titan=titan_job(a),
-                      node_loss=scalein.options(a))
+                      node_loss=scalein.options(a), route=a.inject)
+    if p and (a.nodes or a.local):  # after job_script, whose refusals must stay one line
+        _warn(explain(p, nodes)[1])
     warnings = []
     if not a.local:  # where it is submitted from is not known here: said, not refused (submit refuses)
         from transit_launch.slurm.script import shared_output
@@ -163,6 +164,7 @@ def cmd_submit(a, command):
 def cmd_status(a, command):
     from transit_launch.slurm import commands
     from transit_launch.table import table
+    a.job = _job_id(a, command)
     info = commands.job_info(a.job)
     if a.json:
         if "WorkDir" in info:  # --on-node-loss scale-in: the job's transitions (slurm/scalein.py)
@@ -177,6 +179,7 @@ def cmd_status(a, command):
 
 def cmd_cancel(a, command):
     from transit_launch.slurm import commands
+    a.job = _job_id(a, command)
     commands.cancel(a.job)
     print(f"cancelled job {a.job}")
     return 0
@@ -191,6 +194,20 @@ def cmd_spank(a, command):
     print(f"installed {plugin}\nwrote {conf}: add `include {conf.parent}/*.conf` to plugstack.conf "
           "if it is not there")
     return 0
+
+
+JOB_HELP = "the Slurm job id: a positive integer, or an array task such as 123_4"
+
+
+def _job_id(a, command) -> str:
+    """status's and cancel's one job id, given before or after -- (`status -- -1` must be
+    checked as the id it is, not reported as a missing argument)."""
+    from transit_launch.slurm import commands
+    ids = ([a.job] if a.job is not None else []) + command
+    if len(ids) != 1:
+        raise UsageError(f"{a.cmd} takes one job id, got " + (" ".join(map(repr, ids)) if ids else "none"))
+    commands.check_job_id(ids[0])
+    return ids[0]
 
 
 CC_HELP = ("the C compiler (default: $CC, else cc on the system's PATH); as root it must be root's and "
@@ -208,13 +225,17 @@ def register(sub):
     add_job_args(sp)
     scalein.add_node_loss_args(sp)
     sp.add_argument("--local", action="store_true", help="a single-machine torchrun command instead of sbatch")
+    sp.add_argument("--inject", choices=ROUTES, default="auto",
+                    help="how the job gets the shim: spank writes #SBATCH --transit=POLICY lines for the SPANK "
+                         "plugin, script exports the environment in the script; default auto: spank where "
+                         "sbatch here offers --transit, else script (--local and scale-in: script)")
     sp.add_argument("-o", "--out", type=output_file(), help="write to this file instead of stdout")
     sp.add_argument("--json", action="store_true",
                     help="print the node count, policy, warnings and script (unless --out) as JSON")
     sp.set_defaults(func=cmd_render, takes_command=True)
 
     sp = sub.add_parser("submit", help="plan, render and sbatch a job with the shim injected",
-                        usage="transit-launch submit --model M [options] -- COMMAND...")
+                        usage="transit-launch submit (--model M | --torchtitan JOB.toml) [options] -- COMMAND...")
     add_plan_args(sp)
     sp.add_argument("--nodes", type=_nodes_or_auto, default=None, metavar="N|auto",
                     help="node count, or auto (default): plan's recommendation within the partition (the fewest "
@@ -229,12 +250,12 @@ def register(sub):
     sp.set_defaults(func=cmd_submit, takes_command=True)
 
     sp = sub.add_parser("status", help="a Slurm job's state")
-    sp.add_argument("job", help="the Slurm job id")
+    sp.add_argument("job", nargs="?", help=JOB_HELP)
     sp.add_argument("--json", action="store_true", help="every field Slurm reports, as JSON")
-    sp.set_defaults(func=cmd_status)
+    sp.set_defaults(func=cmd_status, takes_command=True)  # `status -- 123`: the id after -- (_job_id)
     sp = sub.add_parser("cancel", help="cancel a Slurm job")
-    sp.add_argument("job", help="the Slurm job id")
-    sp.set_defaults(func=cmd_cancel)
+    sp.add_argument("job", nargs="?", help=JOB_HELP)
+    sp.set_defaults(func=cmd_cancel, takes_command=True)
 
     scalein.register(sub)  # _node-loss: what a --on-node-loss scale-in script runs between attempts
 
@@ -242,7 +263,8 @@ def register(sub):
     sp.set_defaults(func=cmd_spank)
     ssub = sp.add_subparsers(dest="spank_cmd", required=True, parser_class=Parser)
     b = ssub.add_parser("build", help="compile the plugin against the installed spank.h")
-    b.add_argument("--out", type=output_dir, default=".", help="directory for transit_spank.so (default .)")
+    b.add_argument("--out", type=output_dir, default=".",
+                   help="directory for transit_spank.so, made if missing in an existing one (default .)")
     b.add_argument("--include", help="directory holding spank.h")
     b.add_argument("--cc", help=CC_HELP)
     i = ssub.add_parser("install", help="build, install and write the plugstack include file")

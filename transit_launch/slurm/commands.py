@@ -45,7 +45,8 @@ def _run(args: list[str], input: str | None = None, timeout: float = 60) -> str:
 
 
 # What scontrol and scancel say about a job id the controller does not know.
-_NO_JOB = re.compile(r"Invalid job id specified|Invalid job id", re.I)
+# (scontrol 22.05 answers an array task that is not there with "Job 123_4 not found", on stdout)
+_NO_JOB = re.compile(r"Invalid job id specified|Invalid job id|Job \S+ not found", re.I)
 
 
 @dataclass
@@ -132,10 +133,11 @@ def submit(script: str, extra: list[str] | None = None) -> str:
     return out.strip().split(";")[0]
 
 
-def _check_job_id(job_id: str) -> None:
-    """A job id (or array task 123_4) before it reaches a command line."""
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise UsageError(f"{job_id!r} is not a Slurm job id")
+def check_job_id(job_id: str) -> None:
+    """A job id (or array task 123_4) before it reaches a command line: ASCII digits only
+    (re's \\d takes any script's digits), and no id 0 or leading zero (Slurm's start at 1)."""
+    if not re.fullmatch(r"[1-9][0-9]*(_[0-9]+)?", job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id (a positive integer, or an array task such as 123_4)")
 
 
 def parse_scontrol_job(text: str) -> dict:
@@ -181,7 +183,7 @@ def job_info(job_id: str) -> dict:
     """scontrol's view of the job (key=value) with squeue's JobId, UserId, JobState and
     WorkDir over it (job_owner), or sacct's once it has left the controller; "no such job"
     when neither knows it."""
-    _check_job_id(job_id)
+    check_job_id(job_id)
     args = ["scontrol", "show", "job", "-o", job_id]
     res = _call(args)
     if res.returncode == 0 and parse_scontrol_job(res.stdout):
@@ -191,7 +193,7 @@ def job_info(job_id: str) -> dict:
             for k in ("UserId", "WorkDir"):
                 info.pop(k, None)
         return {**info, **(owner or {})}
-    if res.returncode != 0 and not _NO_JOB.search(res.stderr):
+    if res.returncode != 0 and not _NO_JOB.search(res.stderr + res.stdout):
         raise _failure(args, res)  # the controller is down, not the job unknown
     if shutil.which("sacct"):  # a job that ended before MinJobAge is gone from scontrol
         acct = _call(["sacct", "-j", job_id, "-X", "-n", "--parsable2", "-o", ",".join(SACCT_FIELDS)])

@@ -109,3 +109,42 @@ def render(template: str, **ctx) -> str:
     _no_control(ctx)
     ctx["command"] = shlex.join(torchrun_tail(ctx["command"], ctx.get("gpus_per_node")))
     return _env().get_template(template).render(**ctx)
+
+
+# How the job gets the shim's environment: "script" exports it in the script itself;
+# "spank" writes #SBATCH --transit=POLICY (and the budget and stats options) and the SPANK
+# plugin sets it on the nodes from the site's shim; "auto" is spank where sbatch here offers
+# the plugin's option, else script.
+ROUTES = ("auto", "spank", "script")
+
+
+def offers_transit(sbatch_help: str) -> bool:
+    """Whether `sbatch --help` lists the SPANK plugin's --transit=POLICY: the plugin is in
+    the plugstack this sbatch reads (Slurm lists a plugin's options after its own)."""
+    from transit_launch.rules import PLUGIN_OPTIONS
+    return re.search(rf"^\s*--{PLUGIN_OPTIONS['POLICY']}=POLICY\b", sbatch_help, re.MULTILINE) is not None
+
+
+def plugin_installed(timeout: float = 15) -> bool:
+    """Whether sbatch on this machine loads the SPANK plugin (no sbatch, or one that cannot
+    reach its configuration: no)."""
+    import subprocess
+    try:
+        res = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0 and offers_transit(res.stdout)
+
+
+def spank_route(route: str, local: bool, scale_in: bool) -> bool:
+    """Whether the job takes the plugin's route (see ROUTES). --local runs no sbatch, and a
+    scale-in job's attempts set the shim's environment for each new layout themselves."""
+    if route not in ROUTES:
+        raise UsageError(f"--inject {route!r} is not one of {', '.join(ROUTES)}")
+    if route == "spank" and local:
+        raise UsageError("--inject spank writes #SBATCH lines for the SPANK plugin; --local renders a torchrun "
+                         "command without sbatch (leave out one of them)")
+    if route == "spank" and scale_in:
+        raise UsageError("--inject spank with --on-node-loss scale-in: each attempt sets the shim's environment for "
+                         "its own layout; give --inject script")
+    return route == "spank" or (route == "auto" and not local and not scale_in and plugin_installed())

@@ -60,19 +60,12 @@ def _request(a):
 
 
 def _shim_exports(a, policy: str) -> list[str]:
-    """The shim's environment for this attempt's policy, from what the job started with
-    (base_preload, base_pythonpath: the script saves them), so attempts do not stack."""
+    """The shim's environment for this attempt's policy (inject.job_env), from what the job
+    started with (the script saves it), so attempts do not stack."""
     from transit_launch.shim import inject
-    env = inject.shim_env(policy, a.gpu_budget, a.stats, a.log, overlap=a.overlap)
-    out = [f"unset {k}" for k in ("TRANSIT_POLICY", "TRANSIT_GPU_BUDGET", "TRANSIT_STATS", "TRANSIT_LOG",
-                                  "TRANSIT_OVERLAP_STEP") if k not in env]
-    out += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    for var, base, path in (("LD_PRELOAD", "base_preload", a.shim), ("PYTHONPATH", "base_pythonpath", a.adapter)):
-        if policy != "off" and path:
-            out.append(f'export {var}={shlex.quote(path)}"${{{base}:+:${base}}}"')
-        else:
-            out.append(f'if [ -n "${base}" ]; then export {var}="${base}"; else unset {var}; fi')
-    return out
+    shim = a.shim if policy != "off" and a.shim else None
+    return inject.job_env(policy, a.gpu_budget, a.stats, a.log, a.overlap, shim=shim,
+                          adapter=a.adapter or None).attempt_lines()
 
 
 def _port(a, attempt: int) -> int:

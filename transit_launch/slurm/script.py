@@ -17,11 +17,12 @@ from transit_launch.slurm.render import render
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds (sbatch(1)), or UNLIMITED/INFINITE.
-_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE)
+# re.ASCII: \d is 0-9 only (a full-width ３0 passed, and sbatch refused the script)
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE | re.ASCII)
 # what an #SBATCH line cannot hold: it would end the line, or split or quote the value
-_SBATCH_UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
-_SLURM_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
-_SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[^\s\"'\x00-\x1f\x7f]+)?")
+_SBATCH_UNSAFE = re.compile(r"[\s\"'#\\\x00-\x1f\x7f]")
+_SLURM_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE | re.ASCII)
+_SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[^\s\"'#\\\x00-\x1f\x7f]+)?")
 # what the rendered script decides itself: a site line must not contradict the plan. With
 # the options that would change the same request another way (--ntasks, --gpus, --gres,
 # memory or CPUs per CPU/GPU; --gres only where it names GPUs, _SBATCH_GRES_GPU).
@@ -61,13 +62,15 @@ def job_name_value(flag: str, v: str | None) -> None:
 def sbatch_value(flag: str, v: str | None) -> None:
     """THE check of a value that goes on an #SBATCH line (a job name included): sbatch splits
     those lines at whitespace and reads quotes, and a newline would end the line, so a value
-    with any of them could add options of its own."""
+    with any of them could add options of its own; it ends a value at an unescaped '#' and
+    drops a '\\', so the job would get another value than the one checked."""
     if v is None:
         return
     if not v.strip():
         raise UsageError(f"{flag} is empty")
     if _SBATCH_UNSAFE.search(v):
-        raise UsageError(f"{flag} {v!r}: an #SBATCH value cannot hold whitespace, quotes or control characters")
+        raise UsageError(f"{flag} {v!r}: an #SBATCH value cannot hold whitespace, quotes, '#', '\\' or control "
+                         "characters")
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -203,6 +206,19 @@ def short_mem(job: JobOptions, planned: int | None) -> str | None:
             "rank's own memory): a site that enforces memory limits kills the job")
 
 
+def prediction(p, nodes: int, policy: str) -> dict | None:
+    """What the plan predicts for the job at `nodes` nodes (TRANSIT_PLAN's JSON: the shim's
+    reports carry it for `report`), or None without a planned option there."""
+    c = p.at(nodes) if p else None
+    if c is None:
+        return None
+    off = policy == "off"
+    return {"version": 1, "model": p.req.card.name, "nodes": nodes, "gpus": c.layout.gpus, "gpu": p.req.gpu.name,
+            "policy": policy, "per_gpu_total_gb": round(c.est.total / 1e9, 2),
+            "offload_gb_per_gpu": 0.0 if off else round(c.offload / 1e9, 2),
+            "predicted_efficiency": c.efficiency, "predicted_warm_up_s": round(c.warm_up_s, 1)}
+
+
 def check_command(command: list[str]) -> None:
     """The training command after --: a first word that is empty or blank runs nothing."""
     if command and not command[0].strip():
@@ -211,9 +227,12 @@ def check_command(command: list[str]) -> None:
 
 
 def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts: ShimOptions,
-               job: JobOptions, local: bool = False, titan=None, node_loss=None) -> str:
+               job: JobOptions, local: bool = False, titan=None, node_loss=None, route: str = "script") -> str:
     """The sbatch script (local: the torchrun line) for `nodes` nodes of plan p (or None);
-    titan (a TitanJob, planned by p): the command gets the config and the layout's overrides."""
+    titan (a TitanJob, planned by p): the command gets the config and the layout's overrides;
+    route (render.ROUTES): the script exports the shim's environment, or #SBATCH --transit=
+    lines have the SPANK plugin set it on the nodes."""
+    from transit_launch.slurm.render import spank_route
     from transit_launch.planning import report
     from transit_launch.slurm import nodeloss
     check_command(command)
@@ -230,11 +249,15 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     inject.check_off(policy, shim_opts.overlap, shim_opts.gpu_budget)  # also when the plan chose off for these nodes
     if p:
         inject.check_budget(shim_opts.gpu_budget, p.req.gpu)
-    shim = inject.shim_path() if policy != "off" else None
+    spank = spank_route(route, local, node_loss is not None and node_loss.scale_in)
+    if spank:
+        sbatch_value("--stats", shim_opts.stats)  # it goes on an #SBATCH line
+    shim = inject.shim_path() if policy != "off" and not spank else None
     adapter = inject.adapter_dir() if shim else None
-    env = shim_opts.env(policy)
-    ctx = dict(shim=shim, adapter=adapter, env=env, policy=policy, gpus_per_node=gpus_per_node, command=command)
-    if policy != "off" and shim is None:
+    env = shim_opts.job_env(policy, shim=shim, adapter=adapter, plugin=spank, plan=prediction(p, nodes, policy))
+    ctx = dict(shim=shim, adapter=adapter, env_lines=env.exports(), env_prefix=env.prefix(), policy=policy,
+               transit_options=list(env.sbatch), gpus_per_node=gpus_per_node, command=command)
+    if policy != "off" and shim is None and not spank:
         from transit_launch.shim.inject import shim_missing_reason
         print(f"transit-launch: warning: libtransit.so is not installed ({shim_missing_reason()}); "
               f"the job will run without the shim", file=sys.stderr)
@@ -252,6 +275,6 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     return render("sbatch.j2", nodes=nodes, job_name=job_name(p, job), partition=job.partition,
                   account=job.account, time=job.time, output=job.output, rdzv_port=rdzv_port_expr(job.port),
                   cpus_per_task=job.cpus_per_task, mem=mem, exclusive=job.exclusive, constraint=job.constraint,
-                  sbatch_args=job.sbatch_args,
+                  sbatch_args=job.sbatch_args, saved_lines=inject.JobEnv.save_lines(),
                   plan_lines=report.plan_comment(p, nodes, policy) if p else [], summary=summary, **ctx,
                   **nodeloss.template_context(node_loss, p, nodes, shim_opts, job.port, shim, adapter))

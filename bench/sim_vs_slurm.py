@@ -1,0 +1,98 @@
+"""The simulator against Slurm itself (issue 54), at bench size: a trace of 120 jobs
+replayed on a lab cluster and through `simulate`'s scheduler (the machinery is
+tests/sim_replay.py's, which the lab test shares), compared job by job.
+
+    python3 bench/sim_vs_slurm.py [--jobs 120] [--seed 1] [--load 1.3] --json run.json   # root, Slurm; ~16 min
+    python3 bench/sim_vs_slurm.py --from-json run.json    # the table again, without the lab
+
+prints the table docs/simulate.md quotes."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.sim_replay import Lab, Replay, compress, in_sim, on_slurm, pairs_in_order, summary  # noqa: E402
+from transit_launch.sim.trace import Trace  # noqa: E402
+
+BENCH_LAB = Lab(racks=4, nodes_per_rack=4, gpus_per_node=8, bf_interval=30, bf_resolution=60)  # Slurm's defaults
+
+
+def report(shape: Lab, trace: Trace, slurm: Replay, near: float = 60.0) -> str:
+    """The table docs/simulate.md quotes: Slurm, then the simulator on limits and on run
+    times, on the submit times Slurm recorded; `near`: a start within this of Slurm's counts
+    as the same (a backfill pass every 30 s, and Slurm's own delays)."""
+    rows = [("Slurm 22.05", summary(slurm), 1.0, 1.0)]
+    for plan_on in ("limits", "runtimes"):
+        sim = in_sim(shape, trace, slurm.submit, plan_on)
+        close = sum(abs(a - b) <= near for a, b in zip(sim.start, slurm.start)) / len(trace)
+        rows.append((f"simulate --plan-on {plan_on}", summary(sim), pairs_in_order(slurm, sim), close))
+    out = [f"{len(trace)} jobs ({trace.source}), {shape.racks} racks x {shape.nodes_per_rack} nodes x "
+           f"{shape.gpus_per_node} GPUs; {shape.sched_params()}", "",
+           "| replay | mean queue s | median queue s | makespan s | rack traversals | job pairs in Slurm's start "
+           f"order | jobs started within {near:.0f} s of Slurm |", "|---|---|---|---|---|---|---|"]
+    for name, s, agree, close in rows:
+        out.append(f"| {name} | {s['queue_mean_s']:.1f} | {s['queue_median_s']:.1f} | {s['makespan_s']:.0f} | "
+                   f"{s['traversals']} | {agree:.0%} | {close:.0%} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    import json
+    from tests.slurm_lab import SlurmLab, missing
+    from transit_launch.sim import synth
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=120)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--compress", type=float, default=10.0,
+                   help="real seconds a lab second (default 10: the median job of 15 min runs 90 s)")
+    p.add_argument("--load", type=float, default=1.3)
+    p.add_argument("--json", help="also write the trace and Slurm's replay here")
+    p.add_argument("--from-json", help="the table again from such a file, without the lab")
+    a = p.parse_args(argv)
+    shape = BENCH_LAB
+    if a.from_json:
+        d = json.loads(Path(a.from_json).read_text())
+        submit, duration, gpus, lim = d["trace"]
+        trace = Trace(submit=submit, duration=duration, gpus=gpus, ids=[str(i) for i in range(len(gpus))],
+                      limits=lim, source=d.get("source", a.from_json))
+        print(report(shape, trace, Replay(**d["slurm"])))
+        return 0
+    why = missing()
+    if why:
+        print(f"sim_vs_slurm: {why}", file=sys.stderr)
+        return 2
+    spec = synth.preset("kalos", a.load, shape.nodes * shape.gpus_per_node)
+    # Kalos' job sizes up to 8 nodes; durations of minutes (median 15 min, at most an hour) so
+    # that compressed they stay above Slurm's one-minute limit unit
+    spec = synth.SynthSpec(sizes=tuple((g, w) for g, w in spec.sizes if g <= 64), median_duration=900.0, sigma=0.8,
+                           max_duration=3600.0, load=a.load, cluster_gpus=shape.nodes * shape.gpus_per_node,
+                           name="kalos-sized")
+    trace = compress(synth.synthetic(a.jobs, a.seed, spec), a.compress, random.Random(a.seed))
+    root = Path(tempfile.mkdtemp(prefix="transit-simcheck-"))
+    lab = SlurmLab(root, nodes=shape.nodes, gpus=shape.gpus_per_node, cpus=shape.gpus_per_node,
+                   sched=shape.sched_params(), switches=shape.racks)
+    try:
+        lab.start()
+        slurm = on_slurm(lab, shape, trace, timeout=3600)
+    finally:
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"source": trace.source, "trace": [trace.submit, trace.duration, trace.gpus,
+                                                                               trace.limits],
+                                            "slurm": vars(slurm)}, indent=1))
+    print(report(shape, trace, slurm))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
