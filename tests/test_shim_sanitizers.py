@@ -103,6 +103,8 @@ PINNED = {"TRANSIT_GPU_BUDGET": f"{4 * GB + 32 * MiB}B"}  # the 4 GB fit, no 64 
 SCENARIOS = {
     # name: (program arguments, policy, environment, needs the fake CUPTI)
     "guard-threads": (("threads", 8, 1500, 24 * MiB, 4), "advise", {"FAKE_GPU_MEM": str(512 * MiB + GiB)}, False),
+    # transit_adapter_stats from 8 threads while the main thread writes 50 reports (its lock)
+    "adapter-stats": (("adapter-stats", 8, STATS), "advise", {}, False),
     "refusals": (("alloc", 6 * GB, 6 * GB, GB, "null:4096", "null:100000000000", SIZE_MAX - 5), "advise",
                  {"FAKE_GPU_MEM": str(10 * GB)}, False),
     "small-free": (("alloc", 600 * MiB), "base", {"FAKE_GPU_MEM": str(512 * MiB)}, False),

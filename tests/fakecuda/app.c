@@ -66,6 +66,18 @@ cudaError_t __cudaLaunchKernel(const void *kernel, dim3 grid, dim3 block, void *
 
 static void *api(const char *name) { return dlsym(RTLD_DEFAULT, name); }
 
+/* adapter-stats: a thread that replaces the shim's copy of the adapter's counters 200 times. */
+static int (*adapter_send)(const char *);
+static void *adapter_sender(void *arg)
+{
+    char json[64];
+    for (int i = 0; i < 200; i++) {
+        snprintf(json, sizeof json, "{\"thread\": %d, \"i\": %d}", (int)(uintptr_t)arg, i);
+        adapter_send(json);
+    }
+    return NULL;
+}
+
 /* The fake runtime's own account (fake_cudart.c), then the shim's table check when the
  * shim is a test build. */
 /* A kernel that reads and writes the ranges of t (ended by a zero length) on stream s. */
@@ -535,6 +547,26 @@ int main(int argc, char **argv)
         print_tally();
         for (int i = 0; i < n; i++)
             cudaFree(ptrs[i]);
+        return 0;
+    }
+    if (!strcmp(argv[1], "adapter-stats") && argc >= 4) { /* THREADS PATH: counters sent while reports are written */
+        int n = atoi(argv[2]);
+        if (n < 1 || n > 64)
+            return 2;
+        int (*write_stats)(const char *) = (int (*)(const char *))api("transit_write_stats");
+        int (*send)(const char *) = (int (*)(const char *))api("transit_adapter_stats");
+        if (!write_stats || !send)
+            return 3;
+        adapter_send = send;
+        pthread_t th[64];
+        for (int i = 0; i < n; i++)
+            pthread_create(&th[i], NULL, adapter_sender, (void *)(uintptr_t)i);
+        int bad = 0;
+        for (int i = 0; i < 50; i++)
+            bad |= write_stats(argv[3]) != 0;
+        for (int i = 0; i < n; i++)
+            pthread_join(th[i], NULL);
+        printf("written=%d\n", !bad);
         return 0;
     }
     if (!strcmp(argv[1], "threads")) {
