@@ -36,6 +36,9 @@ def test_resources_and_site_lines_become_sbatch_lines(cli):
     (["--sbatch-arg=--comment=x\n#SBATCH --uid=0"], "give one sbatch option"),
     (["--sbatch-arg=--nodes=64"], "--sbatch-arg --nodes: transit-launch sets --nodes itself"),
     (["--sbatch-arg=--gpus-per-node=1"], "sets --gpus-per-node itself"),
+    # the plugin's options: a line of them would contradict the route render took (--inject)
+    (["--sbatch-arg=--transit=base"], "--sbatch-arg --transit: transit-launch sets --transit itself (--policy)"),
+    (["--sbatch-arg=--transit-stats=/x"], "sets --transit-stats itself (--stats)"),
 ])
 def test_bad_resources_are_one_line(cli, args, needle):
     rc, out, err = cli("render", "--nodes", "1", *args, "--", "python", "train.py")

@@ -31,7 +31,9 @@ _OURS = {"--nodes": "--nodes, from the plan", "--ntasks-per-node": "one torchrun
          "--job-name": "--job-name", "--output": "--output",
          "--partition": "--partition", "--account": "--account", "--time": "--time", "--mem": "--mem",
          "--mem-per-cpu": "--mem", "--mem-per-gpu": "--mem", "--cpus-per-task": "--cpus-per-task",
-         "--cpus-per-gpu": "--cpus-per-task", "--exclusive": "--exclusive", "--constraint": "--constraint"}
+         "--cpus-per-gpu": "--cpus-per-task", "--exclusive": "--exclusive", "--constraint": "--constraint",
+         # the SPANK plugin's options: render writes them where it takes that route (--inject)
+         "--transit": "--policy", "--transit-budget": "--gpu-budget", "--transit-stats": "--stats"}
 
 
 def ours(opt: str) -> str | None:
