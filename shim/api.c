@@ -148,7 +148,7 @@ EXPORT void transit_state_on_host(void)
 EXPORT int transit_adapter_stats(const char *json)
 {
     tr_init_once();
-    if (!tr_json_object(json, TR_ADAPTER_STATS_MAX))
+    if (!tr_json_object(json, TR_REPORT_OBJECT_MAX))
         return -1;
     char *copy = strdup(json);
     if (!copy)

@@ -174,7 +174,7 @@ void tr_config_load(void)
     tr_cfg.cold_tail_ppm = env_cold_tail();
     retired(TR_RETIRED_ENV_STAGE, TR_ENV_OVERLAP_STEP "=stream or staged moves the optimizer state instead");
     tr_cfg.plan = env(TR_ENV_PLAN); /* the environment's own string: it outlives the process's reports */
-    if (tr_cfg.plan && !tr_json_object(tr_cfg.plan, TR_ADAPTER_STATS_MAX)) {
+    if (tr_cfg.plan && !tr_json_object(tr_cfg.plan, TR_REPORT_OBJECT_MAX)) {
         not_honoured(TR_ENV_PLAN, tr_cfg.plan, "is not one JSON object of printable ASCII up to 64 KiB",
                      "no prediction in the stats");
         tr_cfg.plan = NULL;

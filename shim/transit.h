@@ -241,7 +241,7 @@ struct tr_state {
     int cold_reported;        /* the adapter named optimizer state (managed or pinned): under tr_lock */
     char *adapter_stats;      /* the adapter's counters, a JSON object (transit_adapter_stats): under tr_lock */
 };
-#define TR_ADAPTER_STATS_MAX (64 << 10)
+#define TR_REPORT_OBJECT_MAX (64 << 10)
 /* 1 when s is text the stats report may carry as a JSON object's value: braces first and
  * last, printable ASCII only (nothing ends the report's line early), at most max bytes.
  * The adapter's counters and TRANSIT_PLAN (config.c). */

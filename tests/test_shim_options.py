@@ -25,12 +25,12 @@ def test_bad_options_are_one_usage_error(kw, needle):
 
 def test_the_environment_names_each_option_as_the_shim_reads_it():
     opts = ShimOptions(policy="advise", gpu_budget=40 * 10**9, stats="/s", log="info", overlap="stream")
-    env = opts.env(environ={})
+    env = opts.job_env(environ={}).variables
     assert {k: v for k, v in env.items() if k.startswith("TRANSIT_")} == {
         "TRANSIT_POLICY": "advise", "TRANSIT_GPU_BUDGET": "40GB", "TRANSIT_STATS": "/s", "TRANSIT_LOG": "info",
         "TRANSIT_OVERLAP_STEP": "stream"}
     # a plan's policy and run's own stats directory override the object's
-    env = opts.env(policy="off", stats="/tmp/x", environ={})
+    env = opts.job_env(policy="off", stats="/tmp/x", environ={}).variables
     assert env["TRANSIT_POLICY"] == "off" and env["TRANSIT_STATS"] == "/tmp/x"
-    assert ShimOptions().env(policy="base", environ={}).keys() >= {"TRANSIT_POLICY", "PYTORCH_ALLOC_CONF"}
-    assert "TRANSIT_GPU_BUDGET" not in ShimOptions().env(policy="base", environ={})
+    assert ShimOptions().job_env(policy="base", environ={}).variables.keys() >= {"TRANSIT_POLICY", "PYTORCH_ALLOC_CONF"}
+    assert "TRANSIT_GPU_BUDGET" not in ShimOptions().job_env(policy="base", environ={}).variables

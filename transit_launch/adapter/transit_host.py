@@ -7,9 +7,9 @@ becomes final in the last microbatch's backward, on a copy stream beside backwar
 optimizer class (fused, on the CPU) steps a host copy of the parameter, and the parameter goes
 back up (4 B), chunk by chunk while the CPU steps the next chunk. The CPU steps on a worker
 thread: `opt.step()` returns at once, and the work the CPU has left runs beside the next
-forward, which waits per FSDP2 parameter group (at its unshard, the one reader of the sharded
-parameter) for that group's chunks only; parameters outside FSDP2 wait for the whole step at
-the next forward. What the budget holds on the GPU is left to the application's own step
+forward; an op of the application's thread that reads or writes a parameter still in flight
+(FSDP2's all-gather of its shard, a forward, an EMA, state_dict) waits for that parameter's
+chunk only (_gate). What the budget holds on the GPU is left to the application's own step
 (bit-identical there).
 
 torch's semantics are kept: the same optimizer class and param groups (their hyper-parameters
@@ -98,11 +98,11 @@ class _Chunk:
 class _Job:
     """One optimizer step's host work, run by the worker thread in _run."""
 
-    def __init__(self, device, chunks):
+    def __init__(self, device, chunks, threads):
         self.device, self.chunks = device, chunks
+        self.threads = threads  # the worker's intra-op threads (_step says why)
         self.error = None
         self.future = None
-        self.threads = None
 
 
 class HostStep:
@@ -503,18 +503,16 @@ class HostStep:
         self.stats["steps"] += 1
         if not chunks:
             return
-        device = chunks[0].live[0].local.device
-        job = plan.job = _Job(device, chunks)
+        # the worker's intra-op threads (a per-thread setting): the application's less one, the core
+        # its own thread keeps (it launches the next forward, or spins in a CUDA sync): a team
+        # thread sharing that core would hold back the whole team at every parallel region's end
+        job = plan.job = _Job(chunks[0].live[0].local.device, chunks, max(1, torch.get_num_threads() - 1))
         for c in chunks:
             for r in c.live:
                 self.pending.setdefault(r.local.untyped_storage().data_ptr(), []).append(c)
         if self.worker is None:
             self.worker = ThreadPoolExecutor(1, thread_name_prefix="transit-host-step")
         dtensor = hasattr(chunks[0].live[0].p, "to_local")
-        # the worker's intra-op threads (a per-thread setting): the application's less one, the core
-        # its own thread keeps (it launches the next forward, or spins in a CUDA sync): a team
-        # thread sharing that core would hold back the whole team at every parallel region's end
-        job.threads = max(1, torch.get_num_threads() - 1)
         job.future = self.worker.submit(self._run, None if dtensor else opt, job)
 
     def _run(self, opt, job):

@@ -40,17 +40,10 @@ class ShimOptions:
         """From the parsed arguments of shim/cli.py's add_shim_args."""
         return cls(a.policy, a.gpu_budget, a.stats, a.log, a.overlap)
 
-    def env(self, policy: str | None = None, environ: dict | None = None, stats: str | None = None) -> dict[str, str]:
-        """The variables to export: policy and stats override this object's (the policy a
-        plan chose, the temporary directory `run` made)."""
-        from transit_launch.shim import inject
-        return inject.shim_env(policy or self.policy, self.gpu_budget, stats or self.stats, self.log,
-                               environ=environ, overlap=self.overlap)
-
     def job_env(self, policy: str | None = None, shim=None, adapter=None, environ: dict | None = None,
                 stats: str | None = None, plugin: bool = False, plan: dict | None = None):
         """The job's whole environment (inject.job_env) with these options; policy and stats
-        as in env()."""
+        override this object's (the policy a plan chose, the temporary directory `run` made)."""
         from transit_launch.shim import inject
         return inject.job_env(policy or self.policy, self.gpu_budget, stats or self.stats, self.log, self.overlap,
                               shim=shim, adapter=adapter, environ=environ, plugin=plugin, plan=plan)
