@@ -27,10 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # name -> (dim, ffn, blocks, tokens a step, microbatches, clip)
 POINTS = {"base": (4096, 16384, 8, 32768, 1, None), "clip": (4096, 16384, 8, 32768, 1, 1.0),
           "clip-accum4": (4096, 16384, 8, 32768, 4, 1.0), "wide-clip": (8192, 32768, 2, 32768, 1, 1.0)}
-RUNS = ("reference", "stream", "host", "host-roomy", "host-bare", "plain", "torchao-reference", "torchao")
-# TRANSIT_OVERLAP_STEP of each transit run; host-roomy: the host path at the budget plus ROOMY
-MODES = {"stream": None, "host": "host", "host-roomy": "host", "plain": "0"}
-ROOMY = 16 << 30
+RUNS = ("reference", "stream", "host", "host-roomy", "host-2g", "host-base", "host-bare", "plain", "torchao-reference",
+        "torchao")
+# TRANSIT_OVERLAP_STEP of each transit run; host-roomy: the host path at the budget plus 16 GiB,
+# host-2g plus 2 GiB (the state still does not fit), host-base under the base policy
+MODES = {"stream": None, "host": "host", "host-roomy": "host", "host-2g": "host", "host-base": "host", "plain": "0"}
+EXTRA = {"host-roomy": 16 << 30, "host-2g": 2 << 30}
+POLICY = {"host-base": "base"}
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -69,18 +72,18 @@ def worker(a):
         ctx = torch.autocast("cuda", enabled=False)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         if a.run == "host-bare":  # the host path without the shim: all of the state on the host
-            import importlib.util
-            adapter = ROOT / "transit_launch" / "adapter"
-            mods = {}
-            for name in ("transit_overlap", "transit_host"):
-                spec = importlib.util.spec_from_file_location(name, adapter / f"{name}.py")
-                mods[name] = sys.modules[name] = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mods[name])
-            mods["transit_host"].HostStep(mods["transit_overlap"]).install()
+            sys.path.insert(0, str(ROOT / "transit_launch" / "adapter"))  # its modules import each other flat
+            import transit_host
+            transit_host.HostStep().install()
     gen = torch.Generator(device=dev).manual_seed(1)
     times, losses = [], []
+    prof = None
     for step in range(a.steps):
         torch.cuda.synchronize()
+        if a.profile_step and step == a.profile_step:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.perf_counter()
         for _ in range(micro):
             x = torch.randn(tokens // micro, dim, device=dev, generator=gen, dtype=torch.bfloat16)
@@ -93,6 +96,10 @@ def worker(a):
         opt.zero_grad()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            timeline(prof, a.timeline, times[-1])
+            prof = None
         losses.append(loss.item() * micro)
         print(json.dumps({"step": step, "s": round(times[-1], 4), "loss": losses[-1]}), flush=True)
     med = statistics.median(times[a.warmup:])
@@ -104,6 +111,35 @@ def worker(a):
                                   "state_bytes": 8 * params}}), flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def timeline(prof, out, step_s):
+    """One profiled step reduced to its GPU intervals per stream (kernels merged where less
+    than 20 us apart; copies each with direction and bytes) and the CPU ranges over 0.5 ms,
+    in ms from the step's first GPU event."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        prof.export_chrome_trace(f"{d}/t.json")
+        ev = [e for e in json.loads(Path(f"{d}/t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    t0 = min(e["ts"] for e in gpu)
+    streams = {}
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        s = streams.setdefault(str(e.get("args", {}).get("stream")), [])
+        a, b = (e["ts"] - t0) / 1e3, (e["ts"] + e["dur"] - t0) / 1e3
+        if e["cat"] == "gpu_memcpy":
+            n = e.get("name", "").lower()
+            kind = next((k for k in ("htod", "dtoh", "dtod") if k in n), "other")
+            s.append([round(a, 3), round(b, 3), kind, int(e.get("args", {}).get("bytes", 0) or 0)])
+        elif s and s[-1][2] == "k" and a - s[-1][1] < 0.02:
+            s[-1][1] = round(b, 3)
+            s[-1][3] += 1
+        else:
+            s.append([round(a, 3), round(b, 3), "k", 1])
+    cpu = [[e.get("tid"), e["name"][:60], round((e["ts"] - t0) / 1e3, 3), round(e["dur"] / 1e3, 3)]
+           for e in ev if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime") and e["dur"] > 500]
+    Path(out).write_text(json.dumps({"step_s": step_s, "streams": streams, "cpu": cpu}))
 
 
 def thread_ticks():
@@ -127,15 +163,18 @@ def launch(point, run, budget, a):
     import tempfile
 
     stats = tempfile.mkdtemp(prefix="host-step-stats-")
-    budget += ROOMY if run == "host-roomy" else 0
+    budget += EXTRA.get(run, 0)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--point", point, "--run", run,
            "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    if a.profile_step and a.timelines:
+        Path(a.timelines).mkdir(parents=True, exist_ok=True)
+        cmd += ["--profile-step", str(a.profile_step), "--timeline", str(Path(a.timelines) / f"{point}-{run}.json")]
     env = dict(os.environ, **MULTICAST_OFF, PYTHONUNBUFFERED="1")
     if run in MODES:
         env.pop("TRANSIT_OVERLAP_STEP", None)
         if MODES[run] is not None:
             env["TRANSIT_OVERLAP_STEP"] = MODES[run]
-        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", "advise", "--gpu-budget", f"{budget}B",
+        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", POLICY.get(run, "advise"), "--gpu-budget", f"{budget}B",
                "--stats", stats, "--", *cmd]
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=a.timeout)
@@ -188,6 +227,9 @@ def main():
     ap.add_argument("--points", default="base,clip", help=f"comma list of {', '.join(POINTS)}")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
     ap.add_argument("--torchao-points", default="base,clip", help="points where torchao runs (beside its reference)")
+    ap.add_argument("--profile-step", type=int, default=0, help="record this step's timeline (0: none)")
+    ap.add_argument("--timeline", help=argparse.SUPPRESS)
+    ap.add_argument("--timelines", help="with --profile-step: a directory for each run's timeline")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=300)

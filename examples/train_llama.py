@@ -45,14 +45,6 @@ import statistics
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.checkpoint import checkpoint
-
-
 def parse():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # Defaults: a 1.0 B-parameter model whose states (16 GB) dominate its memory, as in
@@ -116,6 +108,36 @@ def parse():
         p.error("--clip does not apply to --engine torchao-offload (its CPU AdamW steps on gradients copied "
                 "to the host during backward)")
     return a
+
+
+def refusal(a, device: str) -> str | None:
+    """The one line that refuses flags a run on `device` cannot take (exit 2), or None."""
+    if a.engine != "fsdp" and device != "cuda":
+        return f"--engine {a.engine} needs a GPU"
+    if not 0.0 <= a.offload_ratio <= 1.0:
+        return f"--offload-ratio must be between 0 and 1, got {a.offload_ratio}"
+    if a.cpu_offload and device != "cuda":
+        return "--cpu-offload needs a GPU (it offloads from one)"
+    if a.checkpoint_every < 0 or (a.checkpoint_every and not a.checkpoint_dir):
+        return "--checkpoint-every takes a step count >= 0 and needs --checkpoint-dir"
+    if a.checkpoint_dir and a.engine != "fsdp":
+        return f"--checkpoint-dir saves FSDP2/DDP state (DCP); --engine {a.engine} has its own"
+    return None
+
+
+if __name__ == "__main__":  # the flags' refusals before torch's import (2 s of CPU); main() repeats them
+    _a = parse()
+    _why = refusal(_a, _a.device) if _a.device != "auto" else None  # auto: torch finds the device
+    if _why:
+        print(_why, file=sys.stderr)
+        raise SystemExit(2)
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 
 
 def rope(x, cos, sin):
@@ -454,24 +476,13 @@ def resume(a, model, opt, rank: int, world: int) -> int:
 def main():
     a = parse()
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if a.engine != "fsdp" and device != "cuda":
-        print(f"--engine {a.engine} needs a GPU", file=sys.stderr)
-        return 2
-    if not 0.0 <= a.offload_ratio <= 1.0:
-        print(f"--offload-ratio must be between 0 and 1, got {a.offload_ratio}", file=sys.stderr)
-        return 2
-    if a.cpu_offload and device != "cuda":
-        print("--cpu-offload needs a GPU (it offloads from one)", file=sys.stderr)
+    why = refusal(a, device)
+    if why:
+        print(why, file=sys.stderr)
         return 2
     if a.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-    if a.checkpoint_every < 0 or (a.checkpoint_every and not a.checkpoint_dir):
-        print("--checkpoint-every takes a step count >= 0 and needs --checkpoint-dir", file=sys.stderr)
-        return 2
-    if a.checkpoint_dir and a.engine != "fsdp":
-        print(f"--checkpoint-dir saves FSDP2/DDP state (DCP); --engine {a.engine} has its own", file=sys.stderr)
-        return 2
     rank, world, local = init_dist(device)
     if a.global_batch is not None:
         if a.accum != 1 or a.global_batch < 1 or a.global_batch % (world * a.batch):

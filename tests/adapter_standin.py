@@ -26,7 +26,7 @@ def install(adapter: str, mode: str):
 
     class Api:
         HOT, MASTER, OPTIMIZER, SPARSE = 0, 1, 2, 3
-        def _since(self, version): return True
+        def since(self, version): return True
         def policy(self): return "advise"
         def hint(self, ptr, size, kind): return 0
         def iteration(self): return 0
@@ -39,10 +39,10 @@ def install(adapter: str, mode: str):
         def state_on_host(self): return None
 
     if mode == "default":
-        import transit_overlap
-        transit_overlap._staging_module().Staging._homeable = staticmethod(lambda t: t.is_contiguous())
+        import transit_staging
+        transit_staging.Staging._homeable = staticmethod(lambda t: t.is_contiguous())
     hooks = site._Hooks(Api())
     if mode == "host":  # the budget's room for state, asked of the shim's stats on a GPU: none
-        hooks.overlap.room = lambda device: 0
+        hooks.overlap.host.room = lambda device: 0  # (the split's host step; its share is 1 without a GPU)
     hooks.register(sys.modules["torch.optim.optimizer"])
     return hooks

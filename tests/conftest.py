@@ -25,6 +25,11 @@ if os.environ.get("TRANSIT_TEST_INSTALLED") == "1" and ROOT in Path(transit_laun
                             "not from the installed wheel")
 if ROOT in Path(transit_launch.__file__).resolve().parents:  # a run on the checkout: subprocesses import it too
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+# The adapter's modules import each other flat (`import transit_rules`), as in the job, whose
+# PYTHONPATH has the adapter's directory first: the tests import them the same way.
+ADAPTER = Path(transit_launch.__file__).resolve().parent / "adapter"
+if str(ADAPTER) not in sys.path:
+    sys.path.insert(0, str(ADAPTER))
 # the CLI reads the site's and the user's config.toml (transit_launch/config.py): the suite's
 # commands run without either, whatever this machine has (tests/test_config.py sets its own)
 os.environ["TRANSIT_LAUNCH_SITE_CONFIG"] = os.devnull

@@ -46,7 +46,7 @@ class Lab:
         return Scenario("lab", racks=self.racks, rack_gpus=self.nodes_per_rack * self.gpus_per_node,
                         gpus_per_node=self.gpus_per_node,
                         sched=SchedParams(bf_interval=self.bf_interval, bf_resolution=self.bf_resolution,
-                                          plan_on=plan_on))
+                                          plan_on=plan_on, bf_reserve=0))  # Slurm's default: every job
 
 
 @dataclass

@@ -89,7 +89,7 @@ class HintApi:
     def __init__(self):
         self.iterations = 0
 
-    def _since(self, version): return True
+    def since(self, version): return True
     def policy(self): return "advise"
     def adapter_attach(self): return True
     def hint(self, ptr, size, kind): return 0
@@ -180,3 +180,37 @@ def test_a_table_another_module_holds_is_not_sparse():
         got = reads.finish()
     assert got == {id(lone.weight)}
     assert reads.finish() == got and reads.done  # finishing again changes nothing
+
+
+def test_a_failure_in_the_adapter_is_one_line_and_the_job_goes_on(capsys):
+    """sitecustomize's one error path (_Guard): an exception is said in one line and stops
+    there, the caller learns that it failed, a guarded function gives None; an interrupt or
+    an exit is the job's, and goes on up."""
+    site = load_site()
+    with site._Guard("step overlap not installed") as g:
+        raise RuntimeError("no ring")
+    assert g.failed
+    with site._Guard("nothing wrong") as ok:
+        pass
+    assert not ok.failed
+
+    @site._Guard("no sparse reads")
+    def broken(x):
+        return 1 / x
+    assert broken(2) == 0.5 and broken(0) is None
+    assert capsys.readouterr().err.splitlines() == [
+        "transit adapter: step overlap not installed: RuntimeError('no ring')",
+        "transit adapter: no sparse reads: ZeroDivisionError('division by zero')"]
+    for stop in (KeyboardInterrupt(), SystemExit(3)):
+        with pytest.raises(type(stop)):
+            with site._Guard("never said"):
+                raise stop
+    assert capsys.readouterr().err == ""
+
+
+def test_sitecustomize_has_one_error_path():
+    """Every failure in sitecustomize goes through _Guard: no try statement of its own, which
+    could swallow an error silently or say it in another form."""
+    import ast
+    tree = ast.parse((inject.adapter_dir() / "sitecustomize.py").read_text())
+    assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Try)]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import NEEDS_TORCH, torch_importable
-from tests.test_adapter_streamed import load
+from tests.test_adapter_streamed import load, streamed  # noqa: F401 (streamed: a fixture)
 
 pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 STEPS, MICRO = 5, 3
@@ -19,8 +19,7 @@ STEPS, MICRO = 5, 3
 
 @pytest.fixture
 def host():
-    ov = load("transit_overlap")
-    h = load("transit_host").HostStep(ov)
+    h = load("transit_host").HostStep()
     h.install()
     yield h
     h.uninstall()
@@ -185,10 +184,9 @@ def test_the_state_the_budget_holds_stays_with_torchs_step():
     step: after it the model is a mix of the two references, whose next gradients differ."""
     import torch
 
-    ov = load("transit_overlap")
     first_two = sum(p.numel() * 4 * 2 for p in list(Tied().parameters())[:2])
     told = []  # the shim is told, before the first step's boundary, that state is on the host
-    h = load("transit_host").HostStep(ov, room=lambda dev: first_two, on_host=lambda: told.append(h.stats["steps"]))
+    h = load("transit_host").HostStep(room=lambda dev: first_two, on_host=lambda: told.append(h.stats["steps"]))
     refs = {}
     for fused in (None, True):
         refs[fused] = Tied()
@@ -236,7 +234,8 @@ def on_worker(host, monkeypatch, before):
     """before(cpu optimizer) runs on the host step's worker right before each of its CPU steps."""
     import threading
 
-    real, main = host.ov._raw_step, threading.current_thread()
+    ov = load("transit_overlap")
+    real, main = ov.raw_step, threading.current_thread()
 
     def raw_step(opt):
         f = real(opt)
@@ -249,7 +248,7 @@ def on_worker(host, monkeypatch, before):
             return f(o)
         return step
 
-    monkeypatch.setattr(host.ov, "_raw_step", raw_step)
+    monkeypatch.setattr(ov, "raw_step", raw_step)
 
 
 @pytest.fixture
@@ -416,3 +415,123 @@ def test_an_op_given_a_parameter_by_keyword_waits_for_it(host, held):
     with torch.no_grad():
         got = torch.mul(input=m["a"].weight, other=1.0)  # the parameter reaches the op by keyword only
     assert torch.equal(got, ref_m["a"].weight.detach())
+
+
+@pytest.fixture
+def gloo():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized(), "a process group is already up"
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_shims_hints_after_a_step_leave_the_cpu_step_in_flight(host, gloo, held):
+    """Under the shim, sitecustomize's own post-step hook hints the master weights after every
+    step; with FSDP2 they are DTensors whose shards it reads. It reads them without an op the
+    gate holds, so opt.step() still comes back before the CPU step runs (a to_local() there
+    held the application until the whole CPU step was done: on an H100 the next forward then
+    had nothing left to overlap)."""
+    import importlib.util
+
+    import torch
+    from torch.optim import optimizer as o
+
+    from tests.test_adapter_overlap import fsdp_mlp
+    from transit_launch.shim import inject
+
+    spec = importlib.util.spec_from_file_location("transit_site_g", inject.adapter_dir() / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)  # installs nothing here: no shim is loaded
+
+    class Api:
+        OPTIMIZER, MASTER, SPARSE = 1, 2, 3
+        boundaries = 0
+
+        def hint(self, ptr, size, kind):
+            pass
+
+        def iteration(self):
+            Api.boundaries += 1
+            return 0
+
+    hooks = object.__new__(site._Hooks)
+    hooks.api, hooks.reported, hooks.first, hooks.failed = Api(), {}, None, False
+    hooks.sparse, hooks.sparse_ids, hooks.expect = None, set(), None
+    host.ours.append(hooks.post_step)  # as sitecustomize makes it: the adapter's hook is not foreign
+    log, held_step = held
+    m = fsdp_mlp()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    handle = o.register_optimizer_step_post_hook(hooks.post_step)
+    try:
+        for _ in range(3):
+            m(torch.randn(4, 8)).pow(2).mean().backward()
+            held_step(opt)
+            opt.zero_grad()
+        [p.sum() for p in m.parameters()]  # read: waits for the last step's chunk
+    finally:
+        handle.remove()
+    assert Api.boundaries == 3 and not hooks.failed and host.stats["host_params"] == 4 and not host.said
+    assert log.count("returned") == 3 and log.count("stepped") >= 3
+    assert all(log[i + 1] == "stepped" for i, e in enumerate(log) if e == "returned"), log
+
+
+@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
+def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(streamed, clip):
+    """TRANSIT_OVERLAP_STEP=host's split: with half the offloaded bytes given to the CPU
+    (Linear(64, 1000) and Linear(1000, 4): 69,004 parameters; from the last, 4 + 4,000 + 1,000
+    are within half, the first weight's 64,000 would pass it), the CPU steps the last three
+    parameters and the streamed step the first weight at every step; the losses, parameters
+    and state equal torch's fused step's bit for bit, and the share was asked knowing whether
+    a clip ran before the first step."""
+    import torch
+
+    from tests.test_adapter_streamed import same, train
+
+    asked = []
+
+    def share(opt, clipped):
+        asked.append(clipped)
+        return 0.5
+
+    th = load("transit_host")
+    host = th.HostStep(share=share)
+    drv = th.Split(host, streamed())
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)  # noqa: E731
+    ref = train(make, steps=STEPS, clip=clip)
+    got = train(make, drv, steps=STEPS, clip=clip)
+    same(got, ref)
+    assert [len(o) for o in got[2]] == [3 * 4]  # exp_avg, exp_avg_sq, step of each of the 4 parameters
+    assert asked == [clip is not None] and host.stats["steps"] == STEPS
+    assert (host.stats["host_params"], host.stats["stream_params"], host.stats["resident_params"]) == (3, 1, 0)
+    assert drv.stream.streamed == STEPS and drv.counters()["stream"]["streamed_params"] == STEPS
+
+
+def test_the_split_share_balances_the_cpu_and_the_link():
+    """Clipped, the CPU's step and the streamed step's copies start together at backward's
+    end: at 3 ns a parameter byte on the CPU and 1 ns on the link, a quarter on the CPU
+    (0.25 x 3 = 0.75 x 1) ends both together. Unclipped, the CPU steps during backward: all."""
+    s = load("transit_host").SplitShare()
+    s.measured = (3e-9, 1e-9)
+    assert s(None, True) == pytest.approx(0.25) and s(None, False) == 1.0
+
+
+def test_the_split_shares_calibration_runs_no_step_hooks():
+    """The share's CPU calibration steps an optimizer of the application's class: through
+    its raw step, so no step hook sees it (the host step would adopt it and sitecustomize
+    would count it as the job's first optimizer, its iterations the shim's)."""
+    import torch
+    from torch.optim import optimizer as o
+
+    seen = []
+    hooks = [o.register_optimizer_step_pre_hook(lambda opt, a, k: seen.append(opt)),
+             o.register_optimizer_step_post_hook(lambda opt, a, k: seen.append(opt))]
+    s = load("transit_host").SplitShare()
+    s.CALIBRATE_ELEMS = 1 << 16
+    try:
+        share = s(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))]), True)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == [] and s.measured[0] > 0 and share == 1.0  # no GPU: no link to share with

@@ -21,7 +21,11 @@ STEPS = 6  # learning ends after step 3 (transit_overlap.LEARN = 2 after adoptio
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, inject.adapter_dir() / f"{name}.py")
+    """An adapter module as the job imports it (flat: conftest put the adapter's directory on
+    sys.path); sitecustomize, which site imports once, is run afresh from its file."""
+    if name != "sitecustomize":
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location("transit_site_o", inject.adapter_dir() / "sitecustomize.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -156,7 +160,7 @@ def test_staged_updates_in_batches(T, monkeypatch, inflight):
     (128), first weight (1024): at 2048 bytes in flight two batches of two fill during
     backward; by default (1 GiB) all four wait for its end."""
     if inflight:
-        monkeypatch.setenv(T._staging_module().INFLIGHT_ENV, inflight)
+        monkeypatch.setenv(load("transit_staging").INFLIGHT_ENV, inflight)
     calls = []
     flush, flush_all = T.Overlap._flush, T.Overlap._flush_all
     monkeypatch.setattr(T.Overlap, "_flush", lambda self, plan, gi: (calls.append(len(plan.pending.get(gi, []))),
@@ -169,7 +173,7 @@ def test_staged_updates_in_batches(T, monkeypatch, inflight):
 
 def test_a_broken_staging_is_caught_by_the_comparison(T, monkeypatch):
     """Not vacuous: staged updates whose copies are not written back change the result."""
-    st = T._staging_module()
+    st = load("transit_staging")
     monkeypatch.setattr(st.Staging, "update",
                         lambda self, opt, items, step, ready=(): step({p: {k: opt.state[p][k].clone()
                                                                            for k in keys} for p, keys in items}))
@@ -248,7 +252,7 @@ def test_staged_updates_of_fsdp2_dtensor_states(T, gloo, monkeypatch, inflight):
     with 2048 bytes in flight batches are flushed inside FSDP2's gradient hooks (its
     reduce-scatter), reusing each state's wrapper, not only at the end of backward."""
     if inflight:
-        monkeypatch.setenv(T._staging_module().INFLIGHT_ENV, inflight)
+        monkeypatch.setenv(load("transit_staging").INFLIGHT_ENV, inflight)
     normal, over, ov = overlapped(T, optim("AdamW", lr=1e-2, weight_decay=0.1, foreach=True),
                                   model=fsdp_mlp, micro=2, staged=True)
     assert same(normal, over) and ov.early == 12 and ov.staging.staged == 12
@@ -328,9 +332,9 @@ def test_refusals_at_the_first_step(T, capsys):
         assert same(train(make), train(make, ov)) and ov.early == 0
         assert why in capsys.readouterr().err
     p = torch.nn.Parameter(torch.ones(2))
-    assert T._group_refusal({"params": [p], "differentiable": True}) == "differentiable=True"
-    assert T._group_refusal({"params": [p], "capturable": True, "foreach": None}).startswith("capturable=True")
-    assert "complex" in T._group_refusal({"params": [torch.nn.Parameter(torch.ones(2, dtype=torch.cfloat))],
+    assert T.group_refusal({"params": [p], "differentiable": True}) == "differentiable=True"
+    assert T.group_refusal({"params": [p], "capturable": True, "foreach": None}).startswith("capturable=True")
+    assert "complex" in T.group_refusal({"params": [torch.nn.Parameter(torch.ones(2, dtype=torch.cfloat))],
                                           "foreach": None})
 
 
@@ -353,7 +357,7 @@ def test_a_group_whose_kernel_choice_depends_on_its_members_is_refused(T, monkey
                         lambda ps, differentiable, use_fused=False: (False, all(p is a for p in ps)))
     assert T._path({"params": [a, b], "foreach": None}) is None
     assert T._path({"params": [a], "foreach": None}) == "foreach"
-    assert "mixes devices" in T._group_refusal({"params": [a, b], "foreach": None})
+    assert "mixes devices" in T.group_refusal({"params": [a, b], "foreach": None})
 
 
 def test_other_step_hooks_fall_back(T, capsys):
@@ -553,30 +557,28 @@ class Api:
         return False
 
 
-def test_switch_is_defined_once_and_wired_by_the_adapter(T, monkeypatch):
-    assert T.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"] == "TRANSIT_OVERLAP_STEP"
-    assert T._staging_module().INFLIGHT_ENV == rules.ENV["OVERLAP_INFLIGHT"] == "TRANSIT_OVERLAP_INFLIGHT"
-    assert T._staging_module().STAGE_LIMIT == rules.STAGE_RING_BYTES  # what the plan counts against the budget
-    assert (T.OFF, *T.MODES) == rules.OVERLAP_MODES  # the CLI's --overlap choices are the modes the adapter knows
-    assert T.DEFAULT_MODES == rules.DEFAULT_OVERLAP  # what the plan predicts is what the adapter runs
+def test_the_rules_switch_is_wired_by_the_adapter(T, monkeypatch):
+    """The variable and the modes rules.py names (the CLI's --overlap, the plan) drive the
+    adapter: unset is advise's default, each mode its driver, anything else nothing."""
+    env = rules.ENV["OVERLAP_STEP"]
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
-    monkeypatch.delenv(T.OVERLAP_ENV, raising=False)  # unset: advise's default, the streamed step
+    monkeypatch.delenv(env, raising=False)  # unset: advise's default, the streamed step
+    assert rules.DEFAULT_OVERLAP["advise"] == "stream"
     assert type(site._Hooks(Api()).overlap).__name__ == "StreamedStep"
-    monkeypatch.setenv(T.OVERLAP_ENV, "0")
+    monkeypatch.setenv(env, "0")
     assert site._Hooks(Api()).overlap is None
-    monkeypatch.setenv(T.OVERLAP_ENV, "1")
+    monkeypatch.setenv(env, "1")
     hooks = site._Hooks(Api())
     assert type(hooks.overlap).__name__ == "Overlap"
     assert hooks.overlap.ours == [hooks.post_step, hooks.pool.pre_step, hooks.pool.post_step]
     assert hooks.overlap.staging is None  # reading the state where it is
-    monkeypatch.setenv(T.OVERLAP_ENV, "staged")  # the experiment: the state staged through the copy engines
+    monkeypatch.setenv(env, "staged")  # the experiment: the state staged through the copy engines
     ov = site._Hooks(Api()).overlap
-    assert ov.staging is not None
+    assert ov.staging is not None and ov.staging.limit == rules.STAGE_RING_BYTES  # what the plan counts
     assert ov.staging.device_memory[0](1 << 20) == 0  # the ring's memory comes from the shim's API
-    monkeypatch.setenv(T.OVERLAP_ENV, "yes")  # anything else leaves the step alone
+    monkeypatch.setenv(env, "yes")  # anything else leaves the step alone
     assert site._Hooks(Api()).overlap is None
-    sys.modules.pop("transit_overlap", None)
 
 
 DRIVER = r"""
@@ -641,7 +643,7 @@ def test_ring_never_hands_out_bytes_still_in_use(T, seed):
     waiting for event k means every buffer up to k is free), every buffer lies inside the
     ring, and the first lap waits for nothing."""
     import random
-    ring = T._staging_module().Ring(1 << 20)
+    ring = load("transit_staging").Ring(1 << 20)
     rng, done_upto, live, first_lap = random.Random(seed), -1, [], True
     for k in range(2000):
         n = rng.choice([1, 511, 512, 4096, 100_000, 300_000, ring.size // 2, ring.size])
@@ -667,13 +669,13 @@ def test_staging_without_room_for_its_ring_reads_the_state_in_place(T, capsys, m
     is asked for on its own device (the shim allocates on the calling thread's)."""
     import contextlib
     import torch
-    st = T._staging_module()
+    st = load("transit_staging")
     entered = []
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext(entered.append(d)))
     asked = []
     s = st.Staging(device_memory=(lambda n: asked.append(n) or 0, lambda p: -1))
     dev = torch.device("cuda", 1)
-    assert s._ring(dev) is None and s._ring(dev) is None and asked == [st.STAGE_LIMIT] and entered == [dev]
+    assert s.ring(dev) is None and s.ring(dev) is None and asked == [st.STAGE_LIMIT] and entered == [dev]
     err = capsys.readouterr().err
     assert err.count(f"no room in the GPU budget for a {st.STAGE_LIMIT >> 20} MiB staging ring") == 1
 
@@ -682,17 +684,17 @@ def test_a_ring_smaller_than_one_buffer_is_not_made(T, capsys, monkeypatch):
     """TRANSIT_OVERLAP_INFLIGHT below one aligned buffer: no ring (its size would be 0 and
     every take a division by zero), said once, and the shim is not asked."""
     import torch
-    st = T._staging_module()
+    st = load("transit_staging")
     monkeypatch.setenv(st.INFLIGHT_ENV, "100")
     asked = []
     s = st.Staging(device_memory=(lambda n: asked.append(n) or 1, lambda p: 0))
-    assert s._ring(torch.device("cuda", 0)) is None and asked == []
+    assert s.ring(torch.device("cuda", 0)) is None and asked == []
     assert capsys.readouterr().err.count("less than one 512-byte staging buffer") == 1
 
 
 @pytest.mark.parametrize("raw", ["lots", "0", "-5", "1.5e9"])
 def test_a_bad_inflight_bound_is_said_and_the_default_used(T, monkeypatch, capsys, raw):
-    st = T._staging_module()
+    st = load("transit_staging")
     monkeypatch.setenv(st.INFLIGHT_ENV, raw)
     assert st.Staging().limit == st.STAGE_LIMIT
     err = capsys.readouterr().err.strip().splitlines()
@@ -707,7 +709,7 @@ def test_staging_lets_go_of_replaced_states(T, monkeypatch):
     storages with it (homing itself is a GPU path: stood in for here by recording the CPU
     state in place)."""
     import torch
-    st = T._staging_module()
+    st = load("transit_staging")
     monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: True))
     monkeypatch.setattr(st.Staging, "_home", lambda self, t, opt: (self.homes.__setitem__(t.data_ptr(), t),
                                                                    self.owner.__setitem__(t.data_ptr(), id(opt))))
@@ -737,7 +739,7 @@ def test_state_born_in_pinned_memory_is_homed_in_place(T, monkeypatch):
     address and size. (CPU tensors stand in for the mapped memory: the view is made from
     the address alone, as on the GPU.)"""
     import torch
-    st = T._staging_module()
+    st = load("transit_staging")
     monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: True))
     m = mlp()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -791,4 +793,3 @@ def test_retired_settings_are_said_once_and_ignored(T, monkeypatch, capsys):
     assert capsys.readouterr().err.count("\n") == 1  # the SMs' line only
     monkeypatch.delenv("TRANSIT_OVERLAP_SMS")
     assert T.retired({T.OVERLAP_ENV: "1"}) == [] and T.retired({"TRANSIT_OVERLAP_SMS": ""}) == []
-    sys.modules.pop("transit_overlap", None)

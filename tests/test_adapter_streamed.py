@@ -6,8 +6,7 @@ stream steps normally, said once. The CPU stands in for the GPU: the ring is a C
 the homes views of the state's own memory (as the shim's pinned state is), no streams; the
 same on the H200 is bench/titan_steps.py with the mode, and tests/test_gpu.py."""
 
-import importlib.util
-import sys
+import importlib
 
 import pytest
 
@@ -20,12 +19,8 @@ RING = 256 << 10  # a small ring: a batch holds 64 KiB of state, so the 64 x 100
 
 
 def load(name):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, inject.adapter_dir() / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        sys.modules[name] = mod
-    return sys.modules[name]
+    """An adapter module as the job imports it (flat: conftest put the adapter's directory on sys.path)."""
+    return importlib.import_module(name)
 
 
 @pytest.fixture
@@ -35,12 +30,11 @@ def streamed(monkeypatch):
     NaN where torch would write zeros (a zero the streamed step missed shows in the results)."""
     import torch
     monkeypatch.setenv("TRANSIT_OVERLAP_INFLIGHT", str(RING))
-    ov = load("transit_overlap")
-    st = ov._staging_module()
+    st = load("transit_staging")
     ts = load("transit_streamed")
     monkeypatch.setattr(ts, "_empty_like", lambda *a, **k: torch.full_like(*a, float("nan"), **k))
     monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: t.is_contiguous()))
-    return lambda: sys.modules["transit_streamed"].StreamedStep(st.Staging(host_state=lambda ptr, n: True), ov)
+    return lambda: ts.StreamedStep(st.Staging(host_state=lambda ptr, n: True))
 
 
 def model(seed=0):
@@ -95,7 +89,9 @@ def train(make_opt, drv=None, steps=STEPS, micro=2, clip=None):
             drv.uninstall()
     opts = getattr(opt, "optimizers", [opt])
     states = [{k: v.clone() for st in o.state.values() for k, v in st.items()} for o in opts]
-    state_list = [[(k, v.clone()) for st in o.state.values() for k, v in sorted(st.items())] for o in opts]
+    # by parameter, in the groups' order (what state_dict() numbers), not the state's insertion order
+    state_list = [[(k, v.clone()) for g in o.param_groups for q in g["params"] for k, v in sorted(o.state.get(q, {}).items())]
+                  for o in opts]
     return losses, [p.detach().clone() for p in m.parameters()], state_list, states
 
 
@@ -158,13 +154,12 @@ def kept_run(monkeypatch, host_state):
     where torch would write zeros, as in `streamed`."""
     import torch
     monkeypatch.setenv("TRANSIT_OVERLAP_INFLIGHT", str(RING))
-    ov = load("transit_overlap")
-    st = ov._staging_module()
+    st = load("transit_staging")
     ts = load("transit_streamed")
     monkeypatch.setattr(ts, "_empty_like", lambda *a, **k: torch.full_like(*a, float("nan"), **k))
     monkeypatch.setattr(st.Staging, "_homeable", staticmethod(lambda t: t.is_contiguous()))
     staging = st.Staging(host_state=host_state)
-    return staging, sys.modules["transit_streamed"].StreamedStep(staging, ov)
+    return staging, ts.StreamedStep(staging)
 
 
 @pytest.mark.parametrize("name", ["adamw-foreach", "adam-amsgrad"])
@@ -212,7 +207,7 @@ def test_a_container_streams_its_optimizers(streamed, capsys):
 def test_a_deliberately_wrong_slice_is_caught(streamed, monkeypatch):
     """The comparison sees a streamed step that drops a slice's update (what a wrong offset
     would do)."""
-    ts = sys.modules["transit_streamed"]
+    ts = load("transit_streamed")
     real = ts.StreamedStep._slices
 
     def drop_last(self, opt, items, cap):
@@ -282,8 +277,6 @@ def test_the_mode_is_wired_by_the_adapter(monkeypatch):
     assert type(default.overlap).__name__ == "StreamedStep" and default.pool.mark is not None
     for policy in ("base", "prefetch"):
         assert site._Hooks(Api(policy)).pool.mark is None and site._Hooks(Api(policy)).overlap is None
-    for m in ("transit_overlap", "transit_streamed", "transit_state_pool"):
-        sys.modules.pop(m, None)
 
 
 def test_an_error_inside_a_streamed_step_never_updates_a_parameter_twice(streamed, capsys, monkeypatch):
@@ -293,8 +286,8 @@ def test_an_error_inside_a_streamed_step_never_updates_a_parameter_twice(streame
     that step (updated once); the line says the step is not bit-identical; later steps run
     unstreamed."""
     import torch
-    ov = sys.modules["transit_overlap"]
-    real = ov._raw_step
+    ov = load("transit_overlap")
+    real = ov.raw_step
     drv = streamed()
     seen = []  # the streamed steps done when each batch steps
 
@@ -307,7 +300,7 @@ def test_an_error_inside_a_streamed_step_never_updates_a_parameter_twice(streame
                 raise torch.OutOfMemoryError("no room for the step's temporaries")
             return raw(o)
         return step if raw is not None else None
-    monkeypatch.setattr(ov, "_raw_step", failing)
+    monkeypatch.setattr(ov, "raw_step", failing)
     make = OPTIMIZERS["adamw-foreach"]
     ref = train(make, steps=2)
     got = train(make, drv, steps=2)
@@ -324,8 +317,8 @@ def test_an_error_in_the_first_step_leaves_zeros_where_no_slice_wrote(streamed, 
     batch: the state no slice wrote is zeros, as torch's init makes it, and the next steps
     (unstreamed) keep every value finite."""
     import torch
-    ov = sys.modules["transit_overlap"]
-    real = ov._raw_step
+    ov = load("transit_overlap")
+    real = ov.raw_step
     calls = [0]
 
     def failing(opt):
@@ -337,7 +330,7 @@ def test_an_error_in_the_first_step_leaves_zeros_where_no_slice_wrote(streamed, 
                 raise torch.OutOfMemoryError("no room for the step's temporaries")
             return raw(o)
         return step if raw is not None else None
-    monkeypatch.setattr(ov, "_raw_step", failing)
+    monkeypatch.setattr(ov, "raw_step", failing)
     drv = streamed()
     _, params, state_list, _ = train(OPTIMIZERS["adamw-foreach"], drv, steps=2)
     assert all(torch.isfinite(p).all() for p in params)

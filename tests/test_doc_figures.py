@@ -18,6 +18,9 @@ DOCS = README.parent / "docs"
 SIM = ["simulate", "--synthetic", "20000", "--preset", "kalos", "--racks", "76", "--reduced-racks", "32",
        "--gpus-per-node", "8", "--load", "0.3", "--seeds", "3", "--quiet"]
 PLAN = ["plan", "--model", "llama3-70b"]
+# one xdist worker runs the module: out()'s cache then runs each command (SIM's simulation
+# takes seconds) once, not once per worker
+pytestmark = pytest.mark.xdist_group("doc-figures")
 
 
 @functools.cache

@@ -4,6 +4,7 @@ matrix is one parameter (counted once, still the output projection's FLOPs), FSD
 pair in its root unit, and the engine clipping cannot reach is refused in one argparse error."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,7 +28,10 @@ def train(*flags, ranks=1):
     run = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, whether or not its script is on PATH
     cmd = [*run, "--standalone", "--nproc-per-node", str(ranks), str(TRAINER)] if ranks > 1 else \
         [sys.executable, str(TRAINER)]
-    res = subprocess.run([*cmd, *MODEL, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    # one intra-op thread, as torchrun gives each of several ranks: a tiny model's steps on two
+    # threads of a busy 2-core machine took 100x longer (threads waiting on each other)
+    res = subprocess.run([*cmd, *MODEL, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     recs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     return [r for r in recs if "step" in r], next(r["summary"] for r in recs if "summary" in r)

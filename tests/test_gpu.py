@@ -104,16 +104,13 @@ def test_staged_in_copies_wait_for_the_last_step():
     application's step may still be writing it on the compute stream (the GPU behind the
     CPU). They must wait for the step (a review found they did not): the compute stream
     sleeps, then writes the state; the staged update must see what it wrote."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("transit_staging", inject.adapter_dir() / "transit_staging.py")
-    st = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(st)
+    import transit_staging as st  # flat, as in the job (conftest put the adapter's directory on sys.path)
     p = torch.nn.Parameter(torch.randn(1 << 20, device="cuda"))
     opt = torch.optim.AdamW([p], fused=True)
     p.grad = torch.randn_like(p)
     opt.step()
     staging = st.Staging()  # no shim here: the ring is torch's plain device memory
-    assert staging.home(opt) > 0 and staging._ring(p.device) is not None
+    assert staging.home(opt) > 0 and staging.ring(p.device) is not None
     torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)  # the compute stream busy for a while (~0.1 s)
     opt.state[p]["exp_avg"].fill_(7.0)  # the application's step writing the home, late
@@ -130,11 +127,8 @@ def test_state_pool_gets_the_state_and_nothing_else():
     every AdamW state tensor lies in a segment of the adapter's pool (the allocator's own
     snapshot says which pool each segment belongs to), the step's temporaries do not, and
     the results equal the plain optimizer's bit for bit."""
-    import importlib.util
+    import transit_state_pool as mod
     from torch.optim import optimizer as o
-    spec = importlib.util.spec_from_file_location("transit_state_pool", inject.adapter_dir() / "transit_state_pool.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
 
     def make():
         torch.manual_seed(0)
@@ -181,10 +175,7 @@ def test_predicted_state_segments_are_pytorchs_own(fused):
     snapshot: Llama-like projections (whole MiB), odd sizes whose moments share a 20 MiB
     segment or another's remainder, biases and norms in the small pool, step counts on the
     device where fused."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("transit_state_pool_g", inject.adapter_dir() / "transit_state_pool.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import transit_state_pool as mod
     from torch.optim import optimizer as o
 
     torch.manual_seed(0)

@@ -9,6 +9,9 @@ import re
 
 import pytest
 
+# one xdist worker runs the module: _RUNS's plans (llama4-scout's take seconds each) are then made
+# once, not once per worker that gets one of its tests
+pytestmark = pytest.mark.xdist_group("plan-rows")
 _RUNS = {}
 
 

@@ -227,23 +227,81 @@ def test_the_environment_table_lists_every_variable_and_only_those():
     assert not set(rules.RETIRED_OVERLAP_MODES) & set(rules.OVERLAP_MODES)
 
 
-def test_the_adapter_spells_its_variables_as_the_rules_do():
-    import importlib.util
-    import sys
+def test_the_adapters_rules_are_generated_from_rules():
+    """The adapter reads the rules from its generated transit_rules.py, as the shim reads
+    shim/transit_rules.h: the committed file is what rules.py writes, and it gives back every
+    value rules.py holds."""
     from transit_launch.shim import inject
-    sys.path.insert(0, str(inject.adapter_dir()))
+    text = (inject.adapter_dir() / "transit_rules.py").read_text()
+    assert text == rules.python_module(), \
+        "run: python3 -m transit_launch.rules --python > transit_launch/adapter/transit_rules.py"
+    generated = {}
+    exec(compile(text, "transit_rules.py", "exec"), generated)
+    assert {k: generated[k] for k in rules.ADAPTER_RULES} == {k: getattr(rules, k) for k in rules.ADAPTER_RULES}
+
+
+def _constant(node):
+    """The value of a literal expression (numbers, strings, tuples, dicts, `256 << 20`), or
+    _constant itself (no literal) when it is not one."""
+    import ast
+    import operator
+    if isinstance(node, ast.BinOp):
+        ops = {ast.LShift: operator.lshift, ast.Mult: operator.mul, ast.Add: operator.add, ast.Pow: operator.pow}
+        left, right = _constant(node.left), _constant(node.right)
+        if type(node.op) in ops and isinstance(left, int) and isinstance(right, int):
+            return ops[type(node.op)](left, right)
+        return _constant
     try:
-        spec = importlib.util.spec_from_file_location("transit_site_rules", inject.adapter_dir() / "sitecustomize.py")
-        site = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(site)  # installs nothing here: no shim is loaded
-        import transit_overlap
-        assert site.ADAPTER_ENV == rules.ENV["ADAPTER"]
-        assert transit_overlap.OVERLAP_ENV == rules.ENV["OVERLAP_STEP"]
-        assert set(site.PINNED_STATE_MODES) <= set(rules.OVERLAP_MODES)
-        # the retired settings the adapter names (TRANSIT_STAGE is the shim's: TR_RETIRED_ENV_STAGE)
-        assert transit_overlap.RETIRED_MODES == rules.RETIRED_OVERLAP_MODES
-        assert set(transit_overlap.RETIRED_ENV) == set(rules.RETIRED_ENV.values()) - {rules.RETIRED_ENV["STAGE"]}
-    finally:
-        sys.path.remove(str(inject.adapter_dir()))
-        for m in ("transit_overlap", "transit_state_pool", "transit_api"):
-            sys.modules.pop(m, None)
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _constant
+
+
+def _hand_copies(source):
+    """The rules that `source` spells itself instead of reading them from transit_rules: a
+    string equal to one of the environment's names, a tuple, list or set of two or more
+    overlap modes (or of retired ones), a dict of policies to modes, the staging ring's default bytes given to a
+    name of a stage, ring or limit."""
+    import ast
+    names = {*rules.ENV.values(), *rules.RETIRED_ENV.values()}
+    modes = {*rules.OVERLAP_MODES, *rules.RETIRED_OVERLAP_MODES}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr):  # a docstring says the names: it defines nothing
+            continue
+        if not isinstance(node, ast.expr):
+            continue
+        value = _constant(node)
+        if isinstance(value, str) and value in names:
+            found.append((node.lineno, value))
+        elif isinstance(value, (tuple, list, set, frozenset)) and all(isinstance(v, str) for v in value) and \
+                value and set(value) <= modes and (len(value) >= 2 or set(value) <= set(rules.RETIRED_OVERLAP_MODES)):
+            found.append((node.lineno, value))
+        elif isinstance(value, dict) and value and set(value) <= set(rules.POLICIES) and \
+                all(v in modes for v in value.values()):
+            found.append((node.lineno, value))
+    for node in ast.walk(ast.parse(source)):  # 256 << 20 is also other sizes: the ring's by its name
+        if isinstance(node, ast.Assign) and _constant(node.value) == rules.STAGE_RING_BYTES and \
+                any(w in ast.unparse(t).upper() for t in node.targets for w in ("STAGE", "RING", "LIMIT")):
+            found.append((node.lineno, rules.STAGE_RING_BYTES))
+    return found
+
+
+@pytest.mark.parametrize("copy", ['POOL_ENV = "TRANSIT_STATE_POOL"', 'os.environ.get("TRANSIT_ADAPTER", "1")',
+                                  'RETIRED = ("TRANSIT_OVERLAP_SMS",)', 'RETIRED = ("serial",)', 'MODES = ("1", "staged", "stream")',
+                                  'PINNED = ["staged", "stream"]', 'DEFAULT = {"advise": "stream"}',
+                                  "LIMIT = 256 << 20", "LIMIT = 268435456"])
+def test_a_hand_copy_of_a_rule_is_found(copy):
+    """What the next test looks for, shown on the copies the adapter used to keep."""
+    assert _hand_copies(copy)
+
+
+def test_the_adapter_spells_no_rule_itself():
+    """Every environment name, mode list and default the adapter uses comes from its generated
+    transit_rules.py: a copy in its own source could drift from what the CLI, the plan and the
+    shim were told (the adapter kept such copies, checked equal by tests, until issue 53)."""
+    from transit_launch.shim import inject
+    sources = sorted(p for p in inject.adapter_dir().glob("*.py") if p.name != "transit_rules.py")
+    assert {p.name for p in sources} >= {"sitecustomize.py", "transit_overlap.py", "transit_staging.py"}
+    found = {p.name: _hand_copies(p.read_text()) for p in sources}
+    assert not {k: v for k, v in found.items() if v}, found

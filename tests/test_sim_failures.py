@@ -34,8 +34,13 @@ def test_requeue_against_scale_in_by_hand():
     # 12 x 3.0 + 16 x 6.36, B 8 = 185.76; the work is 16 x 10 + 4 x 2 = 168
     r, s = report(rq), report(si)
     assert (r["held_gpu_h"], s["held_gpu_h"], r["useful_gpu_h"]) == pytest.approx((177.6, 185.76, 168.0))
-    assert r["goodput"] == pytest.approx(168 / 177.6, abs=1e-4) and s["goodput"] == pytest.approx(168 / 185.76,
-                                                                                                     abs=1e-4)
+    assert r["goodput_held"] == pytest.approx(168 / 177.6, abs=1e-4)
+    assert s["goodput_held"] == pytest.approx(168 / 185.76, abs=1e-4)
+    # GPU-hours owed, submission to end: requeue A 16 x 13.6 = 217.6, B 4 x (5 - 3) = 8:
+    # 225.6, goodput 168 / 225.6 = 0.7447; scale-in A 16 x 11.86 = 189.76, B 4 x (13.86 - 3)
+    # = 43.44 (its 8.86 h wait counts): 233.2, goodput 168 / 233.2 = 0.7204
+    assert (r["owed_gpu_h"], s["owed_gpu_h"]) == pytest.approx((225.6, 233.2))
+    assert (r["goodput"], s["goodput"]) == pytest.approx((0.7447, 0.7204), abs=1e-4)
     # the other job (B): no wait under requeue, 8.86 h under scale-in
     assert (r["other_queue_mean_min"], s["other_queue_mean_min"]) == pytest.approx((0.0, 8.86 * 60))
     assert (r["jct_interrupted_mean_h"], s["jct_interrupted_mean_h"]) == pytest.approx((13.6, 11.86))
@@ -55,7 +60,7 @@ def test_llama3_rate_and_cli(cli):
     assert rc == 0, err
     d = json.loads(out)
     assert [r["policy"] for r in d["runs"]] == ["requeue", "scale-in"] and d["failures_per_node_day"] == 0.05
-    assert all(r["failures_hitting_jobs"] > 0 and 0 < r["goodput"] <= 1 for r in d["runs"])
+    assert all(r["failures_hitting_jobs"] > 0 and 0 < r["goodput"] <= r["goodput_held"] <= 1 for r in d["runs"])
     rc, _, err = cli("simulate", "--synthetic", "10", "--repair-hours", "2")
     assert rc == 2 and "add --node-failures" in err
     rc, _, err = cli("simulate", "--synthetic", "10", "--node-failures", "lots")
@@ -78,13 +83,15 @@ def test_a_job_that_fails_twice_requeues_twice_by_hand():
     # 2nd at 8 h: the run began 5.5 h, progress from 5.6 h; its checkpoint at 7.5 h holds
     #   7.5 - 5.6 = 1.9 h (not 2 h): 6.1 h left; held 16 x 2.5 = 40.
     # Restarts at 11 h (node 1 back), 0.1 h down + 6.1 h: ends 17.2 h; held 16 x 6.2 = 99.2.
-    # held 179.2 GPU-h, useful 16 x 10 = 160, goodput 160 / 179.2 = 0.8929
+    # held 179.2 GPU-h, useful 16 x 10 = 160, 160 / 179.2 = 0.8929 of held; owed 16 x 17.2
+    # = 275.2 (the 3 h waits for nodes 0 and 1 count): goodput 160 / 275.2 = 0.5814
     f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0), (8.0 * H, 1)))
     o = replay(Trace(**ONE_JOB), 1, 16, 4, "requeue", f, CURVE2)
     assert o.end[0] / H == pytest.approx(17.2) and o.start[0] == 0.0
     r = report(o)
     assert (r["failures_hitting_jobs"], r["interrupted_jobs"]) == (2, 1)
-    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput"]) == pytest.approx((179.2, 160.0, 0.8929))
+    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput_held"]) == pytest.approx((179.2, 160.0, 0.8929))
+    assert (r["owed_gpu_h"], r["goodput"]) == pytest.approx((275.2, 0.5814))
     assert (r["jct_interrupted_mean_h"], r["makespan_h"]) == pytest.approx((17.2, 17.2))
 
 
@@ -97,13 +104,15 @@ def test_a_job_that_fails_twice_scales_in_twice_by_hand():
     #   = 10; on 3 nodes at 0.6 from 5.6.
     # 7.25 (node 1 back): (7.25 - 5.6) x 0.6 = 0.99: 6.125 left; held 12 x 1.75 = 21; on 4
     #   nodes from 7.35: ends 13.475; held 16 x 6.225 = 99.6.
-    # held 40 + 21 + 10 + 21 + 99.6 = 191.6, goodput 160 / 191.6 = 0.8351
+    # held 40 + 21 + 10 + 21 + 99.6 = 191.6, 160 / 191.6 = 0.8351 of held; owed 16 x
+    # 13.475 = 215.6 (the GPUs of the down nodes count): goodput 160 / 215.6 = 0.7421
     f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0), (4.25 * H, 1)))
     o = replay(Trace(**ONE_JOB), 1, 16, 4, "scale-in", f, CURVE2)
     assert o.end[0] / H == pytest.approx(13.475)
     r = report(o)
     assert (r["failures_hitting_jobs"], r["interrupted_jobs"]) == (2, 1)
-    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput"]) == pytest.approx((191.6, 160.0, 0.8351))
+    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput_held"]) == pytest.approx((191.6, 160.0, 0.8351))
+    assert (r["owed_gpu_h"], r["goodput"]) == pytest.approx((215.6, 0.7421))
 
 
 def test_a_scaled_in_job_that_loses_its_last_other_node_requeues_by_hand():
@@ -112,9 +121,22 @@ def test_a_scaled_in_job_that_loses_its_last_other_node_requeues_by_hand():
     # at 1/2 x 0.6 = 0.3 from 2.6. 4.25: checkpoint at 3.5 holds 0.9 x 0.3 = 0.27: 7.73
     # left; held 4 x 1.75 = 7; no node left: requeued, node 0 goes back to the pool at 5.5,
     # A starts on both at 7.25: ends 7.35 + 7.73 = 15.08; held 8 x 7.83 = 62.64.
-    # held 89.64, useful 80, goodput 0.8925
+    # held 89.64, useful 80, 0.8925 of held; owed 8 x 15.08 = 120.64: goodput 0.6631
     t = Trace(**{**ONE_JOB, "gpus": [8]})
     f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0), (4.25 * H, 1)))
     r = report(replay(t, 1, 8, 4, "scale-in", f, CURVE2))
     assert (r["failures_hitting_jobs"], r["jct_interrupted_mean_h"]) == (2, pytest.approx(15.08))
-    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput"]) == pytest.approx((89.64, 80.0, 0.8925))
+    assert (r["held_gpu_h"], r["useful_gpu_h"], r["goodput_held"]) == pytest.approx((89.64, 80.0, 0.8925))
+    assert (r["owed_gpu_h"], r["goodput"]) == pytest.approx((120.64, 0.6631))
+
+
+def test_goodput_counts_the_queue():
+    # No failure. One rack of four 4-GPU nodes; A and B each want all 16 GPUs for 10 h, both
+    # submitted at 0: A runs 0-10 h, B waits 10 h and runs 10-20 h. Held 16 x 10 x 2 = 320,
+    # all of it work: 100% of held. Owed A 16 x 10 = 160, B 16 x 20 = 320: goodput 320 / 480
+    # = 0.6667; a queue that grows drives it down where the held figure stays at 100%.
+    t = Trace(submit=[0.0, 0.0], duration=[10 * H, 10 * H], gpus=[16, 16], ids=["A", "B"], source="hand", types=[],
+              states=[])
+    r = report(replay(t, 1, 16, 4, "requeue", Failures(rate=0), Curve("x")))
+    assert (r["held_gpu_h"], r["owed_gpu_h"], r["useful_gpu_h"]) == pytest.approx((320.0, 480.0, 320.0))
+    assert (r["goodput_held"], r["goodput"]) == pytest.approx((1.0, 0.6667), abs=1e-4)

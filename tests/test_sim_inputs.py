@@ -96,7 +96,7 @@ def test_seeds_with_a_trace_draw_the_limits(cli, tmp_path):
     d = json.loads(stdout)
     assert d["seeds"] == [0, 1]
     assert d["scheduler"] == {"bf_max_job_test": 500, "bf_interval": 30, "bf_resolution": 60, "plan_on": "limits",
-                              "limit_factor": 4}
+                              "bf_window": 86400, "bf_reserve": 1, "limit_factor": 4}
     rows = list(csv.DictReader(out.open()))
     lim = {s: [float(r["limit"]) for r in rows if r["seed"] == s] for s in ("0", "1")}
     dur = [100 + 37 * i for i in range(40)]

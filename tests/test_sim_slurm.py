@@ -15,7 +15,8 @@ from tests.sim_replay import Lab, compress, in_sim, on_slurm, pairs_in_order, su
 from tests.slurm_lab import SlurmLab, missing
 from transit_launch.sim.trace import Trace
 
-pytestmark = pytest.mark.slow
+# slow; one xdist group: the module-scoped replay (its own 8-node lab) runs once a run, not once a worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sim-slurm")]
 
 # (submit s, run s, GPUs, limit s). Derived by hand, planning on limits:
 #  0: four 1-GPU jobs fill node n1 (to 25). 1: J4 takes 6 of the 7 free nodes (to 31,

@@ -3,6 +3,7 @@ traffic model counts (bf16 all-gathers, fp32 reduce-scatters), and flags that ne
 GPU fail with one line."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -39,8 +40,9 @@ def test_fsdp2_on_cpu_ranks_moves_bf16_gathers_and_fp32_reduce_scatters():
 
 
 def test_ddp_stays_the_cpu_default():
+    # one intra-op thread (tests/test_example_trainer_shapes.py's train says why)
     res = subprocess.run([sys.executable, str(TRAINER), *MODEL], capture_output=True, text=True, timeout=300,
-                         cwd=ROOT)
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     assert summary(res.stdout)["dp"] == "ddp"
 
@@ -100,7 +102,6 @@ def test_ranks_exit_cleanly_with_the_shim_preloaded(built):
     exception") in about a third of such runs; a library exporting only the CUDA runtime's
     symbols the shim exports did it too, an empty preloaded library did not. Eight runs, every
     rank exits 0."""
-    import os
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSIT_")}
     env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise")

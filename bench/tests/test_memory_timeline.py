@@ -4,6 +4,7 @@ memory and GPU times need a GPU); bench/probes/lifetime_probe.py's reading of Py
 allocator snapshot (which ranges are safe to discard)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -63,7 +64,8 @@ def test_recorder_marks_every_layer_forward_backward_and_the_optimizer(tmp_path)
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "probes" / "memory_timeline.py"), "--step", "3", "--out", str(out),
                           "--", "--device", "cpu", "--dim", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2",
                           "--ffn", "128", "--vocab", "256", "--seq-len", "32", "--batch", "2"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+                         capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})  # a tiny model: two threads only wait
     assert res.returncode == 0, res.stderr[-2000:]
     run = json.loads(out.read_text())["runs"][0]
     labels = [m["label"] for m in run["marks"]]

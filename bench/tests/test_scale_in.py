@@ -3,6 +3,7 @@ emulated GPU it picks from the planner, and its whole plumbing (torchrun, the tr
 collective profile, the planner's prediction, the shim's stats) on CPU ranks."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -49,7 +50,8 @@ def test_scale_in_plumbing_on_cpu_ranks(tmp_path):
     res = subprocess.run([sys.executable, SCRIPT, "--gpus", "2", "--device", "cpu", "--model",
                           "--dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab 256", "--seq-len", "64",
                           "--batch", "1", "--steps", "5", "--warmup", "2", "--emulated-gpu", "1GB", "--timeout", "120",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+                          "--out", str(out)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})  # the 1-rank run too: two threads only wait
     # the head holds the first rank's own error (a CPU rank's SIGABRT at exit under the shim,
     # since fixed in the trainer: tests/test_trainer.py::test_ranks_exit_cleanly_with_the_shim_preloaded;
     # the tail alone showed only torchrun's summary)

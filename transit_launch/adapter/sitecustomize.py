@@ -7,7 +7,8 @@ FSDP2 mixed precision; those also when the first optimizer is made) to libtransi
 cold ranges and marks the iteration boundary. Each optimizer's first step makes its state
 in a memory pool of its own (transit_state_pool.py).
 Under advise the optimizer step is streamed through the copy engines (transit_streamed.py;
-TRANSIT_OVERLAP_STEP=0 turns it off, =1 or staged overlap it with backward instead). Any failure here disables the adapter and leaves the job running. A
+TRANSIT_OVERLAP_STEP=0 turns it off, =1 or staged overlap it with backward instead). A
+failure here is said in one line and turns off what failed (_Guard); the job runs on. A
 site's own sitecustomize further down sys.path still runs."""
 
 import atexit
@@ -17,27 +18,57 @@ import importlib.util
 import os
 import sys
 
+import transit_rules
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
-ADAPTER_ENV = "TRANSIT_ADAPTER"  # rules.ENV["ADAPTER"]: 0 installs nothing; a test keeps them equal
+ADAPTER_ENV = transit_rules.ENV["ADAPTER"]  # 0 installs nothing
 # TRANSIT_OVERLAP_STEP modes whose step copies the state from pinned host homes
-PINNED_STATE_MODES = ("staged", "stream")
+PINNED_STATE_MODES = transit_rules.RING_OVERLAP_MODES
+_ON = os.environ.get(ADAPTER_ENV, "1") != "0"
 
 
-def _sibling(name):
-    """The adapter module name.py in this directory, loaded by its path: the job's script
-    directory comes first on sys.path once it runs, and a module planted there under one of
-    these names must not be imported in the adapter's place."""
-    mod = sys.modules.get(name)
-    if mod is None or os.path.dirname(os.path.abspath(getattr(mod, "__file__", "") or "")) != _HERE:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return mod
+class _Guard:
+    """The adapter's one error path: an exception inside `with _Guard(what) as g` is said in
+    one line ("transit adapter: what: error") and goes no further, so the adapter is never
+    the reason a job dies; g.failed tells the caller to drop what did not come up. As a
+    decorator, the function returns None after such an exception."""
+
+    def __init__(self, what):
+        self.what, self.failed = what, False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if not isinstance(error, Exception):  # none, or KeyboardInterrupt/SystemExit: not ours to stop
+            return False
+        self.failed = True
+        print(f"transit adapter: {self.what}: {error!r}", file=sys.stderr, flush=True)
+        return True
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def guarded(*args, **kwargs):
+            with _Guard(self.what):
+                return fn(*args, **kwargs)
+            return None
+        return guarded
+
+
+# The adapter's modules are imported flat, here, while Python's site imports this module: the
+# job's script directory is not on sys.path yet (Python adds it after site), so a module
+# planted there under one of these names is not the one loaded, and every later import of
+# the name finds the adapter's in sys.modules. No adapter module imports another later.
+with _Guard("not installed") as _imported:
+    if _ON:
+        import transit_api
+        import transit_host
+        import transit_overlap
+        import transit_sparse
+        import transit_staging
+        import transit_state_pool
+        import transit_streamed
+_ON = _ON and not _imported.failed
 
 
 def _state_room(api):
@@ -82,14 +113,12 @@ class _Hooks:
         self.expect = _state_expect(api, self.pool)
         self.overlap = _overlap(api, self, mode)
 
+    @_Guard("counters not sent to the shim's report")
     def send_stats(self):
         """At the job's exit, before the shim writes its report: the step's counters go into
         it as its "adapter" object (transit-launch report shows them)."""
-        try:
-            counters = getattr(self.overlap, "counters", None)
-            self.api.adapter_stats({"mode": self.mode or "0", **(counters() if counters else {})})
-        except Exception as e:
-            print(f"transit adapter: counters not sent to the shim's report: {e!r}", file=sys.stderr)
+        counters = getattr(self.overlap, "counters", None)
+        self.api.adapter_stats({"mode": self.mode or "0", **(counters() if counters else {})})
 
     def ours(self):
         """The adapter's own step hooks (not foreign to the overlap's checks)."""
@@ -98,19 +127,15 @@ class _Hooks:
     def register(self, optimizer_module):
         """torch.optim.optimizer is loaded: the global step hooks go in."""
         if self.pool:
-            try:
+            with _Guard("the optimizer state's own pool not installed") as g:
                 self.pool.install(optimizer_module)
-            except Exception as e:
-                self.pool = None
-                print(f"transit adapter: the optimizer state's own pool not installed: {e!r}", file=sys.stderr)
+            self.pool = None if g.failed else self.pool
         optimizer_module.register_optimizer_step_post_hook(self.post_step)
         self._attach_at_first_optimizer(optimizer_module.Optimizer)
         if self.overlap:
-            try:
+            with _Guard("step overlap not installed") as g:
                 self.overlap.install()
-            except Exception as e:
-                self.overlap = None
-                print(f"transit adapter: step overlap not installed: {e!r}", file=sys.stderr)
+            self.overlap = None if g.failed else self.overlap
 
     def _attach_at_first_optimizer(self, cls):
         """When the first optimizer is made, the shim learns that this job's iterations come
@@ -132,26 +157,20 @@ class _Hooks:
                 attached.append(True)
                 if cls.__init__ is first_init:
                     cls.__init__ = init
-                try:
+                with _Guard("could not attach to the shim"):
                     api.adapter_attach()
-                except Exception as e:  # never the reason a job dies
-                    print(f"transit adapter: could not attach to the shim: {e!r}", file=sys.stderr)
             out = init(opt, *args, **kwargs)
             if first:
                 # the master weights are known before the first forward: the first step's
                 # new segments can take their room (advise's ranking) instead of the host's
-                try:
+                with _Guard("could not report the master weights"):
                     hooks._hint_masters(opt)
                     if hooks.sparse:
                         hooks.sparse.start()  # until the first step: which of them are read in part
-                except Exception as e:
-                    print(f"transit adapter: could not report the master weights: {e!r}", file=sys.stderr)
-                try:
-                    if hooks.expect:
+                if hooks.expect:
+                    with _Guard("the optimizer state's size not watched") as g:
                         hooks.expect.watch(cls, opt)  # the state's size, sent at the first forward
-                except Exception as e:
-                    hooks.expect = None
-                    print(f"transit adapter: the optimizer state's size not watched: {e!r}", file=sys.stderr)
+                    hooks.expect = None if g.failed else hooks.expect
             return out
         cls.__init__ = first_init
 
@@ -161,7 +180,7 @@ class _Hooks:
 
         for group in opt.param_groups:
             for p in group["params"]:
-                local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 DTensor shard
+                local = _shard(p)
                 if local.is_cuda and local.dtype == torch.float32:
                     self._hint(local, self._master_kind(p))
 
@@ -174,27 +193,29 @@ class _Hooks:
             self.expect.post_step(opt)  # its own errors are caught and said there
         if self.failed:
             return
-        try:
-            import torch
+        with _Guard("disabled after an error") as g:  # the hints stop; the job runs on
+            self._report_step(opt)
+        self.failed = g.failed
 
-            if self.first is None:
-                self.first = opt
-            if self.sparse and not self.sparse.done:
-                self.sparse_ids = self.sparse.finish()
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    for v in opt.state.get(p, {}).values():
-                        if torch.is_tensor(v):
-                            v = v.to_local() if hasattr(v, "to_local") else v  # FSDP2: DTensor states
-                            if v.is_cuda and v.numel() > 1:
-                                self._hint(v, self.api.OPTIMIZER)
-            self._hint_masters(opt)
-            # One boundary per training step, also when several optimizers step in turn.
-            if opt is self.first:
-                self.api.iteration()
-        except Exception as e:  # never the reason a job dies
-            self.failed = True
-            print(f"transit adapter: disabled after an error: {e!r}", file=sys.stderr)
+    def _report_step(self, opt):
+        """The optimizer's states (and master weights) as hints; the iteration boundary."""
+        import torch
+
+        if self.first is None:
+            self.first = opt
+        if self.sparse and not self.sparse.done:
+            self.sparse_ids = self.sparse.finish()
+        for group in opt.param_groups:
+            for p in group["params"]:
+                for v in opt.state.get(p, {}).values():
+                    if torch.is_tensor(v):
+                        v = _shard(v)
+                        if v.is_cuda and v.numel() > 1:
+                            self._hint(v, self.api.OPTIMIZER)
+        self._hint_masters(opt)
+        # One boundary per training step, also when several optimizers step in turn.
+        if opt is self.first:
+            self.api.iteration()
 
     def _hint(self, t, kind):
         ptr, size = t.data_ptr(), t.numel() * t.element_size()
@@ -203,87 +224,75 @@ class _Hooks:
             self.api.hint(ptr, size, kind)
 
 
+def _shard(t):
+    """A tensor's local shard (FSDP2's DTensor) read as an attribute, not through to_local():
+    these hints read only an address and a size, and to_local() is an op the host step's gate
+    (transit_host) holds until a parameter in flight is sent up: called after each step, it
+    held the application until the whole CPU step was done."""
+    local = getattr(t, "_local_tensor", None)
+    if local is not None:
+        return local
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+@_Guard("no sparse reads")
 def _sparse_reads(api):
     """transit_sparse.SparseReads where the shim takes the SPARSE hint (API version 6); else None."""
-    try:
-        since = getattr(api, "_since", None)
-        if since is None or not since(6):
-            return None
-        transit_sparse = _sibling("transit_sparse")
-
-        return transit_sparse.SparseReads()
-    except Exception as e:
-        print(f"transit adapter: no sparse reads: {e!r}", file=sys.stderr)
-        return None
+    since = getattr(api, "since", None)
+    return transit_sparse.SparseReads() if since is not None and since(6) else None
 
 
+@_Guard("step overlap not available")
 def _step_mode(api):
     """The optimizer step's mode (transit_overlap.mode: TRANSIT_OVERLAP_STEP, else the policy's
     default), retired settings said once; None when off or not to be had."""
-    try:
-        transit_overlap = _sibling("transit_overlap")
-
-        for line in transit_overlap.retired(os.environ):
-            transit_overlap._say(line)
-        return transit_overlap.mode(api.policy())
-    except Exception as e:
-        print(f"transit adapter: step overlap not available: {e!r}", file=sys.stderr)
-        return None
+    for line in transit_overlap.retired(os.environ):
+        transit_overlap.say(line)
+    return transit_overlap.mode(api.policy())
 
 
+@_Guard("the optimizer state's own pool not available")
 def _state_pool(api, mode):
     """The optimizer state's private pool (transit_state_pool.py, on unless
     TRANSIT_STATE_POOL=0), its allocations marked for the shim as state; else None."""
-    try:
-        transit_state_pool = _sibling("transit_state_pool")
-
-        # the state is marked for the shim (born in pinned host memory when over the budget) where
-        # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
-        # touch of managed memory, so plain advise keeps managed state (bench/RESULTS.md)
-        mark = api.state_alloc if mode in PINNED_STATE_MODES else None
-        return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
-    except Exception as e:
-        print(f"transit adapter: the optimizer state's own pool not available: {e!r}", file=sys.stderr)
-        return None
+    # the state is marked for the shim (born in pinned host memory when over the budget) where
+    # the step stages it through pinned homes anyway: pinning costs more than the GPU's first
+    # touch of managed memory, so plain advise keeps managed state (bench/RESULTS.md)
+    mark = api.state_alloc if mode in PINNED_STATE_MODES else None
+    return transit_state_pool.StatePool(mark=mark) if transit_state_pool.enabled() else None
 
 
+@_Guard("the optimizer state's segments not told to the shim")
 def _state_expect(api, pool):
     """transit_state_pool.StateExpect where the state is marked for the shim (pool.mark, the
     PINNED_STATE_MODES): the shim makes the pinned state's memory ready before the first step; else None."""
-    try:
-        send = getattr(api, "state_segments", None)
-        if pool is None or pool.mark is None or send is None:
-            return None
-        transit_state_pool = _sibling("transit_state_pool")
-
-        return transit_state_pool.StateExpect(send)
-    except Exception as e:
-        print(f"transit adapter: the optimizer state's segments not told to the shim: {e!r}", file=sys.stderr)
+    send = getattr(api, "state_segments", None)
+    if pool is None or pool.mark is None or send is None:
         return None
+    return transit_state_pool.StateExpect(send)
 
 
+def _streamed(api, hooks):
+    staging = transit_staging.Staging((api.device_alloc, api.device_free), api.host_state)
+    return transit_streamed.StreamedStep(staging, ours=hooks.ours())
+
+
+@_Guard("step overlap not available")
 def _overlap(api, hooks, mode):
     """The step's driver for `mode` (_step_mode): transit_overlap.py's under "1" and "staged",
-    the streamed step (transit_streamed.py) under "stream"; else None."""
+    the streamed step (transit_streamed.py) under "stream", the split (transit_host.py) under
+    "host"; else None."""
     if mode is None:
         return None
-    try:
-        transit_overlap = _sibling("transit_overlap")
-
-        if mode == "host":  # the update of the state the budget cannot hold on the host (transit_host.py)
-            return _sibling("transit_host").HostStep(transit_overlap, ours=hooks.ours(), room=_state_room(api),
-                                                     on_host=api.state_on_host)
-        if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
-            transit_streamed = _sibling("transit_streamed")
-
-            staging = transit_overlap._staging_module().Staging((api.device_alloc, api.device_free), api.host_state)
-            return transit_streamed.StreamedStep(staging, transit_overlap, ours=hooks.ours())
-        return transit_overlap.Overlap(ours=hooks.ours(), staged=mode == "staged",
-                                       device_memory=(api.device_alloc, api.device_free),
-                                       host_state=api.host_state)
-    except Exception as e:
-        print(f"transit adapter: step overlap not available: {e!r}", file=sys.stderr)
-        return None
+    if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
+        return _streamed(api, hooks)
+    if mode == "host":  # the update of a share of the state the budget cannot hold on the host, the rest
+        # streamed (transit_host.py's Split)
+        host = transit_host.HostStep(ours=hooks.ours(), room=_state_room(api), on_host=api.state_on_host,
+                                     share=transit_host.SplitShare())
+        return transit_host.Split(host, _streamed(api, hooks))
+    return transit_overlap.Overlap(ours=hooks.ours(), staged=mode == "staged",
+                                   device_memory=(api.device_alloc, api.device_free), host_state=api.host_state)
 
 
 class _OptimFinder:
@@ -303,10 +312,8 @@ class _OptimFinder:
 
         def exec_module(module):
             real_exec(module)
-            try:
+            with _Guard("cannot hook torch.optim"):
                 hooks.register(module)
-            except Exception as e:
-                print(f"transit adapter: cannot hook torch.optim: {e!r}", file=sys.stderr)
 
         spec.loader.exec_module = exec_module
         sys.meta_path.remove(self)
@@ -314,11 +321,7 @@ class _OptimFinder:
 
 
 def _install():
-    if os.environ.get(ADAPTER_ENV, "1") == "0":
-        return
-    try:
-        transit_api = _sibling("transit_api")
-    except Exception:
+    if not _ON:
         return
     if not transit_api.active():
         return
@@ -330,11 +333,7 @@ def _install():
         sys.meta_path.insert(0, _OptimFinder(hooks))
 
 
-try:
+with _Guard("not installed"):
     _install()
-except Exception as e:
-    print(f"transit adapter: not installed: {e!r}", file=sys.stderr)
-try:
+with _Guard("the next sitecustomize failed"):
     _chain_next_sitecustomize()
-except Exception as e:
-    print(f"transit adapter: the next sitecustomize failed: {e!r}", file=sys.stderr)

@@ -87,7 +87,7 @@ def iteration() -> int:
     return _lib.transit_iteration() if available else 0
 
 
-def _since(version: int) -> bool:
+def since(version: int) -> bool:
     """Whether the loaded shim has the calls of this API version: the adapter may meet an
     older libtransit.so, and then does without them rather than failing."""
     return bool(available and _lib.transit_api_version() >= version)
@@ -96,7 +96,7 @@ def _since(version: int) -> bool:
 def adapter_attach() -> bool:
     """Tell the shim the adapter reports iterations (transit_api.h, API version 4); False
     with an older libtransit.so, which then still guesses boundaries from kernels."""
-    if not _since(4):
+    if not since(4):
         return False
     _lib.transit_adapter_attach()
     return True
@@ -121,17 +121,17 @@ def write_stats(path: str | None = None) -> int:
 def device_alloc(size: int) -> int:
     """Plain device memory out of the GPU budget (transit_api.h, API version 3); 0 when there
     is none, also with an older shim (the adapter then stages nothing)."""
-    return _lib.transit_device_alloc(size) if _since(3) else 0
+    return _lib.transit_device_alloc(size) if since(3) else 0
 
 
 def device_free(ptr: int) -> int:
-    return _lib.transit_device_free(ptr) if _since(3) else -1
+    return _lib.transit_device_free(ptr) if since(3) else -1
 
 
 def state_alloc(on: bool) -> bool:
     """Mark (on) or unmark the calling thread's allocations as optimizer state (transit_api.h,
     API version 5); False with an older shim, whose state is then managed memory."""
-    if not _since(5):
+    if not since(5):
         return False
     _lib.transit_state_alloc(1 if on else 0)
     return True
@@ -139,14 +139,14 @@ def state_alloc(on: bool) -> bool:
 
 def host_state(ptr: int, size: int) -> bool:
     """Whether [ptr, ptr + size) is optimizer state in the shim's pinned host memory."""
-    return bool(_since(5) and _lib.transit_host_state(ptr, size))
+    return bool(since(5) and _lib.transit_host_state(ptr, size))
 
 
 def state_segments(sizes) -> bool:
     """The segments (cudaMalloc sizes, in order) the first step's optimizer state will be
     allocated in ([]: the first step is over; transit_api.h, API version 8): the shim makes host
     memory for them ready beforehand. False with an older shim, which makes it when the state is made."""
-    if not _since(8):
+    if not since(8):
         return False
     sizes = [int(n) for n in sizes]
     if _ffi:
@@ -161,7 +161,7 @@ def state_segments(sizes) -> bool:
 def state_on_host() -> bool:
     """The state the budget cannot hold is in the application's host memory (the host step;
     API version 9): the shim's advise probes no access for it. False with an older shim."""
-    if not _since(9):
+    if not since(9):
         return False
     _lib.transit_state_on_host()
     return True
@@ -172,7 +172,7 @@ def adapter_stats(counters: dict) -> bool:
     version 10). False with an older shim, or when the shim refuses them (transit_api.h)."""
     import json
 
-    if not _since(10):
+    if not since(10):
         return False
     text = json.dumps(counters, sort_keys=True, allow_nan=False).encode()
     return _lib.transit_adapter_stats(text) == 0

@@ -1,5 +1,6 @@
 """TRANSIT_OVERLAP_STEP=host (opt-in): the update of the state the GPU budget cannot hold
-runs on the host, with torch's own optimizer.
+runs on the host, with torch's own optimizer, for a share of it (the split: the streamed step
+moves the rest, see Split and SplitShare).
 
 The streamed step moves that state, 16 B a parameter of Adam (8 in, 8 out), after backward.
 Here it never moves: it lives in host memory, each parameter's gradient goes down (4 B) as it
@@ -33,6 +34,8 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+import transit_overlap  # the verified step (raw_step) and the refusals the step modes share
+
 # What reads a tensor's metadata, not its data: the gate lets it through (a parameter's
 # attributes, p.grad among them, are read by torch's step while the worker runs)
 METADATA = frozenset(("__get__", "__set__", "size", "dim", "numel", "stride", "is_contiguous", "element_size",
@@ -42,6 +45,86 @@ CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU
 # which torch's distributed checkpoint cannot place
 DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not in opt.state, so "
                  "state_dict() does not hold it (checkpoints need TRANSIT_OVERLAP_STEP=stream)")
+
+
+class SplitShare:
+    """share(opt, clipped) for the split (HostStep's share): the fraction of the offloaded
+    parameters' bytes whose update the CPU runs, the streamed step moving the rest's state.
+    Unclipped, the CPU steps each chunk as its gradients land in backward, ahead of the
+    streamed step: all of it. Clipped, no update starts before backward ends; the CPU's step
+    (cpu_s a parameter byte) and the streamed step's state copies (link_s a parameter byte,
+    in and out on two engines) then run side by side, done together when
+    share x cpu_s = (1 - share) x link_s. Both rates are measured once, at the first step:
+    torch's fused CPU step of the optimizer's class on CALIBRATE_ELEMS parameters, and a
+    pinned host to GPU copy of as many bytes."""
+
+    CALIBRATE_ELEMS = 16 << 20
+
+    def __init__(self):
+        self.measured = None  # (cpu_s, link_s) a parameter byte
+
+    def __call__(self, opt, clipped):
+        if not clipped:
+            return 1.0
+        cpu_s, link_s = self.measured or self._measure(opt)
+        return link_s / (cpu_s + link_s) if link_s else 1.0  # no GPU: no link to share the work with
+
+    def _measure(self, opt):
+        import torch
+
+        dev = next((p.device for g in opt.param_groups for p in g["params"] if p.device.type == "cuda"), None)
+        n, clock = self.CALIBRATE_ELEMS, time.perf_counter
+        x = torch.zeros(n)
+        x.grad = torch.ones(n)
+        cpu = type(opt)([x], fused=True)
+        step = transit_overlap.raw_step(cpu)  # without the step hooks: ours would adopt it, sitecustomize's count it
+        step(cpu)  # the state made
+        t0 = clock()
+        step(cpu)
+        cpu_s = (clock() - t0) / (4 * n)
+        per_param = 2 if type(opt).__name__ in ("Adam", "AdamW") else 1  # state tensors a parameter has
+        link_s = 0.0
+        if dev is not None:
+            src = torch.empty(n, pin_memory=True)
+            dst = torch.empty(n, device=dev)
+            stream = torch.cuda.current_stream(dev)
+            dst.copy_(src, non_blocking=True)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(stream)
+            dst.copy_(src, non_blocking=True)
+            b.record(stream)
+            b.synchronize()
+            link_s = per_param * a.elapsed_time(b) / 1e3 / (4 * n)
+        self.measured = (cpu_s, link_s)
+        return self.measured
+
+
+class Split:
+    """The host step and the streamed step on one job (TRANSIT_OVERLAP_STEP=host): the host
+    step's pre-step hook runs first and hides the gradients of the parameters the CPU steps,
+    so the streamed step, after it, streams the rest (the offloaded parameters the share left
+    it) and the application's step updates in place what the budget holds. Each counts the
+    other's hooks as its own."""
+
+    def __init__(self, host, stream):
+        self.host, self.stream = host, stream
+        host.ours += [stream.pre_step, stream.post_step]
+        stream.ours += [host.pre_step, host.post_step]
+
+    def install(self):
+        self.host.install()
+        self.stream.install()
+
+    def uninstall(self):
+        self.stream.uninstall()
+        self.host.uninstall()
+
+    def counters(self):
+        out = self.host.counters()
+        measured = getattr(self.host.share, "measured", None)
+        if measured:
+            out["cpu_ns_per_byte"], out["link_ns_per_byte"] = (round(x * 1e9, 4) for x in measured)
+        return {**out, "stream": self.stream.counters()}
 
 
 def _say(msg):
@@ -109,19 +192,23 @@ class HostStep:
     """Global optimizer step pre/post hooks, a post-accumulate-grad hook on each host-path
     parameter, and the clipping wrapper."""
 
-    def __init__(self, overlap, ours=(), room=None, on_host=None):
-        self.ov = overlap            # transit_overlap: the verified classes and the refusals it shares
+    def __init__(self, ours=(), room=None, on_host=None, share=None):
         self.ours = list(ours)       # the adapter's other step hooks: not foreign
         self.room = room             # room(device) -> bytes of state the budget holds there; None: unbounded
         # on_host(): tells the shim the state it will not see is on the host (transit_api.state_on_host),
         # before the first step's boundary: else advise, finding no state hinted, probes every
         # managed byte's access (all of them sent to the host for its recording)
         self.on_host = on_host
+        # share(opt, clipped) -> the fraction of the offloaded parameters' bytes the CPU steps
+        # (split_share); None: all of them. clipped: a clip ran before the first step
+        self.share = share
+        self.clip_seen = False
         self.plans = weakref.WeakKeyDictionary()
         self.said = weakref.WeakKeyDictionary()  # optimizer -> why it steps as without the adapter
         self.streams = {}            # device -> (down, up) copy streams
         self.task_open = False       # a backward is running whose end is awaited
-        self.stats = {"steps": 0, "host_params": 0, "resident_params": 0, "recopied": 0, "clipped": 0,
+        self.stats = {"steps": 0, "host_params": 0, "resident_params": 0, "stream_params": 0, "share": 1.0,
+                      "recopied": 0, "clipped": 0,
                       "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0, "held_s": 0.0}
         self.handles = []
         self.worker = None           # one thread: the CPU steps of a job, in order
@@ -129,7 +216,14 @@ class HostStep:
         self.gate = None
         self._unclip = None
         self.hook_failed = False
+        self.lock = threading.Lock()
         atexit.register(self.report)
+
+    def _add_grads_s(self, dt):
+        """grads_s is the one counter both threads add to (the clip's scaling on the worker, a
+        gradient copied again on the application's thread)."""
+        with self.lock:
+            self.stats["grads_s"] += dt
 
     def counters(self):
         """What the stats report's "adapter" object holds of the host step, the steps in flight
@@ -141,8 +235,8 @@ class HostStep:
     def report(self):
         s = self.stats
         if s["steps"]:
-            _say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['resident_params']} "
-                 f"left to the GPU step; gradients copied again at the step {s['recopied']} times, scaled by a "
+            _say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['stream_params']} "
+                 f"streamed (share on the host {s['share']:.2f}), {s['resident_params']} left to the GPU step; gradients copied again at the step {s['recopied']} times, scaled by a "
                  f"clip {s['clipped']} times; seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
                  f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, "
                  f"parameters sent up {s['up_s']:.2f}, the application held for the CPU {s['held_s']:.2f}")
@@ -187,6 +281,7 @@ class HostStep:
 
             params = [parameters] if torch.is_tensor(parameters) else list(parameters)
             out = orig(params, max_norm, total_norm, foreach)
+            host.clip_seen = True
             try:
                 host.on_clip(params, max_norm, total_norm)
             except Exception as e:  # never the reason a job dies: the step copies again
@@ -342,7 +437,7 @@ class HostStep:
             rec.clip.append((coef, _local(rec.p.grad)._version))
 
     def pre_step(self, opt, args, kwargs):
-        if opt in self.said or self.ov.is_container(opt):  # a container: its optimizers come one by one
+        if opt in self.said or transit_overlap.is_container(opt):  # a container: its optimizers come one by one
             return
         try:
             plan = self.plans.get(opt)
@@ -385,9 +480,9 @@ class HostStep:
             _say(f"host step off for {type(opt).__name__}: {why}; its step runs as without the adapter")
 
     def _why_not(self, opt, args, kwargs):
-        if self.ov._raw_step(opt) is None:
+        if transit_overlap.raw_step(opt) is None:
             return f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})"
-        why = self.ov.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
+        why = transit_overlap.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
         if why:
             return why
         for group in opt.param_groups:
@@ -406,16 +501,19 @@ class HostStep:
 
     def _adopt(self, opt):
         """At the first step: the parameters whose state the budget cannot hold (by group
-        order, the first ones fit) get host copies, chunks and hooks."""
+        order, the first ones fit) are offloaded; of those, the last in forward order, up to
+        the share of their bytes that self.share gives (all without one), get host copies,
+        chunks and hooks. The rest are left to the application's step: in the split, the
+        streamed step installed after this one (the next forward reads the first layers
+        first, so the CPU's chunks, which it waits for, are the last layers')."""
         import torch
 
         plan = _Plan(opt)
         per_param = 2 if type(opt).__name__ in ("Adam", "AdamW") else 1  # state tensors a parameter has
         left = {}
-        dtensor = False
+        offloaded = []  # (group index, parameter, its local tensor)
         cls = type(opt)
         for gi, group in enumerate(opt.param_groups):
-            chunk, size = [], 0
             for p in group["params"]:
                 if not p.requires_grad:
                     continue
@@ -428,7 +526,16 @@ class HostStep:
                     left[dev] = None if left[dev] is None else left[dev] - need
                     self.stats["resident_params"] += 1
                     continue
-                pin = dev.type == "cuda"
+                offloaded.append((gi, p, lp))
+        host = self._host_share(opt, offloaded)
+        self.stats["stream_params"] += len(offloaded) - len(host)
+        dtensor = False
+        for gi in range(len(opt.param_groups)):
+            chunk, size = [], 0
+            for g2, p, lp in offloaded:
+                if g2 != gi or id(p) not in host:
+                    continue
+                pin = lp.device.type == "cuda"
                 ph = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
                 ph.copy_(lp)
                 gh = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
@@ -444,7 +551,8 @@ class HostStep:
             if chunk:
                 plan.chunks.append(self._chunk(cls, opt, gi, chunk))
         if not plan.recs:
-            self._once(opt, "its state fits the GPU budget: nothing to step on the host")
+            self._once(opt, "the streamed step has all of its state" if offloaded else
+                       "its state fits the GPU budget: nothing to step on the host")
             return None
         self.plans[opt] = plan
         if self.gate is None:  # on the thread that steps; not at install, which runs inside `import torch`
@@ -458,6 +566,22 @@ class HostStep:
         if dtensor:
             _say(f"host step for {cls.__name__}: {DTENSOR_STATE}")
         return plan
+
+    def _host_share(self, opt, offloaded):
+        """The ids of the offloaded parameters the CPU steps: the last ones in forward order
+        while their bytes stay within share x all offloaded bytes (to the nearest parameter)."""
+        if not offloaded:
+            return set()
+        share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen))))
+        self.stats["share"] = round(share, 3)
+        nbytes = [lp.numel() * lp.element_size() for _, _, lp in offloaded]
+        target, taken, host = share * sum(nbytes), 0, set()
+        for (_, p, _), n in zip(reversed(offloaded), reversed(nbytes)):
+            if taken + n / 2 > target:
+                break
+            host.add(id(p))
+            taken += n
+        return host
 
     def _chunk(self, cls, opt, gi, recs):
         """A CPU optimizer of the application's class over these host copies; the state the
@@ -541,11 +665,11 @@ class HostStep:
                             coef[1].synchronize()
                         t1 = clock()
                         r.gh.mul_(coef[0])
-                        self.stats["grads_s"] += clock() - t1
+                        self._add_grads_s(clock() - t1)
                         t0 += clock() - t1
                 t1 = clock()
                 self.stats["wait_s"] += t1 - t0
-                self.ov._raw_step(c.cpu)(c.cpu)
+                transit_overlap.raw_step(c.cpu)(c.cpu)
                 t2 = clock()
                 self.stats["cpu_s"] += t2 - t1
                 for r in c.live:
@@ -599,7 +723,7 @@ class HostStep:
             synced.add(dev)
         self.stats["recopied"] += 1
         rec.gh.copy_(_local(g))
-        self.stats["grads_s"] += time.perf_counter() - t0
+        self._add_grads_s(time.perf_counter() - t0)
         return rec, None, None
 
     def _resync(self, opt, plan):

@@ -29,22 +29,28 @@ reported; see the docs for what cannot be undone then.
 import sys
 import weakref
 
-OVERLAP_ENV = "TRANSIT_OVERLAP_STEP"  # transit_launch/rules.py ENV["OVERLAP_STEP"]; a test keeps them equal
+import transit_rules
+import transit_staging  # the staged mode's ring and homes
+import transit_update  # how an early update runs
+from transit_update import local_tensor
+
+OVERLAP_ENV = transit_rules.ENV["OVERLAP_STEP"]
+OFF = "0"  # the opt-out: no mode, the application's step reads the state where the shim put it
 # "1": early updates on a side stream beside backward, reading the state where it is (over
 # PCIe under advise); "staged": their state staged through the copy engines instead
-# (transit_staging.py; the fastest measured, with a second host copy)
-MODES = ("1", "staged", "stream", "host")  # stream, host: not overlaps with backward (transit_streamed.py, transit_host.py)
-# Retired experiments (docs/retired-experiments.md; rules.RETIRED_OVERLAP_MODES and
-# rules.RETIRED_ENV, a test keeps them equal): a job that still sets one is told once, and
-# runs as if it were unset. "serial" ran the early updates on the compute stream (a
+# (transit_staging.py; the fastest measured, with a second host copy); stream, host: not
+# overlaps with backward (transit_streamed.py, transit_host.py)
+MODES = tuple(m for m in transit_rules.OVERLAP_MODES if m != OFF)
+# Retired experiments (docs/retired-experiments.md): a job that still sets one is told once,
+# and runs as if it were unset. "serial" ran the early updates on the compute stream (a
 # diagnostic); TRANSIT_OVERLAP_SMS put their side stream on a CUDA green context of N SMs.
-RETIRED_MODES = ("serial",)
-RETIRED_ENV = ("TRANSIT_OVERLAP_SMS",)
-OFF = "0"  # the opt-out: no mode, the application's step reads the state where the shim put it
+# TRANSIT_STAGE is the shim's to say (shim/config.c).
+RETIRED_MODES = transit_rules.RETIRED_OVERLAP_MODES
+RETIRED_ENV = tuple(v for k, v in transit_rules.RETIRED_ENV.items() if k != "STAGE")
 # the mode when TRANSIT_OVERLAP_STEP is unset, by the shim's policy: under advise the streamed
 # step, which moves only the state the budget cannot hold (bench/RESULTS.md, "The streamed step
 # by default")
-DEFAULT_MODES = {"advise": "stream"}
+DEFAULT_MODES = transit_rules.DEFAULT_OVERLAP
 
 
 def mode(policy):
@@ -59,7 +65,7 @@ def mode(policy):
     if raw == OFF:
         return None
     if raw not in MODES:
-        _say(f"{OVERLAP_ENV}={raw!r} is not one of {', '.join((OFF, *MODES))}: the step runs as without the adapter")
+        say(f"{OVERLAP_ENV}={raw!r} is not one of {', '.join((OFF, *MODES))}: the step runs as without the adapter")
         return None
     return raw
 DIGEST_CHUNK = 1 << 20  # elements a checksum sums at once (its int64 temporary: 8 MiB)
@@ -71,28 +77,6 @@ KNOWN = {("torch.optim.adam", "Adam"): "Adam.step", ("torch.optim.adamw", "AdamW
 CHANGED_GRAD = ("the gradient of a parameter changed between its last backward and the step (gradient "
                 "clipping, GradScaler.unscale_, a data-parallel reduction or another in-place change)")
 CHANGED_PARAM = "a parameter was changed in place between backward and the step (a weight constraint?)"
-
-
-def _sibling(name):
-    """The adapter module name.py beside this file (the adapter directory need not be on sys.path)."""
-    import importlib.util
-    import os
-
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        sys.modules[name] = mod
-    return sys.modules[name]
-
-
-def _staging_module():
-    """transit_staging.py beside this file."""
-    return _sibling("transit_staging")
-
-
-_updates = _sibling("transit_update")  # how an early update runs
-_local = _updates._local
 
 
 def retired(environ) -> list:
@@ -109,7 +93,8 @@ def retired(environ) -> list:
     return lines
 
 
-def _say(msg):
+def say(msg):
+    """One line on stderr, as every adapter message is written."""
     print(f"transit adapter: {msg}", file=sys.stderr, flush=True)
 
 
@@ -118,7 +103,7 @@ def _digest(g):
     step): it sees in-place changes that bypass the version counter (.data, custom kernels)."""
     import torch
 
-    t = _local(g).detach()
+    t = local_tensor(g).detach()
     ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
     t = t.view(ints)
     if not t.is_contiguous() or t.numel() <= DIGEST_CHUNK:
@@ -132,14 +117,14 @@ def _digest(g):
                         for i in range(0, flat.numel(), DIGEST_CHUNK)]).sum()
 
 
-def _version(g):
+def _version_of(g):
     """The in-place version of a gradient's storage. Several gradients can be views of one
     buffer (FSDP2's reduce-scatter output, DDP's buckets) and share the counter, so a
     sibling's accumulation bumps it: it is read once backward has ended, never at a hook."""
     import torch
 
     with torch.no_grad():
-        return _local(g)._version
+        return local_tensor(g)._version
 
 
 def _unchanged(rec, g, learning):
@@ -148,7 +133,7 @@ def _unchanged(rec, g, learning):
     learning, the same bits as at its final hook."""
     import torch
 
-    if rec.seen is None or g is not rec.seen[0] or rec.ended is None or _version(g) != rec.ended[0]:
+    if rec.seen is None or g is not rec.seen[0] or rec.ended is None or _version_of(g) != rec.ended[0]:
         return False
     return not learning or torch.equal(rec.seen[1], _digest(g))
 
@@ -186,12 +171,12 @@ def is_container(opt):
 
 def step_refusal(opt, args, kwargs, mine):
     """Why this step of opt must run as the application made it (call_refusal, then each
-    param group's _group_refusal), or None: what the streamed and the host step share."""
+    param group's group_refusal), or None: what the streamed and the host step share."""
     why = call_refusal(opt, args, kwargs, mine)
     if why:
         return why
     for group in opt.param_groups:
-        why = _group_refusal(group)
+        why = group_refusal(group)
         if why:
             return why
     return None
@@ -212,7 +197,7 @@ def _regrouped(plan):
     return _layout(plan.opt())[:len(plan.layout)] != plan.layout
 
 
-def _raw_step(opt):
+def raw_step(opt):
     """torch's own step of an Adam/AdamW/SGD, without torch's step hooks around it
     (profile_hook_step wraps the class's step once and marks it `hooked`): an early update
     must not run the global hooks (the adapter's iteration boundary among them), and calling
@@ -241,7 +226,8 @@ def _path(group):
     return "foreach" if each == {True} else "for-loop"
 
 
-def _group_refusal(group):
+def group_refusal(group):
+    """Why torch's step of this param group is not the one verified, or None."""
     import torch
 
     if group.get("differentiable"):
@@ -316,7 +302,7 @@ class _Plan:
         self.pending_bytes = {}  # (group index, device) -> state bytes pending there
 
 
-class Overlap(_updates.EarlyUpdates):
+class Overlap(transit_update.EarlyUpdates):
     """The driver: torch.optim's global step pre/post hooks, and a post-accumulate-grad hook
     on every parameter of an adopted optimizer (on FSDP2's sharded parameters FSDP2 calls it
     after the reduce-scatter). Its early updates run as transit_update.EarlyUpdates runs them."""
@@ -324,7 +310,7 @@ class Overlap(_updates.EarlyUpdates):
     def __init__(self, ours=(), staged=False, device_memory=None, host_state=None):
         # device_memory: the shim's (alloc, free) of plain device memory for the staging ring;
         # host_state(ptr, nbytes): whether the shim made that state in pinned host memory
-        super().__init__(_staging_module().Staging(device_memory, host_state) if staged else None)
+        super().__init__(transit_staging.Staging(device_memory, host_state) if staged else None)
         self.ours = list(ours)  # the adapter's other step hooks: not foreign
         self.plans = weakref.WeakKeyDictionary()  # optimizer -> _Plan
         self.recs = {}          # id(param) -> _Param of a hooked parameter
@@ -383,14 +369,14 @@ class Overlap(_updates.EarlyUpdates):
                 self.staging.stepped()  # the next in-copies read what this step wrote
                 if moved:
                     where = f" ({born / 1e9:.2f} GB of it made there by the shim: not copied)" if born else ""
-                    _say(f"{plan.name}'s state ({moved / 1e9:.2f} GB) moved to pinned host memory{where}: its "
+                    say(f"{plan.name}'s state ({moved / 1e9:.2f} GB) moved to pinned host memory{where}: its "
                          "early updates stage it through the copy engines")
         except Exception as e:
             self._turn_off(plan, f"an error in its step hook: {e!r}")
 
     def _adopt(self, opt):
         """At an optimizer's first step: hook its parameters, or say once why not."""
-        plan = self.plans[opt] = _Plan(opt, _raw_step(opt))
+        plan = self.plans[opt] = _Plan(opt, raw_step(opt))
         why = self._claim(opt, plan) or self._refusal(opt, plan)
         if why:
             self._turn_off(plan, why)
@@ -405,7 +391,7 @@ class Overlap(_updates.EarlyUpdates):
         if plan.raw is None:
             return f"{type(opt).__name__} is not torch.optim's Adam, AdamW or SGD (the elementwise updates verified)"
         for group in opt.param_groups:
-            why = _group_refusal(group)
+            why = group_refusal(group)
             if why:
                 return why
         return None
@@ -460,7 +446,7 @@ class Overlap(_updates.EarlyUpdates):
                     continue
                 if not _unchanged(rec, p.grad, learning):
                     return CHANGED_GRAD
-                if _version(p) != rec.ended[1]:  # the update it got early would come after this change
+                if _version_of(p) != rec.ended[1]:  # the update it got early would come after this change
                     return CHANGED_PARAM
                 if plan.paths[gi] == "foreach" and not _fast_route_alike(p, p.grad, opt.state.get(p, {})):
                     return "tensors laid out unlike their parameter on a GPU foreach path"
@@ -490,7 +476,7 @@ class Overlap(_updates.EarlyUpdates):
         if plan.stable >= LEARN - 1:
             plan.phase = "on"
             micro = max(counts.values())
-            _say(f"overlapping {plan.name}'s step with backward ({', '.join(sorted(set(filter(None, plan.paths))))}"
+            say(f"overlapping {plan.name}'s step with backward ({', '.join(sorted(set(filter(None, plan.paths))))}"
                  f"; {sum(1 for c in counts.values() if c)} parameters, {micro} backward(s) a step)")
 
     def _turn_off(self, plan, why):
@@ -499,7 +485,7 @@ class Overlap(_updates.EarlyUpdates):
             return
         done = any(rec.done for rec in plan.params.values())
         plan.phase = "off"
-        _say(f"step overlap off for {plan.name}: {why}" +
+        say(f"step overlap off for {plan.name}: {why}" +
              ("; this step's early updates were already made, so it is not bit-identical" if done else
               "; its steps run normally"))
 
@@ -570,7 +556,7 @@ class Overlap(_updates.EarlyUpdates):
             try:
                 g = rec.param.grad
                 # the versions of its gradient and (after any early update) of the parameter
-                rec.ended = None if g is None else (_version(g), _version(rec.param))
+                rec.ended = None if g is None else (_version_of(g), _version_of(rec.param))
             except Exception as e:  # raised here it would end the application's backward()
                 self._turn_off(rec.plan, f"an error at the end of backward: {e!r}")
 

@@ -1,5 +1,5 @@
 """The overlapped step's state staging (TRANSIT_OVERLAP_STEP=staged, opt-in; also the ring
-and homes of the streamed step, transit_streamed.py), loaded by transit_overlap.py.
+and homes of the streamed step, transit_streamed.py), imported by both.
 
 An early update that reads its AdamW state zero-copy holds SMs while it waits on PCIe and
 slows backward's kernels beside it; copies between the GPU and *pinned* host memory run on
@@ -40,15 +40,17 @@ import threading
 import time
 import weakref
 
-INFLIGHT_ENV = "TRANSIT_OVERLAP_INFLIGHT"  # transit_launch/rules.py ENV["OVERLAP_INFLIGHT"]; a test keeps them equal
+import transit_rules
+
+INFLIGHT_ENV = transit_rules.ENV["OVERLAP_INFLIGHT"]
 # default bytes of the staging ring on each GPU. It comes out of the GPU budget, which every
 # microbatch pays for with hot data served from the host: the size measured best (bench/RESULTS.md,
-# "The staged step through a device ring")
-STAGE_LIMIT = 256 << 20
+# "The staged step through a device ring"); the plan counts the same bytes
+STAGE_LIMIT = transit_rules.STAGE_RING_BYTES
 ALIGN = 512               # bytes: every buffer carved from the ring starts aligned for any dtype's kernels
 
 
-def _storage_tensor(t):
+def storage_tensor(t):
     """The tensor that owns a state's storage: a DTensor's local tensor (to_local() is a
     view: moving its storage would not move the DTensor's), else t."""
     return t._local_tensor if hasattr(t, "_local_tensor") else t
@@ -195,7 +197,7 @@ class Staging:
                 for p in group["params"]:
                     state = opt.state.get(p, {})
                     for k in self.staged_keys(state, p):
-                        t = _storage_tensor(state[k])
+                        t = storage_tensor(state[k])
                         if (self._homeable(t) and t.data_ptr() not in self.homes and t.data_ptr() not in self.resident
                                 and self._home(t, opt)):
                             moved += _nbytes(t)
@@ -205,7 +207,7 @@ class Staging:
         if moved:  # states replaced (load_state_dict): their pinned homes and wrappers go
             self._drop({q for q, o in self.owner.items() if o == id(opt) and q not in live})
         for dev in devices:
-            self._ring(dev)  # at a step boundary, not inside the next backward
+            self.ring(dev)  # at a step boundary, not inside the next backward
         return moved
 
     def stepped(self):
@@ -222,7 +224,7 @@ class Staging:
     def _drop(self, stale):
         for q in stale:
             del self.homes[q], self.owner[q]
-        self.wrappers = {k: w for k, w in self.wrappers.items() if _storage_tensor(w[0]).data_ptr() not in stale}
+        self.wrappers = {k: w for k, w in self.wrappers.items() if storage_tensor(w[0]).data_ptr() not in stale}
 
     def _forget(self, oid):
         """An optimizer was freed: its homes, wrappers and the storages its states left go too
@@ -271,16 +273,16 @@ class Staging:
         keys = self.staged_keys(state, p)
         if not keys:
             return None
-        ts = [_storage_tensor(state[k]) for k in keys]
-        dev = _storage_tensor(p).device
+        ts = [storage_tensor(state[k]) for k in keys]
+        dev = storage_tensor(p).device
         if any(t.device != dev for t in ts):
             return None
         if dev.type == "cuda" and (any(t.data_ptr() not in self.homes for t in ts) or
-                                   sum(map(_nbytes, ts)) > self.largest or self._ring(dev) is None):
+                                   sum(map(_nbytes, ts)) > self.largest or self.ring(dev) is None):
             return None
         return keys
 
-    def _ring(self, dev):
+    def ring(self, dev):
         """The device's staging ring, made after its optimizer's first step; None (said once)
         when it cannot be had (no room in the GPU budget, a ring too small to hold a buffer):
         the early updates then read the state in place."""
@@ -316,7 +318,7 @@ class Staging:
 
     def nbytes(self, opt, p, keys):
         """The state bytes a staged update of p moves each way."""
-        return sum(_nbytes(_storage_tensor(opt.state[p][k])) for k in keys)
+        return sum(_nbytes(storage_tensor(opt.state[p][k])) for k in keys)
 
     def update(self, opt, items, step, ready=()):
         """Stage the state of the parameters in items [(param, keys)], run step(swaps) (swaps:
@@ -329,7 +331,7 @@ class Staging:
             self.cpu_s += time.perf_counter() - t0
 
     def _update(self, opt, items, step, ready):
-        homes = [(p, k, opt.state[p][k], _storage_tensor(opt.state[p][k])) for p, keys in items for k in keys]
+        homes = [(p, k, opt.state[p][k], storage_tensor(opt.state[p][k])) for p, keys in items for k in keys]
         first = homes[0][3]
         if not first.is_cuda:  # CPU (tests): the same swap through plain copies
             bufs = [t.clone() for _, _, _, t in homes]
@@ -348,8 +350,8 @@ class Staging:
         import torch
 
         dev = homes[0][3].device
-        s_in, s_upd, s_out = self._streams(dev)
-        ring, mem = self._ring(dev)
+        s_in, s_upd, s_out = self.copy_streams(dev)
+        ring, mem = self.ring(dev)
         after = self.after_step.pop(dev, None)
         if after is not None:  # the homes hold the last step's values only after it
             s_in.wait_event(after)
@@ -407,7 +409,8 @@ class Staging:
             if w is not None:
                 w[1]._local_tensor = t
 
-    def _streams(self, dev):
+    def copy_streams(self, dev):
+        """The device's (in, update, out) copy and step streams, made at first use."""
         import torch
 
         if dev not in self.streams:

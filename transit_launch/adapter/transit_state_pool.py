@@ -32,7 +32,9 @@ import os
 import sys
 import weakref
 
-POOL_ENV = "TRANSIT_STATE_POOL"  # transit_launch/rules.py ENV["STATE_POOL"]; a test keeps them equal
+import transit_rules
+
+POOL_ENV = transit_rules.ENV["STATE_POOL"]
 
 
 def enabled():

@@ -26,7 +26,7 @@ the gradient itself, not zeros).
 
 What is not streamed steps as without the adapter, said once per optimizer: other optimizer
 classes, a closure, step hooks that are not the adapter's, param groups torch's step would
-treat differently per subset (see transit_overlap._group_refusal), non-contiguous or sparse
+treat differently per subset (see transit_overlap.group_refusal), non-contiguous or sparse
 tensors, a state homed in part.
 """
 
@@ -34,6 +34,9 @@ import atexit
 import contextlib
 import sys
 import weakref
+
+import transit_overlap  # the verified step (raw_step) and the refusals the step modes share
+import transit_staging
 
 ALIGN_ELEMS = 4096  # a slice starts at a multiple of this many elements (see _slices)
 # optimizers whose first step's state is all zeros (exp_avg, exp_avg_sq, max_exp_avg_sq): that
@@ -53,9 +56,8 @@ class StreamedStep:
     of what it updated from the application's step (torch's steps skip a parameter without a
     gradient); post_step gives them back and homes new state."""
 
-    def __init__(self, staging, overlap, ours=()):
+    def __init__(self, staging, ours=()):
         self.staging = staging          # transit_staging.Staging: homes, rings, streams
-        self.ov = overlap               # transit_overlap (the module): the verified step and group checks
         self.ours = list(ours)          # the adapter's other step hooks: not foreign
         self.said = weakref.WeakKeyDictionary()    # optimizer -> why it steps unstreamed (said once)
         self.hidden = weakref.WeakKeyDictionary()  # optimizer -> [(param, grad)] hidden from its step
@@ -64,9 +66,8 @@ class StreamedStep:
         self.resident = 0               # parameters stepped in place (their state on the GPU), all steps
         self.handles = []
         self.entered = []               # parameters whose slices entered torch's step in this call
-        mod = sys.modules[type(staging).__module__]
-        self.align = mod.ALIGN  # bytes: each buffer's start in the ring
-        self.local = mod._storage_tensor  # a DTensor's local tensor (its storage), else the tensor
+        self.align = transit_staging.ALIGN  # bytes: each buffer's start in the ring
+        self.local = transit_staging.storage_tensor  # a DTensor's local tensor (its storage), else the tensor
         self.steps = 0                  # optimizer steps streamed
         self.fresh = {}                 # data_ptr of a pinned state made unfilled -> [it, (start, end) written]
         self.unfilled = 0               # bytes of first-step state made without zeros over PCIe
@@ -97,9 +98,9 @@ class StreamedStep:
     # --- the hooks ---------------------------------------------------------------------------
 
     def pre_step(self, opt, args, kwargs):
-        raw = self.ov._raw_step(opt)
+        raw = transit_overlap.raw_step(opt)
         if raw is None:
-            if not self.ov.is_container(opt):  # a container's step only calls its optimizers' (each hooked)
+            if not transit_overlap.is_container(opt):  # a container's step only calls its optimizers' (each hooked)
                 self._once(opt, f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})")
             return
         try:
@@ -128,7 +129,7 @@ class StreamedStep:
     def post_step(self, opt, args, kwargs):
         for p, g in self.hidden.pop(opt, []):
             p.grad = g
-        if self.ov._raw_step(opt) is None:
+        if transit_overlap.raw_step(opt) is None:
             return
         try:
             self.staging.home(opt)  # new state (the first step, a loaded state_dict) goes home
@@ -146,7 +147,7 @@ class StreamedStep:
     def _why_not(self, opt, args, kwargs):
         if opt in self.said:
             return self.said[opt]
-        return self.ov.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
+        return transit_overlap.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
 
     def _items(self, opt, group):
         """([(param, state keys)] of the group's parameters with a gradient and a pinned home,
@@ -191,7 +192,7 @@ class StreamedStep:
         from zeros in the ring; what the budget keeps on the GPU is zeroed there at once."""
         import inspect
 
-        if type(opt).__name__ not in ZERO_STATE or self.ov._raw_step(opt) is None:
+        if type(opt).__name__ not in ZERO_STATE or transit_overlap.raw_step(opt) is None:
             return
         new = [p for g in opt.param_groups for p in g["params"] if p.grad is not None and not opt.state.get(p)]
         if not new:
@@ -237,7 +238,7 @@ class StreamedStep:
                     self._once(opt, why)
                 return []
             plans.append((group, items))
-        if any(self.staging._ring(self.local(items[0][0]).device) is None for _, items in plans if items):
+        if any(self.staging.ring(self.local(items[0][0]).device) is None for _, items in plans if items):
             return []  # no ring (said by staging): the step reads the state in place
         done = []
         for group, items in plans:
@@ -276,8 +277,8 @@ class StreamedStep:
 
         st = self.staging
         dev = self.local(items[0][0]).device
-        streams = st._streams(dev) if dev.type == "cuda" else None
-        ring, mem = st._ring(dev)
+        streams = st.copy_streams(dev) if dev.type == "cuda" else None
+        ring, mem = st.ring(dev)
         if streams:
             s_in, s_upd, _ = streams
             ready = torch.cuda.Event()

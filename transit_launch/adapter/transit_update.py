@@ -1,6 +1,6 @@
 """How an early update of the overlapped step runs (TRANSIT_OVERLAP_STEP=1 or staged), once
 transit_overlap.py has found a parameter's gradient final: torch's own step function
-(plan.raw, transit_overlap._raw_step) on a param group that holds only that parameter (or a
+(plan.raw, transit_overlap.raw_step) on a param group that holds only that parameter (or a
 batch of them), on a side stream beside backward on a GPU, or with its state staged through
 transit_staging.py's ring; then the application's step waits for it and skips what was done
 early.
@@ -9,7 +9,7 @@ early.
 import threading
 
 
-def _local(t):
+def local_tensor(t):
     """An FSDP2 DTensor's local shard (a view: it shares the version counter), else t."""
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -31,7 +31,7 @@ class EarlyUpdates:
         import torch
 
         opt = plan.opt()
-        local = _local(p)
+        local = local_tensor(p)
         if local.is_cuda and torch.cuda.is_current_stream_capturing():
             return  # inside a CUDA graph capture: leave it to the step
         keys = self.staging.stageable(opt, p) if self.staging else None
@@ -64,7 +64,7 @@ class EarlyUpdates:
         staged step waits for whichever hook flushes the batch."""
         import torch
 
-        local = _local(p)
+        local = local_tensor(p)
         ready = None
         if local.is_cuda:
             ready = torch.cuda.Event()
@@ -88,7 +88,7 @@ class EarlyUpdates:
         opt = plan.opt()
         group = opt.param_groups[key[0]]
         ps = [p for _, p, _, _ in batch]
-        local = _local(ps[0])
+        local = local_tensor(ps[0])
         if local.is_cuda:  # before anything is enqueued: the step's stream must wait, whatever follows
             plan.devices.add(local.device)
 

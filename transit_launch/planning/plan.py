@@ -20,7 +20,7 @@ from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Lay
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import STAGE_RING_BYTES, UNPLANNED_OVERLAP, format_size, overlap_refusal
+from transit_launch.rules import RING_OVERLAP_MODES, STAGE_RING_BYTES, UNPLANNED_OVERLAP, format_size, overlap_refusal
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
@@ -169,7 +169,7 @@ def evaluate(req: Request, nodes: int, lay: Layout, offloads: bool = True) -> Ca
     # (also where the estimate alone fits: the budget bounds what is reserved, gap included)
     c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory)
     mode = step_mode(req)
-    ring = mode in ("staged", "stream") and c.offload > 0
+    ring = mode in RING_OVERLAP_MODES and c.offload > 0
     staged = ring and mode == "staged"
     if ring and mode == "stream":
         c.offload = streamed_offload(req, est)

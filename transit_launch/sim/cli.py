@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from transit_launch.argtypes import finite_float, fractions, output_file, positive_int, require_matplotlib
+from transit_launch.argtypes import finite_float, fractions, number, output_file, positive_int, require_matplotlib
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.scheduler import STRATEGIES
@@ -50,7 +50,8 @@ def cmd_simulate(a, command):
                            gpus_per_node=a.gpus_per_node, strategy=a.placement,
                            factors=Factors(a.speedup, a.slowdown, a.unchanged),
                            efficiency=efficiency.parse(a.efficiency),
-                           sched=SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on))
+                           sched=SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on,
+                                             a.bf_window * 60, a.bf_reserve))
     seeds = list(range(a.seed, a.seed + a.seeds))
     if a.synthetic:
         gpus = a.racks * a.rack_gpus
@@ -157,7 +158,8 @@ def _cmd_failures(a):
                                                 replace(f, seed=s), curve)) | {"seed": s}
             out.append(r)
             rows.append([pol, str(s), str(r["failures_hitting_jobs"]), str(r["interrupted_jobs"]),
-                         f"{r['goodput']:.2%}" if r["goodput"] else "-", f"{r['held_gpu_h']:,.0f}",
+                         f"{r['goodput']:.2%}" if r["goodput"] else "-",
+                         f"{r['goodput_held']:.2%}" if r["goodput_held"] else "-", f"{r['held_gpu_h']:,.0f}",
                          f"{r['jct_mean_h']:.2f}", "-" if r["jct_interrupted_mean_h"] is None else
                          f"{r['jct_interrupted_mean_h']:.2f}", "-" if r["other_queue_mean_min"] is None else
                          f"{r['other_queue_mean_min']:.1f}", f"{r['makespan_h']:.1f}"])
@@ -169,10 +171,11 @@ def _cmd_failures(a):
     print(f"trace: {trace.source}, {len(trace)} GPU jobs; {f.rate:.4g} node failures per node-day, repair "
           f"{f.repair_h:g} h, checkpoints every {f.checkpoint_h:g} h, {f.restart_h * 60:g} min a restart; "
           f"scaled-in efficiency: {curve.name}\n")
-    print(table(["on node loss", "seed", "failures on jobs", "jobs hit", "goodput", "GPU-h held", "JCT mean h",
-                 "JCT of jobs hit h", "others' queue min", "makespan h"], rows, "llrrrrrrrr"))
-    print("\ngoodput: the trace's work (GPUs x recorded duration) over the GPU-hours the jobs held; others' "
-          "queue: jobs no failure hit")
+    print(table(["on node loss", "seed", "failures on jobs", "jobs hit", "goodput", "of held", "GPU-h held",
+                 "JCT mean h", "JCT of jobs hit h", "others' queue min", "makespan h"], rows, "llrrrrrrrrr"))
+    print("\ngoodput: the trace's work (GPUs x recorded duration) over the GPU-hours the jobs were owed from "
+          "submission to end (waiting and down time count); of held: over the GPU-hours they held running; "
+          "others' queue: jobs no failure hit")
     return 0
 
 
@@ -233,8 +236,13 @@ def register(sub):
     sd.add_argument("--bf-interval", type=finite_float(), default=30.0,
                     help="seconds between backfill passes; 0: at every event (Slurm's bf_interval; default 30)")
     sd.add_argument("--bf-resolution", type=finite_float(), default=60.0,
-                    help="seconds to which the head's reservation is rounded down (Slurm's bf_resolution; "
-                         "default 60)")
+                    help="seconds to which reservations are rounded down (Slurm's bf_resolution; default 60)")
+    sd.add_argument("--bf-window", type=finite_float(), default=1440.0,
+                    help="minutes ahead a backfill pass plans: a job that cannot start sooner gets no reservation "
+                         "(Slurm's bf_window; default 1440)")
+    sd.add_argument("--bf-reserve", type=number(int, 0, "a non-negative integer"), default=1,
+                    help="jobs a backfill pass gives reservations, in queue order; 0: every job it tests, as "
+                         "Slurm's bf_job_part_count_reserve=0 (default 1, the head: faster, docs/simulate.md)")
     nf = sp.add_argument_group("node failures")
     nf.add_argument("--node-failures", type=_node_failures, metavar="RATE",
                     help="replay with node failures instead of scale-in at submission: failures per node-day, or "

@@ -22,7 +22,7 @@ checkpoint_h of its run since it last started) and then:
             runs at n'/n x efficiency(1 - n'/n) of its full rate (sim/efficiency.py) after
             restart_h; when the failed node returns it takes it back (a checkpoint at that
             moment, then restart_h). A one-node job, or one not eligible, requeues.
-Scheduling: FIFO with EASY backfill as in sim/scheduler.py (the head's reservation counts
+Scheduling: FIFO with EASY backfill, the head alone reserved (the head's reservation counts
 the running jobs' ends and the repaired nodes no scaled-in job waits for), but planned on
 run times, at every event: time limits and pass intervals are not modelled here. No placement
 transition factors: jobs run as recorded at their full size."""
@@ -80,6 +80,7 @@ class Outcome:
     held_gpu_h: float    # GPU-hours the jobs held (lost work, restarts and slower scaled-in time included)
     failures: int        # failures that hit a running job
     total_gpus: int
+    owed_gpu_h: float = 0.0  # GPU-hours from each job's submission to its end: waiting and down time included
 
 
 def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy: str, f: Failures,
@@ -258,12 +259,17 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             else:
                 i += 1
     useful = sum(g0[i] * trace.duration[i] for i in range(N)) / 3600
-    return Outcome(policy, list(trace.submit), first, end, interrupted, useful, held / 3600, hits, cl.total_gpus)
+    owed = sum(g0[i] * (end[i] - trace.submit[i]) for i in range(N)) / 3600
+    return Outcome(policy, list(trace.submit), first, end, interrupted, useful, held / 3600, hits, cl.total_gpus,
+                   owed)
 
 
 def report(o: Outcome) -> dict:
-    """Goodput (the trace's work over the GPU-hours held: lost work, restarts and slower
-    scaled-in time are the difference), completion times, and queue times of the jobs no
+    """Goodput: the trace's work over the GPU-hours the jobs were owed from submission to end
+    (their GPUs x (end - submit)): queue waiting, waiting for a repaired node, lost work,
+    restarts and slower scaled-in time all count against it, so a run whose queue grows
+    reads low. goodput_held: the same work over the GPU-hours the jobs held (running only:
+    blind to waiting and down time). Completion times, and queue times of the jobs no
     failure touched (the other jobs)."""
     n = len(o.submit)
     jct = [(o.end[i] - o.submit[i]) / 3600 for i in range(n)]
@@ -274,7 +280,9 @@ def report(o: Outcome) -> dict:
         return round(sum(xs) / len(xs), 4) if xs else None
     return {"policy": o.policy, "jobs": n, "failures_hitting_jobs": o.failures, "interrupted_jobs": len(hit),
             "useful_gpu_h": round(o.useful_gpu_h, 2), "held_gpu_h": round(o.held_gpu_h, 2),
-            "goodput": round(o.useful_gpu_h / o.held_gpu_h, 4) if o.held_gpu_h else None,
+            "owed_gpu_h": round(o.owed_gpu_h, 2),
+            "goodput": round(o.useful_gpu_h / o.owed_gpu_h, 4) if o.owed_gpu_h else None,
+            "goodput_held": round(o.useful_gpu_h / o.held_gpu_h, 4) if o.held_gpu_h else None,
             "jct_mean_h": mean(jct), "jct_interrupted_mean_h": mean([jct[i] for i in hit]),
             "makespan_h": round((max(o.end) - min(o.submit)) / 3600, 4) if n else None,
             "other_queue_mean_min": mean([(o.start[i] - o.submit[i]) / 60 for i in others])}

@@ -62,11 +62,19 @@ class SchedParams:
       queue starts (the main scheduler); 0 backfills at every event;
     bf_resolution: seconds to which the head's reservation is rounded down (60); 0: exact;
     plan_on: limits (Slurm) or runtimes (a scheduler that knows every run time: the
-      simulator before limits, kept for what-ifs)."""
+      simulator before limits, kept for what-ifs);
+    bf_window: seconds ahead a backfill pass plans; a job that cannot start sooner gets no
+      reservation (1440 minutes);
+    bf_reserve: jobs a pass gives a reservation, in queue order; the later ones only start
+      if they fit now without delaying those (Slurm's bf_job_part_count_reserve, whose 0,
+      its default, reserves for every job tested: 0 here too; the simulator's default is 1,
+      the head's on its own nodes, for speed: sim/backfill.py, docs/simulate.md)."""
     bf_max_job_test: int = 500
     bf_interval: float = 30.0
     bf_resolution: float = 60.0
     plan_on: str = "limits"
+    bf_window: float = 86400.0
+    bf_reserve: int = 1
 
     def __post_init__(self):
         if not integer(self.bf_max_job_test) or not 1 <= self.bf_max_job_test <= 1_000_000:
@@ -75,6 +83,11 @@ class SchedParams:
             v = getattr(self, name)
             if not real(v) or not 0 <= v <= 86400:
                 raise UsageError(f"--{name.replace('_', '-')} takes 0 to 86400 seconds, got {v!r}")
+        if not real(self.bf_window) or not 60 <= self.bf_window <= 30 * 86400:
+            shown = self.bf_window / 60 if real(self.bf_window) else self.bf_window
+            raise UsageError(f"--bf-window takes 1 to 43,200 minutes (30 days), got {shown!r}")
+        if not integer(self.bf_reserve) or not 0 <= self.bf_reserve <= 1_000_000:
+            raise UsageError(f"--bf-reserve takes 0 (every job tested) to 1,000,000 jobs, got {self.bf_reserve!r}")
         if self.plan_on not in PLAN_ON:
             raise UsageError(f"--plan-on {self.plan_on!r} is not one of {', '.join(PLAN_ON)}")
 

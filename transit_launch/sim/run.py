@@ -102,8 +102,11 @@ def text(means: list[dict], comparisons: list[dict], trace: Trace, seeds: list[i
     p = sc.sched
     limits = "recorded, else " + (f"run time x [1, {limit_factor:g}] drawn" if limit_factor > 1 else "the run time")
     head = [f"trace: {trace.source}, {len(trace)} GPU jobs" + (f" each; means over {len(seeds)} seeds" if several else ""),
-            f"scheduler: FIFO, EASY backfill on {p.plan_on} (time limits: {limits}, in minutes), bf_max_job_test "
-            f"{p.bf_max_job_test}, bf_interval {p.bf_interval:g} s, bf_resolution {p.bf_resolution:g} s",
+            f"scheduler: FIFO, backfill on {p.plan_on} (time limits: {limits}, in minutes) reserving for "
+            + ("every job tested" if not p.bf_reserve else "the head" if p.bf_reserve == 1
+               else f"the first {p.bf_reserve} jobs")
+            + f", bf_max_job_test {p.bf_max_job_test}, bf_interval {p.bf_interval:g} s, bf_resolution "
+            f"{p.bf_resolution:g} s, bf_window {p.bf_window / 60:g} min",
             f"scaled-in efficiency: {sc.efficiency.name}"]
     if trace.dropped:
         head.append("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(trace.dropped.items())))

@@ -1,20 +1,17 @@
-"""FIFO with EASY backfill on time limits, as Slurm's sched/backfill, over a heapq event loop.
+"""FIFO with Slurm's backfill on time limits, as sched/backfill, over a heapq event loop.
 
 The queue is served in submission order (Slurm's priority with no priority plugin): the
 main scheduler starts the head while it fits, at every event. Every bf_interval seconds
-(sim/limits.py: SchedParams, Slurm's defaults) a backfill pass gives the head a
-reservation at the earliest time enough GPUs will be free by the running jobs' planned
-ends (start + time limit: a job's limit, not its run time, which the scheduler does not
-know; sim/limits.py), rounded down to bf_resolution, and the next queued jobs up to
-bf_max_job_test in all (started or not) may start now if their limit ends before that time or they only
-use what the head will not need then. A multi-node head takes whole nodes, so its
-reservation counts whole free nodes (freeing a few GPUs on busy nodes does not start it)
-and a backfilled job running past it costs its nodes (a single-node job, one); a
-single-node head is reserved the first node to have its GPUs free, as Slurm reserves
-nodes, and a job running past that may start anywhere else. Jobs end at their run time. A pass runs only when
-something changed since the last one (a submission, an end, a start by the main
-scheduler): otherwise it would start nothing. Slurm reserves for every job it tests
-(conservative within bf_window); this reserves for the head only (docs/simulate.md).
+(sim/limits.py: SchedParams, Slurm's defaults) a backfill pass (sim/backfill.py) tests the
+first bf_max_job_test jobs in order, the head included: each starts now if it fits on
+nodes that the reservations of the jobs before it leave free while it would run, else it
+gets a reservation of its own, of specific nodes, at the earliest time the running jobs'
+planned ends (start + time limit: a job's limit, not its run time, which the scheduler
+does not know; sim/limits.py) and those reservations allow, rounded down to
+bf_resolution (conservative backfill over the first bf_reserve jobs, as Slurm's reserves
+for every job it tests). Jobs end at their run time. A pass runs only when something
+changed since the last one (a submission, an end, a start by the main scheduler):
+otherwise it would start nothing.
 
 Why not SimPy: measured on this 2-core machine, SimPy 4 needs 5.3 s for the bare
 arrival and finish events of one million jobs against 0.6 s for a heapq loop, and the
@@ -33,16 +30,16 @@ a cancellation or its time limit keeps its recorded duration on n' nodes."""
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass
 
 from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
-from transit_launch.sim import jobs, limits
+from transit_launch.sim import backfill, jobs, limits
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import Curve, planner
 from transit_launch.sim.limits import SchedParams
@@ -151,19 +148,6 @@ def earliest_start(cl, events, nodes: int, gpus: int, now: float) -> tuple[float
     return math.inf, 0
 
 
-def reserved_node(cl, events, gpus: int, now: float) -> tuple[float, int]:
-    """(when, on which node) a single-node job of `gpus` GPUs can start first, as the events
-    give GPUs back: Slurm reserves the head that node, not a count of GPUs."""
-    free = {}
-    for e, given in events:
-        for node, g in given:
-            v = free.get(node, cl.free[node]) + g
-            free[node] = v
-            if v >= gpus:
-                return max(e, now), node
-    return math.inf, -1
-
-
 def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progress=None) -> Result:
     """progress(fraction of the jobs submitted) is told now and then."""
     cl = Cluster(sc.racks, sc.rack_gpus, sc.gpus_per_node)
@@ -196,21 +180,17 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     alloc = [None] * N
     running = []           # heap of (end, job)
     planned = []           # (planned end, job) of the running jobs, sorted
+    ends = backfill.Ends(cl.n_nodes)  # when each busy node will be wholly free, as planned
     queue = deque()        # waiting jobs, submission order (pops at the head, backfill near it)
     nxt, t = 0, 0.0
     due = math.inf         # the next backfill pass, when something changed since the last
-    version = 0            # counts starts and ends: the head's reservation is kept while it stays
-    cached = (None, 0.0, 0)
     step = max(1, N // 200)
-    window = sp.bf_max_job_test
     f = sc.factors
 
     def begin(i: int, now: float) -> bool:
-        nonlocal version
         placed = cl.place(nodes[i], gpus[i], sc.strategy)
         if placed is None:
             return False
-        version += 1
         alloc[i], racks[i] = placed
         d = dur[i]
         if adjust[i]:
@@ -228,6 +208,7 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         heapq.heappush(running, (end[i], i))
         pend[i] = now + plan[i] if on_limits else end[i]
         bisect.insort(planned, (pend[i], i))
+        ends.add(alloc[i], pend[i])
         return True
 
     while nxt < N or running:
@@ -236,10 +217,10 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         while running and running[0][0] <= t:
             e, j = heapq.heappop(running)
             cl.release(alloc[j])
+            ends.remove(alloc[j], pend[j])
             alloc[j] = None
             del planned[bisect.bisect_left(planned, (pend[j], j))]
             changed = True
-            version += 1
         while nxt < N and submit[nxt] <= t:
             queue.append(nxt)
             nxt += 1
@@ -254,47 +235,8 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         if t < due:
             continue
         due = math.inf
-        if len(queue) < 2 or cl.free_gpus == 0:  # nothing to backfill, or no room for it
+        if cl.free_gpus == 0:  # no room for anything
             continue
-        # a backfill pass: the head's reservation, then the next jobs that do not delay it;
-        # the window is the first bf_max_job_test jobs, started or not (a deque's islice, not
-        # its index, which walks the deque)
-        head = queue[0]
-        shadow = extra = None  # worked out when a job that fits the free GPUs is tested
-        by_nodes = nodes[head] > 1  # extra: whole nodes to spare; for a single-node head, its node
-        free = cl.free_gpus
-        for j in [j for j in islice(queue, 1, window) if gpus[j] <= free]:
-            if gpus[j] > cl.free_gpus or (nodes[j] > 1 and nodes[j] > cl.whole):
-                if cl.free_gpus == 0:
-                    break
-                continue
-            if shadow is None and t + plan[j] <= sp.reservation(planned[0][0]):
-                # before the first planned end: before the head's reservation, which needs one
-                if begin(j, t):
-                    queue.remove(j)
-                continue
-            if shadow is None:
-                if cached[0] != (head, version):  # else no job started or ended since: the same reservation
-                    events = ((e, alloc[k]) for e, k in planned)
-                    sh, ex = (earliest_start(cl, events, nodes[head], gpus[head], t) if by_nodes else
-                              reserved_node(cl, events, gpus[head], t))
-                    # one that lies at t itself (a job past its planned end) moves with t: not kept
-                    cached = ((head, version) if sh > t else None, sp.reservation(sh), ex)
-                _, shadow, extra = cached
-            if t + plan[j] <= shadow:
-                if begin(j, t):
-                    queue.remove(j)
-            elif by_nodes:
-                if nodes[j] <= extra and begin(j, t):
-                    extra -= nodes[j]
-                    queue.remove(j)
-            elif extra >= 0:  # past the reservation: anywhere but on the head's node
-                held = cl.free[extra]
-                if held:
-                    cl._take(extra, held)
-                ok = begin(j, t)
-                if held:
-                    cl.release([(extra, held)])
-                if ok:
-                    queue.remove(j)
+        backfill.run_pass(cl, queue, t, nodes, gpus, plan, planned, alloc, sp, sc.strategy,
+                          functools.partial(begin, now=t), ends)
     return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible, lim)

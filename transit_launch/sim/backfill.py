@@ -1,0 +1,351 @@
+"""One backfill pass, as Slurm's sched/backfill runs it (src/plugins/sched/backfill/backfill.c,
+_attempt_backfill): the queue's first bf_max_job_test jobs are tested in order, the head
+included, against a map of the nodes that earlier jobs of the same pass reserved.
+
+A job starts now if it fits on nodes that no reservation holds while it would run (its
+window: now to now + its planned length). Otherwise it gets a reservation of its own: the
+earliest time, among now, the running jobs' planned ends and the reservations' ends, at
+which the nodes free then (as the running jobs planned to end by then give theirs back)
+and held by no reservation over its window suffice; the nodes are chosen there as
+Cluster.place would choose them. A reservation holds its nodes from its start to its
+planned end, both rounded down to bf_resolution (at least one bf_resolution long), and
+blocks every window that reaches its start (Slurm's `begin_time <= end_time`). Every later
+job must leave those nodes alone for that time: conservative backfill over the window,
+not EASY's reservation for the head only. Reservations hold whole nodes, as Slurm's map is
+a bitmap of nodes: a pending one-GPU job keeps a later one off its node for its window
+even where the GPUs would suffice for both.
+
+As Slurm's, the map is rebuilt at every pass and a job that would start later than
+bf_window from now gets no reservation. A pass stops once no job left in the window could
+start now (none fits the GPUs free now): further reservations would start nothing."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+
+class Ends:
+    """When each busy node will be wholly free by the running jobs' planned ends, kept as jobs
+    start and end: `order` is [(time, node)] sorted, one entry a node that runs something."""
+
+    def __init__(self, n_nodes: int):
+        self.per_node = [[] for _ in range(n_nodes)]  # planned ends of the jobs on a node, sorted
+        self.order = []
+        self.version = 0  # counts starts and ends: the running jobs are the same while it is
+        self.made = []    # the last passes' reservations in order: (version, job, start, nodes)
+
+    def add(self, alloc, end: float) -> None:
+        self.version += 1
+        for node, _ in alloc:
+            ends = self.per_node[node]
+            if ends and end <= ends[-1]:
+                bisect.insort(ends, end)
+                continue
+            if ends:
+                del self.order[bisect.bisect_left(self.order, (ends[-1], node))]
+            ends.append(end)
+            bisect.insort(self.order, (end, node))
+
+    def remove(self, alloc, end: float) -> None:
+        self.version += 1
+        for node, _ in alloc:
+            ends = self.per_node[node]
+            last = ends[-1]
+            del ends[bisect.bisect_left(ends, end)]
+            if not ends or ends[-1] != last:
+                del self.order[bisect.bisect_left(self.order, (last, node))]
+                if ends:
+                    bisect.insort(self.order, (ends[-1], node))
+
+
+def _overlapping(resv, s: float, e: float) -> set:
+    """Nodes the reservations [(start, end, nodes)] hold in the window [s, e]."""
+    out = set()
+    for rs, re, held in resv:
+        if rs <= e and re > s:
+            out |= held
+    return out
+
+
+def _fits_outside(cl, blocked: set, n: int, g: int) -> bool:
+    """Whether a job of n nodes (g GPUs for one node) fits now off the blocked nodes."""
+    if n > 1:
+        return cl.whole - sum(1 for node in blocked if cl.free[node] == cl.gpn) >= n
+    for v in range(g, cl.gpn + 1):
+        bucket = cl.bucket[v]
+        if len(bucket) > len(blocked) or any(node not in blocked for node in bucket):
+            return True
+    return False
+
+
+def _choose(cl, extra: dict, cover: dict, n: int, g: int, strategy: str):
+    """The nodes a job of n nodes (g GPUs for one node) would get, as Cluster.place chooses
+    them, with extra[node] GPUs given back to a node and the nodes in `cover` left out; None:
+    no fit."""
+    gpn, free, pack = cl.gpn, cl.free, strategy == "pack"
+    if n == 1:
+        best = None  # ((free GPUs, or minus them to spread), node)
+        for node, x in extra.items():
+            v = free[node] + x
+            if v >= g and node not in cover:
+                key = (v if pack else -v, node)
+                if best is None or key < best:
+                    best = key
+        for v in (range(g, gpn + 1) if pack else range(gpn, g - 1, -1)):
+            if best is not None and (v if pack else -v) > best[0]:
+                break
+            pick = min((node for node in cl.bucket[v] if node not in cover and node not in extra), default=None)
+            if pick is not None:
+                key = (v if pack else -v, pick)
+                best = key if best is None or key < best else best
+                break
+        return None if best is None else [best[1]]
+    # whole nodes a rack has then: today's, less the held ones, plus those given back whole
+    count = [len(w) for w in cl.rack_whole]
+    gone, added = set(), {}
+    for node in cover:
+        if free[node] == gpn:
+            count[cl.rack_of(node)] -= 1
+            gone.add(node)
+    for node, x in extra.items():
+        if x and free[node] + x == gpn and node not in cover:
+            r = cl.rack_of(node)
+            count[r] += 1
+            added.setdefault(r, []).append(node)
+    if sum(count) < n:
+        return None
+    racks = range(cl.racks)
+    fitting = [r for r in racks if count[r] >= n]
+    if fitting:
+        chosen = [min(fitting, key=(lambda r: (count[r], r)) if pack else (lambda r: (-count[r], r)))]
+    else:
+        chosen, got = [], 0
+        for r in sorted(racks, key=lambda r: (-count[r], r)):
+            chosen.append(r)
+            got += count[r]
+            if got >= n:
+                break
+    out = []
+    for r in chosen:
+        nodes = sorted([x for x in cl.rack_whole[r] if x not in gone] + added.get(r, []))
+        out.extend(nodes[:n - len(out)])
+    return out
+
+
+def _enter_leave(resv, length: float, now: float):
+    """When each reservation starts and stops holding a window of `length` that starts then."""
+    enter = sorted((max(now, rs - length), k) for k, (rs, _, _) in enumerate(resv))
+    leave = sorted((re, k) for k, (_, re, _) in enumerate(resv))
+    return enter, leave
+
+
+def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizon: float, strategy: str):
+    """reservation() for a job of n > 1 whole nodes, from the times nodes become wholly free
+    (Ends): the same answer without walking every running job's allocation. At a time s the
+    nodes wholly free are today's and the first i of ends.order; those held are counted over
+    the held nodes alone. A count short by d needs d more nodes: the next time worth a look
+    is the d-th next node's, or a reservation's end."""
+    gpn, free, order, per_node = cl.gpn, cl.free, ends.order, ends.per_node
+    cover = {}
+    enter, leave = _enter_leave(resv, length, now)
+    e = x = 0
+    s = now
+    while s <= horizon:
+        while e < len(enter) and enter[e][0] <= s:
+            for node in resv[enter[e][1]][2]:
+                cover[node] = cover.get(node, 0) + 1
+            e += 1
+        while x < len(leave) and leave[x][0] <= s:
+            for node in resv[leave[x][1]][2]:
+                c = cover[node] - 1
+                if c:
+                    cover[node] = c
+                else:
+                    del cover[node]
+            x += 1
+        i = bisect.bisect_right(order, (s, math.inf))
+        held = sum(1 for node in cover if free[node] == gpn or per_node[node][-1] <= s)
+        short = n - (cl.whole + i - held)
+        if short <= 0:
+            became = {node: gpn - free[node] for _, node in order[:i]}
+            nodes = _choose(cl, became, cover, n, 0, strategy)
+            if nodes is not None:
+                return s, nodes
+            short = 1
+        s = min(order[i + short - 1][0] if i + short - 1 < len(order) else math.inf,
+                leave[x][0] if x < len(leave) else math.inf)
+    return math.inf, None
+
+
+def reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: float, horizon: float,
+                strategy: str):
+    """(start, nodes) of the earliest time, up to `horizon`, a job of n nodes, g GPUs and
+    `length` planned seconds fits as the running jobs [(planned end, job)] (sorted) give their
+    allocations back, on nodes the reservations [(start, end, nodes)] leave it over its window;
+    (inf, None) if none. Counts kept as the time advances: nodes given back whole (`whole`),
+    wholly free nodes held (`held`), nodes with g GPUs free and not held (`good`)."""
+    gpn, free = cl.gpn, cl.free
+    extra, cover = {}, {}
+    whole = held = 0
+    good = sum(len(cl.bucket[v]) for v in range(g, gpn + 1))
+    # a reservation holds a window from when the window reaches its start until its end
+    enter, leave = _enter_leave(resv, length, now)
+    i = e = x = 0
+    s = now
+    while s <= horizon:
+        while i < len(planned) and planned[i][0] <= s:
+            for node, v in alloc[planned[i][1]]:
+                before = free[node] + extra.get(node, 0)
+                extra[node] = extra.get(node, 0) + v
+                after = before + v
+                if after == gpn:
+                    whole += 1
+                    held += node in cover
+                if before < g <= after and node not in cover:
+                    good += 1
+            i += 1
+        while e < len(enter) and enter[e][0] <= s:
+            for node in resv[enter[e][1]][2]:
+                c = cover.get(node, 0)
+                cover[node] = c + 1
+                if not c:
+                    v = free[node] + extra.get(node, 0)
+                    held += v == gpn
+                    good -= v >= g
+            e += 1
+        while x < len(leave) and leave[x][0] <= s:
+            for node in resv[leave[x][1]][2]:
+                c = cover[node] - 1
+                if c:
+                    cover[node] = c
+                else:
+                    del cover[node]
+                    v = free[node] + extra.get(node, 0)
+                    held -= v == gpn
+                    good += v >= g
+            x += 1
+        if (cl.whole + whole - held >= n) if n > 1 else good > 0:
+            nodes = _choose(cl, extra, cover, n, g, strategy)
+            if nodes is not None:
+                return s, nodes
+        s = min(planned[i][0] if i < len(planned) else math.inf, enter[e][0] if e < len(enter) else math.inf,
+                leave[x][0] if x < len(leave) else math.inf)
+    return math.inf, None
+
+
+def earliest(cl, planned, alloc, n: int, g: int, now: float, horizon: float, ends=None) -> float:
+    """The earliest time, up to `horizon`, a job of n nodes (g GPUs for one node) fits as the
+    running jobs give their allocations back, with no reservation in its way (inf if none): a
+    bound under its reservation's start, which reservations can only delay."""
+    gpn, free = cl.gpn, cl.free
+    if (cl.whole >= n) if n > 1 else any(cl.bucket[v] for v in range(g, gpn + 1)):
+        return now
+    if n > 1 and ends is not None:  # the (n - whole)-th node to become wholly free
+        need = n - cl.whole
+        if need > len(ends.order) or ends.order[need - 1][0] > horizon:
+            return math.inf
+        return max(ends.order[need - 1][0], now)
+    extra, whole = {}, 0
+    for e, k in planned:
+        if e > horizon:
+            break
+        for node, v in alloc[k]:
+            before = free[node] + extra.get(node, 0)
+            extra[node] = extra.get(node, 0) + v
+            if before + v == gpn:
+                whole += 1
+            if n == 1 and before + v >= g:
+                return max(e, now)
+        if n > 1 and cl.whole + whole >= n:
+            return max(e, now)
+    return math.inf
+
+
+def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: float, now: float, horizon: float,
+             strategy: str, planned, alloc):
+    """The k-th reservation of a pass: the last pass's k-th when it was the same job's, made
+    from the same running jobs after the same reservations and not before now (nothing fitted
+    before its start then, nor does now), else worked out and kept."""
+    if made is not None and k < len(made):
+        version, j, s, chosen = made[k]
+        if version == ends.version and j == job and chosen is not None and s >= now:
+            return s, chosen
+        del made[k:]
+    if ends is not None and n > 1:
+        s, chosen = _reservation_nodes(cl, ends, resv, n, length, now, horizon, strategy)
+    else:
+        s, chosen = reservation(cl, planned, alloc, resv, n, g, length, now, horizon, strategy)
+    if made is not None:
+        made.append((ends.version, job, s, chosen))
+    return s, chosen
+
+
+def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strategy: str, begin,
+             ends: Ends | None = None) -> None:
+    """A pass at `now` over the first sp.bf_max_job_test jobs of `queue` (a deque, changed in
+    place); begin(job) starts one (False: it did not fit); sp: SchedParams.
+
+    Reservations are worked out when a job that could start now needs them, not at their
+    turn, with the same result: a job whose reservation is pending has a bound under its
+    start (`earliest`, rounded down), and while every pending bound lies past a job's
+    window, the pending reservations cannot hold that job's nodes, and the job (ending
+    before them) changes no pending reservation once started."""
+    tested = []
+    for j in queue:
+        if len(tested) == sp.bf_max_job_test:
+            break
+        tested.append(j)
+    # later[k]: whether a job after the k-th could start now, on the GPUs free now (starts
+    # in the pass only take GPUs: one that does not fit now never will in this pass)
+    later, any_fits = [False] * len(tested), False
+    for k in range(len(tested) - 1, -1, -1):
+        later[k] = any_fits
+        j = tested[k]
+        any_fits = any_fits or cl.fits(nodes[j], gpus[j])
+    resv, pending, bound, bounds, failed = [], [], math.inf, {}, {}
+    resv_jobs = []  # the jobs whose reservations were worked out, in order (some found none)
+    made = ends.made if ends is not None else None
+    horizon = now + sp.bf_window
+    for k, j in enumerate(tested):
+        if cl.free_gpus == 0:
+            return
+        length = plan[j]
+        shape = (nodes[j], gpus[j])
+        # one that failed to start stays failed for a longer window (the pass only takes GPUs
+        # and adds reservations)
+        if cl.fits(*shape) and length < failed.get(shape, math.inf):
+            if bound <= now + length:  # a pending reservation may hold this job's nodes: work them out
+                for p in pending:
+                    s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p], now,
+                                         horizon, strategy, planned, alloc)
+                    resv_jobs.append(p)
+                    if chosen is not None:
+                        rs = sp.reservation(s)
+                        resv.append((rs, max(sp.reservation(s + plan[p]), rs + sp.bf_resolution),
+                                     frozenset(chosen)))
+                pending, bound = [], math.inf
+            # start it on nodes no reservation holds while it would run
+            blocked = _overlapping(resv, now, now + length)
+            ok = False
+            if _fits_outside(cl, blocked, nodes[j], gpus[j]):
+                held = [(node, cl.free[node]) for node in blocked if cl.free[node]]
+                for node, v in held:
+                    cl._take(node, v)
+                ok = begin(j)
+                if held:
+                    cl.release(held)
+            if ok:
+                queue.remove(j)
+                bounds.clear()
+                continue
+            failed[shape] = min(length, failed.get(shape, math.inf))
+        if not later[k]:
+            return
+        if sp.bf_reserve and len(resv) + len(pending) >= sp.bf_reserve:
+            continue
+        if shape not in bounds:
+            bounds[shape] = earliest(cl, planned, alloc, nodes[j], gpus[j], now, horizon, ends)
+        if bounds[shape] <= horizon:  # else it would start past the window: no reservation
+            pending.append(j)
+            bound = min(bound, sp.reservation(bounds[shape]))
