@@ -180,7 +180,9 @@ class _Hooks:
 
         for group in opt.param_groups:
             for p in group["params"]:
-                local = _shard(p)
+                # an attribute read, not to_local(): an op the host step's gate would hold until the
+                # parameter in flight is sent up (after every step, it held the job for the CPU step)
+                local = transit_staging.storage_tensor(p)
                 if local.is_cuda and local.dtype == torch.float32:
                     self._hint(local, self._master_kind(p))
 
@@ -209,7 +211,7 @@ class _Hooks:
             for p in group["params"]:
                 for v in opt.state.get(p, {}).values():
                     if torch.is_tensor(v):
-                        v = _shard(v)
+                        v = transit_staging.storage_tensor(v)
                         if v.is_cuda and v.numel() > 1:
                             self._hint(v, self.api.OPTIMIZER)
         self._hint_masters(opt)
@@ -222,17 +224,6 @@ class _Hooks:
         if self.reported.get(ptr) != (size, kind):
             self.reported[ptr] = (size, kind)
             self.api.hint(ptr, size, kind)
-
-
-def _shard(t):
-    """A tensor's local shard (FSDP2's DTensor) read as an attribute, not through to_local():
-    these hints read only an address and a size, and to_local() is an op the host step's gate
-    (transit_host) holds until a parameter in flight is sent up: called after each step, it
-    held the application until the whole CPU step was done."""
-    local = getattr(t, "_local_tensor", None)
-    if local is not None:
-        return local
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 @_Guard("no sparse reads")

@@ -28,11 +28,11 @@ refuses too, sparse or non-contiguous tensors.
 """
 
 import atexit
+import itertools
 import sys
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import transit_overlap  # the verified step (raw_step) and the refusals the step modes share
 
@@ -82,7 +82,6 @@ class SplitShare:
         t0 = clock()
         step(cpu)
         cpu_s = (clock() - t0) / (4 * n)
-        per_param = 2 if type(opt).__name__ in ("Adam", "AdamW") else 1  # state tensors a parameter has
         link_s = 0.0
         if dev is not None:
             src = torch.empty(n, pin_memory=True)
@@ -94,7 +93,7 @@ class SplitShare:
             dst.copy_(src, non_blocking=True)
             b.record(stream)
             b.synchronize()
-            link_s = per_param * a.elapsed_time(b) / 1e3 / (4 * n)
+            link_s = _state_tensors(opt) * a.elapsed_time(b) / 1e3 / (4 * n)
         self.measured = (cpu_s, link_s)
         return self.measured
 
@@ -125,6 +124,12 @@ class Split:
         if measured:
             out["cpu_ns_per_byte"], out["link_ns_per_byte"] = (round(x * 1e9, 4) for x in measured)
         return {**out, "stream": self.stream.counters()}
+
+
+def _state_tensors(opt):
+    """How many parameter-shaped state tensors the optimizer keeps (Adam's two moments, SGD's
+    momentum)."""
+    return 2 if type(opt).__name__ in ("Adam", "AdamW") else 1
 
 
 def _say(msg):
@@ -200,7 +205,7 @@ class HostStep:
         # managed byte's access (all of them sent to the host for its recording)
         self.on_host = on_host
         # share(opt, clipped) -> the fraction of the offloaded parameters' bytes the CPU steps
-        # (split_share); None: all of them. clipped: a clip ran before the first step
+        # (SplitShare); None: all of them. clipped: a clip ran before the first step
         self.share = share
         self.clip_seen = False
         self.plans = weakref.WeakKeyDictionary()
@@ -236,8 +241,9 @@ class HostStep:
         s = self.stats
         if s["steps"]:
             _say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['stream_params']} "
-                 f"streamed (share on the host {s['share']:.2f}), {s['resident_params']} left to the GPU step; gradients copied again at the step {s['recopied']} times, scaled by a "
-                 f"clip {s['clipped']} times; seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
+                 f"streamed (share on the host {s['share']:.2f}), {s['resident_params']} left to the GPU step; "
+                 f"gradients copied again at the step {s['recopied']} times, scaled by a clip {s['clipped']} times; "
+                 f"seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
                  f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, "
                  f"parameters sent up {s['up_s']:.2f}, the application held for the CPU {s['held_s']:.2f}")
 
@@ -509,7 +515,7 @@ class HostStep:
         import torch
 
         plan = _Plan(opt)
-        per_param = 2 if type(opt).__name__ in ("Adam", "AdamW") else 1  # state tensors a parameter has
+        per_param = _state_tensors(opt)
         left = {}
         offloaded = []  # (group index, parameter, its local tensor)
         cls = type(opt)
@@ -530,11 +536,9 @@ class HostStep:
         host = self._host_share(opt, offloaded)
         self.stats["stream_params"] += len(offloaded) - len(host)
         dtensor = False
-        for gi in range(len(opt.param_groups)):
+        for gi, group in itertools.groupby((o for o in offloaded if id(o[1]) in host), key=lambda o: o[0]):
             chunk, size = [], 0
-            for g2, p, lp in offloaded:
-                if g2 != gi or id(p) not in host:
-                    continue
+            for _, p, lp in group:
                 pin = lp.device.type == "cuda"
                 ph = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
                 ph.copy_(lp)
@@ -635,6 +639,9 @@ class HostStep:
             for r in c.live:
                 self.pending.setdefault(r.local.untyped_storage().data_ptr(), []).append(c)
         if self.worker is None:
+            # imported here: every process of an adapter job imports this module at start-up
+            from concurrent.futures import ThreadPoolExecutor
+
             self.worker = ThreadPoolExecutor(1, thread_name_prefix="transit-host-step")
         dtensor = hasattr(chunks[0].live[0].p, "to_local")
         job.future = self.worker.submit(self._run, None if dtensor else opt, job)
