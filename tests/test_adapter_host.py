@@ -107,6 +107,35 @@ def test_the_host_step_is_torchs_own_cpu_step(host, name, clip):
         assert not all(torch.equal(p, q) for p, q in zip(m.parameters(), unclipped.parameters()))
 
 
+@pytest.mark.parametrize("bounce", [1000, 1 << 20], ids=["pieces", "whole"])
+def test_copies_through_a_bounce_buffer_are_exact(bounce):
+    """With the shim's plain device memory (here torch's CPU memory) every gradient down and
+    parameter up passes through the bounce buffers, in pieces when a tensor is larger (1000
+    bytes: floats cut across pieces, a last short piece): the result is still torch's fused
+    step, bit for bit (the bench's host runs show the buffers' effect on a GPU)."""
+    import torch
+
+    th = load("transit_host")
+    ref_m = Tied()
+    ref_opt, ref_s = _opt(torch.optim.AdamW, ref_m, fused=True)
+    ref_loss = train(ref_m, ref_opt, ref_s, 0.05)
+    h = th.HostStep(device_memory=(lambda n: pytest.fail("a CPU buffer is torch's"), None))
+    h.bounce_bytes = bounce
+    h.install()
+    try:
+        m = Tied()
+        opt, s = _opt(torch.optim.AdamW, m, fused=None)
+        loss = train(m, opt, s, 0.05)
+    finally:
+        h.uninstall()
+    assert loss == ref_loss
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref_m.parameters()))
+    down, up = h.bounces[torch.device("cpu")]
+    assert down.numel() == up.numel() == bounce
+    assert down.any() and up.any()  # written: the last pieces are still in them
+    assert h.stats["clipped"] == (STEPS - 1) * 4
+
+
 def test_a_gradient_changed_after_backward_is_copied_again(host):
     """Anything but one clip (here a scale of the gradient in place) after the copy: the
     step reads the gradient the application left, as torch's step would."""

@@ -280,7 +280,8 @@ def _overlap(api, hooks, mode):
     if mode == "host":  # the update of a share of the state the budget cannot hold on the host, the rest
         # streamed (transit_host.py's Split)
         host = transit_host.HostStep(ours=hooks.ours(), room=_state_room(api), on_host=api.state_on_host,
-                                     share=transit_host.SplitShare())
+                                     share=transit_host.SplitShare(),
+                                     device_memory=(api.device_alloc, api.device_free))
         return transit_host.Split(host, _streamed(api, hooks))
     return transit_overlap.Overlap(ours=hooks.ours(), staged=mode == "staged",
                                    device_memory=(api.device_alloc, api.device_free), host_state=api.host_state)

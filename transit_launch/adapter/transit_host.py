@@ -35,12 +35,19 @@ import time
 import weakref
 
 import transit_overlap  # the verified step (raw_step) and the refusals the step modes share
+import transit_staging  # plain device memory out of the GPU budget (device_buffer)
 
 # What reads a tensor's metadata, not its data: the gate lets it through (a parameter's
 # attributes, p.grad among them, are read by torch's step while the worker runs)
 METADATA = frozenset(("__get__", "__set__", "size", "dim", "numel", "stride", "is_contiguous", "element_size",
                       "data_ptr", "untyped_storage", "is_floating_point", "is_complex", "__len__"))
 CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU steps one while one copies)
+# Under the shim the parameters and gradients are managed memory, and a copy between managed
+# and pinned host memory is served by the SMs: the compute stream stalls for each gradient's
+# copy down (bench/RESULTS.md, "The host step's copies through plain device memory"). So each
+# copy passes through this many bytes of plain device memory each way (_through): the copy
+# engines move it over PCIe, the SMs only copy it on the device
+BOUNCE_BYTES = 64 << 20
 # Said once for an optimizer of FSDP2 (DTensor) parameters: their host state is plain tensors,
 # which torch's distributed checkpoint cannot place
 DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not in opt.state, so "
@@ -140,6 +147,21 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _through(dst, src, buf, non_blocking):
+    """dst.copy_(src) in pieces through buf (uint8, plain device memory), issued on the
+    current stream: the stream's order reuses buf only after its piece was copied on."""
+    import torch
+
+    if buf is None or not (dst.is_contiguous() and src.is_contiguous()):
+        dst.copy_(src, non_blocking=non_blocking)
+        return
+    d, s, n = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8), buf.numel()
+    for off in range(0, d.numel(), n):
+        k = min(n, d.numel() - off)
+        buf[:k].copy_(s[off:off + k], non_blocking=non_blocking)
+        d[off:off + k].copy_(buf[:k], non_blocking=non_blocking)
+
+
 class _Rec:
     """One parameter on the host path: its host copy, its host gradient, what this step did."""
 
@@ -197,7 +219,7 @@ class HostStep:
     """Global optimizer step pre/post hooks, a post-accumulate-grad hook on each host-path
     parameter, and the clipping wrapper."""
 
-    def __init__(self, ours=(), room=None, on_host=None, share=None):
+    def __init__(self, ours=(), room=None, on_host=None, share=None, device_memory=None):
         self.ours = list(ours)       # the adapter's other step hooks: not foreign
         self.room = room             # room(device) -> bytes of state the budget holds there; None: unbounded
         # on_host(): tells the shim the state it will not see is on the host (transit_api.state_on_host),
@@ -207,6 +229,11 @@ class HostStep:
         # share(opt, clipped) -> the fraction of the offloaded parameters' bytes the CPU steps
         # (SplitShare); None: all of them. clipped: a clip ran before the first step
         self.share = share
+        # device_memory: the shim's plain device memory (transit_staging.device_buffer), the copies'
+        # bounce buffers; None (no shim: the parameters are plain memory already): copies go direct
+        self.device_memory = device_memory
+        self.bounce_bytes = BOUNCE_BYTES
+        self.bounces = {}            # device -> (down, up) uint8 buffers, or (None, None): none to be had
         self.clip_seen = False
         self.plans = weakref.WeakKeyDictionary()
         self.said = weakref.WeakKeyDictionary()  # optimizer -> why it steps as without the adapter
@@ -403,15 +430,16 @@ class HostStep:
         import torch
 
         g = _local(rec.p.grad)
-        if rec.local.device.type == "cuda":
-            down, _ = self._streams(rec.local.device)
-            down.wait_stream(torch.cuda.current_stream(rec.local.device))
+        dev = rec.local.device
+        if dev.type == "cuda":
+            down, _ = self._streams(dev)
+            down.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(down):
-                rec.gh.copy_(g, non_blocking=True)
+                _through(rec.gh, g, self.bounces.get(dev, (None,))[0], True)
                 rec.event = down.record_event()
             g.record_stream(down)
         else:
-            rec.gh.copy_(g)
+            _through(rec.gh, g, self.bounces.get(dev, (None,))[0], False)
         rec.copied, rec.clip = rec.p.grad, []
 
     def _await_end(self):
@@ -544,6 +572,7 @@ class HostStep:
                 ph.copy_(lp)
                 gh = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
                 rec = _Rec(p, ph, gh)
+                self._bounce(lp.device)
                 dtensor |= hasattr(p, "to_local")
                 plan.recs[id(p)] = rec
                 plan.handles.append(p.register_post_accumulate_grad_hook(self.on_grad))
@@ -570,6 +599,21 @@ class HostStep:
         if dtensor:
             _say(f"host step for {cls.__name__}: {DTENSOR_STATE}")
         return plan
+
+    def _bounce(self, dev):
+        """The device's bounce buffers (down, up), made once (said once when none can be had:
+        the copies then go direct, stalling the compute stream under the shim)."""
+        if dev in self.bounces:
+            return
+        self.bounces[dev] = (None, None)
+        if self.device_memory is None:
+            return
+        mem, why = transit_staging.device_buffer(self.device_memory, dev, 2 * self.bounce_bytes, self,
+                                                 "bounce buffer of the host step")
+        if mem is None:
+            _say(f"host step: {why}: its copies on {dev} go direct")
+            return
+        self.bounces[dev] = (mem[:self.bounce_bytes], mem[self.bounce_bytes:])
 
     def _host_share(self, opt, offloaded):
         """The ids of the offloaded parameters the CPU steps: the last ones in forward order
@@ -656,6 +700,7 @@ class HostStep:
         try:
             if torch.get_num_threads() != job.threads:
                 torch.set_num_threads(job.threads)
+            bounce = self.bounces.get(job.device, (None, None))[1]
             if job.device.type == "cuda":
                 torch.cuda.set_device(job.device)
                 up = self._streams(job.device)[1]
@@ -684,9 +729,9 @@ class HostStep:
                         if r.event is not None:  # after the kernels that read the parameter in backward
                             up.wait_event(r.event)
                         with torch.cuda.stream(up):
-                            r.local.copy_(r.ph, non_blocking=True)
+                            _through(r.local, r.ph, bounce, True)
                     else:
-                        r.local.copy_(r.ph)
+                        _through(r.local, r.ph, bounce, False)
                     r.pver = r.local._version
                     if opt is not None:
                         opt.state[r.p] = c.cpu.state[r.ph]

@@ -87,6 +87,29 @@ class _DeviceView:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
 
+def device_buffer(device_memory, dev, nbytes, owner, what):
+    """(a uint8 tensor of nbytes of plain device memory on dev, None) or (None, why not).
+    device_memory: (alloc(nbytes) -> pointer or 0, free(pointer)), the shim's plain memory out
+    of the GPU budget (transit_device_alloc), given back when `owner` is collected; None, or a
+    CPU (tests): torch's allocator (without the shim its memory is plain too)."""
+    import torch
+
+    if device_memory is None or dev.type != "cuda":
+        return torch.empty(nbytes, dtype=torch.uint8, device=dev), None
+    with torch.cuda.device(dev):  # the shim allocates on the calling thread's device
+        ptr = device_memory[0](nbytes)
+    if not ptr:
+        return None, (f"no room in the GPU budget for a {nbytes / 2**20:.0f} MiB {what}, "
+                      "or a libtransit.so without device buffers (API version 2)")
+    mem = torch.as_tensor(_DeviceView(ptr, nbytes), device=dev)
+    if mem.data_ptr() != ptr:  # torch copied it (memory of another device): never stage through a copy
+        device_memory[1](ptr)
+        return None, f"the {what}'s memory is not on {dev}"
+    # given back with its owner; at exit the process's end does it (copies may be in flight)
+    weakref.finalize(owner, device_memory[1], ptr).atexit = False
+    return mem, None
+
+
 def _pinned_cpu_view(t):
     """A CPU tensor over the pinned host memory a CUDA tensor `t` lives in (same address,
     UVA): what the copy engines copy from and to. It does not own the memory; t's storage does."""
@@ -295,24 +318,11 @@ class Staging:
         return self.rings[dev]
 
     def _make_ring(self, dev):
-        import torch
-
         if self.limit < ALIGN:
             return f"{INFLIGHT_ENV}={self.limit} is less than one {ALIGN}-byte staging buffer"
-        if self.device_memory is None or dev.type != "cuda":  # no shim, or a CPU (tests): torch's memory
-            self.rings[dev] = (Ring(self.limit), torch.empty(self.limit, dtype=torch.uint8, device=dev))
-            return None
-        with torch.cuda.device(dev):  # the shim allocates on the calling thread's device
-            ptr = self.device_memory[0](self.limit)
-        if not ptr:
-            return (f"no room in the GPU budget for a {self.limit / 2**20:.0f} MiB staging ring ({INFLIGHT_ENV}), "
-                    "or a libtransit.so without device buffers (API version 2)")
-        mem = torch.as_tensor(_DeviceView(ptr, self.limit), device=dev)
-        if mem.data_ptr() != ptr:  # torch copied it (memory of another device): never stage through a copy
-            self.device_memory[1](ptr)
-            return f"the staging ring's memory is not on {dev}"
-        # given back with this object; at exit the process's end does it (copies may be in flight)
-        weakref.finalize(self, self.device_memory[1], ptr).atexit = False
+        mem, why = device_buffer(self.device_memory, dev, self.limit, self, f"staging ring ({INFLIGHT_ENV})")
+        if mem is None:
+            return why
         self.rings[dev] = (Ring(self.limit), mem)
         return None
 
