@@ -1,12 +1,13 @@
 """The host update path (TRANSIT_OVERLAP_STEP=host) against the default streamed step, plain
-advise and torchao's CPUOffloadOptimizer, on issue 50's held-out FSDP2 shape: blocks of
+advise and the peers (torchao's CPUOffloadOptimizer, FSDP2's CPUOffloadPolicy), on issue 50's held-out FSDP2 shape: blocks of
 Linear(dim -> ffn) + GELU + Linear(ffn -> dim) under FSDP2 (world size 1, bf16 parameters,
 fp32 reduce and master weights), fused AdamW, a fixed number of tokens a step split into
 microbatches, with or without clip_grad_norm_(1.0). No activation checkpointing.
 
 Each point: the reference (no shim) first; its peak reserved less the AdamW state is the
 GPU budget of the transit runs (issue 20's definition); torchao against its own reference
-(the same blocks without FSDP2, as torchao takes plain parameters). Per run: per-GPU TFLOPS
+(the same blocks without FSDP2, as torchao takes plain parameters); FSDP2's CPUOffloadPolicy
+(parameters, gradients and the step on the host, no shim) against the FSDP2 reference. Per run: per-GPU TFLOPS
 (6 x parameters x tokens / median step time over the measured steps), the median step, the
 losses, the peak reserved, and for the host path its counters.
 
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 POINTS = {"base": (4096, 16384, 8, 32768, 1, None), "clip": (4096, 16384, 8, 32768, 1, 1.0),
           "clip-accum4": (4096, 16384, 8, 32768, 4, 1.0), "wide-clip": (8192, 32768, 2, 32768, 1, 1.0)}
 RUNS = ("reference", "stream", "host", "host-roomy", "host-2g", "host-base", "host-bare", "plain", "torchao-reference",
-        "torchao")
+        "torchao", "fsdp2-offload")
+PEERS = ("torchao-reference", "torchao", "fsdp2-offload")  # run only at --peer-points
 # TRANSIT_OVERLAP_STEP of each transit run; host-roomy: the host path at the budget plus 16 GiB,
 # host-2g plus 2 GiB (the state still does not fit), host-base under the base policy
 MODES = {"stream": None, "host": "host", "host-roomy": "host", "host-2g": "host", "host-base": "host", "plain": "0"}
@@ -66,9 +68,13 @@ def worker(a):
         os.environ.setdefault("MASTER_PORT", "29517")
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kw = {"mp_policy": mp}
+        if a.run == "fsdp2-offload":
+            from torch.distributed.fsdp import CPUOffloadPolicy
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         for b in model:
-            fully_shard(b, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(b, **kw)
+        fully_shard(model, **kw)
         ctx = torch.autocast("cuda", enabled=False)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         if a.run == "host-bare":  # the host path without the shim: all of the state on the host
@@ -194,7 +200,7 @@ def drive(a):
         s = ref["summary"]
         budget = int(s["peak_reserved"] - s["state_bytes"]) if s else 0
         for run in a.runs.split(","):
-            if run == "reference" or (run.startswith("torchao") and point not in a.torchao_points.split(",")):
+            if run == "reference" or (run in PEERS and point not in a.peer_points.split(",")):
                 continue
             if budget <= 0 and run in MODES:
                 continue
@@ -226,7 +232,7 @@ def main():
     ap.add_argument("--run", default="reference")
     ap.add_argument("--points", default="base,clip", help=f"comma list of {', '.join(POINTS)}")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
-    ap.add_argument("--torchao-points", default="base,clip", help="points where torchao runs (beside its reference)")
+    ap.add_argument("--peer-points", default="base,clip", help=f"points where the peers ({', '.join(PEERS)}) run")
     ap.add_argument("--profile-step", type=int, default=0, help="record this step's timeline (0: none)")
     ap.add_argument("--timeline", help=argparse.SUPPRESS)
     ap.add_argument("--timelines", help="with --profile-step: a directory for each run's timeline")
