@@ -138,7 +138,7 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
     if (err != cudaSuccess || !on || !tr_cfg.budget)
         return err;
     pthread_mutex_lock(&tr_lock);
-    uint64_t used = tr_tab.dev_bytes + tr_devbuf_bytes();
+    uint64_t used = tr_device_held();
     pthread_mutex_unlock(&tr_lock);
     *total_b = tr_cfg.budget;
     *free_b = tr_cfg.budget > used ? tr_cfg.budget - used : 0;

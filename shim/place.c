@@ -21,47 +21,13 @@
 
 #define HINT_ALIGN (64u * 1024u) /* hints are aligned inwards to 64 KiB */
 
-uint64_t tr_budget_total(void)
-{
-    if (tr_cfg.budget)
-        return tr_cfg.budget;
-    return tr_guard_limit();
-}
-
-static uint64_t less_buffers(uint64_t bytes)
-{
-    uint64_t bufs = tr_devbuf_bytes();
-    return bytes > bufs ? bytes - bufs : 0;
-}
-
-/* The room for managed data: the budget less the adapter's device buffers (devbuf.c). */
-uint64_t tr_budget(void) { return less_buffers(tr_budget_total()); }
-
-/* The guard's limit for managed allocations, likewise. */
-uint64_t tr_guard_room(void) { return less_buffers(tr_guard_limit()); }
-
-uint64_t tr_guard_limit(void)
-{
-    return tr_s.free_at_start > tr_cfg.reserve ? tr_s.free_at_start - tr_cfg.reserve : tr_s.free_at_start;
-}
-
-void tr_guard_describe(char *buf, size_t len)
-{
-    unsigned long long fr = tr_s.free_at_start, res = tr_cfg.reserve;
-    if (fr > res)
-        snprintf(buf, len, "the %llu bytes free at start-up less the %llu-byte reserve (TRANSIT_RESERVE)", fr, res);
-    else
-        snprintf(buf, len, "the %llu bytes free at start-up, none kept for TRANSIT_RESERVE (%llu bytes): less than "
-                           "that was free", fr, res);
-}
-
 static uint64_t rsize(const struct tr_region *r) { return r->end - r->start; }
 
 /* The device peak counts the adapter's device buffers too: what the budget bounds. */
 static void peaks(void)
 {
-    if (tr_tab.dev_bytes + tr_devbuf_bytes() > tr_count.dev_placed_peak)
-        tr_count.dev_placed_peak = tr_tab.dev_bytes + tr_devbuf_bytes();
+    if (tr_device_held() > tr_count.dev_placed_peak)
+        tr_count.dev_placed_peak = tr_device_held();
     if (tr_count.host_placed_bytes > tr_count.host_placed_peak)
         tr_count.host_placed_peak = tr_count.host_placed_bytes;
     if (tr_count.zero_copy_bytes > tr_count.zero_copy_peak)

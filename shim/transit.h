@@ -142,17 +142,20 @@ HIDDEN void tr_rebalance(void);
 HIDDEN void tr_place_settle(void);
 HIDDEN void tr_place_unadvise(void);
 HIDDEN void tr_place_evict_observed(int all);
-HIDDEN uint64_t tr_budget(void);       /* room for managed data on the device */
-HIDDEN uint64_t tr_budget_total(void); /* TRANSIT_GPU_BUDGET, or the guard's limit */
-HIDDEN uint64_t tr_guard_limit(void);
-HIDDEN uint64_t tr_guard_room(void);   /* the guard's limit less the device buffers */
 HIDDEN void tr_place_demote(struct tr_region *r); /* to the host, evicted now */
 HIDDEN struct tr_region *tr_place_leave_part(struct tr_cursor *c, struct tr_region *r, uint64_t bytes);
 HIDDEN uint64_t tr_place_keep(uint64_t size, uint64_t leave); /* the head that stays when `leave` bytes go */
 HIDDEN void tr_place_peaks(void);
-HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
 HIDDEN void tr_move_to_device(struct tr_region *r);
 HIDDEN uint64_t tr_region_bytes(const struct tr_region *r);
+
+/* ---- the ledger (ledger.c): the budget's and the guard's room ------------------- */
+HIDDEN uint64_t tr_budget_total(void); /* TRANSIT_GPU_BUDGET, or the guard's limit */
+HIDDEN uint64_t tr_budget(void);       /* room for managed data on the device: the budget less the buffers */
+HIDDEN uint64_t tr_guard_limit(void);  /* free memory at start-up less TRANSIT_RESERVE */
+HIDDEN uint64_t tr_guard_room(void);   /* the guard's limit less the device buffers */
+HIDDEN uint64_t tr_device_held(void);  /* managed bytes placed on the device and the device buffers */
+HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
 
 /* ---- the adapter's plain device buffers (devbuf.c), under tr_lock -------------- */
 HIDDEN uint64_t tr_devbuf_bytes(void);

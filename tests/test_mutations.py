@@ -40,7 +40,7 @@ MUTANTS = [
     ("tc-restore", "netcap/backends.py",
      'run(iface.wrap(["tc", "qdisc", "del", "dev", iface.name, "root"]), "removing tc tbf")',
      "pass  # mutant: the cap stays", ["test_sweep.py::test_restore_after_a_crash"]),
-    ("shim-guard", "_csrc/shim/place.c",
+    ("shim-guard", "_csrc/shim/ledger.c",
      "uint64_t tr_guard_room(void) { return less_buffers(tr_guard_limit()); }",
      "uint64_t tr_guard_room(void) { return UINT64_MAX / 2; }",
      ["test_shim.py::test_guard_refuses_beyond_free_memory"]),
