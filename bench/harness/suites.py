@@ -103,7 +103,29 @@ def _shapes():
     return (*runs, *(_shape_report(r.name) for r in runs))
 
 
+# the host update path (TRANSIT_OVERLAP_STEP=host) on issue 50's held-out FSDP2 shape, against the default
+# streamed step, the host path without the shim, and the peers at the clipped point (torchao's
+# CPUOffloadOptimizer against its own reference, FSDP2's CPUOffloadPolicy)
+HOST_STEP = ("python3", "bench/host_step.py", "--points", "base,clip,wide-clip", "--runs",
+             "stream,host,host-bare,torchao-reference,torchao,fsdp2-offload", "--peer-points", "clip",
+             "--steps", "10", "--warmup", "3", "--timeout", "100", "--out", "{out}/host_step.json")
+TITAN_RUNS_HOST = "ref,advise,advise:TRANSIT_OVERLAP_STEP=host"
+
 SUITES = {s.name: s for s in [
+    Suite("host", "the host update path (TRANSIT_OVERLAP_STEP=host: gradients down in backward, torch's own "
+          "optimizer on the host for a share of the state, the rest streamed) against advise's default streamed "
+          "step, the host path without the shim and the peers (torchao's CPUOffloadOptimizer, FSDP2's "
+          "CPUOffloadPolicy) on issue 50's FSDP2 shape without and with clipping and with wide layers "
+          "(bench/host_step.py); TorchTitan unchanged under it at 1 and 8 microbatches (bench/titan_steps.py)",
+          (Step("shape", HOST_STEP, 560, None),
+           Step("report", ("python3", "bench/host_step.py", "--report", "{out}/host_step.json"), 60, None, 0),
+           Step("titan-accum1", (*TITAN_STEPS, "--runs", TITAN_RUNS_HOST, "--accum", "1",
+                                 "--out", "{out}/titan_steps_accum1_host.json"), 300, None),
+           Step("titan-accum8", (*TITAN_STEPS, "--runs", TITAN_RUNS_HOST, "--accum", "8",
+                                 "--out", "{out}/titan_steps_accum8_host.json"), 400, None)),
+          minutes=22, carry=(".whl",), modules=("torchao", "torchtitan"),
+          budget="each point's reference run: its peak reserved less the AdamW state (bench/host_step.py, "
+          "bench/titan_steps.py --budget 0)"),
     Suite("gate", "the performance gate (bench/offload.py): transit's policies against no offloading and the "
           "offloading peers (FSDP2 CPU offload, ZeRO-Offload/Infinity, Twin-Flow, ZenFlow, torchao), per-GPU "
           "TFLOPS along the curve at 12, 1 and 3 microbatches; the losses with deterministic kernels",
