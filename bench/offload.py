@@ -15,7 +15,6 @@ step (NVML's PCIe throughput counters, sampled every ~20 ms and integrated over 
 steps: an estimate), the process's peak host RSS, the shim's stats, and the losses.
 
     python3 bench/offload.py --set transit --gpu 0 --out $OUT/transit.json
-    python3 bench/offload.py --set reference,advise,advise-overlap --gpu 0 --accum 1,3 --out $OUT/overlap.json
     python3 bench/offload.py --set reference,advise,advise-plain --model="--clip 1.0 --tie-embeddings" --out $OUT/s.json
     python3 bench/offload.py --set peers --gpu 1 --budget BYTES --out $OUT/peers.json
     python3 bench/offload.py --report bench/results/*/offload_*.json --plot offload.png
@@ -38,20 +37,13 @@ from transit_launch.rules import ENV
 
 PAPER_RATIO = 26e9 / (6 * 70.55e9 * 8192)  # bytes offloaded per model FLOP per GPU: Llama3-70B, 16 GPUs
 TRANSIT = ("off", "base", "prefetch", "advise")
-# a transit run named POLICY-SUFFIX: the policy with the adapter's experiment switched on. The
-# retired experiments' runs (advise-stage, advise-green16, advise-serial: docs/retired-experiments.md)
-# are no longer offered; their recorded results still --report.
-VARIANTS = {"overlap": {ENV["OVERLAP_STEP"]: "1"},     # the optimizer step overlapped with backward
-            # the opt-out: no step mode, the application's step reads the state where the shim put
+# a transit run named POLICY-SUFFIX: the policy with the adapter's step mode switched. The
+# retired experiments' runs (advise-stage, advise-green16, advise-serial, advise-overlap,
+# advise-staged*: docs/retired-experiments.md) are no longer offered; their recorded results still --report.
+VARIANTS = {# the opt-out: no step mode, the application's step reads the state where the shim put
             # it (plain advise; advise alone is the streamed step, its default)
             "plain": {ENV["OVERLAP_STEP"]: "0"},
-            "staged": {ENV["OVERLAP_STEP"]: "staged"},  # its state staged through the copy engines
-            # (before the ring: 16 GiB in flight, so the CPU never waited for copies; a diagnostic)
-            "stagedwide": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(16 << 30)},
-            # staged through a ring of 512 MiB, 256 MiB (the default) or 1 GiB (the ring comes out of the GPU budget)
-            "staged512": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(512 << 20)},
-            "staged256": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(256 << 20)},
-            "staged1024": {ENV["OVERLAP_STEP"]: "staged", ENV["OVERLAP_INFLIGHT"]: str(1 << 30)}}
+            "host": {ENV["OVERLAP_STEP"]: "host"}}  # the host update path (transit_host.py)
 PEERS = {"fsdp-cpu-offload": ["--cpu-offload"], "zero-offload": ["--engine", "deepspeed", "--zero", "offload"],
          "zero-infinity": ["--engine", "deepspeed", "--zero", "infinity"],
          # ZeRO-Offload++ Twin-Flow (a quarter of the optimizer stepped on the GPU), ZenFlow (a
@@ -71,9 +63,8 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="transit",
                     help="comma list of run names or groups: transit (reference + transit policies), peers, all; "
-                         "POLICY-overlap, POLICY-staged and POLICY-plain run a transit policy with "
-                         "TRANSIT_OVERLAP_STEP=1, staged or 0 (advise-overlap is in the transit group; advise alone "
-                         "is its default, the streamed step, and advise-plain its opt-out)")
+                         "POLICY-host and POLICY-plain run a transit policy with TRANSIT_OVERLAP_STEP=host or 0 "
+                         "(advise alone is its default, the streamed step, and advise-plain its opt-out)")
     ap.add_argument("--gpu", type=int, default=0, help="physical GPU index (NVML order)")
     ap.add_argument("--cpus", default="", help="pin the runs to these host cores, e.g. 0-15")
     ap.add_argument("--accum", default="12,1,3", help="microbatches per step: the curve's points, in run order")
@@ -130,7 +121,7 @@ class GpuMeter(threading.Thread):
 
 def variant(name):
     """(the transit policy or None for a peer, the environment it adds) of a run name such
-    as advise, advise-overlap or advise-staged256; the environment is None for a suffix that is
+    as advise, advise-host or advise-plain; the environment is None for a suffix that is
     no variant (a retired one, such as advise-stage, among them: its records still report)."""
     policy, _, suffix = name.partition("-")
     if policy not in TRANSIT:
@@ -200,11 +191,11 @@ def expand(sel):
     names = []
     for s in sel.split(","):
         if s == "transit":
-            names += ["reference", "off", "advise", "advise-overlap", "prefetch", "base"]
+            names += ["reference", "off", "advise", "advise-plain", "prefetch", "base"]
         elif s == "peers":
             names += list(PEERS)
         elif s == "all":
-            names += ["reference", "off", "advise", "advise-overlap", "prefetch", "base", *PEERS]
+            names += ["reference", "off", "advise", "advise-plain", "prefetch", "base", *PEERS]
         elif s:
             names.append(s)
     for n in names:  # a misspelt name would run the plain policy or the reference under its name

@@ -10,8 +10,6 @@ global batch in all three:
               tokens cost on half the GPUs when memory is not short (no gap from offloading);
   half-advise N/2 GPUs, twice the microbatches, `transit-launch run --policy advise` under the
               emulated GPU: the scaled-in layout.
-  half-staged the same with the optimizer step overlapped with backward and its state staged
-              through the copy engines (TRANSIT_OVERLAP_STEP=staged; issue 20).
 So half-advise / full = (half-off / full) x (half-advise / half-off): the first factor is what
 scaling in costs without offloading (collectives that no longer overlap, launch gaps), the second
 what offloading costs. NVML's PCIe counters, sampled in a thread while each run trains, give the
@@ -49,7 +47,7 @@ from transit_launch.rules import ENV
 
 # layout -> (divisor of N for its GPUs, factor of the microbatches, policy, environment)
 LAYOUTS = {"full": (1, 1, "off", {}), "half-off": (2, 2, "off", {}), "half-advise": (2, 2, "advise", {}),
-           "half-staged": (2, 2, "advise", {ENV["OVERLAP_STEP"]: "staged"})}
+           "half-host": (2, 2, "advise", {ENV["OVERLAP_STEP"]: "host"})}
 
 
 class PcieSampler:
@@ -266,7 +264,7 @@ def report(paths):
                   f"{avg(r['max_reserved_gb'] for r in rs):>11.2f} {avg(off):>16.2f} "
                   f"{avg(r['sent_gb_per_gpu_measured'] for r in rs):>16.2f} "
                   f"{(f'{statistics.mean(h2d):.2f}, {statistics.mean(d2h):.2f}' if h2d else '-'):>20}")
-        for half in ("half-advise", "half-staged"):
+        for half in ("half-advise", "half-host"):
             if "full" in base and half in base:
                 line = (f"  -> {half}: scaled-in {100 * base[half] / base['full']:.1f}% of full per GPU "
                         f"(emulated GPU {emu / 1e9:.2f} GB)")

@@ -172,7 +172,8 @@ void tr_config_load(void)
     tr_cfg.host_state = env_flag_or(TR_ENV_HOST_STATE, 1);
     tr_cfg.ring_bytes = env_ring();
     tr_cfg.cold_tail_ppm = env_cold_tail();
-    retired(TR_RETIRED_ENV_STAGE, TR_ENV_OVERLAP_STEP "=stream or staged moves the optimizer state instead");
+    retired(TR_RETIRED_ENV_STAGE,
+            TR_ENV_OVERLAP_STEP "=stream (advise's default) or host moves the optimizer state instead");
     tr_cfg.plan = env(TR_ENV_PLAN); /* the environment's own string: it outlives the process's reports */
     if (tr_cfg.plan && !tr_json_object(tr_cfg.plan, TR_REPORT_OBJECT_MAX)) {
         not_honoured(TR_ENV_PLAN, tr_cfg.plan, "is not one JSON object of printable ASCII up to 64 KiB",

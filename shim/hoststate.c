@@ -12,8 +12,8 @@
  * small pages' (RESULTS.md, "Pinning with huge pages"). Kernels read it zero-copy as advise's
  * host placement does, the copy engines move it at full speed, and nothing in the table (ranking,
  * replay) migrates it. The adapter marks the state only where its step streams the state
- * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or staged); the state the
- * budget holds is stepped where it is. When the host
+ * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or host, for what it
+ * streams); the state the budget holds is stepped where it is. When the host
  * refuses the memory or its registration, the allocation takes the managed path.
  * Where the adapter predicted the state's segments (transit_state_segments, version 8), the
  * memory is a region of prefill.c's pool instead, mostly written and registered in the

@@ -9,14 +9,14 @@ import sys
 
 
 def install(adapter: str, mode: str):
-    """mode "overlap" (TRANSIT_OVERLAP_STEP=1), "default" (unset: advise's streamed step, every
+    """mode "default" (TRANSIT_OVERLAP_STEP unset: advise's streamed step, every
     state "pinned" by the stand-in; the CPU stands in for the GPU, a state's own memory its
     home) or "host" (TRANSIT_OVERLAP_STEP=host with a budget that holds no state: every
     parameter's update on the host path). Returns the adapter's hooks."""
     import torch.optim.optimizer  # noqa: F401 (loaded: the module whose hooks the adapter takes)
 
-    if mode in ("overlap", "host"):
-        os.environ["TRANSIT_OVERLAP_STEP"] = "1" if mode == "overlap" else "host"
+    if mode == "host":
+        os.environ["TRANSIT_OVERLAP_STEP"] = "host"
     else:
         os.environ.pop("TRANSIT_OVERLAP_STEP", None)
     sys.path.insert(0, adapter)

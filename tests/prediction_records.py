@@ -103,7 +103,7 @@ OFF_TARGET = {
        for n in (9, 10, 11) for run, streamed in (("advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5", ""),
                                               ("advise:STATE_OFF=0.5", " streamed"))},
 }
-OVERLAP_ENV = ENV["OVERLAP_STEP"]  # a run overlapping its step with backward (1, staged) is not a point
+OVERLAP_ENV = ENV["OVERLAP_STEP"]  # a run overlapping its step with backward (the retired 1, staged) is not a point
 TARGET = 0.03  # issue 31: within 3 points of the measured per-GPU TFLOPS ratio
 # a named exception may not drift without bound: past it, its reason no longer explains it
 OFF_TARGET_AT_MOST = 2 * TARGET

@@ -1,10 +1,10 @@
-"""The overlapped step (TRANSIT_OVERLAP_STEP=1, the adapter's transit_overlap.py) under
-FSDP2 on two CPU ranks (gloo, started by PyTorch's own launcher, torch.distributed.run):
+"""advise's default step (the streamed step, the adapter's transit_streamed.py) under FSDP2 on
+two CPU ranks (gloo, started by PyTorch's own launcher, torch.distributed.run):
 examples/train_llama.py unchanged, with gradient accumulation; each rank installs the
 adapter's optimizer hooks as sitecustomize does under the launcher. Rank 0's losses must
-equal the run without the adapter bit for bit, and the overlap must have engaged on both
-ranks (the world-size-1 tests in test_adapter_overlap.py cannot see a rank whose shard's
-early update diverges: here the shards differ and the reduce-scatter mixes them)."""
+equal the run without the adapter bit for bit, and the step must have streamed on both
+ranks (a world-size-1 test cannot see a rank whose shard's update diverges: here the shards
+differ and the reduce-scatter mixes them)."""
 
 import json
 import os
@@ -26,7 +26,7 @@ RANK = r"""
 import importlib.util, json, os, runpy, sys
 mode, adapter, standin, trainer, out, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
 hooks = None
-if mode in ("overlap", "default"):
+if mode == "default":
     sys.path.insert(0, os.path.dirname(standin))
     hooks = __import__("adapter_standin").install(adapter, mode)
 sys.argv = [trainer, *args]
@@ -34,10 +34,9 @@ try:
     runpy.run_path(trainer, run_name="__main__")
 except SystemExit as e:
     assert e.code in (0, None), e.code
-early = getattr(hooks.overlap, "early", 0) if hooks and hooks.overlap else 0
 streamed = getattr(hooks.overlap, "streamed", 0) if hooks and hooks.overlap else 0
 with open(os.path.join(out, f"{mode}-{os.environ['RANK']}.json"), "w") as f:
-    json.dump({"early": early, "streamed": streamed, "world": int(os.environ["WORLD_SIZE"])}, f)
+    json.dump({"streamed": streamed, "world": int(os.environ["WORLD_SIZE"])}, f)
 """
 
 ARGS = ["--device", "cpu", "--dp", "fsdp", "--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
@@ -58,23 +57,12 @@ def job(tmp_path, mode):
     return steps, ranks, res.stderr
 
 
-def test_overlapped_step_is_bit_identical_on_two_fsdp2_ranks(tmp_path):
-    normal, nranks, _ = job(tmp_path, "normal")
-    over, oranks, err = job(tmp_path, "overlap")
-    assert len(normal) == 6 and [s["step"] for s in normal] == [1, 2, 3, 4, 5, 6]
-    assert [s["loss"] for s in over] == [s["loss"] for s in normal]  # bit for bit (floats as JSON prints them)
-    assert [r["world"] for r in oranks] == [2, 2]
-    # steps 4-6 overlapped on each rank: every sharded parameter updated early (the
-    # example's 21 parameters: two blocks of 9, the embedding, the final norm, the output)
-    assert [r["early"] for r in oranks] == [3 * 21, 3 * 21], (oranks, err[-2000:])
-    assert [r["early"] for r in nranks] == [0, 0]
-
-
 def test_the_default_streamed_step_is_bit_identical_on_two_fsdp2_ranks(tmp_path):
     """advise's default (TRANSIT_OVERLAP_STEP unset: the streamed step, transit_streamed.py) on
-    the same two ranks: every sharded parameter streamed at each of the 6 steps (the first from
+    two ranks: every sharded parameter streamed at each of the 6 steps (the first from
     zeros in the ring, its state made unfilled), each rank its own shard, losses bit for bit."""
     normal, _, _ = job(tmp_path, "normal")
     got, ranks, err = job(tmp_path, "default")
     assert [s["loss"] for s in got] == [s["loss"] for s in normal]
+    assert [r["world"] for r in ranks] == [2, 2]
     assert [r["streamed"] for r in ranks] == [6 * 21, 6 * 21], (ranks, err[-2000:])

@@ -263,7 +263,7 @@ def on_worker(host, monkeypatch, before):
     """before(cpu optimizer) runs on the host step's worker right before each of its CPU steps."""
     import threading
 
-    ov = load("transit_overlap")
+    ov = load("transit_step")
     real, main = ov.raw_step, threading.current_thread()
 
     def raw_step(opt):
@@ -467,7 +467,7 @@ def test_the_shims_hints_after_a_step_leave_the_cpu_step_in_flight(host, gloo, h
     import torch
     from torch.optim import optimizer as o
 
-    from tests.test_adapter_overlap import fsdp_mlp
+    from tests.test_adapter_step import fsdp_mlp
     from transit_launch.shim import inject
 
     spec = importlib.util.spec_from_file_location("transit_site_g", inject.adapter_dir() / "sitecustomize.py")

@@ -95,7 +95,7 @@ def test_adapter_modules_import_each_other_at_module_level_only():
     assert not {k: v for k, v in found.items() if v}, found
     # and flat: each module imports its siblings by their own names (none through transit_launch)
     flat = {name for path in MODULES.values() for n in ast.walk(ast.parse(path.read_text())) for name, _ in _imported(n)}
-    assert {"transit_rules", "transit_overlap", "transit_staging"} <= flat
+    assert {"transit_rules", "transit_step", "transit_staging"} <= flat
 
 
 def test_no_adapter_module_uses_another_ones_private_names():
@@ -110,19 +110,19 @@ def test_no_adapter_module_uses_another_ones_private_names():
 
 @pytest.mark.parametrize("bad", [
     "def f():\n    import transit_staging\n",  # after site: a planted transit_staging.py would be imported
-    "class C:\n    import transit_overlap\n",
-    "def g():\n    from transit_overlap import mode\n",
+    "class C:\n    import transit_step\n",
+    "def g():\n    from transit_step import mode\n",
 ])
 def test_a_lazy_import_is_found(bad):
     assert lazy_imports(bad)
 
 
 @pytest.mark.parametrize("bad", [
-    # what transit_streamed.py and sitecustomize.py did before issue 53
-    "import transit_overlap\ntransit_overlap._raw_step(opt)\n",
-    "import transit_overlap as ov\nov._say('x')\n",
+    # what transit_streamed.py and sitecustomize.py did before issue 53 (with the modules named as today)
+    "import transit_step\ntransit_step._raw_step(opt)\n",
+    "import transit_step as ov\nov._say('x')\n",
     "import transit_api\ngetattr(transit_api, '_since', None)\n",
-    "from transit_update import _local\n",
+    "from transit_host import _local\n",
     "import sys\nsys.modules[type(s).__module__]._storage_tensor\n",
     "import sys\nmod = sys.modules[type(s).__module__]\nlocal = mod._storage_tensor\n",
     "class S:\n    def __init__(self, ov):\n        self.ov = ov\n    def f(self, opt):\n        self.ov._raw_step(opt)\n",
@@ -130,4 +130,4 @@ def test_a_lazy_import_is_found(bad):
     "def f(st):\n    return st._streams(dev)\n",
 ])
 def test_a_private_reach_is_found(bad):
-    assert private_reaches(bad, {"_ring", "_streams", "_raw_step"})  # transit_staging's, transit_overlap's
+    assert private_reaches(bad, {"_ring", "_streams", "_raw_step"})  # transit_staging's, transit_step's

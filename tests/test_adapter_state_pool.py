@@ -201,14 +201,14 @@ def test_off_switch_and_name_are_the_rules(monkeypatch):
     assert not mod.enabled()
 
 
-def test_overlap_counts_the_pool_hooks_as_the_adapters_own(monkeypatch):
-    """The overlapped step turns itself off when foreign step hooks are registered; the
+def test_the_step_driver_counts_the_pool_hooks_as_the_adapters_own(monkeypatch):
+    """The streamed step turns itself off when foreign step hooks are registered; the
     pool's are the adapter's."""
     spec = importlib.util.spec_from_file_location("transit_site_t", inject.adapter_dir() / "sitecustomize.py")
     site = importlib.util.module_from_spec(spec)
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     spec.loader.exec_module(site)
-    monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "1")
+    monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "stream")
 
     class Api:
         def policy(self): return "advise"  # the shim's policy

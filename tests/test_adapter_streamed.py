@@ -248,7 +248,7 @@ def test_what_cannot_stream_steps_normally_said_once(streamed, capsys, case, why
 
 
 def test_the_mode_is_wired_by_the_adapter(monkeypatch):
-    """TRANSIT_OVERLAP_STEP=stream makes the streamed step (not the overlap), its staging
+    """TRANSIT_OVERLAP_STEP=stream makes the streamed step, its staging
     asks the shim for the ring and for pinned state, and the state pool marks the state."""
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     spec = importlib.util.spec_from_file_location("transit_site_s", inject.adapter_dir() / "sitecustomize.py")
@@ -268,8 +268,6 @@ def test_the_mode_is_wired_by_the_adapter(monkeypatch):
     assert type(hooks.overlap).__name__ == "StreamedStep"
     assert hooks.overlap.staging.device_memory[0](4096) == 0 and calls == [("alloc", 4096)]
     assert hooks.pool.mark is not None
-    monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "1")  # the overlap: its state stays managed
-    assert site._Hooks(Api()).pool.mark is None
     monkeypatch.setenv("TRANSIT_OVERLAP_STEP", "0")  # the opt-out: nothing of the step's own, state managed
     assert site._Hooks(Api()).pool.mark is None and site._Hooks(Api()).overlap is None
     monkeypatch.delenv("TRANSIT_OVERLAP_STEP")  # unset: advise streams its step, base and prefetch do not
@@ -286,7 +284,7 @@ def test_an_error_inside_a_streamed_step_never_updates_a_parameter_twice(streame
     that step (updated once); the line says the step is not bit-identical; later steps run
     unstreamed."""
     import torch
-    ov = load("transit_overlap")
+    ov = load("transit_step")
     real = ov.raw_step
     drv = streamed()
     seen = []  # the streamed steps done when each batch steps
@@ -317,7 +315,7 @@ def test_an_error_in_the_first_step_leaves_zeros_where_no_slice_wrote(streamed, 
     batch: the state no slice wrote is zeros, as torch's init makes it, and the next steps
     (unstreamed) keep every value finite."""
     import torch
-    ov = load("transit_overlap")
+    ov = load("transit_step")
     real = ov.raw_step
     calls = [0]
 

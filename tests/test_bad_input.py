@@ -224,7 +224,11 @@ ROWS = [
     ([*RENDER, "--log", "chatty", *CMD], "invalid choice"),
     # a retired step mode is named as retired, with the modes there are (docs/retired-experiments.md)
     ([*RENDER, "--overlap", "serial", *CMD],
-     "argument --overlap: 'serial' is retired (docs/retired-experiments.md): the modes are 0, 1, staged, stream, host"),
+     "argument --overlap: 'serial' is retired (docs/retired-experiments.md): the modes are 0, stream, host"),
+    (["run", "--overlap", "1", "--", "true"],
+     "argument --overlap: '1' is retired (docs/retired-experiments.md): the modes are 0, stream, host"),
+    ([*RENDER, "--overlap", "staged", *CMD], "argument --overlap: 'staged' is retired"),
+    ([*PLAN, "--overlap", "staged"], "argument --overlap: 'staged' is retired"),
     (["run", "--overlap", "serial", "--", "true"], "argument --overlap: 'serial' is retired"),
     ([*PLAN, "--overlap", "serial"], "argument --overlap: 'serial' is retired"),
     ([*SUBMIT, "--overlap", "serial", *CMD], "argument --overlap: 'serial' is retired"),

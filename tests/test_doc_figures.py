@@ -82,7 +82,7 @@ def sim_queue_32() -> str:
 
 
 def sim_speedup() -> str:
-    q = [both(js(*SIM, "--speedup", s), 32, "queue_mean_min")[1]["change_pct"] for s in ("0", "1.37")]
+    q = [both(js(*SIM, "--speedup", s, "--no-band"), 32, "queue_mean_min")[1]["change_pct"] for s in ("0", "1.37")]
     return (f"| 32 racks, speed-up 0 vs 1.37 (`--speedup`) | negligible impact | queue at 50%: {pct(q[0])} vs "
             f"{pct(q[1])} |")
 
@@ -93,7 +93,7 @@ def sim_curve() -> str:
 
 
 def sim_linear() -> str:
-    a, b = both(js(*SIM, "--efficiency", "linear"), 32, "queue_mean_min")
+    a, b = both(js(*SIM, "--efficiency", "linear", "--no-band"), 32, "queue_mean_min")
     return f"the 32-rack queue falls {-round(a['change_pct'] * 100)}% / {-round(b['change_pct'] * 100)}%"
 
 

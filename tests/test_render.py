@@ -162,26 +162,26 @@ def test_rendezvous_port_comes_from_the_job_id(cli, tmp_path):
 
 
 def test_overlap_goes_into_the_job(cli):
-    """--overlap staged: the script exports TRANSIT_OVERLAP_STEP for the adapter; with
+    """--overlap stream: the script exports TRANSIT_OVERLAP_STEP for the adapter; with
     policy off (nothing loads the adapter) it is refused in one line, for render and run."""
-    rc, out, err = cli("render", "--local", "--gpus-per-node", "1", "--policy", "advise", "--overlap", "staged",
+    rc, out, err = cli("render", "--local", "--gpus-per-node", "1", "--policy", "advise", "--overlap", "stream",
                        "--", "python", "train.py", env=CLEAN | {"TRANSIT_SHIM": SHIM})
     assert rc == 0, err
-    assert "TRANSIT_OVERLAP_STEP=staged " in out and out.index("TRANSIT_OVERLAP_STEP") < out.index("torchrun")
+    assert "TRANSIT_OVERLAP_STEP=stream " in out and out.index("TRANSIT_OVERLAP_STEP") < out.index("torchrun")
     rc, out, err = cli("render", "--local", "--gpus-per-node", "1", "--policy", "advise", "--", "python", "train.py",
                        env=CLEAN | {"TRANSIT_SHIM": SHIM})
     assert rc == 0 and "TRANSIT_OVERLAP_STEP" not in out
     for args in (["render", "--nodes", "2", "--policy", "off"], ["run", "--policy", "off"]):
-        rc, out, err = cli(*args, "--overlap", "staged", "--", "true", env=CLEAN)
+        rc, out, err = cli(*args, "--overlap", "stream", "--", "true", env=CLEAN)
         assert rc == 2 and out == "" and err.count("\n") == 1 and "needs a shim policy other than off" in err, err
     rc, out, err = cli("run", "--overlap", "on", "--", "true", env=CLEAN)
     assert rc == 2 and "invalid choice" in err
 
 
 def test_run_gives_the_overlap_to_the_command(cli):
-    rc, out, err = cli("run", "--policy", "advise", "--overlap", "1", "--", "sh", "-c", "echo step=$TRANSIT_OVERLAP_STEP",
-                       env=CLEAN)
-    assert rc == 0 and "step=1" in out.splitlines(), (out, err)
+    rc, out, err = cli("run", "--policy", "advise", "--overlap", "host", "--", "sh", "-c",
+                       "echo step=$TRANSIT_OVERLAP_STEP", env=CLEAN)
+    assert rc == 0 and "step=host" in out.splitlines(), (out, err)
 
 
 # --- the SPANK plugin's route (render --inject) ------------------------------------------------

@@ -198,7 +198,7 @@ def test_the_adapter_imports_nothing_of_transit_launch():
     import ast
     from transit_launch.shim import inject
     mods = sorted(inject.adapter_dir().glob("*.py"))
-    assert {m.name for m in mods} >= {"sitecustomize.py", "transit_api.py", "transit_overlap.py"}
+    assert {m.name for m in mods} >= {"sitecustomize.py", "transit_api.py", "transit_step.py"}
     for m in mods:
         for node in ast.walk(ast.parse(m.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -302,6 +302,6 @@ def test_the_adapter_spells_no_rule_itself():
     shim were told (the adapter kept such copies, checked equal by tests, until issue 53)."""
     from transit_launch.shim import inject
     sources = sorted(p for p in inject.adapter_dir().glob("*.py") if p.name != "transit_rules.py")
-    assert {p.name for p in sources} >= {"sitecustomize.py", "transit_overlap.py", "transit_staging.py"}
+    assert {p.name for p in sources} >= {"sitecustomize.py", "transit_step.py", "transit_staging.py"}
     found = {p.name: _hand_copies(p.read_text()) for p in sources}
     assert not {k: v for k, v in found.items() if v}, found

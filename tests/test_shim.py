@@ -295,8 +295,8 @@ def test_hint_api_rejects_foreign_memory(built, tmp_path):
 
 
 def test_device_buffer_comes_out_of_the_budget(built, tmp_path):
-    """transit_device_alloc (the staged overlap's ring): plain cudaMalloc, not managed (the
-    copy engines serve it), and its bytes come out of the budget: with 2.5 + 1 GB placed
+    """transit_device_alloc (the streamed step's ring, the host step's bounce buffers): plain
+    cudaMalloc, not managed (the copy engines serve it), and its bytes come out of the budget: with 2.5 + 1 GB placed
     under a 4 GB budget, a 1.5 GB buffer sends the 1 GB allocation to the host; the table
     stays consistent, cudaMemGetInfo counts the buffer, one larger than the budget is
     refused, and it is given back once."""
@@ -588,7 +588,8 @@ def test_retired_staging_is_said_once_and_changes_nothing(built, tmp_path):
         assert out["stats"] == "0", res.stderr
         [line] = res.stderr.splitlines()
         assert line.endswith(f" warn: TRANSIT_STAGE={value} is retired and ignored (docs/retired-experiments.md): "
-                             "TRANSIT_OVERLAP_STEP=stream or staged moves the optimizer state instead"), line
+                             "TRANSIT_OVERLAP_STEP=stream (advise's default) or host moves the optimizer state "
+                             "instead"), line
         assert not [c for c in calls if c.startswith(("cudaStream", "cudaEvent"))], calls
         s = stats_of(tmp_path / "s.json")
         assert s["device_placed_bytes"] == 4 * GB and s["zero_copy_mapped_bytes"] == 0 and "staging" not in s

@@ -10,9 +10,11 @@ from transit_launch.shim.options import ShimOptions
 @pytest.mark.parametrize("kw,needle", [
     (dict(policy="fast"), "--policy 'fast' is not one of off, base, prefetch, advise"),
     (dict(log="loud"), "--log 'loud' is not one of error, warn, info, debug"),
-    (dict(overlap="yes"), "--overlap 'yes' is not one of 0, 1, staged, stream, host"),
-    (dict(overlap="serial"), "--overlap 'serial' is retired (docs/retired-experiments.md): the modes are 0, 1, "
-                             "staged, stream, host"),  # said as the CLI says it
+    (dict(overlap="yes"), "--overlap 'yes' is not one of 0, stream, host"),
+    (dict(overlap="serial"), "--overlap 'serial' is retired (docs/retired-experiments.md): the modes are 0, stream, "
+                             "host"),  # said as the CLI says it
+    (dict(overlap="staged"), "--overlap 'staged' is retired (docs/retired-experiments.md): the modes are 0, stream, "
+                             "host"),
     (dict(gpu_budget=0), "--gpu-budget 0 is not a positive number of bytes"),
     (dict(gpu_budget=True), "--gpu-budget True is not a positive number of bytes"),
     (dict(stats="/tmp/a\nb"), "a path with control characters"),

@@ -296,9 +296,16 @@ def test_cli_progress_lines_and_quiet(monkeypatch, capsys):
     from transit_launch import cli
     from transit_launch.sim import progress
     monkeypatch.setattr(progress, "PATIENCE_S", 0.0)
-    assert cli.main(["simulate", "--synthetic", "500", "--racks", "8"]) == 0
+    assert cli.main(["simulate", "--synthetic", "500", "--racks", "8", "--no-band"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert [line.split(":")[1] for line in err] == [" [1/4] generating 500 jobs", " [2/4] 8 racks, baseline",
                                                     " [3/4] 8 racks, scale-in 25%", " [4/4] 8 racks, scale-in 50%"]
+    # the band's replays follow, the two scale-in scenarios once a curve other than the planner's
+    assert cli.main(["simulate", "--synthetic", "500", "--racks", "8", "--efficiency", "linear"]) == 0
+    err = [line.split(":")[1] for line in capsys.readouterr().err.splitlines()]
+    # (the trace, three scenarios, then two scale-ins for each of the band's four other curves)
+    assert len(err) == 4 + 2 * 4 and err[4:6] == [" [5/12] 8 racks, scale-in 25%, planner",
+                                                  " [6/12] 8 racks, scale-in 50%, planner"]
+    assert err[-1] == " [12/12] 8 racks, scale-in 50%, titan-mb16"
     assert cli.main(["simulate", "--synthetic", "500", "--racks", "8", "--quiet"]) == 0
     assert capsys.readouterr().err == ""

@@ -140,3 +140,44 @@ def test_goodput_counts_the_queue():
     r = report(replay(t, 1, 16, 4, "requeue", Failures(rate=0), Curve("x")))
     assert (r["held_gpu_h"], r["owed_gpu_h"], r["useful_gpu_h"]) == pytest.approx((320.0, 480.0, 320.0))
     assert (r["goodput_held"], r["goodput"]) == pytest.approx((1.0, 0.6667), abs=1e-4)
+
+
+def test_failures_go_through_the_backfill_on_limits_by_hand():
+    # The trace of test_requeue_against_scale_in_by_hand, but B asks 3 h (it runs 2). Under
+    # requeue A (4 nodes, 2 h checkpointed, 8 h left) waits for node 0, back at 5.5 h: the
+    # backfill pass at 3 h gives A a reservation of all four nodes from 5.5 h. B's window on
+    # its limit, 3 h to 6 h, reaches into it: B may not start, where on run times (3 h to 5 h)
+    # it backfilled. A restarts at 5.5 h (0.1 h down, 8 h of work): ends 13.6 h; B then
+    # runs 13.6 h to 15.6 h.
+    t = Trace(submit=[0.0, 3 * H], duration=[10 * H, 2 * H], gpus=[16, 4], ids=["A", "B"], source="hand",
+              limits=[10 * H, 3 * H])
+    f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0),))
+    curve = Curve("hand", ((0.0, 1.0), (0.25, 0.8)))
+    o = replay(t, 1, 16, 4, "requeue", f, curve)
+    assert [e / H for e in o.end] == pytest.approx([13.6, 15.6]) and o.start[1] / H == pytest.approx(13.6)
+    # the work 16 x 10 + 4 x 2 = 168 GPU-h; held A 16 x 2.5 + 16 x 8.1 = 169.6, B 8: 177.6
+    # (0.9459 of held); owed A 16 x 13.6 = 217.6, B 4 x (15.6 - 3) = 50.4: 268, goodput
+    # 168 / 268 = 0.6269, where B's backfill on run times gave 0.7447
+    r = report(o)
+    assert (r["held_gpu_h"], r["owed_gpu_h"]) == pytest.approx((177.6, 268.0))
+    assert (r["goodput_held"], r["goodput"]) == pytest.approx((0.9459, 0.6269), abs=1e-4)
+    from transit_launch.sim.limits import SchedParams
+    assert replay(t, 1, 16, 4, "requeue", f, curve, SchedParams(plan_on="runtimes")).start[1] == 3 * H
+    # offered load: 1 arrival gap of 3 h, 177.6 / 2 = 88.8 GPU-h held a job, 16 GPUs always
+    # up (no failure rate): 88.8 / 3 / 16 = 1.85, above 1: collapsed, as the 0.63 goodput says
+    assert (r["availability"], r["offered_load"], r["collapsed"]) == (1.0, pytest.approx(1.85), True)
+
+
+def test_availability_and_collapse_by_hand():
+    # a node fails once a day on average and is out 24 h: up 1 / (1 + 1 x 24 / 24) = half the
+    # time. Three jobs 10 h apart holding 120 GPU-h in all (40 a job) on 16 GPUs: 0.1 arrivals
+    # an hour x 40 / (16 x 0.5) = 0.5, not collapsed; with a node up a fifth of the time
+    # (rate 4 a day, 24 h repairs) 0.1 x 40 / 3.2 = 1.25: collapsed
+    from transit_launch.sim.failures import Outcome
+    t = Trace(submit=[0.0], duration=[H], gpus=[4], ids=["A"], source="hand")
+    assert replay(t, 1, 16, 4, "requeue", Failures(rate=1, repair_h=24), Curve("x")).availability == 0.5
+    o = Outcome("requeue", [0.0, 10 * H, 20 * H], [0.0] * 3, [H, 11 * H, 21 * H], [False] * 3, 120.0, 120.0, 0, 16,
+                120.0, 0.5)
+    assert (report(o)["offered_load"], report(o)["collapsed"]) == (pytest.approx(0.5), False)
+    o.availability = 0.2
+    assert (report(o)["offered_load"], report(o)["collapsed"]) == (pytest.approx(1.25), True)

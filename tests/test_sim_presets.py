@@ -77,7 +77,7 @@ def test_cli_preset_and_bad_combinations(cli):
                          (["--preset", "kalos", "--racks", "32", "--median-duration", "60"], "leave out --median-duration"),
                          (["--preset", "nope"], "invalid choice"),
                          (["--seeds", "0"], "argument --seeds: must be a positive integer"),
-                         (["--efficiency", "0.5"], "--efficiency takes planner, linear or"),
+                         (["--efficiency", "0.5"], "--efficiency takes planner, linear, titan-mb1"),
                          (["--efficiency", "0.5:0"], "efficiencies in (0, 10]")):
         rc, out, err = cli("simulate", "--synthetic", "100", *args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, (args, err)

@@ -23,14 +23,13 @@ import re
 import sys
 
 POLICIES = ("off", "base", "prefetch", "advise")
-# TRANSIT_OVERLAP_STEP: "1" the optimizer step overlapped with backward, reading the state in
-# place; "staged" its state staged through the copy engines (the fastest measured, a second
-# host copy of the state); "stream" the step run when the application calls it, in slices
+# TRANSIT_OVERLAP_STEP: "stream" the step run when the application calls it, in slices
 # through the copy engines, the default under advise; "host" (opt-in, issue 50) the update
 # of a share of the state the budget cannot hold run on the host by torch's own CPU optimizer,
 # the gradients down during backward and the parameters up, the rest streamed; "0" the opt-out. The adapter reads
-# them from its generated transit_rules.py (python_module).
-OVERLAP_MODES = ("0", "1", "staged", "stream", "host")
+# them from its generated transit_rules.py (python_module). "1" and "staged" are retired
+# (RETIRED_OVERLAP_MODES).
+OVERLAP_MODES = ("0", "stream", "host")
 # modes the plan has no cost model for yet: refused by the plan (run takes them)
 UNPLANNED_OVERLAP = ("host",)
 # the mode when TRANSIT_OVERLAP_STEP is unset, by policy (the adapter's too); the plan predicts
@@ -39,9 +38,9 @@ DEFAULT_OVERLAP = {"advise": "stream"}
 # the modes whose step copies the state between pinned host homes and a ring of device memory
 # (host: the share its CPU does not step): the plan counts the ring, the adapter has the state
 # born in pinned host memory
-RING_OVERLAP_MODES = ("staged", "stream", "host")
-# "staged": the ring of plain device memory each GPU stages through, out of the GPU budget
-# (the adapter's default, transit_staging.py). The plan counts it.
+RING_OVERLAP_MODES = ("stream", "host")
+# the ring of plain device memory each GPU stages the state through, out of the GPU budget
+# (the adapter's default, transit_staging.py; TRANSIT_OVERLAP_INFLIGHT). The plan counts it.
 STAGE_RING_BYTES = 256 << 20
 # Under the shim PyTorch's cache keeps what a real GPU's allocator would have freed: the plan
 # adds this share to the reserved bytes (fitted: bench/prediction.py).
@@ -68,8 +67,8 @@ ENV = {
     # into its stats report as "plan", so `report` sets it beside what the ranks measured
     "PLAN": "TRANSIT_PLAN",
     "HOST_STATE": "TRANSIT_HOST_STATE",  # 0: optimizer state over the budget stays managed memory (hoststate.c)
-    # read by the framework adapter only (transit_overlap.py), not by the shim
-    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (adapter/transit_overlap.py)
+    # read by the framework adapter only (transit_step.py), not by the shim
+    "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (adapter/transit_step.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
     "ADAPTER": "TRANSIT_ADAPTER",  # 0: the hint adapter installs nothing (sitecustomize.py)
@@ -79,13 +78,16 @@ ENV = {
 }
 # Retired experiments (docs/retired-experiments.md): nothing reads them any more. A job that
 # still sets one is told once on stderr that it is ignored, and runs on: TRANSIT_STAGE by the
-# shim (shim/config.c), the others by the adapter (transit_overlap.py).
+# shim (shim/config.c), the others by the adapter (transit_step.py).
 # The CLI refuses a retired --overlap mode in one line.
 RETIRED_ENV = {
     "STAGE": "TRANSIT_STAGE",              # the shim lent optimizer state to the GPU for a step's end
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # the early updates' stream on a CUDA green context of N SMs
 }
-RETIRED_OVERLAP_MODES = ("serial",)        # the early updates on the compute stream (a diagnostic)
+# "serial": the early updates on the compute stream (a diagnostic); "1": the step overlapped with
+# backward, each parameter updated as its gradient became final, reading the state in place;
+# "staged": the same with its state staged through the copy engines (a second host copy of it)
+RETIRED_OVERLAP_MODES = ("serial", "1", "staged")
 
 
 def overlap_refusal(mode):

@@ -15,7 +15,6 @@ A step without a lane runs alone, with every GPU, after the lanes before it.
 
 from dataclasses import dataclass, field
 
-OVERLAP_SET = "reference,advise,advise-overlap,advise-staged256"  # issue 20's modes, the ring at 256 MiB
 # TorchTitan's memory on the catalog models at truncated depth (bench/titan_memory.py --matrix)
 TITAN_MATRIX = ("llama3-8b:2,4:4:1gpu;llama3-8b:4:1:1gpu;qwen3-30b-a3b:2,4:4:1gpu;qwen3-30b-a3b:4:1:1gpu;"
                 "llama3-70b:2:1,4:1gpu;llama3-70b:4:1:1gpu;qwen3-32b:2,4:1,4:1gpu;llama3-405b:1,2:1:fsdp2;"
@@ -133,7 +132,7 @@ SUITES = {s.name: s for s in [
                     timeout=560),
            _offload("peers", "offload_peers.json", "--set", "peers", "--deadline", "330", "--timeout", "200",
                     timeout=560, lane=1),
-           _offload("losses", "offload_losses.json", "--set", "reference,off,advise,advise-overlap,advise-staged256",
+           _offload("losses", "offload_losses.json", "--set", "reference,off,advise,advise-plain,advise-host",
                     "--model=--deterministic", "--seq-len", "2048", "--accum", "4", "--steps", "8", "--warmup", "3",
                     "--timeout", "60", timeout=330),
            Step("report", ("python3", "bench/offload.py", "--report", "{out}/offload_transit.json",
@@ -142,24 +141,6 @@ SUITES = {s.name: s for s in [
                 None, 0)),
           minutes=15, carry=(".whl",), modules=("deepspeed", "torchao"),
           budget="each point's reference run: its peak reserved less the AdamW state (bench/offload.py)"),
-    Suite("overlap", "issue 20's overlapped optimizer step (TRANSIT_OVERLAP_STEP=1, staged through a 256 MiB ring) "
-          "against advise and no offloading, with recomputation (lane 0) and without (lane 1), at the paper's "
-          "ratio (12 microbatches) and at 3 and 1; the report judges issue 20's goals",
-          (_offload("ac12", "overlap_ac12.json", "--set", OVERLAP_SET, "--accum", "12", "--steps", "12",
-                    "--warmup", "5", "--timeout", "110", "--deadline", "200", timeout=300),
-           _offload("ac", "overlap_ac.json", "--set", OVERLAP_SET, "--accum", "3,1", "--steps", "10", "--warmup", "3",
-                    "--timeout", "60", "--deadline", "170", timeout=260),
-           _offload("noac12", "overlap_noac12.json", "--set", OVERLAP_SET, "--accum", "12", "--steps", "12",
-                    "--warmup", "5", "--timeout", "110", "--deadline", "200", "--model=--no-recompute",
-                    timeout=300, lane=1),
-           _offload("noac", "overlap_noac.json", "--set", OVERLAP_SET, "--accum", "3,1", "--steps", "10",
-                    "--warmup", "3", "--timeout", "60", "--deadline", "170", "--model=--no-recompute",
-                    timeout=260, lane=1),
-           Step("report-ac", ("python3", "bench/offload.py", "--report", "{out}/overlap_ac12.json",
-                              "{out}/overlap_ac.json"), 60, None, 0),
-           Step("report-noac", ("python3", "bench/offload.py", "--report", "{out}/overlap_noac12.json",
-                                "{out}/overlap_noac.json"), 60, None, 0)),
-          minutes=10, budget="each point's reference run: its peak reserved less the AdamW state (bench/offload.py)"),
     Suite("policies", "the shim's pass-through overhead (no shim, off, base without a budget) and base, prefetch "
           "and advise under a budget that forces the optimizer state off the GPU (bench/shim_policies.py)",
           (Step("policies", ("python3", "bench/shim_policies.py", "--timeout", "150",
@@ -167,11 +148,11 @@ SUITES = {s.name: s for s in [
           minutes=7, budget="the reference run's peak reserved less the AdamW state (bench/shim_policies.py)"),
     Suite("scale-in", "N -> N/2 GPUs on one host at the same global batch (the N/2 layout accumulates twice): "
           "per-GPU TFLOPS, peaks, offloaded bytes and collective bytes against the planner (bench/scale_in.py), "
-          "then the matrix with and without recomputation, advise and the staged step (bench/scale_in_matrix.py)",
+          "then the matrix with and without recomputation under advise (bench/scale_in_matrix.py)",
           (Step("scale-in", ("python3", "bench/scale_in.py", "--gpus", "{gpus}", "--out", "{out}/scale_in.json"),
                 300, None, 2),
            Step("matrix", ("python3", "bench/scale_in_matrix.py", "--gpus", "{gpus}", "--configs", "ac:1,noac:1",
-                           "--layouts", "full,half-advise,half-staged", "--repeats", "1", "--steps", "10",
+                           "--layouts", "full,half-off,half-advise", "--repeats", "1", "--steps", "10",
                            "--timeout", "150", "--deadline", "300", "--out", "{out}/scale_in_matrix.json"),
                 450, None, 2)),
           minutes=12,

@@ -12,19 +12,21 @@ from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 needs_torch = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)  # only the probes' own runs
 
 
-def test_the_gate_runs_advise_overlap_with_the_switch(monkeypatch):
-    """bench/offload.py: advise-overlap is advise under the gate's budget with
-    TRANSIT_OVERLAP_STEP=1, and part of the transit set the next GPU session measures."""
+def test_the_gate_runs_the_step_modes_with_their_switch(monkeypatch):
+    """bench/offload.py: advise-plain and advise-host are advise under the gate's budget with
+    TRANSIT_OVERLAP_STEP=0 and host; advise-plain is part of the transit set."""
     monkeypatch.setattr(sys, "argv", ["offload.py"])
     offload = importlib.import_module("offload")
-    assert offload.variant("advise-overlap") == ("advise", {"TRANSIT_OVERLAP_STEP": "1"})
+    assert offload.variant("advise-plain") == ("advise", {"TRANSIT_OVERLAP_STEP": "0"})
+    assert offload.variant("advise-host") == ("advise", {"TRANSIT_OVERLAP_STEP": "host"})
     assert offload.variant("advise") == ("advise", {}) and offload.variant("zero-offload") == (None, {})
-    assert "advise-overlap" in offload.expand("transit")
-    assert offload.expand("reference,advise-staged512,zenflow") == ["reference", "advise-staged512", "zenflow"]
+    assert "advise-plain" in offload.expand("transit")
+    assert offload.expand("reference,advise-host,zenflow") == ["reference", "advise-host", "zenflow"]
 
 
-@pytest.mark.parametrize("bad", ["advise-stagedd", "zero-offlaod", "advise-", "Reference",
-                                 "advise-stage", "advise-serial", "advise-green16"])
+@pytest.mark.parametrize("bad", ["advise-hots", "zero-offlaod", "advise-", "Reference",
+                                 "advise-stage", "advise-serial", "advise-green16", "advise-overlap",
+                                 "advise-staged256"])
 def test_the_gate_refuses_a_misspelt_run(monkeypatch, capsys, bad):
     """A misspelt variant ran the plain policy, and a misspelt peer the reference, under the
     name asked for: one line and exit 2 instead. So are the retired experiments' runs

@@ -68,10 +68,10 @@ def test_scale_in_plumbing_on_cpu_ranks(tmp_path):
     assert "% of the full layout's" in res.stdout
 
 
-def test_scale_in_matrix_runs_the_staged_layout_with_its_switch(monkeypatch):
-    """bench/scale_in_matrix.py's half-staged layout: N/2 GPUs, twice the microbatches,
-    advise under the emulated GPU, and TRANSIT_OVERLAP_STEP=staged in the trainer's
-    environment (the issue-20 step on the scale-in layout); a misspelt layout is refused."""
+def test_scale_in_matrix_runs_the_host_layout_with_its_switch(monkeypatch):
+    """bench/scale_in_matrix.py's half-host layout: N/2 GPUs, twice the microbatches,
+    advise under the emulated GPU, and TRANSIT_OVERLAP_STEP=host in the trainer's
+    environment (the host update path on the scale-in layout); a misspelt layout is refused."""
     import importlib
     from types import SimpleNamespace
     matrix = importlib.import_module("scale_in_matrix")
@@ -82,15 +82,15 @@ def test_scale_in_matrix_runs_the_staged_layout_with_its_switch(monkeypatch):
         return "", "", 1
     monkeypatch.setattr(matrix, "run", fake_run)
     a = SimpleNamespace(model="", seq_len=1024, batch=2, steps=3, device="cpu", timeout=10, gpus=2)
-    div, factor, policy, extra = matrix.LAYOUTS["half-staged"]
-    r = matrix.run_layout(a, ("ac", 1), "half-staged", a.gpus // div, factor * 1, policy, 10**9, None, extra)
-    assert seen["env"]["TRANSIT_OVERLAP_STEP"] == "staged" and seen["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    div, factor, policy, extra = matrix.LAYOUTS["half-host"]
+    r = matrix.run_layout(a, ("ac", 1), "half-host", a.gpus // div, factor * 1, policy, 10**9, None, extra)
+    assert seen["env"]["TRANSIT_OVERLAP_STEP"] == "host" and seen["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     cmd = seen["cmd"]
     assert cmd[cmd.index("--policy") + 1] == "advise" and cmd[cmd.index("--gpu-budget") + 1] == "1GB"
     assert cmd[cmd.index("--nproc-per-node") + 1] == "1" and cmd[cmd.index("--accum") + 1] == "2"
-    assert r["env"] == {"TRANSIT_OVERLAP_STEP": "staged"} and r["rc"] == 1
+    assert r["env"] == {"TRANSIT_OVERLAP_STEP": "host"} and r["rc"] == 1
     assert "TRANSIT_OVERLAP_STEP" not in matrix.LAYOUTS["half-advise"][3]
-    monkeypatch.setattr(sys, "argv", ["scale_in_matrix.py", "--layouts", "full,half-stagd", "--device", "cpu"])
+    monkeypatch.setattr(sys, "argv", ["scale_in_matrix.py", "--layouts", "full,half-staged", "--device", "cpu"])
     assert matrix.main() == 2
 
 

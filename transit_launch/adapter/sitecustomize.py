@@ -7,9 +7,10 @@ FSDP2 mixed precision; those also when the first optimizer is made) to libtransi
 cold ranges and marks the iteration boundary. Each optimizer's first step makes its state
 in a memory pool of its own (transit_state_pool.py).
 Under advise the optimizer step is streamed through the copy engines (transit_streamed.py;
-TRANSIT_OVERLAP_STEP=0 turns it off, =1 or staged overlap it with backward instead). A
-failure here is said in one line and turns off what failed (_Guard); the job runs on. A
-site's own sitecustomize further down sys.path still runs."""
+TRANSIT_OVERLAP_STEP=0 turns it off, =host runs a share of it on the host instead,
+transit_host.py; transit_step.py says the mode). A failure here is said in one line and
+turns off what failed (_Guard); the job runs on. A site's own sitecustomize further down
+sys.path still runs."""
 
 import atexit
 import functools
@@ -63,10 +64,10 @@ with _Guard("not installed") as _imported:
     if _ON:
         import transit_api
         import transit_host
-        import transit_overlap
         import transit_sparse
         import transit_staging
         import transit_state_pool
+        import transit_step
         import transit_streamed
 _ON = _ON and not _imported.failed
 
@@ -121,7 +122,7 @@ class _Hooks:
         self.api.adapter_stats({"mode": self.mode or "0", **(counters() if counters else {})})
 
     def ours(self):
-        """The adapter's own step hooks (not foreign to the overlap's checks)."""
+        """The adapter's own step hooks (not foreign to the step driver's checks)."""
         return [self.post_step, *([self.pool.pre_step, self.pool.post_step] if self.pool else [])]
 
     def register(self, optimizer_module):
@@ -235,11 +236,11 @@ def _sparse_reads(api):
 
 @_Guard("step overlap not available")
 def _step_mode(api):
-    """The optimizer step's mode (transit_overlap.mode: TRANSIT_OVERLAP_STEP, else the policy's
+    """The optimizer step's mode (transit_step.mode: TRANSIT_OVERLAP_STEP, else the policy's
     default), retired settings said once; None when off or not to be had."""
-    for line in transit_overlap.retired(os.environ):
-        transit_overlap.say(line)
-    return transit_overlap.mode(api.policy())
+    for line in transit_step.retired(os.environ):
+        transit_step.say(line)
+    return transit_step.mode(api.policy())
 
 
 @_Guard("the optimizer state's own pool not available")
@@ -270,11 +271,8 @@ def _streamed(api, hooks):
 
 @_Guard("step overlap not available")
 def _overlap(api, hooks, mode):
-    """The step's driver for `mode` (_step_mode): transit_overlap.py's under "1" and "staged",
-    the streamed step (transit_streamed.py) under "stream", the split (transit_host.py) under
-    "host"; else None."""
-    if mode is None:
-        return None
+    """The step's driver for `mode` (_step_mode): the streamed step (transit_streamed.py) under
+    "stream", the split (transit_host.py) under "host"; else None."""
     if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
         return _streamed(api, hooks)
     if mode == "host":  # the update of a share of the state the budget cannot hold on the host, the rest
@@ -283,8 +281,7 @@ def _overlap(api, hooks, mode):
                                      share=transit_host.SplitShare(),
                                      device_memory=(api.device_alloc, api.device_free))
         return transit_host.Split(host, _streamed(api, hooks))
-    return transit_overlap.Overlap(ours=hooks.ours(), staged=mode == "staged",
-                                   device_memory=(api.device_alloc, api.device_free), host_state=api.host_state)
+    return None
 
 
 class _OptimFinder:

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 
-import transit_overlap  # the verified step (raw_step) and the refusals the step modes share
+import transit_step  # the verified step (raw_step) and the refusals the step modes share
 import transit_staging  # plain device memory out of the GPU budget (device_buffer)
 
 # What reads a tensor's metadata, not its data: the gate lets it through (a parameter's
@@ -84,7 +84,7 @@ class SplitShare:
         x = torch.zeros(n)
         x.grad = torch.ones(n)
         cpu = type(opt)([x], fused=True)
-        step = transit_overlap.raw_step(cpu)  # without the step hooks: ours would adopt it, sitecustomize's count it
+        step = transit_step.raw_step(cpu)  # without the step hooks: ours would adopt it, sitecustomize's count it
         step(cpu)  # the state made
         t0 = clock()
         step(cpu)
@@ -471,7 +471,7 @@ class HostStep:
             rec.clip.append((coef, _local(rec.p.grad)._version))
 
     def pre_step(self, opt, args, kwargs):
-        if opt in self.said or transit_overlap.is_container(opt):  # a container: its optimizers come one by one
+        if opt in self.said or transit_step.is_container(opt):  # a container: its optimizers come one by one
             return
         try:
             plan = self.plans.get(opt)
@@ -514,9 +514,9 @@ class HostStep:
             _say(f"host step off for {type(opt).__name__}: {why}; its step runs as without the adapter")
 
     def _why_not(self, opt, args, kwargs):
-        if transit_overlap.raw_step(opt) is None:
+        if transit_step.raw_step(opt) is None:
             return f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})"
-        why = transit_overlap.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
+        why = transit_step.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
         if why:
             return why
         for group in opt.param_groups:
@@ -721,7 +721,7 @@ class HostStep:
                         t0 += clock() - t1
                 t1 = clock()
                 self.stats["wait_s"] += t1 - t0
-                transit_overlap.raw_step(c.cpu)(c.cpu)
+                transit_step.raw_step(c.cpu)(c.cpu)
                 t2 = clock()
                 self.stats["cpu_s"] += t2 - t1
                 for r in c.live:

@@ -20,8 +20,8 @@ ENV = {'POLICY': 'TRANSIT_POLICY',
  'SHIM': 'TRANSIT_SHIM',
  'ADAPTER_DIR': 'TRANSIT_ADAPTER_DIR'}
 RETIRED_ENV = {'STAGE': 'TRANSIT_STAGE', 'OVERLAP_SMS': 'TRANSIT_OVERLAP_SMS'}
-OVERLAP_MODES = ('0', '1', 'staged', 'stream', 'host')
-RETIRED_OVERLAP_MODES = ('serial',)
+OVERLAP_MODES = ('0', 'stream', 'host')
+RETIRED_OVERLAP_MODES = ('serial', '1', 'staged')
 DEFAULT_OVERLAP = {'advise': 'stream'}
-RING_OVERLAP_MODES = ('staged', 'stream', 'host')
+RING_OVERLAP_MODES = ('stream', 'host')
 STAGE_RING_BYTES = 268435456

@@ -1,51 +1,45 @@
-"""The overlapped step's state staging (TRANSIT_OVERLAP_STEP=staged, opt-in; also the ring
-and homes of the streamed step, transit_streamed.py), imported by both.
+"""The streamed step's state homes and staging ring (transit_streamed.py), and plain device
+memory out of the GPU budget (device_buffer, also the host step's bounce buffers,
+transit_host.py).
 
-An early update that reads its AdamW state zero-copy holds SMs while it waits on PCIe and
-slows backward's kernels beside it; copies between the GPU and *pinned* host memory run on
-the copy engines instead and hide behind compute. Managed memory, where the shim puts cold
-data, does not get that path (bench/RESULTS.md, "The state's paths across PCIe, beside
-compute"). So here:
+A step that reads its AdamW state zero-copy holds SMs while it waits on PCIe; copies between
+the GPU and *pinned* host memory run on the copy engines instead. Managed memory, where the
+shim puts cold data, does not get that path (bench/RESULTS.md, "The state's paths across
+PCIe, beside compute"). So here:
 
-- home: after an adopted optimizer's step, each of its parameter-shaped state tensors (exp_avg,
-  exp_avg_sq, momentum_buffer, ...) on a GPU moves to pinned host memory, in place: the tensor
-  object (a DTensor's local tensor under FSDP2) keeps its device, shape and values, and its
-  storage becomes pinned host memory that kernels reach over PCIe, as advise's managed memory
-  was. So the application's own step, state_dict() and checkpoints work unchanged. The old
-  storage is kept, never returned to PyTorch's cache: the shim placed it on the host as cold
-  data, and a hot tensor carved from it would be served zero-copy. A state the shim made in
-  pinned host memory (shim/hoststate.c) is its own home: nothing is copied or kept.
-- stage: an early update copies its state into GPU buffers on one stream (host to device),
-  runs torch's own step on them on a second, and copies them home on a third (device to
-  host). The buffers are carved in turn from one ring of plain device memory per GPU
-  (transit_device_alloc: its bytes come out of the GPU budget). Not PyTorch's cache: under
-  the shim that is managed memory, and copies into managed memory, even memory placed on the
-  GPU, are served by the SMs and slow the kernels beside them, where plain device memory
-  gets the copy engines (the same RESULTS section). A buffer is
-  reused only after its copy home: the in-copy stream waits for that on the GPU, so the CPU
-  never blocks inside backward. TRANSIT_OVERLAP_INFLIGHT sets the ring's bytes (STAGE_LIMIT).
-  The in-copies of a step also wait, once, for the end of the previous optimizer step (the
-  application's step writes the homes of what was not updated early, and it runs after the
-  previous copies home), so they never read a state that is still being written.
+- home: after an optimizer's step, each of its parameter-shaped state tensors (exp_avg,
+  exp_avg_sq, momentum_buffer, ...) on a GPU has a home in pinned host memory: under the shim
+  the state it made in pinned host memory (shim/hoststate.c) is its own home, nothing is
+  copied or kept, and the state the budget holds on the GPU stays there. Without the shim the
+  state moves there in place: the tensor object (a DTensor's local tensor under FSDP2) keeps
+  its device, shape and values, and its storage becomes pinned host memory that kernels reach
+  over PCIe; the old storage is kept, never returned to PyTorch's cache. So the application's
+  own step, state_dict() and checkpoints work unchanged.
+- ring: the streamed step copies slices of the state into buffers carved in turn from one
+  ring of plain device memory per GPU (transit_device_alloc: its bytes come out of the GPU
+  budget). Not PyTorch's cache: under the shim that is managed memory, and copies into managed
+  memory, even memory placed on the GPU, are served by the SMs and slow the kernels beside
+  them, where plain device memory gets the copy engines (the same RESULTS section). A buffer
+  is reused only after its copy home: the in-copy stream waits for that on the GPU.
+  TRANSIT_OVERLAP_INFLIGHT sets the ring's bytes (STAGE_LIMIT).
 
 Bit-identical: the update is torch's step function on the same values (exact copies), only
 at other addresses; every verified kernel computes each element from its own inputs alone.
 """
 
-import atexit
 import collections
 import os
 import sys
 import threading
-import time
 import weakref
 
 import transit_rules
 
 INFLIGHT_ENV = transit_rules.ENV["OVERLAP_INFLIGHT"]
 # default bytes of the staging ring on each GPU. It comes out of the GPU budget, which every
-# microbatch pays for with hot data served from the host: the size measured best (bench/RESULTS.md,
-# "The staged step through a device ring"); the plan counts the same bytes
+# microbatch pays for with hot data served from the host: the size measured best for the staged
+# step, retired (bench/RESULTS.md, "The staged step through a device ring"); the plan counts the
+# same bytes
 STAGE_LIMIT = transit_rules.STAGE_RING_BYTES
 ALIGN = 512               # bytes: every buffer carved from the ring starts aligned for any dtype's kernels
 
@@ -58,16 +52,6 @@ def storage_tensor(t):
 
 def _nbytes(t):
     return t.numel() * t.element_size()
-
-
-def _wrap_like(state, buf):
-    """buf as the optimizer expects its state: a DTensor like `state` when it is one."""
-    if not hasattr(state, "_local_tensor"):
-        return buf
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(buf, device_mesh=state.device_mesh, placements=state.placements, run_check=False,
-                              shape=state.shape, stride=state.stride())
 
 
 class _CudaView:
@@ -177,15 +161,11 @@ class Staging:
         host_state(ptr, nbytes): whether the shim made that state in pinned host memory."""
         self.limit = _limit()
         self.host_state = host_state
-        self.largest = self.limit // 2  # a parameter with more state bytes is updated in place (zero-copy)
-        self.batch = self.limit // 4    # state bytes of one staged step (several parameters)
+        self.batch = self.limit // 4    # state bytes of one streamed batch of slices
         self.device_memory = device_memory
         self.rings = {}                 # device -> (Ring, its memory as a uint8 tensor), or None: none to be had
         self.after_step = {}            # device -> event after the last optimizer step, not yet waited for
-        self.lock = threading.Lock()    # a ring's take and done in order (autograd's device threads)
-        self.wrappers = {}              # id(DTensor state) -> (state, its wrapper for staged buffers)
-        self.cpu_s = 0.0                # the CPU's time in staged updates
-        atexit.register(self.report)
+        self.lock = threading.Lock()    # a ring's take and done in order
         self.homes = {}      # data_ptr of a homed state -> its pinned host (CPU) view
         self.owner = {}      # data_ptr of a homed state -> id() of its optimizer
         # the storages the states left, for the life of the job (see the module docstring; a
@@ -193,7 +173,6 @@ class Staging:
         self.kept = []       # (id() of the optimizer, storage)
         self.finalizers = {}  # id() of an optimizer with homes -> its weakref.finalize
         self.streams = {}    # device -> (in, update, out) streams
-        self.staged = 0      # early updates staged (tests, logs)
         self.in_place = 0    # bytes homed where they were born (the shim's pinned host memory)
         self.resident = {}   # data_ptr -> (bytes, id() of its optimizer) of a state the shim kept on the GPU: not homed
 
@@ -227,14 +206,14 @@ class Staging:
                             if t.is_cuda:
                                 devices.add(t.device)
                         live.add(t.data_ptr())
-        if moved:  # states replaced (load_state_dict): their pinned homes and wrappers go
+        if moved:  # states replaced (load_state_dict): their pinned homes go
             self._drop({q for q, o in self.owner.items() if o == id(opt) and q not in live})
         for dev in devices:
             self.ring(dev)  # at a step boundary, not inside the next backward
         return moved
 
     def stepped(self):
-        """After an optimizer step (post-step hook, on the step's stream): the next staged
+        """After an optimizer step (post-step hook, on the step's stream): the next
         in-copies on each device wait for it."""
         import torch
 
@@ -247,10 +226,9 @@ class Staging:
     def _drop(self, stale):
         for q in stale:
             del self.homes[q], self.owner[q]
-        self.wrappers = {k: w for k, w in self.wrappers.items() if storage_tensor(w[0]).data_ptr() not in stale}
 
     def _forget(self, oid):
-        """An optimizer was freed: its homes, wrappers and the storages its states left go too
+        """An optimizer was freed: its homes and the storages its states left go too
         (its managed state would have gone back to PyTorch's cache as well)."""
         self._drop({q for q, o in self.owner.items() if o == oid})
         self.resident = {q: v for q, v in self.resident.items() if v[1] != oid}
@@ -288,32 +266,17 @@ class Staging:
         self.owner[t.data_ptr()] = id(opt)
         return True
 
-    # --- stage ----------------------------------------------------------------------------
-
-    def stageable(self, opt, p):
-        """The state keys an early update of p can stage, or None (update it in place)."""
-        state = opt.state.get(p, {})
-        keys = self.staged_keys(state, p)
-        if not keys:
-            return None
-        ts = [storage_tensor(state[k]) for k in keys]
-        dev = storage_tensor(p).device
-        if any(t.device != dev for t in ts):
-            return None
-        if dev.type == "cuda" and (any(t.data_ptr() not in self.homes for t in ts) or
-                                   sum(map(_nbytes, ts)) > self.largest or self.ring(dev) is None):
-            return None
-        return keys
+    # --- the ring -------------------------------------------------------------------------
 
     def ring(self, dev):
         """The device's staging ring, made after its optimizer's first step; None (said once)
         when it cannot be had (no room in the GPU budget, a ring too small to hold a buffer):
-        the early updates then read the state in place."""
+        the step then reads the state in place."""
         if dev not in self.rings:
             self.rings[dev] = None
             why = self._make_ring(dev)
             if why:
-                print(f"transit adapter: {why}: the early updates on {dev} read the state in place",
+                print(f"transit adapter: {why}: the optimizer step on {dev} reads the state in place",
                       file=sys.stderr, flush=True)
         return self.rings[dev]
 
@@ -326,99 +289,6 @@ class Staging:
         self.rings[dev] = (Ring(self.limit), mem)
         return None
 
-    def nbytes(self, opt, p, keys):
-        """The state bytes a staged update of p moves each way."""
-        return sum(_nbytes(storage_tensor(opt.state[p][k])) for k in keys)
-
-    def update(self, opt, items, step, ready=()):
-        """Stage the state of the parameters in items [(param, keys)], run step(swaps) (swaps:
-        for each parameter the state entries to use) after the events `ready` (their
-        gradients), copy the state home."""
-        t0 = time.perf_counter()
-        try:
-            self._update(opt, items, step, ready)
-        finally:
-            self.cpu_s += time.perf_counter() - t0
-
-    def _update(self, opt, items, step, ready):
-        homes = [(p, k, opt.state[p][k], storage_tensor(opt.state[p][k])) for p, keys in items for k in keys]
-        first = homes[0][3]
-        if not first.is_cuda:  # CPU (tests): the same swap through plain copies
-            bufs = [t.clone() for _, _, _, t in homes]
-            try:
-                step(self._swaps(homes, bufs))
-            finally:
-                self._unwrap(homes)
-            for (_, _, _, t), b in zip(homes, bufs):
-                t.copy_(b)
-            self.staged += len(items)
-            return
-        with self.lock:  # the ring hands out bytes in the order their done events are recorded
-            self._staged_update(homes, items, step, ready)
-
-    def _staged_update(self, homes, items, step, ready):
-        import torch
-
-        dev = homes[0][3].device
-        s_in, s_upd, s_out = self.copy_streams(dev)
-        ring, mem = self.ring(dev)
-        after = self.after_step.pop(dev, None)
-        if after is not None:  # the homes hold the last step's values only after it
-            s_in.wait_event(after)
-        offs, size = [], 0
-        for _, _, _, t in homes:  # one buffer of the ring for the batch, each state aligned in it
-            n = -(-_nbytes(t) // ALIGN) * ALIGN
-            if size + n > ring.size:  # (a tiny ring) the rest is updated in place, reading its home
-                break
-            offs.append(size)
-            size += n
-        homes = homes[:len(offs)]
-        base, wait = ring.take(size)
-        if wait is not None:  # its bytes are reused: after their copy home (on the GPU, not the CPU)
-            s_in.wait_event(wait)
-        bufs = [mem[base + o:base + o + _nbytes(t)].view(t.dtype).view(t.shape) for o, (_, _, _, t) in zip(offs, homes)]
-        with torch.cuda.stream(s_in):
-            for (_, _, _, t), b in zip(homes, bufs):
-                b.copy_(self.homes[t.data_ptr()], non_blocking=True)
-        s_upd.wait_stream(s_in)
-        for ev in ready:  # each gradient, on the stream that made it
-            s_upd.wait_event(ev)
-        done = torch.cuda.Event()
-        try:
-            with torch.cuda.stream(s_upd):
-                step(self._swaps(homes, bufs))
-        finally:
-            self._unwrap(homes)
-            s_out.wait_stream(s_upd)
-            with torch.cuda.stream(s_out):
-                for (_, _, _, t), b in zip(homes, bufs):
-                    self.homes[t.data_ptr()].copy_(b, non_blocking=True)
-            done.record(s_out)
-            ring.done(done)  # whatever happened: the bytes are free after what was enqueued
-        self.staged += len(items)
-
-    def _swaps(self, homes, bufs):
-        """{param: {key: the staged buffer as the optimizer expects its state}}. A DTensor state
-        gets a DTensor wrapper made once per state tensor, whose local tensor is pointed at the
-        buffer: DTensor.from_local for every update cost the CPU more than the update."""
-        swaps = {}
-        for (p, k, state, _), buf in zip(homes, bufs):
-            if hasattr(state, "_local_tensor"):
-                w = self.wrappers.get(id(state))
-                if w is None or w[0] is not state:
-                    w = self.wrappers[id(state)] = (state, _wrap_like(state, buf))
-                w[1]._local_tensor = buf
-                buf = w[1]
-            swaps.setdefault(p, {})[k] = buf
-        return swaps
-
-    def _unwrap(self, homes):
-        """The wrappers let go of the buffers (which then return to the cache)."""
-        for _, _, state, t in homes:
-            w = self.wrappers.get(id(state))
-            if w is not None:
-                w[1]._local_tensor = t
-
     def copy_streams(self, dev):
         """The device's (in, update, out) copy and step streams, made at first use."""
         import torch
@@ -427,13 +297,8 @@ class Staging:
             self.streams[dev] = tuple(torch.cuda.Stream(device=dev) for _ in range(3))
         return self.streams[dev]
 
-    def report(self):
-        if self.staged and self.streams:  # staged on a GPU (the CPU path is for tests)
-            print(f"transit adapter: {self.staged} staged early updates; the CPU spent {self.cpu_s:.3f} s in them "
-                  f"(a {self.limit / 2**20:.0f} MiB ring of device memory on each GPU)", file=sys.stderr, flush=True)
-
     def wait(self, dev):
-        """The step's stream waits for every staged update and copy home (pre_step)."""
+        """The step's stream waits for every streamed update and copy home."""
         import torch
 
         cur = torch.cuda.current_stream(dev)

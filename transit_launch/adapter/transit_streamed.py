@@ -26,7 +26,7 @@ the gradient itself, not zeros).
 
 What is not streamed steps as without the adapter, said once per optimizer: other optimizer
 classes, a closure, step hooks that are not the adapter's, param groups torch's step would
-treat differently per subset (see transit_overlap.group_refusal), non-contiguous or sparse
+treat differently per subset (see transit_step.group_refusal), non-contiguous or sparse
 tensors, a state homed in part.
 """
 
@@ -35,12 +35,12 @@ import contextlib
 import sys
 import weakref
 
-import transit_overlap  # the verified step (raw_step) and the refusals the step modes share
+import transit_step  # the verified step (raw_step) and the refusals the step modes share
 import transit_staging
 
 ALIGN_ELEMS = 4096  # a slice starts at a multiple of this many elements (see _slices)
 # optimizers whose first step's state is all zeros (exp_avg, exp_avg_sq, max_exp_avg_sq): that
-# step can stream from zeros written on the GPU (transit_overlap.KNOWN holds the exact classes)
+# step can stream from zeros written on the GPU (transit_step.KNOWN holds the exact classes)
 ZERO_STATE = ("Adam", "AdamW")
 # the arguments of Adam's _init_group besides `group` (torch 2.11 passes amsgrad, 2.13 does
 # not): the lists it fills, and amsgrad, taken from the group
@@ -98,9 +98,9 @@ class StreamedStep:
     # --- the hooks ---------------------------------------------------------------------------
 
     def pre_step(self, opt, args, kwargs):
-        raw = transit_overlap.raw_step(opt)
+        raw = transit_step.raw_step(opt)
         if raw is None:
-            if not transit_overlap.is_container(opt):  # a container's step only calls its optimizers' (each hooked)
+            if not transit_step.is_container(opt):  # a container's step only calls its optimizers' (each hooked)
                 self._once(opt, f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})")
             return
         try:
@@ -129,7 +129,7 @@ class StreamedStep:
     def post_step(self, opt, args, kwargs):
         for p, g in self.hidden.pop(opt, []):
             p.grad = g
-        if transit_overlap.raw_step(opt) is None:
+        if transit_step.raw_step(opt) is None:
             return
         try:
             self.staging.home(opt)  # new state (the first step, a loaded state_dict) goes home
@@ -147,7 +147,7 @@ class StreamedStep:
     def _why_not(self, opt, args, kwargs):
         if opt in self.said:
             return self.said[opt]
-        return transit_overlap.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
+        return transit_step.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
 
     def _items(self, opt, group):
         """([(param, state keys)] of the group's parameters with a gradient and a pinned home,
@@ -192,7 +192,7 @@ class StreamedStep:
         from zeros in the ring; what the budget keeps on the GPU is zeroed there at once."""
         import inspect
 
-        if type(opt).__name__ not in ZERO_STATE or transit_overlap.raw_step(opt) is None:
+        if type(opt).__name__ not in ZERO_STATE or transit_step.raw_step(opt) is None:
             return
         new = [p for g in opt.param_groups for p in g["params"] if p.grad is not None and not opt.state.get(p)]
         if not new:

@@ -185,8 +185,8 @@ def register(sub):
     from transit_launch.rules import OVERLAP_MODES
     sp.add_argument("--overlap", choices=OVERLAP_MODES, type=overlap_mode,
                     help="plan for render/submit/run's --overlap (default: advise's, stream, which moves only the "
-                         "state the budget cannot hold and pays the staging ring from it); staged adds the state's "
-                         "second host copy to host DRAM; 0 plans the step in place")
+                         "state the budget cannot hold and pays the staging ring from it); 0 plans the step in "
+                         "place")
     sp.add_argument("--json", action="store_true", help="machine-readable output (every row)")
     sp.add_argument("--all", action="store_true",
                     help=f"show every node count in the table (without it, a plan of more than "

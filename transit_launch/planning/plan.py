@@ -60,7 +60,7 @@ class Request:
     scale_in: tuple[float, ...] | None = None
     min_efficiency: float = 0.9
     max_nodes: int = MAX_NODES  # the partition's node count when submit knows it
-    overlap: str | None = None  # TRANSIT_OVERLAP_STEP (rules.OVERLAP_MODES): staged costs host DRAM and budget
+    overlap: str | None = None  # TRANSIT_OVERLAP_STEP (rules.OVERLAP_MODES): stream pays its ring from the budget
 
     def __post_init__(self):  # the same checks for Python callers as for the CLI
         if not isinstance(self.card, ModelCard) or not isinstance(self.gpu, GPU):
@@ -169,23 +169,18 @@ def evaluate(req: Request, nodes: int, lay: Layout, offloads: bool = True) -> Ca
     # (also where the estimate alone fits: the budget bounds what is reserved, gap included)
     c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory)
     mode = step_mode(req)
+    # the streamed step (host is refused by Request: no cost model yet) pays its ring from the budget
     ring = mode in RING_OVERLAP_MODES and c.offload > 0
-    staged = ring and mode == "staged"
-    if ring and mode == "stream":
+    if ring:
         c.offload = streamed_offload(req, est)
-    elif ring:  # the staging ring comes out of the budget (staged: the state's pinned home is a second host copy)
-        c.offload += STAGE_RING_BYTES
     c.spill = max(0.0, c.offload - est.cold)
-    c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK + (est.optimizer if staged else 0.0))
+    c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK)
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
     # rounded once here, so every output (table, --json, --plot, messages) shows the same percent
     if c.offload:
         t = host_terms(req, c)
         c.efficiency, c.warm_up_s = round(efficiency_of(t), 4), t["warm_up_s"]
-    if staged:
-        c.notes.append(f"staged: +{gb(est.optimizer):.1f} GB host/GPU (the state's pinned copy), "
-                       f"{STAGE_RING_BYTES >> 20} MiB ring")
-    elif ring and req.overlap == "stream":  # asked for; as advise's default it is not repeated on every row
+    if ring and req.overlap == "stream":  # asked for; as advise's default it is not repeated on every row
         c.notes.append(f"stream: {STAGE_RING_BYTES >> 20} MiB ring")
     if c.spill:
         c.notes.append(f"{gb(c.spill)} GB of hot data (gradients/activations) must leave the GPU")

@@ -32,9 +32,9 @@ def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
     g.add_argument("--log", choices=LOG_LEVELS, help="TRANSIT_LOG level")
     g.add_argument("--overlap", choices=OVERLAP_MODES, type=overlap_mode,
                    help="TRANSIT_OVERLAP_STEP: stream (advise's default) runs the step after clipping through "
-                        "the copy engines for the state the budget cannot hold; 0 turns it off; 1 and staged "
-                        "overlap the step with backward (reading the state in place; through the copy engines). "
-                        "torch's Adam, AdamW and SGD, bit-identical; anything else falls back (docs/environment.md)")
+                        "the copy engines for the state the budget cannot hold (torch's Adam, AdamW and SGD, "
+                        "bit-identical; anything else falls back); 0 turns it off; host (an experiment) steps that "
+                        "state on the host with torch's CPU optimizer (docs/environment.md)")
 
 
 def cmd_run(a, command):

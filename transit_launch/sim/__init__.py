@@ -2,4 +2,5 @@
 TRANSIT paper). trace: loading; synth: synthetic traces and presets; cluster: racks,
 nodes and placement; jobs: eligibility and stretch rules; efficiency: per-GPU efficiency
 of a scaled-in job; scheduler: FIFO with Slurm's backfill over a heapq event loop (backfill: one pass); metrics:
-what operators read; compare: scenarios against their references."""
+what operators read; compare: scenarios against their references; bands: the headlines over
+the efficiency curves, replayed by reruns."""

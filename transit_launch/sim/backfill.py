@@ -22,6 +22,7 @@ start now (none fits the GPUs free now): further reservations would start nothin
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 
@@ -281,6 +282,11 @@ def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: flo
     return s, chosen
 
 
+def _most(cl) -> int:
+    """The most GPUs free on one node."""
+    return next((v for v in range(cl.gpn, 0, -1) if cl.bucket[v]), 0)
+
+
 def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strategy: str, begin,
              ends: Ends | None = None) -> None:
     """A pass at `now` over the first sp.bf_max_job_test jobs of `queue` (a deque, changed in
@@ -291,30 +297,30 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
     start (`earliest`, rounded down), and while every pending bound lies past a job's
     window, the pending reservations cannot hold that job's nodes, and the job (ending
     before them) changes no pending reservation once started."""
-    tested = []
-    for j in queue:
-        if len(tested) == sp.bf_max_job_test:
-            break
-        tested.append(j)
-    # later[k]: whether a job after the k-th could start now, on the GPUs free now (starts
-    # in the pass only take GPUs: one that does not fit now never will in this pass)
-    later, any_fits = [False] * len(tested), False
+    tested = list(itertools.islice(queue, sp.bf_max_job_test))
+    # a job after the `last`-th could start now, on the GPUs free now (starts in the pass
+    # only take GPUs: one that does not fit now never will in this pass); Cluster.fits
+    # with its counts read once: whole nodes, and the most GPUs free on a node
+    whole, most = cl.whole, _most(cl)
+    last = -1
     for k in range(len(tested) - 1, -1, -1):
-        later[k] = any_fits
         j = tested[k]
-        any_fits = any_fits or cl.fits(nodes[j], gpus[j])
+        if (whole >= nodes[j]) if nodes[j] > 1 else gpus[j] <= most:
+            last = k
+            break
     resv, pending, bound, bounds, failed = [], [], math.inf, {}, {}
     resv_jobs = []  # the jobs whose reservations were worked out, in order (some found none)
     made = ends.made if ends is not None else None
     horizon = now + sp.bf_window
+    cap, taken = sp.bf_reserve or math.inf, 0  # reservations a pass gives; made or pending
     for k, j in enumerate(tested):
         if cl.free_gpus == 0:
             return
-        length = plan[j]
-        shape = (nodes[j], gpus[j])
+        length, n = plan[j], nodes[j]
+        shape = (n, gpus[j])
         # one that failed to start stays failed for a longer window (the pass only takes GPUs
-        # and adds reservations)
-        if cl.fits(*shape) and length < failed.get(shape, math.inf):
+        # and adds reservations); fits: Cluster.fits
+        if ((cl.whole >= n) if n > 1 else gpus[j] <= most) and length < failed.get(shape, math.inf):
             if bound <= now + length:  # a pending reservation may hold this job's nodes: work them out
                 for p in pending:
                     s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p], now,
@@ -325,6 +331,7 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
                         resv.append((rs, max(sp.reservation(s + plan[p]), rs + sp.bf_resolution),
                                      frozenset(chosen)))
                 pending, bound = [], math.inf
+                taken = len(resv)
             # start it on nodes no reservation holds while it would run
             blocked = _overlapping(resv, now, now + length)
             ok = False
@@ -338,14 +345,16 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
             if ok:
                 queue.remove(j)
                 bounds.clear()
+                most = _most(cl)
                 continue
             failed[shape] = min(length, failed.get(shape, math.inf))
-        if not later[k]:
+        if k >= last:
             return
-        if sp.bf_reserve and len(resv) + len(pending) >= sp.bf_reserve:
+        if taken >= cap:
             continue
         if shape not in bounds:
             bounds[shape] = earliest(cl, planned, alloc, nodes[j], gpus[j], now, horizon, ends)
         if bounds[shape] <= horizon:  # else it would start past the window: no reservation
             pending.append(j)
+            taken += 1
             bound = min(bound, sp.reservation(bounds[shape]))

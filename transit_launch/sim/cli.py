@@ -9,14 +9,14 @@ from transit_launch.argtypes import finite_float, fractions, number, output_file
 from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.scheduler import STRATEGIES
-from transit_launch.sim.efficiency import NAMES as EFFICIENCY_NAMES
+from transit_launch.sim.efficiency import BAND as EFFICIENCY_BAND, NAMES as EFFICIENCY_NAMES
 from transit_launch.sim.limits import PLAN_ON
 from transit_launch.sim.synth import PRESETS
 from transit_launch.sim.tracefile import FORMATS
 
 
 def cmd_simulate(a, command):
-    from transit_launch.sim import compare
+    from transit_launch.sim import bands, compare, reruns as rerunning
     from transit_launch.sim import efficiency
     from transit_launch.sim import run as simrun
     from transit_launch.sim import synth
@@ -28,8 +28,13 @@ def cmd_simulate(a, command):
     from transit_launch.sim.scheduler import Factors
     if bool(a.trace) == bool(a.synthetic):
         raise UsageError("simulate needs exactly one of --trace FILE or --synthetic N")
+    sched = SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on, a.bf_window * 60,
+                        a.bf_reserve)
     if a.node_failures is not None:
-        return _cmd_failures(a)
+        if a.no_band:
+            raise UsageError("--no-band drops the scale-in report's band over the efficiency curves; the "
+                             "--node-failures report has none")
+        return _cmd_failures(a, sched)
     if a.on_node_loss != "both" or a.repair_hours is not None or a.checkpoint_hours is not None \
             or a.restart_minutes is not None:
         raise UsageError("--on-node-loss, --repair-hours, --checkpoint-hours and --restart-minutes model node "
@@ -50,9 +55,10 @@ def cmd_simulate(a, command):
                            gpus_per_node=a.gpus_per_node, strategy=a.placement,
                            factors=Factors(a.speedup, a.slowdown, a.unchanged),
                            efficiency=efficiency.parse(a.efficiency),
-                           sched=SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on,
-                                             a.bf_window * 60, a.bf_reserve))
+                           sched=sched)
     seeds = list(range(a.seed, a.seed + a.seeds))
+    # the band: the scale-in scenarios again with each other curve (sim/bands.py)
+    others = [] if a.no_band or not any(sc.reduction for sc in scs) else bands.curves(a.efficiency, scs[0].efficiency)[1:]
     if a.synthetic:
         gpus = a.racks * a.rack_gpus
         median = 1800.0 if a.median_duration is None else a.median_duration
@@ -70,8 +76,12 @@ def cmd_simulate(a, command):
     phases = []
     for s in seeds:
         phases += [(first + (f", seed {s}" if len(seeds) > 1 else ""), 0.15)] + [(sc.name, 1.0) for sc in scs]
+    for s in seeds:  # the band's replays, collected after every seed's scenarios (sim/reruns.py)
+        phases += [(f"{sc.name}, {label}" + (f", seed {s}" if len(seeds) > 1 else ""), 1.0)
+                   for label, _ in others for sc in scs if sc.reduction]
     progress = Progress(phases, enabled=not a.quiet)
     runs, loaded = [], None
+    reruns = rerunning.Reruns(others) if others else None
     rows_out = JobsOut(a.jobs_out) if a.jobs_out else None
     try:
         for s in seeds:
@@ -83,9 +93,15 @@ def cmd_simulate(a, command):
                 trace = synth.synthetic(a.synthetic, s, spec, progress.update)
             trace = limits.modelled(trace, a.limit_factor, s)
             each = (lambda res, s=s, t=trace: rows_out.write(s, res, t.ids, t.submit)) if rows_out else None
-            runs.append(simrun.run_all(trace, scs, progress, each))
+            baselines = {}
+            runs.append(simrun.run_all(trace, scs, progress, each, baselines))
+            if reruns:
+                reruns.submit(trace, scs, runs[-1], baselines)
+        extra = reruns.collect(progress) if reruns else {}
     finally:
         progress.close()
+        if reruns:
+            reruns.close()
         if rows_out:
             rows_out.close()
     if a.plot:
@@ -95,6 +111,8 @@ def cmd_simulate(a, command):
         trace.source = trace.source.replace(f"seed={seeds[-1]}", f"seeds={seeds[0]}-{seeds[-1]}")
     comparisons = compare.compare(runs, a.racks)
     means = [compare.mean_report(list(rs)) for rs in zip(*runs)]
+    labels = [a.efficiency] + [label for label, _ in others]
+    band = bands.band([(a.efficiency, runs)] + list(extra.items()), a.racks) if others else []
     if a.json:
         refs = {}
         for c in comparisons:
@@ -107,10 +125,18 @@ def cmd_simulate(a, command):
                "scenarios": [{"scenario": m["scenario"], "racks": m["racks"], "reduction": m["reduction"],
                               "reference": refs.get(m["scenario"]), "mean": m, "runs": list(rs)}
                              for m, rs in zip(means, zip(*runs))],
-               "comparisons": comparisons}
+               "comparisons": comparisons,
+               # every headline over the curves (sim/bands.py), the --efficiency curve first
+               "band": {"curves": [{"label": label, "name": c.name,
+                                    "efficiency_at": {f"{f:g}": round(c(f), 4) for f in reductions}}
+                                   for label, c in [(a.efficiency, scs[0].efficiency)] + others],
+                        "rows": band}}
         print(json.dumps(out, indent=2))
     else:
         print(simrun.text(means, comparisons, trace, seeds, scs[0], a.limit_factor))
+        if band:
+            print("\n" + bands.legend(a.efficiency, scs[0].efficiency, others, reductions, len(seeds)))
+            print(bands.text(band, labels, len(seeds)))
     return 0
 
 
@@ -129,10 +155,12 @@ def _node_failures(text: str) -> float:
     return v
 
 
-def _cmd_failures(a):
+def _cmd_failures(a, sched):
     """--node-failures: each policy (requeue and wait for the job's nodes, or continue
-    scaled-in) replayed on the same trace and the same failures, per seed."""
-    from transit_launch.sim import efficiency, failures, synth, tracefile
+    scaled-in) replayed on the same trace and the same failures, per seed, by the replay's
+    scheduler (sched: its SchedParams)."""
+    from transit_launch.sim import efficiency, failures, limits, synth, tracefile
+    from transit_launch.sim import run as simrun
     from transit_launch.table import table
     if a.trace and (a.preset or a.seeds > 1):
         raise UsageError("--preset and --seeds shape synthetic traces; --trace replays one as it is")
@@ -152,30 +180,37 @@ def _cmd_failures(a):
                                     median_duration=1800.0 if a.median_duration is None else a.median_duration))
             synth.check_jobs(a.synthetic)
             trace = synth.synthetic(a.synthetic, s, spec)
+        trace = limits.modelled(trace, a.limit_factor, s)
         for pol in policies:
             from dataclasses import replace
             r = failures.report(failures.replay(trace, a.racks, a.rack_gpus, a.gpus_per_node, pol,
-                                                replace(f, seed=s), curve)) | {"seed": s}
+                                                replace(f, seed=s), curve, sched)) | {"seed": s}
             out.append(r)
-            rows.append([pol, str(s), str(r["failures_hitting_jobs"]), str(r["interrupted_jobs"]),
+            rows.append([pol + (" *" if r["collapsed"] else ""), str(s), str(r["failures_hitting_jobs"]), str(r["interrupted_jobs"]),
                          f"{r['goodput']:.2%}" if r["goodput"] else "-",
                          f"{r['goodput_held']:.2%}" if r["goodput_held"] else "-", f"{r['held_gpu_h']:,.0f}",
                          f"{r['jct_mean_h']:.2f}", "-" if r["jct_interrupted_mean_h"] is None else
                          f"{r['jct_interrupted_mean_h']:.2f}", "-" if r["other_queue_mean_min"] is None else
                          f"{r['other_queue_mean_min']:.1f}", f"{r['makespan_h']:.1f}"])
     head = {"trace": trace.source, "jobs": len(trace), "failures_per_node_day": f.rate, "repair_h": f.repair_h,
-            "checkpoint_h": f.checkpoint_h, "restart_h": f.restart_h, "efficiency": curve.name}
+            "checkpoint_h": f.checkpoint_h, "restart_h": f.restart_h, "efficiency": curve.name,
+            "scheduler": dict(vars(sched), limit_factor=a.limit_factor)}
     if a.json:
         print(json.dumps(head | {"runs": out}, indent=2))
         return 0
     print(f"trace: {trace.source}, {len(trace)} GPU jobs; {f.rate:.4g} node failures per node-day, repair "
           f"{f.repair_h:g} h, checkpoints every {f.checkpoint_h:g} h, {f.restart_h * 60:g} min a restart; "
-          f"scaled-in efficiency: {curve.name}\n")
+          f"scaled-in efficiency: {curve.name}\n{simrun.scheduler_line(sched, a.limit_factor)}\n")
     print(table(["on node loss", "seed", "failures on jobs", "jobs hit", "goodput", "of held", "GPU-h held",
                  "JCT mean h", "JCT of jobs hit h", "others' queue min", "makespan h"], rows, "llrrrrrrrrr"))
     print("\ngoodput: the trace's work (GPUs x recorded duration) over the GPU-hours the jobs were owed from "
           "submission to end (waiting and down time count); of held: over the GPU-hours they held running; "
           "others' queue: jobs no failure hit")
+    collapsed = sorted({f"{r['policy']} (seed {r['seed']})" for r in out if r["collapsed"]})
+    if collapsed:
+        print(f"* collapsed: offered load above 1 (arrivals x GPU-hours held a job over the GPUs up on average), "
+              f"the queue grows without bound and its times and goodput measure the trace's length: "
+              f"{', '.join(collapsed)}")
     return 0
 
 
@@ -215,9 +250,14 @@ def register(sub):
     sc.add_argument("--reductions", type=fractions("--reductions", allow_zero=True), default=[0.25, 0.5],
                     help="node-count reductions for eligible jobs (multi-node training jobs; default 0.25,0.5)")
     sc.add_argument("--efficiency", default="planner", metavar="CURVE",
-                    help=f"per-GPU efficiency of a scaled-in job by the reduction it took: {' or '.join(EFFICIENCY_NAMES)}"
-                         " (1.0, time inversely proportional to nodes) or pairs like 0.5:0.9 (default planner: the "
-                         "planner's prediction for Llama3-70B FSDP on H100-80GB)")
+                    help=f"per-GPU efficiency of a scaled-in job by the reduction it took: {', '.join(EFFICIENCY_NAMES)} "
+                         "(linear: 1.0, time inversely proportional to nodes; titan-mbN: TorchTitan's measured step at "
+                         "N microbatches, at every reduction) or pairs like 0.5:0.9 (default planner: the planner's "
+                         "prediction for Llama3-70B FSDP on H100-80GB); the headline bands add "
+                         f"{', '.join(EFFICIENCY_BAND)}")
+    sc.add_argument("--no-band", action="store_true",
+                    help="run the --efficiency curve alone, without the band of headlines over the other curves "
+                         "(faster: the band runs each scale-in scenario once a curve)")
     sc.add_argument("--speedup", type=finite_float(), default=0.5,
                     help="inter-rack -> intra-rack speed-up (paper: 0-1.37; default 0.5)")
     sc.add_argument("--slowdown", type=finite_float(), default=0.275,

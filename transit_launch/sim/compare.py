@@ -22,6 +22,8 @@ METRICS = (
     ("eligible_throughput_jobs_per_h", ("eligible", "throughput_jobs_per_h"), "eligible jobs/h"),
     ("gpu_hours", ("all", "gpu_hours"), "GPU-h burned"),
     ("slowdown_mean", ("all", "slowdown_mean"), "slowdown"),
+    ("makespan_h", ("all", "makespan_h"), "makespan h"),
+    ("goodput", ("all", "goodput"), "goodput"),
 )
 
 
@@ -65,6 +67,7 @@ def compare(runs: list[list[dict]], full_racks: int) -> list[dict]:
                 "value": round(statistics.fmean(v for v, _ in vals), 4),
                 "reference": round(statistics.fmean(b for _, b in vals), 4),
                 "change": round(statistics.fmean(v - b for v, b in vals), 4),
+                "change_range": [round(min(v - b for v, b in vals), 4), round(max(v - b for v, b in vals), 4)],
                 "change_pct": round(statistics.fmean(known), 4) if len(known) == len(pcts) else None,
                 "change_pct_range": [round(min(known), 4), round(max(known), 4)] if len(known) == len(pcts) else None,
             }

@@ -8,7 +8,16 @@ A job that gives up a fraction r of its nodes runs n / n' / efficiency(r) times 
            Llama3-70B FSDP on H100-80GB, the paper's Figure 7 job, evaluated GPU by GPU
            below its no-offload minimum;
   linear:  1.0 everywhere, the paper's own assumption (time inversely proportional);
-  R:E,...: a measured curve, e.g. bench/'s N -> N/2 runs as 0.5:0.9."""
+  titan-mb1, titan-mb8, titan-mb16: measured points, TorchTitan's streamed optimizer step
+           on an H100 against no offloading (bench/RESULTS.md) at 1, 8 and 16 microbatches a
+           step: 46.8%, 85.4%, 91.6%. Each was measured at one memory ratio and is applied
+           flat, to every reduction a job takes (an assumption: more state moves at 50% fewer
+           nodes than at 25%, so the flat point flatters deeper cuts);
+  R:E,...: a measured curve, e.g. bench/'s N -> N/2 runs as 0.5:0.9.
+
+BAND: the curves every default report runs (sim/bands.py): the planner's and the three
+measured points, which span what a scaled-in job keeps from its worst case (one
+microbatch a step: the whole state crosses PCIe for little compute) to its best measured."""
 
 from __future__ import annotations
 
@@ -19,8 +28,17 @@ from dataclasses import dataclass
 from transit_launch.checks import real
 from transit_launch.errors import UsageError
 
-NAMES = ("planner", "linear")
 PLANNER_MODEL, PLANNER_GPU = "llama3-70b", "h100-80gb"
+# (name, efficiency at every reduction, what was measured): bench/RESULTS.md, TorchTitan
+# Llama3 with the streamed step (the default) against no offloading, steady step, one H100
+MEASURED = (
+    ("titan-mb1", 0.468, "TorchTitan streamed step, H100, 1 microbatch a step"),
+    ("titan-mb8", 0.854, "the same at 8 microbatches"),
+    ("titan-mb16", 0.916, "the same at 16 microbatches"),
+)
+NAMES = ("planner", "linear") + tuple(m[0] for m in MEASURED)
+BAND = ("planner",) + tuple(m[0] for m in MEASURED)
+FLAT_FROM = 1e-9  # a measured point holds from the smallest reduction on
 
 
 @dataclass(frozen=True)
@@ -60,18 +78,25 @@ def planner() -> Curve:
     return Curve(f"planner ({PLANNER_MODEL} FSDP, {PLANNER_GPU})", tuple(pts))
 
 
+def measured(name: str) -> Curve:
+    e = next(e for n, e, _ in MEASURED if n == name)
+    return Curve(name, ((0.0, 1.0), (FLAT_FROM, e)))
+
+
 def parse(text: str) -> Curve:
-    """--efficiency's value: planner, linear, or R:E pairs (0:1 is implied)."""
+    """--efficiency's value: a name of NAMES, or R:E pairs (0:1 is implied)."""
     if text == "planner":
         return planner()
     if text == "linear":
         return LINEAR
+    if text in NAMES:
+        return measured(text)
     try:
         pairs = [tuple(float(x) for x in item.split(":")) for item in text.split(",") if item.strip()]
         if not pairs or any(len(p) != 2 for p in pairs):
             raise ValueError
     except ValueError:
-        raise UsageError(f"--efficiency takes planner, linear or reduction:efficiency pairs like 0.25:0.97,0.5:0.9, "
+        raise UsageError(f"--efficiency takes {', '.join(NAMES)} or reduction:efficiency pairs like 0.25:0.97,0.5:0.9, "
                          f"got {text!r}") from None
     pts = sorted(pairs)
     if pts[0][0] != 0:

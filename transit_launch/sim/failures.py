@@ -22,31 +22,37 @@ checkpoint_h of its run since it last started) and then:
             runs at n'/n x efficiency(1 - n'/n) of its full rate (sim/efficiency.py) after
             restart_h; when the failed node returns it takes it back (a checkpoint at that
             moment, then restart_h). A one-node job, or one not eligible, requeues.
-Scheduling: FIFO with EASY backfill, the head alone reserved (the head's reservation counts
-the running jobs' ends and the repaired nodes no scaled-in job waits for), but planned on
-run times, at every event: time limits and pass intervals are not modelled here. No placement
-transition factors: jobs run as recorded at their full size."""
+Scheduling: the replay's own (sim/scheduler.py, sim/backfill.py): FIFO, the main scheduler
+starting the head at every event, and Slurm's backfill passes every bf_interval over the
+first bf_max_job_test jobs, reserving specific nodes for the first bf_reserve, planned on
+time limits (sim/limits.py) or run times (SchedParams). A requeued job goes back in its
+submission place and asks its full limit again, as Slurm's requeue does (on run times:
+what it has left, its restart included). A running job is planned to end at its start
+plus its limit; one that a lost node slows past that, at its expected end rounded up to a
+minute (the replay never kills a job at its limit). A failed node comes back, for the
+reservations, at its repair time unless a scaled-in job waits for it (then with that job's
+end). No placement transition factors: jobs run as recorded at their full size, placed as
+`pack` places them."""
 
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import random
+from collections import deque
 from dataclasses import dataclass
 
 from transit_launch.checks import real
 from transit_launch.errors import UsageError
-from transit_launch.sim import jobs
+from transit_launch.sim import backfill, jobs, limits
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import Curve
 from transit_launch.sim.limits import SchedParams
-from transit_launch.sim.scheduler import demand, earliest_start
+from transit_launch.sim.scheduler import demand
 from transit_launch.sim.trace import Trace
 
-# the backfill window (Slurm's bf_max_job_test, the head included); this replay still plans
-# on the jobs' remaining run times and backfills at every event (docs/simulate.md)
-WINDOW = SchedParams().bf_max_job_test
 LLAMA3_RATE = 419 / (16_384 / 8 * 54)  # failures per node-day, Llama 3 paper (see above)
 POLICIES = ("requeue", "scale-in")
 DAY = 86_400.0
@@ -81,12 +87,14 @@ class Outcome:
     failures: int        # failures that hit a running job
     total_gpus: int
     owed_gpu_h: float = 0.0  # GPU-hours from each job's submission to its end: waiting and down time included
+    availability: float = 1.0  # the share of its time a node is up: MTBF / (MTBF + repair), 1 without a rate
 
 
 def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy: str, f: Failures,
-           efficiency: Curve) -> Outcome:
+           efficiency: Curve, sp: SchedParams | None = None) -> Outcome:
     if policy not in POLICIES:
         raise UsageError(f"--on-node-loss {policy!r} is not one of {', '.join(POLICIES)}")
+    sp = SchedParams() if sp is None else sp
     cl = Cluster(racks, rack_gpus, gpus_per_node)
     gpn, N = gpus_per_node, len(trace)
     n0, g0 = [0] * N, [0] * N
@@ -96,13 +104,22 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             raise UsageError(f"job {trace.ids[i]} needs {g0[i]} GPUs, more than the cluster's {cl.total_gpus}")
     elig = [n0[i] > 1 and jobs.eligible_type(trace.job_type(i)) for i in range(N)]
     left = [float(d) for d in trace.duration]   # work left, in seconds at the full size
+    lim = limits.of(trace.duration, trace.limits)
+    on_limits = sp.plan_on == "limits"
+    plan = lim[:] if on_limits else left[:]     # what a queued job's window is planned on
+    # the running jobs' planned ends, sorted, and a down node's return as job N + node
+    # (its GPUs, all taken, come back at its repair): sim/backfill.py reads both
+    planned: list = []
+    pend: list = [None] * (N + cl.n_nodes)
+    back = [0.0] * cl.n_nodes                   # when a down node is repaired
     first = [None] * N
     end = [math.inf] * N
-    alloc = [None] * N                          # [(node, gpus)] while running
+    alloc = [None] * (N + cl.n_nodes)           # [(node, gpus)] while running; a down node's own GPUs
     run_start = [0.0] * N                       # when the current run (since the last (re)start) began
     seg = [0.0] * N                             # when progress at `rate` began (after a restart's downtime)
     rate = [1.0] * N
     held_since = [0.0] * N
+    began = [0.0] * N                           # when the job last started (its limit runs from there)
     interrupted = [False] * N
     on_node: dict[int, set] = {}
     down = [False] * cl.n_nodes
@@ -124,7 +141,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
     nxt_fail = draw(0.0)
     repairs: list = []                          # heap of (time back, node)
     running: list = []                          # heap of (end, job); stale entries skipped
-    queue: list = []                            # waiting jobs, sorted by index (submission order)
+    queue: deque = deque()                      # waiting jobs, sorted by index (submission order)
     nxt = 0
 
     def progress(i: int, now: float) -> float:
@@ -135,12 +152,31 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         held += sum(g for _, g in alloc[i]) * (now - held_since[i])
         held_since[i] = now
 
+    def unplan(i: int) -> None:
+        if pend[i] is not None:
+            del planned[bisect.bisect_left(planned, (pend[i], i))]
+            pend[i] = None
+
+    def replan(i: int, when: float) -> None:
+        unplan(i)
+        pend[i] = when
+        bisect.insort(planned, (when, i))
+
     def set_run(i: int, now: float, delay: float) -> None:
         nodes = len(alloc[i]) if n0[i] > 1 else 1
         rate[i] = 1.0 if nodes == n0[i] else nodes / n0[i] * efficiency(1 - nodes / n0[i])
         seg[i] = now + delay
         end[i] = seg[i] + left[i] / rate[i]
         heapq.heappush(running, (end[i], i))
+        if on_limits:  # its limit from its (re)start; past it, its expected end to the minute
+            replan(i, max(began[i] + lim[i], now + limits.minutes_up(end[i] - now)))
+        else:
+            replan(i, end[i])
+
+    def down_until(x: int) -> None:
+        """Node x, down and waited for by no job, returns to the pool at its repair."""
+        alloc[N + x] = [(x, gpn)]
+        replan(N + x, back[x])
 
     def begin(i: int, now: float) -> bool:
         placed = cl.place(n0[i], g0[i], "pack")
@@ -151,7 +187,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             on_node.setdefault(node, set()).add(i)
         if first[i] is None:
             first[i] = now
-        run_start[i] = held_since[i] = now
+        run_start[i] = held_since[i] = began[i] = now
         set_run(i, now, restart if interrupted[i] else 0.0)
         return True
 
@@ -187,16 +223,29 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             drop(i, [node for node, _ in alloc[i]])
             alloc[i] = None
             end[i] = math.inf
-            for node in [k for k, j in waits_for.items() if j == i]:
-                del waits_for[node]
+            unplan(i)
+            release_waits(i)
+            if not on_limits:
+                plan[i] = left[i] + restart
             bisect.insort(queue, i)
         # the node's free GPUs are out with it; the failed jobs' GPUs there stay taken
         if cl.free[x]:
             cl._take(x, cl.free[x])
         on_node.pop(x, None)
+        back[x] = now + f.repair_h * 3600
+        if x not in waits_for:
+            down_until(x)
+
+    def release_waits(i: int) -> None:
+        """Job i ended or requeued: the down nodes it waited for go back to the pool when repaired."""
+        for node in [k for k, j in waits_for.items() if j == i]:
+            del waits_for[node]
+            down_until(node)
 
     def repaired(x: int, now: float) -> None:
         down[x] = False
+        unplan(N + x)
+        alloc[N + x] = None
         i = waits_for.pop(x, None)
         if i is not None and alloc[i] is not None:  # scale back out: a checkpoint now, then a restart
             account(i, now)
@@ -208,20 +257,13 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             return
         cl.release([(x, gpn)])
 
-    def reserve(h: int, now: float) -> tuple[float, int]:
-        events = [(e, alloc[j]) for e, j in running if alloc[j] is not None and e == end[j]]
-        events += [(t, [(x, gpn)]) for t, x in repairs if x not in waits_for]
-        events.sort(key=lambda ev: ev[0])
-        return earliest_start(cl, events, n0[h], g0[h], now)
-
-    def expected(j: int) -> float:
-        return left[j] + (restart if interrupted[j] else 0.0)
-
+    due = math.inf  # the next backfill pass, when something changed since the last
     while nxt < N or queue or running:
         t = min(trace.submit[nxt] if nxt < N else math.inf, running[0][0] if running else math.inf,
-                nxt_fail[0], repairs[0][0] if repairs else math.inf)
+                nxt_fail[0], repairs[0][0] if repairs else math.inf, due)
         if t == math.inf:
             break
+        changed = False
         while running and running[0][0] <= t:
             e, j = heapq.heappop(running)
             if alloc[j] is None or e != end[j]:
@@ -230,38 +272,38 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             cl.release(alloc[j])
             drop(j, [node for node, _ in alloc[j]])
             alloc[j] = None
+            unplan(j)
             left[j] = 0.0
-            for node in [k for k, i in waits_for.items() if i == j]:
-                del waits_for[node]
+            release_waits(j)
+            changed = True
         while repairs and repairs[0][0] <= t:
             repaired(heapq.heappop(repairs)[1], t)
+            changed = True
         while nxt_fail[0] <= t:
             fail(nxt_fail[1], t)
             nxt_fail = draw(t)
+            changed = True
         while nxt < N and trace.submit[nxt] <= t:
             bisect.insort(queue, nxt)
             nxt += 1
-        while queue and begin(queue[0], t):
-            queue.pop(0)
-        if not queue or cl.free_gpus == 0:
+            changed = True
+        # the main scheduler: start the head while it fits
+        while changed and queue and begin(queue[0], t):
+            queue.popleft()
+        if changed and queue and due == math.inf:
+            due = sp.next_pass(t)
+        if t < due:
             continue
-        head = queue[0]
-        shadow, extra = reserve(head, t)
-        by_nodes = n0[head] > 1
-        i = 1
-        while i < min(len(queue), WINDOW) and cl.free_gpus > 0:
-            j = queue[i]
-            cost = n0[j] if by_nodes else g0[j]
-            if g0[j] <= cl.free_gpus and (t + expected(j) <= shadow or cost <= extra) and begin(j, t):
-                if end[j] > shadow:
-                    extra -= cost
-                del queue[i]
-            else:
-                i += 1
+        due = math.inf
+        if cl.free_gpus == 0:
+            continue
+        backfill.run_pass(cl, queue, t, n0, g0, plan, planned, alloc, sp, "pack", functools.partial(begin, now=t))
     useful = sum(g0[i] * trace.duration[i] for i in range(N)) / 3600
     owed = sum(g0[i] * (end[i] - trace.submit[i]) for i in range(N)) / 3600
+    # a node is up for 1 / rate days on average, then down repair_h: up that share of the time
+    up = 1 / (1 + f.rate * f.repair_h / 24)
     return Outcome(policy, list(trace.submit), first, end, interrupted, useful, held / 3600, hits, cl.total_gpus,
-                   owed)
+                   owed, up)
 
 
 def report(o: Outcome) -> dict:
@@ -270,8 +312,15 @@ def report(o: Outcome) -> dict:
     restarts and slower scaled-in time all count against it, so a run whose queue grows
     reads low. goodput_held: the same work over the GPU-hours the jobs held (running only:
     blind to waiting and down time). Completion times, and queue times of the jobs no
-    failure touched (the other jobs)."""
+    failure touched (the other jobs).
+
+    Offered load, as sim/metrics.py's: the arrival rate times the GPU-hours a job held, over
+    the GPUs that are up on average (the cluster's times the nodes' availability); above 1
+    the queue grows without bound and the run is `collapsed`: its queue times and goodput
+    then measure the trace's length."""
     n = len(o.submit)
+    window_h = (max(o.submit) - min(o.submit)) / 3600 if n else 0.0
+    load = (n - 1) / window_h * (o.held_gpu_h / n) / (o.total_gpus * o.availability) if window_h else None
     jct = [(o.end[i] - o.submit[i]) / 3600 for i in range(n)]
     hit = [i for i in range(n) if o.interrupted[i]]
     others = [i for i in range(n) if not o.interrupted[i]]
@@ -285,4 +334,6 @@ def report(o: Outcome) -> dict:
             "goodput_held": round(o.useful_gpu_h / o.held_gpu_h, 4) if o.held_gpu_h else None,
             "jct_mean_h": mean(jct), "jct_interrupted_mean_h": mean([jct[i] for i in hit]),
             "makespan_h": round((max(o.end) - min(o.submit)) / 3600, 4) if n else None,
-            "other_queue_mean_min": mean([(o.start[i] - o.submit[i]) / 60 for i in others])}
+            "other_queue_mean_min": mean([(o.start[i] - o.submit[i]) / 60 for i in others]),
+            "availability": round(o.availability, 4), "offered_load": None if load is None else round(load, 4),
+            "collapsed": bool(load and load > 1)}

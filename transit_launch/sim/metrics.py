@@ -13,6 +13,13 @@ read 60. Offered load: the arrival rate times the mean GPU-seconds a job burns, 
 cluster's GPUs; above 1 the queue grows without bound, and the run is flagged
 `collapsed`: its queue times then measure how long the trace is, not the scheduler.
 
+Goodput: the trace's work (a job's GPUs at the size it asked for x its recorded run time;
+a scaled-in job that ended at an event, which fewer nodes do not postpone, did the held
+GPUs' share) over the GPU-hours the jobs were owed from submission to end (the GPUs they
+held x (end - submit)): waiting and a scaled-in job's slower per-GPU rate count against
+it, as in the node-failure replay (sim/failures.py). A job moved into one rack by
+scale-in can run faster than recorded (--speedup), so a job's own share can pass 1.
+
 inter-rack traffic proxy: rack traversals, the paper's proxy: racks spanned - 1, summed over
 jobs (each extra rack is one more ring hop over the spine). Beside it, traversal-hours
 (traversals weighted by run time: how long that traffic flows) and the GPU-hours of jobs
@@ -43,6 +50,7 @@ def summarize(res: Result, submit: list, idx=None) -> dict:
     w0, w1 = window(submit)
     waits, work, inter_work, traversals, racks, n, trav_h = [], 0.0, 0.0, 0, 0, 0, 0.0
     busy, done, last, slow = 0.0, 0, 0.0, []
+    useful, owed = 0.0, 0.0
     for i in idx:
         n += 1
         s, e = res.start[i], res.end[i]
@@ -52,6 +60,8 @@ def summarize(res: Result, submit: list, idx=None) -> dict:
         slow.append(max(1.0, (wait + d) / max(d, SLOWDOWN_FLOOR_S)))
         w = res.gpus[i] * d / 3600
         work += w
+        owed += res.gpus[i] * (e - submit[i])
+        useful += res.work[i] if res.work else 0.0
         busy += res.gpus[i] * max(0.0, min(e, w1) - max(s, w0)) / 3600
         done += e <= w1
         if res.racks[i] > 1:
@@ -79,6 +89,7 @@ def summarize(res: Result, submit: list, idx=None) -> dict:
         "slowdown_mean": statistics.fmean(slow),
         "slowdown_p95": _pct(slow, 0.95),
         "gpu_hours": work,
+        "goodput": useful / owed if res.work and owed else None,
         "gpu_hours_in_window": busy,
         "inter_rack_gpu_hours": inter_work,
         "rack_traversals": traversals,

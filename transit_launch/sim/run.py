@@ -38,14 +38,17 @@ def check_fits(trace: Trace, scs: list[Scenario]) -> None:
                              "use more --racks or drop them from the trace")
 
 
-def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None, each=None) -> list[dict]:
+def run_all(trace: Trace, scs: list[Scenario], progress: Progress | None = None, each=None,
+            baselines: dict | None = None) -> list[dict]:
     """Every scenario on the trace, each scale-in's placement transitions judged against
     the baseline of its own cluster size (run first when it is in scs); progress (its
     phases after the current one are the scenarios) is told how far each is; each(result),
-    when given, gets every scenario's Result (--jobs-out)."""
+    when given, gets every scenario's Result (--jobs-out); baselines, when given, gets each
+    cluster size's baseline Result (sim/bands.py replays against them)."""
     check_fits(trace, scs)
     first = progress.k + 1 if progress else 0
-    results, baselines = [], {}
+    results = []
+    baselines = {} if baselines is None else baselines
     for i, sc in enumerate(scs):
         if progress:
             progress.phase(first + i)
@@ -84,6 +87,16 @@ def _pct(p: float) -> str:
     return f"{p:+.0%}" if p < 10 else f"{1 + p:.0f}x"
 
 
+def scheduler_line(p, limit_factor: float) -> str:
+    """The scheduler's parameters (SchedParams) as the reports head them."""
+    limits = "recorded, else " + (f"run time x [1, {limit_factor:g}] drawn" if limit_factor > 1 else "the run time")
+    return (f"scheduler: FIFO, backfill on {p.plan_on} (time limits: {limits}, in minutes) reserving for "
+            + ("every job tested" if not p.bf_reserve else "the head" if p.bf_reserve == 1
+               else f"the first {p.bf_reserve} jobs")
+            + f", bf_max_job_test {p.bf_max_job_test}, bf_interval {p.bf_interval:g} s, bf_resolution "
+            f"{p.bf_resolution:g} s, bf_window {p.bf_window / 60:g} min")
+
+
 def text(means: list[dict], comparisons: list[dict], trace: Trace, seeds: list[int], sc: Scenario,
          limit_factor: float = 1.0) -> str:
     rows = []
@@ -99,15 +112,8 @@ def text(means: list[dict], comparisons: list[dict], trace: Trace, seeds: list[i
     labels = {k: label for k, _, label in compare.METRICS}
     crow = [[c["scenario"], c["reference"]] + [_change(c["metrics"][k], k) for k in shown] for c in comparisons]
     several = len(seeds) > 1
-    p = sc.sched
-    limits = "recorded, else " + (f"run time x [1, {limit_factor:g}] drawn" if limit_factor > 1 else "the run time")
     head = [f"trace: {trace.source}, {len(trace)} GPU jobs" + (f" each; means over {len(seeds)} seeds" if several else ""),
-            f"scheduler: FIFO, backfill on {p.plan_on} (time limits: {limits}, in minutes) reserving for "
-            + ("every job tested" if not p.bf_reserve else "the head" if p.bf_reserve == 1
-               else f"the first {p.bf_reserve} jobs")
-            + f", bf_max_job_test {p.bf_max_job_test}, bf_interval {p.bf_interval:g} s, bf_resolution "
-            f"{p.bf_resolution:g} s, bf_window {p.bf_window / 60:g} min",
-            f"scaled-in efficiency: {sc.efficiency.name}"]
+            scheduler_line(sc.sched, limit_factor), f"scaled-in efficiency: {sc.efficiency.name}"]
     if trace.dropped:
         head.append("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(trace.dropped.items())))
     collapsed = [r["scenario"] for r in means if r["all"].get("collapsed")]

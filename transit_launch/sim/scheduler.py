@@ -118,6 +118,7 @@ class Result:
     total_gpus: int
     eligible: list       # bool a job: scale-in applies to it (whether or not it lost a node)
     limit: list          # the time limit the scheduler planned each job on, seconds
+    work: list = None    # GPU-seconds of the trace's work a job did (goodput's numerator: sim/metrics.py)
 
 
 def demand(g: int, gpn: int) -> tuple[int, int]:
@@ -155,12 +156,13 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     gpn, N = sc.gpus_per_node, len(trace)
     submit, dur0, g0 = trace.submit, trace.duration, trace.gpus
     lim = limits.of(dur0, trace.limits)
-    nodes, gpus, dur, orig = [0] * N, [0] * N, [0.0] * N, [0] * N
+    nodes, gpus, dur, orig, work = [0] * N, [0] * N, [0.0] * N, [0] * N, [0.0] * N
     eligible, adjust = [False] * N, [False] * N  # adjust: the transition factor applies at start
     for i in range(N):
         n, g = demand(g0[i], gpn)
         orig[i] = n
         d = dur0[i]
+        work[i] = g * d  # at the size it asked for; a job scaled in that does not stretch: below
         eligible[i] = n > 1 and jobs.eligible_type(trace.job_type(i))
         if eligible[i] and sc.reduction > 0:
             n2 = jobs.scaled_nodes(n, sc.reduction)
@@ -171,6 +173,8 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
                     lim[i] = limits.minutes_up(lim[i] * stretch)
                     adjust[i] = True
                 n, g = (n2, n2 * gpn) if n2 > 1 else (1, gpn)
+                if not adjust[i]:  # ended at an event: the same time on fewer GPUs did their share
+                    work[i] = g * d
         nodes[i], gpus[i], dur[i] = n, g, d
         if g > cl.total_gpus:
             raise ValueError(f"job {trace.ids[i]} needs {g} GPUs, more than the {cl.total_gpus} of {sc.name}")
@@ -239,4 +243,4 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
             continue
         backfill.run_pass(cl, queue, t, nodes, gpus, plan, planned, alloc, sp, sc.strategy,
                           functools.partial(begin, now=t), ends)
-    return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible, lim)
+    return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible, lim, work)
