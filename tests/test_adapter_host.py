@@ -107,7 +107,7 @@ def test_the_host_step_is_torchs_own_cpu_step(host, name, clip):
         assert not all(torch.equal(p, q) for p, q in zip(m.parameters(), unclipped.parameters()))
 
 
-@pytest.mark.parametrize("bounce", [1000, 1 << 20], ids=["pieces", "whole"])
+@pytest.mark.parametrize("bounce", [1000, 5000, 1 << 20], ids=["pieces", "ring", "whole"])
 def test_copies_through_a_bounce_buffer_are_exact(bounce):
     """With the shim's plain device memory (here torch's CPU memory) every gradient down and
     parameter up passes through the bounce buffers, in pieces when a tensor is larger (1000
@@ -131,8 +131,9 @@ def test_copies_through_a_bounce_buffer_are_exact(bounce):
     assert loss == ref_loss
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref_m.parameters()))
     down, up = h.bounces[torch.device("cpu")]
-    assert down.numel() == up.numel() == bounce
-    assert down.any() and up.any()  # written: the last pieces are still in them
+    assert down.mem.numel() == up.numel() == bounce and down.piece <= max(512, bounce // 4)
+    assert down.mem.any() and up.any()  # written: the last pieces are still in them
+    assert not h.hook_failed and h.stats["recopied"] == 4  # every copy after the first step went through the ring
     assert h.stats["clipped"] == (STEPS - 1) * 4
 
 

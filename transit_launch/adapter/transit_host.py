@@ -45,9 +45,12 @@ CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU
 # Under the shim the parameters and gradients are managed memory, and a copy between managed
 # and pinned host memory is served by the SMs: the compute stream stalls for each gradient's
 # copy down (bench/RESULTS.md, "The host step's copies through plain device memory"). So each
-# copy passes through this many bytes of plain device memory each way (_through): the copy
-# engines move it over PCIe, the SMs only copy it on the device
+# copy passes through this many bytes of plain device memory each way: the copy engines move
+# it over PCIe, the SMs only copy it on the device. Down, the device copy runs on the compute
+# stream in backward's order (a copy stream's would wait for a gap between the GEMMs, one per
+# piece), into a ring of DOWN_PIECES pieces, which the copy stream sends down (_DownRing)
 BOUNCE_BYTES = 64 << 20
+DOWN_PIECES = 4
 # Said once for an optimizer of FSDP2 (DTensor) parameters: their host state is plain tensors,
 # which torch's distributed checkpoint cannot place
 DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not in opt.state, so "
@@ -145,6 +148,45 @@ def _say(msg):
 
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+class _DownRing:
+    """Gradients sent down through a ring of plain device memory: each piece copied into the
+    ring on the stream that made the gradient (in order: no copy stream waiting for SMs), then
+    sent to pinned host memory by the copy stream. A piece reuses ring bytes only after their
+    copy down (the compute stream waits for that on the GPU, only when the copy engines are a
+    whole ring behind). On a CPU (tests) the same pieces, copied in turn."""
+
+    def __init__(self, mem):
+        self.ring = transit_staging.Ring(mem.numel())
+        self.mem = mem
+        self.piece = max(transit_staging.ALIGN, self.ring.size // DOWN_PIECES // transit_staging.ALIGN
+                         * transit_staging.ALIGN)
+
+    def send(self, dst, src, down):
+        """dst (pinned host) = src (on the device), in pieces; the last piece's copy-down event
+        (None on a CPU)."""
+        import torch
+
+        d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
+        cur = torch.cuda.current_stream(src.device) if down is not None else None
+        done = None
+        for off in range(0, d.numel(), self.piece):
+            k = min(self.piece, d.numel() - off)
+            base, wait = self.ring.take(k)
+            slot = self.mem[base:base + k]
+            if wait is not None:
+                cur.wait_event(wait)
+            slot.copy_(s[off:off + k])
+            if down is None:
+                d[off:off + k].copy_(slot)
+            else:
+                down.wait_event(cur.record_event())
+                with torch.cuda.stream(down):
+                    d[off:off + k].copy_(slot, non_blocking=True)
+                    done = down.record_event()
+            self.ring.done(done)
+        return done
 
 
 def _through(dst, src, buf, non_blocking):
@@ -431,15 +473,18 @@ class HostStep:
 
         g = _local(rec.p.grad)
         dev = rec.local.device
-        if dev.type == "cuda":
-            down, _ = self._streams(dev)
+        ring = self.bounces.get(dev, (None,))[0]
+        down = self._streams(dev)[0] if dev.type == "cuda" else None
+        if ring is not None and g.is_contiguous() and rec.gh.is_contiguous():
+            rec.event = ring.send(rec.gh, g, down)
+        elif down is not None:
             down.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(down):
-                _through(rec.gh, g, self.bounces.get(dev, (None,))[0], True)
+                rec.gh.copy_(g, non_blocking=True)
                 rec.event = down.record_event()
             g.record_stream(down)
         else:
-            _through(rec.gh, g, self.bounces.get(dev, (None,))[0], False)
+            rec.gh.copy_(g)
         rec.copied, rec.clip = rec.p.grad, []
 
     def _await_end(self):
@@ -613,7 +658,7 @@ class HostStep:
         if mem is None:
             _say(f"host step: {why}: its copies on {dev} go direct")
             return
-        self.bounces[dev] = (mem[:self.bounce_bytes], mem[self.bounce_bytes:])
+        self.bounces[dev] = (_DownRing(mem[:self.bounce_bytes]), mem[self.bounce_bytes:])
 
     def _host_share(self, opt, offloaded):
         """The ids of the offloaded parameters the CPU steps: the last ones in forward order
