@@ -1,5 +1,5 @@
 """The package build copies the C sources (shim/, spank/) into the package and builds the
-shim (transit_launch/shim/build.py). A machine without CUDA headers still installs; then
+shim (transit_launch/preload/build.py). A machine without CUDA headers still installs; then
 the wheel stays pure and `transit-launch doctor` says why the shim is missing. A wheel
 that carries libtransit.so is tagged for this platform (py3-none-linux_x86_64): the
 library does not depend on the Python ABI, only on the machine."""
@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE))
 class BuildPyWithShim(build_py):
     def run(self):
         super().run()
-        from transit_launch.shim import build as shimbuild
+        from transit_launch.preload import build as shimbuild
 
         editable = getattr(self, "editable_mode", False)
         pkg = HERE / "transit_launch" if editable else Path(self.build_lib) / "transit_launch"
@@ -32,7 +32,7 @@ class BuildPyWithShim(build_py):
             (pkg / "examples").mkdir(exist_ok=True)
             for name in ("train_llama.py", "model-card.toml"):
                 shutil.copy2(HERE / "examples" / name, pkg / "examples" / name)
-        path, reason = shimbuild.build(pkg / "shim" / "lib", src=HERE / "shim")
+        path, reason = shimbuild.build(pkg / "preload" / "lib", src=HERE / "shim")
         self.distribution.shim_built = path is not None
         print(f"transit-launch: shim {'built: ' + str(path) if path else 'not built: ' + reason}")
 

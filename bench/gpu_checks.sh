@@ -10,7 +10,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
 # TRANSIT_SKIP_BUILD=1: built already by the caller (rebuilding under running processes is unsafe)
 [ -n "${TRANSIT_SKIP_BUILD:-}" ] || \
-    python3 -c "from transit_launch.shim import build as s; p, w = s.build('transit_launch/shim/lib'); print('shim:', p, w or '')"
+    python3 -c "from transit_launch.preload import build as s; p, w = s.build('transit_launch/preload/lib'); print('shim:', p, w or '')"
 python3 -m transit_launch doctor
 if [ "${1:-all}" != "accept" ]; then
     python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"

@@ -171,7 +171,7 @@ def run_one(a, name, accum, budget, meter):
         if k in summ:
             r[k] = summ[k]
     if policy:
-        from transit_launch.shim import run as runmod
+        from transit_launch.preload import run as runmod
         stats = runmod.read_stats(stats_dir)
         if stats:
             s = stats[0]

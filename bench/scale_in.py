@@ -74,7 +74,7 @@ def run_layout(a, ngpus, accum, policy, budget):
     out, err, rc = run(cmd, env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(ngpus))), a.timeout)
     _, summ = trainer_records(out)
     summ = summ or {}
-    from transit_launch.shim import run as runmod
+    from transit_launch.preload import run as runmod
     st = runmod.read_stats(stats)
     procs = runmod.summary(st)["processes"] if st else []
     r = {"gpus": ngpus, "policy": policy, "budget_bytes": budget, "accum": accum, "rc": rc,

@@ -111,7 +111,7 @@ def run_layout(a, cfg, name, ngpus, accum, policy, budget, sampler, extra_env=No
     wall = time.time() - t_start
     recs, summ = trainer_records(out)
     summ = summ or {}
-    from transit_launch.shim import run as runmod
+    from transit_launch.preload import run as runmod
     st = runmod.read_stats(stats)
     procs = runmod.summary(st)["processes"] if st else []
     spec = SimpleNamespace(model=model, seq_len=a.seq_len, batch=a.batch, gpus=ngpus)

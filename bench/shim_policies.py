@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, TRAINER as TRAINER_CMD, env, run, trainer_records, transit
-from transit_launch.shim import run as runmod
+from transit_launch.preload import run as runmod
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "shim_policies.json"))

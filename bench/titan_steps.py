@@ -101,7 +101,7 @@ def run_one(a, name, budget, assets):
         else:
             r["stderr_tail"] = err[-3000:]
         if stats.is_dir():
-            from transit_launch.shim import run as runmod
+            from transit_launch.preload import run as runmod
             r["stats"] = runmod.read_stats(str(stats))
         r["adapter_lines"] = [ln for ln in err.splitlines() if ln.startswith(("transit adapter", "transit:"))][:20]
     return r

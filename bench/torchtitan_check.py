@@ -98,7 +98,7 @@ def main():
         budget = int(ref["max_reserved_gib"] * 2**30 * a.budget_fraction)
         stats = str(work / "stats")
         run = titan(a, work / "assets", str(work / "advise"), "advise", budget, stats)
-        from transit_launch.shim import run as runmod
+        from transit_launch.preload import run as runmod
         st = runmod.read_stats(stats)
         n = min(len(ref["losses"]), len(run["losses"]))
         run.update(budget_bytes=budget, shim=runmod.summary(st)["processes"] if st else None,

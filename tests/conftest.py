@@ -15,7 +15,7 @@ import pytest
 
 import transit_launch
 from transit_launch import csrc
-from transit_launch.shim import build as shimbuild
+from transit_launch.preload import build as shimbuild
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the unpacked sdist under .ci/test
 # .ci/test runs the suite against the wheel installed in a fresh venv: a transit_launch
@@ -182,7 +182,7 @@ def lab(built):
     """A real Slurm cluster (tests/slurm_lab.py) whose plugstack loads the SPANK plugin
     built from spank/, pointing at the test build of libtransit.so and the adapter."""
     from tests.slurm_lab import SlurmLab, missing
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     from transit_launch.slurm import spank
     why = missing()
     if why:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from transit_launch.rules import format_size
-from transit_launch.shim.inject import MULTICAST_OFF
+from transit_launch.preload.inject import MULTICAST_OFF
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the unpacked sdist
 TRAINER = [sys.executable, str(ROOT / "examples" / "train_llama.py")]

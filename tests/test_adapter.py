@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from tests.conftest import NEEDS_TORCH, torch_importable
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 
 pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 
 pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 

@@ -379,7 +379,7 @@ def test_the_counters_reach_the_shims_report_at_exit(host):
 
     import torch
 
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
 
     spec = importlib.util.spec_from_file_location("transit_site_h", inject.adapter_dir() / "sitecustomize.py")
     site = importlib.util.module_from_spec(spec)
@@ -469,7 +469,7 @@ def test_the_shims_hints_after_a_step_leave_the_cpu_step_in_flight(host, gloo, h
     from torch.optim import optimizer as o
 
     from tests.test_adapter_step import fsdp_mlp
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
 
     spec = importlib.util.spec_from_file_location("transit_site_g", inject.adapter_dir() / "sitecustomize.py")
     site = importlib.util.module_from_spec(spec)

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import NEEDS_TORCH, torch_importable
 from tests.test_adapter_streamed import OPTIMIZERS, RING, STEPS, same, train
 from transit_launch import rules
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 
 pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
 

@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from transit_launch.shim import inject
-from transit_launch.shim import run as runmod
+from transit_launch.preload import inject
+from transit_launch.preload import run as runmod
 
 from tests.example_trainer import ROOT, env, trainer_records, transit
 

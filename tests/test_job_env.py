@@ -1,4 +1,4 @@
-"""One builder of the job's environment (issue 53): shim/inject.py:job_env gives `run`,
+"""One builder of the job's environment (issue 53): preload/inject.py:job_env gives `run`,
 `render` (sbatch and --local) and the scale-in attempts their LD_PRELOAD, PYTHONPATH and
 TRANSIT_* variables, and the SPANK plugin reads the same names from the generated header.
 A second builder (an export line in a template, an env["LD_PRELOAD"] in Python, a name
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import transit_launch
 from transit_launch import csrc, rules
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 
 PKG = Path(transit_launch.__file__).resolve().parent
-BUILDER = PKG / "shim" / "inject.py"
+BUILDER = PKG / "preload" / "inject.py"
 # the names the builder sets: a line elsewhere that assigns or exports one builds the environment again
 BUILT = ("LD_PRELOAD", "PYTHONPATH", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
          *(rules.ENV[k] for k in ("POLICY", "GPU_BUDGET", "STATS", "LOG", "OVERLAP_STEP", "PLAN")))

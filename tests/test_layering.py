@@ -13,7 +13,7 @@ PKG = Path(transit_launch.__file__).resolve().parent
 # room -> the rooms it may import (the top-level modules, cli.py, rules.py, errors.py, ...,
 # are shared by all). The adapter runs inside the job's Python: it imports none of them
 # (tests/test_rules.py checks that).
-ALLOWED = {"planning": set(), "netcap": set(), "shim": set(), "sim": {"planning"}, "slurm": {"planning", "shim"},
+ALLOWED = {"planning": set(), "netcap": set(), "preload": set(), "sim": {"planning"}, "slurm": {"planning", "preload"},
            "adapter": set()}
 
 

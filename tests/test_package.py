@@ -28,7 +28,7 @@ def test_imported_from_the_wheel_not_the_tree():
 
 @needs_wheel
 @pytest.mark.parametrize("part", [
-    "sim/run.py", "sim/trace.py", "planning/cards/llama3-70b.toml", "slurm/templates/sbatch.j2",
+    "sim/run.py", "sim/trace.py", "preload/inject.py", "preload/build.py", "planning/cards/llama3-70b.toml", "slurm/templates/sbatch.j2",
     "slurm/templates/local.j2", "adapter/sitecustomize.py", "adapter/transit_api.py",
     *(f"adapter/{m}.py" for m in ("transit_step", "transit_staging", "transit_streamed",
                                    "transit_state_pool", "transit_sparse", "transit_host", "transit_rules")),
@@ -44,7 +44,7 @@ def test_wheel_carries(part):
 def test_wheel_tag_matches_what_it_carries():
     tags = [l.split(": ", 1)[1] for l in metadata.distribution("transit-launch").read_text("WHEEL").splitlines()
             if l.startswith("Tag: ")]
-    shim = PKG / "shim" / "lib" / "libtransit.so"
+    shim = PKG / "preload" / "lib" / "libtransit.so"
     if CUDA_INC is None:
         pytest.skip("no CUDA headers here: the wheel carries no shim")
     assert shim.is_file()
@@ -75,7 +75,7 @@ def test_spank_build_and_install(tmp_path):
     rc, out, err = run_cli("spank", "build", "--out", str(tmp_path / "b"))
     assert rc == 0, err
     assert (tmp_path / "b" / "transit_spank.so").is_file()
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     if inject.shim_path() is None:
         pytest.skip("spank install needs libtransit.so: the package build makes it where CUDA headers exist")
     rc, out, err = run_cli("spank", "install", "--prefix", str(tmp_path / "p"), "--plugstack-dir",

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.conftest import check_golden
-from transit_launch.shim.inject import ALLOC_CONF, PASS_THROUGH, shim_env
+from transit_launch.preload.inject import ALLOC_CONF, PASS_THROUGH, shim_env
 from transit_launch.slurm.render import torchrun_tail
 
 SHIM = "/opt/transit/lib/libtransit.so"

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.test_shim import GB, run
-from transit_launch.shim import build as shimbuild
+from transit_launch.preload import build as shimbuild
 
 pytestmark = pytest.mark.skipif(shimbuild.find_header("cuda_runtime_api.h") is None or not shutil.which("cc"),
                                 reason="needs a C compiler and the CUDA runtime headers (cuda_runtime_api.h)")

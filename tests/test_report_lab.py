@@ -10,7 +10,7 @@ import os
 import pytest
 
 from tests.slurm_lab import missing
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 GB = 10**9

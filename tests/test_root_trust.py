@@ -202,7 +202,7 @@ def test_compile_error_names_the_first_error_and_the_log(cli, tmp_path):
 def test_install_copies_no_shim_or_adapter_a_user_controls(cli, built, shim_env, tmp_path):
     _need_root()
     _need_build()
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     shutil.copy(built["shim"], theirs / "libtransit.so")
@@ -233,7 +233,7 @@ def test_installed_files_are_the_checked_ones(cli, built, shim_env, tmp_path):
     directories the installer made 0755; the include line names where the shim came from."""
     _need_root()
     _need_build()
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     rc, out, err, prefix = _install(cli, tmp_path, dict(shim_env, TRANSIT_ADAPTER_DIR=str(inject.adapter_dir())))
     assert rc == 0, err
     lib = prefix / "lib" / "transit-launch"
@@ -452,7 +452,7 @@ def test_files_the_cli_writes_go_through_no_planted_link(tmp_path):
     """`render -o` and the plots write through a temporary file and a rename: a link
     planted under the old predictable temporary name (.NAME.tmp<pid>.SUFFIX) or at the
     file itself is neither written through nor followed."""
-    from transit_launch.argtypes import write_text_atomically
+    from transit_launch.output_files import write_text_atomically
     victim = tmp_path / "victim.txt"
     victim.write_text("keep\n")
     shared = tmp_path / "shared"
@@ -671,7 +671,7 @@ def test_installed_adapter_has_roots_own_bytecode(cli, built, shim_env, tmp_path
     __pycache__, after which the plugin refused every job)."""
     _need_root()
     _need_build()
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     rc, out, err, prefix = _install(cli, tmp_path, dict(shim_env, TRANSIT_ADAPTER_DIR=str(inject.adapter_dir())))
     assert rc == 0, err
     adapter = prefix / "lib" / "transit-launch" / "adapter"

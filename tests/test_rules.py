@@ -181,7 +181,7 @@ def test_the_plugin_and_the_launcher_spell_no_variable_themselves():
     (the C side through TR_ENV_* in the generated header), and the allocator setting both
     give jobs is one string (TR_ALLOC_CONF): a literal of its own could drift."""
     import re
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     sources = {p: p.read_text() for p in sorted((C_SOURCES / "spank").glob("*.c"))}
     sources[Path(inject.__file__)] = Path(inject.__file__).read_text()
     for path, text in sources.items():
@@ -196,7 +196,7 @@ def test_the_adapter_imports_nothing_of_transit_launch():
     """The adapter runs inside the job's own Python (PYTHONPATH), where transit_launch may not
     be installed at all: none of its modules may import it, at any depth of the module."""
     import ast
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     mods = sorted(inject.adapter_dir().glob("*.py"))
     assert {m.name for m in mods} >= {"sitecustomize.py", "transit_api.py", "transit_step.py"}
     for m in mods:
@@ -231,7 +231,7 @@ def test_the_adapters_rules_are_generated_from_rules():
     """The adapter reads the rules from its generated transit_rules.py, as the shim reads
     shim/transit_rules.h: the committed file is what rules.py writes, and it gives back every
     value rules.py holds."""
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     text = (inject.adapter_dir() / "transit_rules.py").read_text()
     assert text == rules.python_module(), \
         "run: python3 -m transit_launch.rules --python > transit_launch/adapter/transit_rules.py"
@@ -300,7 +300,7 @@ def test_the_adapter_spells_no_rule_itself():
     """Every environment name, mode list and default the adapter uses comes from its generated
     transit_rules.py: a copy in its own source could drift from what the CLI, the plan and the
     shim were told (the adapter kept such copies, checked equal by tests, until issue 53)."""
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     sources = sorted(p for p in inject.adapter_dir().glob("*.py") if p.name != "transit_rules.py")
     assert {p.name for p in sources} >= {"sitecustomize.py", "transit_step.py", "transit_staging.py"}
     found = {p.name: _hand_copies(p.read_text()) for p in sources}

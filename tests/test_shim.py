@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from transit_launch.shim import run as runmod
+from transit_launch.preload import run as runmod
 
 from transit_launch import doctor
-from transit_launch.shim import inject
-from transit_launch.shim import build as shimbuild
+from transit_launch.preload import inject
+from transit_launch.preload import build as shimbuild
 
 
 GB = 10**9
@@ -645,7 +645,7 @@ def test_the_adapters_counters_go_into_the_stats_report(built, tmp_path):
     binding; text that is not one JSON object of printable ASCII, or is over 64 KiB, is
     refused and the report keeps what it had; calls from four threads while reports are
     written leave every report valid JSON."""
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSIT_", "FAKE_"))}
     res = subprocess.run([sys.executable, "-c", ADAPTER_STATS, str(inject.adapter_dir()), str(tmp_path)],

@@ -128,7 +128,7 @@ def test_not_supported_fallback_warns_once_then_counts(built, tmp_path):
     assert "using cudaMalloc" in line
     stats = stats_of(tmp_path / "s.json")
     assert stats["managed_fallbacks"] == 3
-    from transit_launch.shim import run as runmod  # `transit-launch run` says so too
+    from transit_launch.preload import run as runmod  # `transit-launch run` says so too
     summ = runmod.summary([stats])
     assert summ["processes"][0]["managed_fallbacks"] == 3
     assert "3 allocation(s) could not be managed memory" in runmod.summary_text(summ)

@@ -1,10 +1,10 @@
-"""The shim's options (transit_launch/shim/options.py): the one object run, render and submit
+"""The shim's options (transit_launch/preload/options.py): the one object run, render and submit
 build from their arguments; what it refuses, and the environment it gives a job."""
 
 import pytest
 
 from transit_launch.errors import UsageError
-from transit_launch.shim.options import ShimOptions
+from transit_launch.preload.options import ShimOptions
 
 
 @pytest.mark.parametrize("kw,needle", [

@@ -359,7 +359,7 @@ def test_the_adapters_bindings_send_the_list_to_the_shim(built, tmp_path, backen
 
     if backend == "cffi":
         pytest.importorskip("cffi")
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     code = "\n".join([
         "import ctypes, sys",
         f"sys.path.insert(0, {str(inject.adapter_dir())!r})",
@@ -383,7 +383,7 @@ def test_the_adapters_bindings_send_the_list_to_the_shim(built, tmp_path, backen
 
 
 def rest_build(tmp_path, us):
-    from transit_launch.shim import build as shimbuild
+    from transit_launch.preload import build as shimbuild
     shim, warnings = shimbuild.build(tmp_path / f"rest{us}", extra_cflags=["-DTRANSIT_TESTING",
                                                                           f"-DPREFILL_REGISTER_REST_US={us}"])
     assert shim, warnings

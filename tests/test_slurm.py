@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import NEEDS_TORCH, ROOT, check_golden, torch_importable
 from tests.slurm_lab import missing
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 ADAPTER = inject.adapter_dir()  # the lab's plugstack points here (conftest.lab)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_lab import missing
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 ADAPTER = str(inject.adapter_dir())

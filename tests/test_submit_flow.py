@@ -14,7 +14,7 @@ from transit_launch.errors import UsageError
 from transit_launch.planning.hardware import gpu_profile
 from transit_launch.planning.models import load_model
 from transit_launch.planning.plan import Request
-from transit_launch.shim.options import ShimOptions
+from transit_launch.preload.options import ShimOptions
 from transit_launch.slurm.script import JobOptions
 from transit_launch.slurm.submit import Submission, submit
 

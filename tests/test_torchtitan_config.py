@@ -402,7 +402,7 @@ sys.argv = ["torchtitan.train", *sys.argv[4:]]
 hooks = None
 if mode != "plain":
     sys.path.insert(0, os.path.dirname(standin))
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     hooks = __import__("adapter_standin").install(str(inject.adapter_dir()), mode)
 import torchtitan.train as tt
 from torchtitan.distributed import utils as du

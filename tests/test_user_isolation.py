@@ -43,12 +43,13 @@ def _need_root():
 
 
 def _plant(d: Path, name: str, marker: Path) -> Path:
-    """A module `name` in d that, when imported, appends its importer's uid to marker and
-    then becomes the real module (so a process that imports it by mistake still works)."""
+    """A module `name` in d that, when imported, appends its importer's uid and command line to
+    marker (a failure names the process) and then becomes the real module (so a process that
+    imports it by mistake still works)."""
     path = d / f"{name}.py"
     path.write_text(
         "import os, sys, sysconfig, importlib.util\n"
-        f"with open({str(marker)!r}, 'a') as f: f.write(f'{{os.getuid()}}\\n')\n"
+        f"with open({str(marker)!r}, 'a') as f: f.write(f'{{os.getuid()}} {{sys.argv!r}}\\n')\n"
         f"_p = os.path.join(sysconfig.get_paths()['stdlib'], {name + '.py'!r})\n"
         f"if os.path.exists(_p):\n"
         f"    _s = importlib.util.spec_from_file_location({name!r}, _p); _m = importlib.util.module_from_spec(_s)\n"
@@ -140,7 +141,7 @@ def test_doctor_on_node_runs_nothing_planted_as_root(lab, tmp_path, where):
     assert res.returncode == 0, res.stderr
     checks = {c["check"]: c for c in json.loads(res.stdout)}
     assert checks["on a compute node"]["node"] in {"n1", "n2", "n3", "n4"}
-    assert not marker.exists(), f"the planted module ran as uid {marker.read_text().split()}"
+    assert not marker.exists(), f"the planted module ran (uid, command line): {marker.read_text()}"
 
 
 # --- 2. sweep --slurm's helpers ----------------------------------------------------------------
@@ -165,7 +166,7 @@ def test_sweep_helpers_run_nothing_planted_on_the_nodes(lab, tmp_path):
     lab.wait_job(res.stdout.strip(), timeout=120)
     text = out.read_text()
     assert text.endswith("rc=2\n") and "unknown interface nosuch0" in text, text
-    assert not marker.exists(), f"the planted module ran as uid {marker.read_text().split()}"
+    assert not marker.exists(), f"the planted module ran (uid, command line): {marker.read_text()}"
 
 
 # --- 3. the job's directory ----------------------------------------------------------------
@@ -590,7 +591,7 @@ def test_the_adapter_loads_its_modules_from_its_own_directory(tmp_path):
     under the adapter's names are not what the adapter loads. sitecustomize imports them
     while site runs, before that directory is on sys.path, so the job's own later import of
     any of the names gets the adapter's too."""
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     marker = tmp_path / "imported-by"
     d = tmp_path / "job"
     d.mkdir()

@@ -3,7 +3,7 @@ plan states the warm-up it expects, the job reports the one it got)."""
 
 import time
 
-from transit_launch.shim import run as runmod
+from transit_launch.preload import run as runmod
 
 from tests.test_shim import pytestmark, run, stats_of  # noqa: F401 (the same skip: a compiler, CUDA headers)
 

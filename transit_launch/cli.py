@@ -11,12 +11,12 @@ from transit_launch.errors import UsageError
 from transit_launch.netcap import cli as netcap_cli
 from transit_launch.output import checked_stdout
 from transit_launch.planning import cli as planning_cli
-from transit_launch.shim import cli as shim_cli
+from transit_launch.preload import cli as preload_cli
 from transit_launch.sim import cli as sim_cli
 from transit_launch.slurm import cli as slurm_cli
 
 # In help order: planning, jobs, the shim, a job's stats, clusters, NIC sweeps, the machine.
-OWNERS = (planning_cli, slurm_cli, shim_cli, report, sim_cli, netcap_cli, doctor)
+OWNERS = (planning_cli, slurm_cli, preload_cli, report, sim_cli, netcap_cli, doctor)
 
 
 def build_parser() -> Parser:

@@ -11,7 +11,7 @@ import subprocess
 from importlib import metadata, util
 
 from transit_launch.isolated import SRUN_CHDIR, transit_launch_argv
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 from transit_launch.table import table
 
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "sacct", "scancel")

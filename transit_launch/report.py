@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from transit_launch.errors import UsageError
-from transit_launch.shim import run as runmod
+from transit_launch.preload import run as runmod
 from transit_launch.table import table
 
 # what run.summary reads of every stats file: a file without them is not the shim's

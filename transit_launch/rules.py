@@ -72,7 +72,7 @@ ENV = {
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
     "ADAPTER": "TRANSIT_ADAPTER",  # 0: the hint adapter installs nothing (sitecustomize.py)
-    # read by the launcher only (shim/inject.py): where libtransit.so and the adapter are
+    # read by the launcher only (preload/inject.py): where libtransit.so and the adapter are
     "SHIM": "TRANSIT_SHIM",
     "ADAPTER_DIR": "TRANSIT_ADAPTER_DIR",
 }
@@ -108,7 +108,7 @@ ALLOC_CONF = "backend:native,expandable_segments:False"
 
 # The job's environment besides the TRANSIT_* names: the path lists libtransit.so and the
 # adapter's directory go first in (what the job had stays after them), and the allocator's
-# settings (ALLOC_CONF in both). shim/inject.py:job_env builds it for `run` and `render`; the
+# settings (ALLOC_CONF in both). preload/inject.py:job_env builds it for `run` and `render`; the
 # SPANK plugin sets the same names on the node (TR_JOB_* in the header), so none is spelled twice.
 JOB_ENV = {
     "PRELOAD": "LD_PRELOAD",                        # libtransit.so first

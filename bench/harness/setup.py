@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transit_launch.shim.inject import MULTICAST_OFF
+from transit_launch.preload.inject import MULTICAST_OFF
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = "/tmp/site"
@@ -34,8 +34,8 @@ def commands(build_shim: bool) -> list[tuple[str, list]]:
     if build_shim:
         out.append(("GPUs", ["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total",
                              "--format=csv,noheader"]))
-        out.append(("shim", [sys.executable, "-c", "from transit_launch.shim import build as s; "
-                             "p, w = s.build('transit_launch/shim/lib'); print('shim:', p, w or '')"]))
+        out.append(("shim", [sys.executable, "-c", "from transit_launch.preload import build as s; "
+                             "p, w = s.build('transit_launch/preload/lib'); print('shim:', p, w or '')"]))
     return out
 
 

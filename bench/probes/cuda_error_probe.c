@@ -21,7 +21,7 @@
  *     after: pinned host memory takes none of the device's), of the same range twice, then
  *     cudaFree of it, cudaHostUnregister of it and of it again (issue 33, 2026-12-02)
  * Build and run on a GPU machine (the include directory the shim's build finds,
- * transit_launch/shim/build.py's find_header):
+ * transit_launch/preload/build.py's find_header):
  *   cc -O1 -I/usr/local/cuda/include bench/probes/cuda_error_probe.c -L/usr/local/cuda/lib64 -lcudart -lpthread \
  *      -o /tmp/probe && /tmp/probe
  * Prints one JSON object. Allocates nothing that could succeed beyond 256 MiB of managed

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from transit_launch.argtypes import check_program, nonneg_float, output_file, positive_int, require_matplotlib
+from transit_launch.argtypes import check_program, nonneg_float, output_file, positive_int
 from transit_launch.errors import UsageError
+from transit_launch.output_files import require_matplotlib
 from transit_launch.netcap.backends import BACKENDS
 
 DEFAULT_CAP = "tc"

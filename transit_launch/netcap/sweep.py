@@ -314,7 +314,7 @@ def text(report: dict) -> str:
 
 
 def plot(report: dict, path: str) -> None:
-    from transit_launch.argtypes import require_matplotlib, save_figure
+    from transit_launch.output_files import require_matplotlib, save_figure
     plt = require_matplotlib("--plot")
     bws = report["bandwidths"]
     fig, ax = plt.subplots(figsize=(6, 4))

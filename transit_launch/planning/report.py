@@ -290,7 +290,7 @@ TERM_COLORS = {"parameters": "#9ecae1", "optimizer": "#3182bd", "gradients": "#f
 
 
 def require_plot_backend():
-    from transit_launch.argtypes import require_matplotlib
+    from transit_launch.output_files import require_matplotlib
     return require_matplotlib("--plot")
 
 
@@ -321,7 +321,7 @@ def plot(d: dict, path: str) -> None:
     host DRAM. Drawn from plot_data(d) alone, which the PNG carries as its PLOT_KEY text."""
     import json
 
-    from transit_launch.argtypes import save_figure
+    from transit_launch.output_files import save_figure
     plt = require_plot_backend()
     drawn = plot_data(d)
     opts, gpu = drawn["options"], drawn["gpu"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from transit_launch.argtypes import finite_float, fractions, number, output_file, positive_int, require_matplotlib
+from transit_launch.argtypes import finite_float, fractions, number, output_file, positive_int
 from transit_launch.errors import UsageError
+from transit_launch.output_files import require_matplotlib
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.scheduler import STRATEGIES
 from transit_launch.sim.efficiency import BAND as EFFICIENCY_BAND, NAMES as EFFICIENCY_NAMES

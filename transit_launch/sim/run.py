@@ -135,7 +135,7 @@ def plot(results: list[dict], path: str) -> None:
     times of 0.4 and 23000 minutes in one run), so rack traversals and queue times use a
     log scale (symmetric around zero, which a scenario without traversals or waiting
     reaches) and every bar carries its value."""
-    from transit_launch.argtypes import require_matplotlib, save_figure
+    from transit_launch.output_files import require_matplotlib, save_figure
     plt = require_matplotlib("--plot")
     names = [r["scenario"] for r in results]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))

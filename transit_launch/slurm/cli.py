@@ -14,9 +14,9 @@ from transit_launch.errors import UsageError
 from transit_launch.planning.cli import add_plan_args, request, titan_job
 from transit_launch.planning.titan_config import DEFAULT_COMMAND
 from transit_launch.rules import POLICIES
-from transit_launch.shim.cli import add_shim_args
+from transit_launch.preload.cli import add_shim_args
 from transit_launch.slurm import scalein
-from transit_launch.shim.options import ShimOptions
+from transit_launch.preload.options import ShimOptions
 from transit_launch.slurm.render import ROUTES
 from transit_launch.slurm.script import JobOptions, job_script
 
@@ -80,7 +80,7 @@ def _warn(warnings: list[str]) -> None:
 
 
 def cmd_render(a, command):
-    from transit_launch.argtypes import write_text_atomically
+    from transit_launch.output_files import write_text_atomically
     from transit_launch.planning.choice import explain
     from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
     from transit_launch.planning.plan import plan
@@ -101,7 +101,7 @@ def cmd_render(a, command):
                              f"{'is' if len(sbatch_only) == 1 else 'are'} for sbatch (leave out --local)")
     if a.gpu_budget:  # against the plan's GPU; without a plan, the one --gpu or --gpu-mem names (if any)
         from transit_launch.planning.hardware import gpu_profile
-        from transit_launch.shim import inject
+        from transit_launch.preload import inject
         gpu = p.req.gpu if p else None
         if gpu is None and (a.gpu or a.gpu_mem):
             gpu = gpu_profile(a.gpu, a.gpu_mem)

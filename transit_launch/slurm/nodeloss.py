@@ -278,7 +278,7 @@ def template_context(opts: NodeLossOptions | None, p, nodes: int, shim_opts, por
     from transit_launch.rules import format_size
     if opts is None or not opts.scale_in:
         return {"scale_in": False}
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     # the shim is named even when this layout runs without it: a scaled-in one may need it
     shim, adapter = shim or inject.shim_path(), adapter or inject.adapter_dir()
     args = plan_flags(opts, p, nodes) + ["--shim", str(shim or ""), "--adapter", str(adapter or "")]

@@ -62,7 +62,7 @@ def _request(a):
 def _shim_exports(a, policy: str) -> list[str]:
     """The shim's environment for this attempt's policy (inject.job_env), from what the job
     started with (the script saves it), so attempts do not stack."""
-    from transit_launch.shim import inject
+    from transit_launch.preload import inject
     shim = a.shim if policy != "off" and a.shim else None
     return inject.job_env(policy, a.gpu_budget, a.stats, a.log, a.overlap, shim=shim,
                           adapter=a.adapter or None).attempt_lines()
@@ -259,7 +259,7 @@ def cmd_node_loss(a, command):
 def register(sub):
     from transit_launch.argtypes import tcp_port
     from transit_launch.planning.cli import add_plan_args
-    from transit_launch.shim.cli import add_shim_args
+    from transit_launch.preload.cli import add_shim_args
     sp = sub.add_parser("_node-loss")  # no help: not listed (cli.build_parser leaves _ names out of the usage)
     sp.add_argument("action", choices=("next", "watch"),
                     help="next: before an attempt (re-plan after a loss); watch: the attempt's output piped through")

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.planning.choice import policy_for
-from transit_launch.shim import inject
-from transit_launch.shim.options import ShimOptions
+from transit_launch.preload import inject
+from transit_launch.preload.options import ShimOptions
 from transit_launch.slurm.render import render
 
 
@@ -260,7 +260,7 @@ def job_script(command: list[str], p, nodes: int, gpus_per_node: int, shim_opts:
     ctx = dict(shim=shim, adapter=adapter, env_lines=env.exports(), env_prefix=env.prefix(), policy=policy,
                transit_options=list(env.sbatch), gpus_per_node=gpus_per_node, command=command)
     if policy != "off" and shim is None and not spank:
-        from transit_launch.shim.inject import shim_missing_reason
+        from transit_launch.preload.inject import shim_missing_reason
         print(f"transit-launch: warning: libtransit.so is not installed ({shim_missing_reason()}); "
               f"the job will run without the shim", file=sys.stderr)
     if p and policy == "off" and p.at(nodes) and report.off_overflow(p, p.at(nodes)):

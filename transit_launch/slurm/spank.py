@@ -22,7 +22,7 @@ import transit_launch
 from transit_launch import csrc
 from transit_launch.errors import UsageError
 from transit_launch.rules import ENV
-from transit_launch.shim import inject
+from transit_launch.preload import inject
 from transit_launch.slurm import toolchain, trust
 
 SRC = csrc.spank()

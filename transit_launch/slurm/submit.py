@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from transit_launch.checks import integer
 from transit_launch.errors import UsageError
 from transit_launch.slurm import commands
-from transit_launch.shim.options import ShimOptions
+from transit_launch.preload.options import ShimOptions
 from transit_launch.slurm.script import JobOptions, job_name, job_script, planned_mem, shared_output
 from transit_launch.units import gb, n_nodes
 

@@ -38,8 +38,8 @@ def add_shim_args(sp, default_policy=None, policy_help=None, stats_help=None):
 
 
 def cmd_run(a, command):
-    from transit_launch.shim import inject, run as runmod
-    from transit_launch.shim.options import ShimOptions
+    from transit_launch.preload import inject, run as runmod
+    from transit_launch.preload.options import ShimOptions
     inject.check_off(a.policy, a.overlap, a.gpu_budget)
     rc, stats = runmod.run(command, ShimOptions.from_args(a))
     summ = runmod.summary(stats)

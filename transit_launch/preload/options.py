@@ -37,13 +37,13 @@ class ShimOptions:
 
     @classmethod
     def from_args(cls, a) -> "ShimOptions":
-        """From the parsed arguments of shim/cli.py's add_shim_args."""
+        """From the parsed arguments of preload/cli.py's add_shim_args."""
         return cls(a.policy, a.gpu_budget, a.stats, a.log, a.overlap)
 
     def job_env(self, policy: str | None = None, shim=None, adapter=None, environ: dict | None = None,
                 stats: str | None = None, plugin: bool = False, plan: dict | None = None):
         """The job's whole environment (inject.job_env) with these options; policy and stats
         override this object's (the policy a plan chose, the temporary directory `run` made)."""
-        from transit_launch.shim import inject
+        from transit_launch.preload import inject
         return inject.job_env(policy or self.policy, self.gpu_budget, stats or self.stats, self.log, self.overlap,
                               shim=shim, adapter=adapter, environ=environ, plugin=plugin, plan=plan)

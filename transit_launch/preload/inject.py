@@ -4,7 +4,7 @@ a scale-in attempt's lines, or the SPANK plugin's #SBATCH options).
 
 Used by `render` (sbatch scripts and local torchrun commands), `run` and the scale-in
 attempts; tests/test_job_env.py fails on a second builder. The shim is
-found at $TRANSIT_SHIM, else inside the installed package (transit_launch/shim/lib/); the
+found at $TRANSIT_SHIM, else inside the installed package (transit_launch/preload/lib/); the
 framework hint adapter (a sitecustomize module) at $TRANSIT_ADAPTER_DIR, else
 transit_launch/adapter/, which runs inside the job's own Python and imports nothing
 of transit_launch (tests/test_rules.py checks). The adapter is only injected together with the shim.

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 from transit_launch.argtypes import check_program
-from transit_launch.shim import inject
-from transit_launch.shim.options import ShimOptions
+from transit_launch.preload import inject
+from transit_launch.preload.options import ShimOptions
 from transit_launch.errors import UsageError
 from transit_launch.table import table
 from transit_launch.units import gb
