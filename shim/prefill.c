@@ -42,17 +42,7 @@
 /* The background fill's writers at most: with 8 threads writing pages the training thread's
  * small kernel launches kept their latency, with 16 they did not (bench/RESULTS.md, "Pinning
  * with huge pages"); one core is left to the training thread. */
-#ifndef PREFILL_THREADS /* (a bench build may set it: -DPREFILL_THREADS=N; hoststate.c's FILL_THREADS caps it) */
-#define PREFILL_THREADS 8
-#endif
-/* A bench build's rest between two registrations, in microseconds (-DPREFILL_REGISTER_REST_US=N;
- * 0: none), to measure whether the trainer's own CUDA calls wait behind back-to-back
- * registrations (bench/RESULTS.md, "The fill's writers, and what slows the first forward").
- * While it rests, an allocation may take a written region and register it itself
- * (host_state_register_s counts that). */
-#ifndef PREFILL_REGISTER_REST_US
-#define PREFILL_REGISTER_REST_US 0
-#endif
+#define PREFILL_THREADS 8 /* hoststate.c's FILL_THREADS caps it */
 #define MAX_SEGMENTS (1 << 20) /* a longer list is not the adapter's: no pool */
 
 /* FREE -> WRITING -> WRITTEN -> REGISTERING -> READY, each -> TAKEN but WRITING and REGISTERING;
@@ -298,13 +288,6 @@ static void *register_pool(void *arg)
         else
             pool.stop = 1; /* the host pins no more: the writer stops, the allocations try their own */
         pthread_cond_broadcast(&moved);
-        /* the bench build's rest (mu released while it waits; an end cuts it short, a take does
-         * not), unless nothing is left to register */
-        if (PREFILL_REGISTER_REST_US && !(pool.written_all && last_region(R_WRITTEN) < 0)) {
-            struct timespec until = monotonic_in(PREFILL_REGISTER_REST_US);
-            while (!pool.stop && pthread_cond_timedwait(&looked, &mu, &until) != ETIMEDOUT)
-                ;
-        }
     }
     counted_out();
     pthread_mutex_unlock(&mu);

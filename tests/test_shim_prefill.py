@@ -382,44 +382,6 @@ def test_the_adapters_bindings_send_the_list_to_the_shim(built, tmp_path, backen
     assert re.search(r"optimizer state's pool: \d+ bytes not taken \(\d+ of them made ready\), given back", res.stderr)
 
 
-def rest_build(tmp_path, us):
-    from transit_launch.preload import build as shimbuild
-    shim, warnings = shimbuild.build(tmp_path / f"rest{us}", extra_cflags=["-DTRANSIT_TESTING",
-                                                                          f"-DPREFILL_REGISTER_REST_US={us}"])
-    assert shim, warnings
-    return shim
-
-
-def test_a_bench_builds_rest_between_registrations_keeps_every_region_ready(built, tmp_path):
-    """-DPREFILL_REGISTER_REST_US (a bench build's knob, off by default): the registrar rests that
-    long after each registration but the last. With 1 s the three regions are still all made
-    ready before the allocations and each is taken whole; the fill's lead (the list to the first
-    take, after the settle) holds the two rests between the three registrations."""
-    res, out, calls, stats = state_run({**built, "shim": rest_build(tmp_path, 1000000)}, tmp_path, env=DEBUG,
-                                       then=("segs-ready:s,s,s",))
-    start, size = pool_of(res)
-    assert registered(calls) == [(start + i * STATE, STATE) for i in (2, 1, 0)], calls
-    assert [out[f"state{i}_host"] for i in range(3)] == ["1"] * 3
-    assert stats["host_state_prefill_ready_bytes"] == 3 * STATE and stats["host_state_register_s"] == 0
-    assert stats["host_state_prefill_lead_s"] >= 2.0, stats["host_state_prefill_lead_s"]
-
-
-def test_the_end_cuts_a_rest_short_and_the_rest_holds_no_lock(built, tmp_path):
-    """With a 20 s rest: the fill makes one region (the writer's gate closes after it) and the
-    registrar, having registered it, rests with more to come; the allocations then take that
-    region and make the other two themselves, and the end comes. The end stops the rest at once
-    (it waits on the pool's condition, without the pool's lock, which the allocations and the end
-    take), so the job is not held for the rest."""
-    import time
-    shim = rest_build(tmp_path, 20000000)  # before the clock starts: compiling it took 11 s under load
-    t0 = time.monotonic()
-    res, out, calls, stats = state_run({**built, "shim": shim}, tmp_path,
-                                       env={**DEBUG, "APP_PREFILL_GATE": "4"}, then=("segs-ready:s,s,s",))
-    assert time.monotonic() - t0 < 10
-    assert [out[f"state{i}_host"] for i in range(3)] == ["1"] * 3 and stats["host_state_allocs"] == 3
-    assert stats["host_state_prefill_ready_bytes"] == STATE  # the one region the fill made, registered
-
-
 def test_after_the_first_take_the_fill_still_makes_no_region_the_budget_keeps(built, tmp_path):
     """Three same-size states, room for one and a half: the fill makes the last two regions before
     the allocations (segs-settled), the first state is kept on the device and takes none, the

@@ -205,12 +205,10 @@ def test_stress_is_sanitizer_clean(sanitized, tmp_path, name):
     stress(sanitized, tmp_path, name, seed=3, ops=2000, env=env)
 
 
-@pytest.mark.parametrize("extra", [[], ["-DTRANSIT_TESTING", "-DTRANSIT_NO_CUPTI", "-O0"],
-                                   ["-DPREFILL_THREADS=2", "-DPREFILL_REGISTER_REST_US=1000"]])
+@pytest.mark.parametrize("extra", [[], ["-DTRANSIT_TESTING", "-DTRANSIT_NO_CUPTI", "-O0"]])
 def test_every_c_file_builds_clean_with_werror(tmp_path, extra):
-    """The shim (as the package builds it, the test build without CUPTI at -O0, and a bench
-    build with prefill.c's knobs set), the fake runtime, the fake CUPTI and the test program:
-    no warning under -Wall -Wextra."""
+    """The shim (as the package builds it, and the test build without CUPTI at -O0), the fake
+    runtime, the fake CUPTI and the test program: no warning under -Wall -Wextra."""
     shim, warnings = shimbuild.build(tmp_path / "lib", extra_cflags=["-Werror", *extra])
     assert shim, warnings
     build_fakes(tmp_path, extra)
