@@ -1,15 +1,9 @@
-"""bench/offload.py's gate (its runs, its refusals, its per-point budgets) and issue 20's GPU
-probes (bench/probes/state_paths.py, memory_streams.py, step_timeline.py) without a GPU."""
+"""bench/offload.py's gate (its runs, its refusals, its per-point budgets) without a GPU."""
 
 import importlib
-import subprocess
 import sys
 
 import pytest
-
-from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
-
-needs_torch = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)  # only the probes' own runs
 
 
 def test_the_gate_runs_the_step_modes_with_their_switch(monkeypatch):
@@ -61,41 +55,3 @@ def test_the_gate_budgets_each_point_from_its_own_reference(monkeypatch, tmp_pat
     seen.clear()
     offload.measure(offload.parse())
     assert [s[2] for s in seen if s[0] == "advise"] == [5, 5]
-
-
-@pytest.mark.parametrize("script,args", [("state_paths.py", []), ("state_paths.py", ["--params", "0"]),
-                                         ("memory_streams.py", ["--out", "x.json", "--", "--steps", "1"]),
-                                         ("step_timeline.py", ["--", "--steps", "1"]),
-                                         ("step_timeline.py", ["--step", "1"])])
-@needs_torch
-def test_gpu_benches_say_one_line_without_a_gpu(script, args, tmp_path):
-    """bench/probes/state_paths.py, memory_streams.py and step_timeline.py (issue 20's measurements)
-    refuse bad arguments and a machine without a GPU with one line and exit 2, not a traceback."""
-    import torch
-    if torch.cuda.is_available() and args[1:2] not in (["0"], ["1"]):
-        pytest.skip("a GPU is present: the bench would run")
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "probes" / script), *args],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert "Traceback" not in res.stderr
-
-
-def test_step_timeline_summary_of_a_trace(monkeypatch):
-    """bench/probes/step_timeline.py's reduction of a Chrome trace: the compute stream (the most
-    kernel time), its idle gaps, and each copy direction's bytes, rate and time beside compute."""
-    tl = importlib.import_module("step_timeline")
-
-    def ev(cat, name, ts, dur, stream, **args):
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream, **args}}
-    trace = {"traceEvents": [
-        ev("kernel", "gemm", 0, 10000, 7), ev("kernel", "gemm", 12000, 8000, 7),
-        ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 5000, 3000, 9, bytes=150_000_000),
-        ev("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 9000, 5000, 11, bytes=250_000_000),
-        ev("kernel", "adam", 14000, 500, 13), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]}
-    res = tl.summarize(trace)
-    assert res["compute_stream"] == "7" and res["window_ms"] == 20.0
-    assert res["compute_busy_ms"] == 18.0 and res["compute_idle_ms"] == 2.0 and res["compute_gaps_over_1ms"] == [2.0]
-    htod, dtoh = res["copies"]["htod"], res["copies"]["dtoh"]
-    assert (htod["bytes"], htod["busy_ms"], htod["beside_compute_ms"], htod["gb_per_s"]) == (150_000_000, 3.0, 3.0, 50.0)
-    assert (dtoh["busy_ms"], dtoh["beside_compute_ms"], dtoh["gb_per_s"]) == (5.0, 3.0, 50.0)
-    assert tl.summarize({"traceEvents": trace["traceEvents"][-1:]}) == {"error": "no GPU events in the trace"}

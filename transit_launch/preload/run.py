@@ -95,7 +95,7 @@ UVM_CACHE_NOTE = ("in use (cudaMemGetInfo) also counts chunks the UVM driver kee
 def budget_held(s: dict) -> bool:
     """The budget as the issue defines it: the managed bytes the shim let reside on the GPU,
     by its own placement, with the adapter's plain device buffers (the streamed step's ring),
-    never exceeded it. Physically checked by bench/probes/uvm_residency_probe.py."""
+    never exceeded it. Physically checked by bench/probes/uvm_residency_probe.py (in git at be13156)."""
     return s["device_placed_peak_bytes"] <= s["budget_bytes"]
 
 
