@@ -24,6 +24,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
+
+from transit_launch.sim.cluster import racks_for
 
 
 class Ends:
@@ -60,24 +63,19 @@ class Ends:
                     bisect.insort(self.order, (ends[-1], node))
 
 
-def _overlapping(resv, s: float, e: float) -> set:
-    """Nodes the reservations [(start, end, nodes)] hold in the window [s, e]."""
-    out = set()
-    for rs, re, held in resv:
-        if rs <= e and re > s:
-            out |= held
-    return out
+def _overlapping(resv, s: float, e: float) -> tuple:
+    """Which reservations [(start, end, nodes)] hold nodes in the window [s, e] (indices)."""
+    return tuple(k for k, (rs, re, _) in enumerate(resv) if rs <= e and re > s)
 
 
-def _fits_outside(cl, blocked: set, n: int, g: int) -> bool:
-    """Whether a job of n nodes (g GPUs for one node) fits now off the blocked nodes."""
-    if n > 1:
-        return cl.whole - sum(1 for node in blocked if cl.free[node] == cl.gpn) >= n
-    for v in range(g, cl.gpn + 1):
-        bucket = cl.bucket[v]
-        if len(bucket) > len(blocked) or any(node not in blocked for node in bucket):
-            return True
-    return False
+def _room_outside(cl, blocked) -> tuple[int, int]:
+    """(whole nodes free now, most GPUs free on one node now) off the blocked nodes: a job of
+    n > 1 nodes fits there iff n <= the first, one of g GPUs iff g <= the second."""
+    held = [0] * (cl.gpn + 1)  # blocked nodes by their free GPUs
+    for node in blocked:
+        held[cl.free[node]] += 1
+    most = next((v for v in range(cl.gpn, 0, -1) if len(cl.bucket[v]) > held[v]), 0)
+    return cl.whole - held[cl.gpn], most
 
 
 def _choose(cl, extra: dict, cover: dict, n: int, g: int, strategy: str):
@@ -103,33 +101,23 @@ def _choose(cl, extra: dict, cover: dict, n: int, g: int, strategy: str):
                 break
         return None if best is None else [best[1]]
     # whole nodes a rack has then: today's, less the held ones, plus those given back whole
-    count = [len(w) for w in cl.rack_whole]
+    count = list(map(len, cl.rack_whole))
+    npr = cl.nodes_per_rack
     gone, added = set(), {}
     for node in cover:
         if free[node] == gpn:
-            count[cl.rack_of(node)] -= 1
+            count[node // npr] -= 1
             gone.add(node)
     for node, x in extra.items():
         if x and free[node] + x == gpn and node not in cover:
-            r = cl.rack_of(node)
+            r = node // npr
             count[r] += 1
             added.setdefault(r, []).append(node)
     if sum(count) < n:
         return None
-    racks = range(cl.racks)
-    fitting = [r for r in racks if count[r] >= n]
-    if fitting:
-        chosen = [min(fitting, key=(lambda r: (count[r], r)) if pack else (lambda r: (-count[r], r)))]
-    else:
-        chosen, got = [], 0
-        for r in sorted(racks, key=lambda r: (-count[r], r)):
-            chosen.append(r)
-            got += count[r]
-            if got >= n:
-                break
     out = []
-    for r in chosen:
-        nodes = sorted([x for x in cl.rack_whole[r] if x not in gone] + added.get(r, []))
+    for r in racks_for(count, n, pack):
+        nodes = sorted(list(cl.rack_whole[r] - gone if gone else cl.rack_whole[r]) + added.get(r, []))
         out.extend(nodes[:n - len(out)])
     return out
 
@@ -296,65 +284,88 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
     turn, with the same result: a job whose reservation is pending has a bound under its
     start (`earliest`, rounded down), and while every pending bound lies past a job's
     window, the pending reservations cannot hold that job's nodes, and the job (ending
-    before them) changes no pending reservation once started."""
+    before them) changes no pending reservation once started.
+
+    A job that could not start on the GPUs free at the pass's start never will in it
+    (starts in the pass only take GPUs), and once the pass has given its bf_reserve
+    reservations such a job does nothing: the loop then goes over the jobs that could
+    (`fitting`, filtered at C speed) alone, and over every job while reservations are left."""
     tested = list(itertools.islice(queue, sp.bf_max_job_test))
-    # a job after the `last`-th could start now, on the GPUs free now (starts in the pass
-    # only take GPUs: one that does not fit now never will in this pass); Cluster.fits
-    # with its counts read once: whole nodes, and the most GPUs free on a node
+    # the positions of the jobs that could start now (Cluster.fits with its counts read
+    # once: whole nodes, and the most GPUs free on a node); a job's GPUs tell its nodes
+    # too (up to a node's for one node, n x a node's for n), so one bound on them says it:
+    # with a whole node free, every one-node job fits and n nodes iff n <= whole
     whole, most = cl.whole, _most(cl)
-    last = -1
-    for k in range(len(tested) - 1, -1, -1):
-        j = tested[k]
-        if (whole >= nodes[j]) if nodes[j] > 1 else gpus[j] <= most:
-            last = k
-            break
+    fitting = list(itertools.compress(range(len(tested)), map(operator.le, map(gpus.__getitem__, tested),
+                                                               itertools.repeat(whole * cl.gpn if whole else most))))
+    last = fitting[-1] if fitting else -1
     resv, pending, bound, bounds, failed = [], [], math.inf, {}, {}
     resv_jobs = []  # the jobs whose reservations were worked out, in order (some found none)
     made = ends.made if ends is not None else None
     horizon = now + sp.bf_window
     cap, taken = sp.bf_reserve or math.inf, 0  # reservations a pass gives; made or pending
-    for k, j in enumerate(tested):
-        if cl.free_gpus == 0:
-            return
-        length, n = plan[j], nodes[j]
-        shape = (n, gpus[j])
-        # one that failed to start stays failed for a longer window (the pass only takes GPUs
-        # and adds reservations); fits: Cluster.fits
-        if ((cl.whole >= n) if n > 1 else gpus[j] <= most) and length < failed.get(shape, math.inf):
-            if bound <= now + length:  # a pending reservation may hold this job's nodes: work them out
-                for p in pending:
-                    s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p], now,
-                                         horizon, strategy, planned, alloc)
-                    resv_jobs.append(p)
-                    if chosen is not None:
-                        rs = sp.reservation(s)
-                        resv.append((rs, max(sp.reservation(s + plan[p]), rs + sp.bf_resolution),
-                                     frozenset(chosen)))
-                pending, bound = [], math.inf
-                taken = len(resv)
-            # start it on nodes no reservation holds while it would run
-            blocked = _overlapping(resv, now, now + length)
-            ok = False
-            if _fits_outside(cl, blocked, nodes[j], gpus[j]):
-                held = [(node, cl.free[node]) for node in blocked if cl.free[node]]
-                for node, v in held:
-                    cl._take(node, v)
-                ok = begin(j)
-                if held:
-                    cl.release(held)
-            if ok:
-                queue.remove(j)
-                bounds.clear()
-                most = _most(cl)
+    room = {}  # _room_outside by the reservations in a window's way; emptied at every start
+    inf, failed_get = math.inf, failed.get
+    first = 0  # the next position to test
+    while first <= last:
+        every = taken < cap  # every job (reservations left to give), else the fitting ones
+        for k in (range(first, len(tested)) if every else fitting[bisect.bisect_left(fitting, first):]):
+            if cl.free_gpus == 0:
+                return
+            j = tested[k]
+            length, n = plan[j], nodes[j]
+            shape = gpus[j]  # its GPUs tell its nodes too
+            # one that failed to start stays failed for a longer window (the pass only takes
+            # GPUs and adds reservations); fits: Cluster.fits
+            if ((cl.whole >= n) if n > 1 else shape <= most) and length < failed_get(shape, inf):
+                if bound <= now + length:  # a pending reservation may hold this job's nodes: work them out
+                    for p in pending:
+                        s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p],
+                                             now, horizon, strategy, planned, alloc)
+                        resv_jobs.append(p)
+                        if chosen is not None:
+                            rs = sp.reservation(s)
+                            resv.append((rs, max(sp.reservation(s + plan[p]), rs + sp.bf_resolution),
+                                         frozenset(chosen)))
+                    pending, bound = [], inf
+                    taken = len(resv)
+                # start it on nodes no reservation holds while it would run
+                which = _overlapping(resv, now, now + length) if resv else ()
+                if which not in room:
+                    blocked = set().union(*(resv[r][2] for r in which))
+                    room[which] = (blocked, _room_outside(cl, blocked))
+                blocked, (whole_out, most_out) = room[which]
+                ok = False
+                if (whole_out >= n) if n > 1 else shape <= most_out:
+                    held = [(node, cl.free[node]) for node in blocked if cl.free[node]]
+                    for node, v in held:
+                        cl._take(node, v)
+                    ok = begin(j)
+                    if held:
+                        cl.release(held)
+                if ok:
+                    queue.remove(j)
+                    bounds.clear()
+                    room.clear()
+                    most = _most(cl)
+                    if (taken < cap) != every:
+                        break
+                    continue
+                failed[shape] = min(length, failed_get(shape, inf))
+            if k >= last:
+                return
+            if taken >= cap:
+                if every:
+                    break
                 continue
-            failed[shape] = min(length, failed.get(shape, math.inf))
-        if k >= last:
+            if shape not in bounds:
+                bounds[shape] = earliest(cl, planned, alloc, n, shape, now, horizon, ends)
+            if bounds[shape] <= horizon:  # else it would start past the window: no reservation
+                pending.append(j)
+                taken += 1
+                bound = min(bound, sp.reservation(bounds[shape]))
+            if (taken < cap) != every:
+                break
+        else:
             return
-        if taken >= cap:
-            continue
-        if shape not in bounds:
-            bounds[shape] = earliest(cl, planned, alloc, nodes[j], gpus[j], now, horizon, ends)
-        if bounds[shape] <= horizon:  # else it would start past the window: no reservation
-            pending.append(j)
-            taken += 1
-            bound = min(bound, sp.reservation(bounds[shape]))
+        first = k + 1  # the loop broke off there to change what it goes over

@@ -40,7 +40,7 @@ class Cluster:
         self.bucket[v].discard(node)
         self.bucket[v - g].add(node)
         if v == self.gpn:
-            self.rack_whole[self.rack_of(node)].discard(node)
+            self.rack_whole[node // self.nodes_per_rack].discard(node)
             self.whole -= 1
         self.free[node] = v - g
         self.free_gpus -= g
@@ -55,19 +55,7 @@ class Cluster:
             node = min(self.bucket[v])  # lowest index: deterministic, and packs racks in order
             self._take(node, gpus)
             return [(node, gpus)], 1
-        fitting = [r for r in range(self.racks) if len(self.rack_whole[r]) >= nodes]
-        if fitting:
-            key = (lambda r: (len(self.rack_whole[r]), r)) if strategy == "pack" else (lambda r: (-len(self.rack_whole[r]), r))
-            chosen = [min(fitting, key=key)]
-        else:  # several racks, fewest first: the racks with the most whole free nodes
-            chosen, got = [], 0
-            for r in sorted(range(self.racks), key=lambda r: (-len(self.rack_whole[r]), r)):
-                if not self.rack_whole[r]:
-                    break
-                chosen.append(r)
-                got += len(self.rack_whole[r])
-                if got >= nodes:
-                    break
+        chosen = racks_for(list(map(len, self.rack_whole)), nodes, strategy == "pack")
         alloc = []
         for r in chosen:
             for node in sorted(self.rack_whole[r])[:nodes - len(alloc)]:
@@ -82,7 +70,29 @@ class Cluster:
             self.bucket[v].discard(node)
             self.bucket[v + g].add(node)
             if v + g == self.gpn:
-                self.rack_whole[self.rack_of(node)].add(node)
+                self.rack_whole[node // self.nodes_per_rack].add(node)
                 self.whole += 1
             self.free[node] = v + g
             self.free_gpus += g
+
+
+def racks_for(count: list, n: int, pack: bool) -> list:
+    """The racks a job of n whole nodes takes, from the whole free nodes each rack has
+    (`count`, summing to n at least): one rack if one holds it (pack: the one with the
+    fewest, spread: the most; the lowest index on ties), else the racks with the most first
+    (the lowest index on ties) until they hold n. C-speed builtins: it runs at every start
+    and reservation of a multi-node job."""
+    if pack:
+        c = min(filter(n.__le__, count), default=None)
+    else:
+        c = max(count)
+        c = c if c >= n else None
+    if c is not None:
+        return [count.index(c)]
+    chosen, got = [], 0
+    for r in sorted(range(len(count)), key=count.__getitem__, reverse=True):  # stable: ties stay in index order
+        chosen.append(r)
+        got += count[r]
+        if got >= n:
+            break
+    return chosen
