@@ -83,3 +83,28 @@ def test_band_bad_input(cli):
                       (["--efficiency", "titan-mb3"], "--efficiency takes planner, linear, titan-mb1")):
         rc, out, err = cli("simulate", "--synthetic", "20", *args)
         assert rc == 2 and why in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_replays_never_fork_beside_another_thread(monkeypatch):
+    """A fork copies only the forking thread: a lock another thread held stays held in the
+    child, which then waits forever (a CI run hung so: pytest-xdist's threads, the band's
+    forked pool). With another thread alive and two cores the replays run in this process
+    (nothing forked) and give what the one-core path gives. (The fork path itself runs in
+    the CLI's single-threaded process: the README's simulate command.)"""
+    import threading
+
+    forked = []
+    monkeypatch.setattr(reruns.multiprocessing, "get_context", lambda method: forked.append(method))
+    monkeypatch.setattr(reruns, "cores", lambda: 1)
+    alone = _rows()
+    monkeypatch.setattr(reruns, "cores", lambda: 2)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert reruns.threads() > 1
+        assert _rows() == alone
+    finally:
+        stop.set()
+        other.join()
+    assert forked == []

@@ -31,13 +31,27 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
+def threads() -> int:
+    """This process's threads (the OS's count: a fork copies only the forking thread, and a
+    lock another thread held stays held in the child)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
 class Reruns:
     """Every seed's scale-in scenarios again with each other curve, against that seed's
     baselines (no job scales in there: a baseline does not depend on the curve). With more
     than one core, each seed's replays run on forked workers while this process goes on to
     the next seed (they inherit the trace and the baselines by the fork: nothing is sent);
-    at most as many seeds in flight as cores. collect() gives, by label, one list of
-    scenario reports a seed."""
+    one seed in flight. A fork happens only while this process has one thread: a pool's own
+    threads, or a host's (pytest-xdist's, an embedding application's), could hold a lock the
+    child then waits on forever; so the seed in flight is waited for first, and a process
+    with other threads replays here. collect() gives, by label, one list of scenario
+    reports a seed."""
 
     def __init__(self, curves: list[tuple[str, Curve]]):
         self.curves, self.seeds, self.workers = curves, [], cores()
@@ -45,15 +59,16 @@ class Reruns:
     def submit(self, trace: Trace, scs: list[Scenario], reports: list[dict], baselines: dict[int, Result]) -> None:
         global _SHARED
         tasks = [(label, k) for label, _ in self.curves for k, sc in enumerate(scs) if sc.reduction]
-        if self.workers < 2 or not tasks or len(trace) > PARALLEL_MAX_JOBS:
+        for k, (pool, *_) in enumerate(self.seeds):
+            if pool is not None:
+                self._wait(k)  # its pool's threads end with it: no fork beside them
+        if self.workers < 2 or not tasks or len(trace) > PARALLEL_MAX_JOBS or threads() > 1:
             _SHARED = (trace, scs, baselines, dict(self.curves))
             try:
                 self.seeds.append((None, tasks, [_one(t) for t in tasks], reports))
             finally:
                 _SHARED = ()
             return
-        if sum(1 for pool, *_ in self.seeds if pool is not None) >= self.workers:
-            self._wait(next(k for k, (pool, *_) in enumerate(self.seeds) if pool is not None))
         _SHARED = (trace, scs, baselines, dict(self.curves))
         try:
             pool = multiprocessing.get_context("fork").Pool(min(self.workers, len(tasks)))
