@@ -76,9 +76,16 @@ def run_step(step: Step, gpu: int | None, n_lanes: int, env: dict, values: dict,
         print("==", describe(step, gpu, values), flush=True)
     t0 = time.monotonic()
     with open(log, "w") as f:
+        # the lane's cores set from here, not by a preexec_fn: the lanes start their steps from two
+        # threads, and Python code run between fork and exec can wait forever on a lock another
+        # thread held at the fork (a CI run hung so)
         proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=step_env(env, step, gpu, values), start_new_session=True,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
+                                env=step_env(env, step, gpu, values), start_new_session=True)
+        if pin:
+            try:
+                os.sched_setaffinity(proc.pid, pin)
+            except OSError:  # the step already ended
+                pass
         try:
             rc = proc.wait(timeout=step.timeout)
         except subprocess.TimeoutExpired:  # the whole group: torchrun's and transit-launch run's children too

@@ -62,12 +62,16 @@ def test_lanes_run_side_by_side_or_fold_onto_one_gpu():
 def test_a_run_writes_logs_and_its_manifest_and_a_timeout_is_a_failure(tmp_path):
     py = "python3"
     suite = Suite("t", "a test", (Step("hello", (py, "-c", "print('out is {out}')"), 30, 0, 0),
+                                  Step("pinned", (py, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"), 30,
+                                       0, 0),
                                   Step("slow", (py, "-c", "import time; time.sleep(30)"), 1, 1, 0),
                                   Step("env", (py, "-c", "import os; print(os.environ['X'])"), 30, None, 0,
                                        {"X": "{half}"})), minutes=1)
     res = runner.run(suite, suite.steps, 2, dict(__import__("os").environ), tmp_path, dry_run=False)
-    assert {r["step"]: r["rc"] for r in res} == {"hello": 0, "slow": "timeout", "env": 0}
+    assert {r["step"]: r["rc"] for r in res} == {"hello": 0, "pinned": 0, "slow": "timeout", "env": 0}
     assert (tmp_path / "hello.log").read_text() == f"out is {tmp_path}\n"
+    # lane 0's step on lane 0's half of the cores (set by the parent after the spawn)
+    assert (tmp_path / "pinned.log").read_text() == f"{sorted(runner.cores(0, 2))}\n"
     assert (tmp_path / "env.log").read_text() == "1\n"
 
 
