@@ -129,6 +129,31 @@ def _enter_leave(resv, length: float, now: float):
     return enter, leave
 
 
+def _cover(cover: dict, nodes) -> list:
+    """A reservation's window starts holding `nodes`: their counts of holding reservations
+    go up; the nodes held now that were not before."""
+    new = []
+    for node in nodes:
+        c = cover.get(node, 0)
+        cover[node] = c + 1
+        if not c:
+            new.append(node)
+    return new
+
+
+def _uncover(cover: dict, nodes) -> list:
+    """A reservation ends: its nodes' counts go down; the nodes no reservation holds any more."""
+    freed = []
+    for node in nodes:
+        c = cover[node] - 1
+        if c:
+            cover[node] = c
+        else:
+            del cover[node]
+            freed.append(node)
+    return freed
+
+
 def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizon: float, strategy: str):
     """reservation() for a job of n > 1 whole nodes, from the times nodes become wholly free
     (Ends): the same answer without walking every running job's allocation. At a time s the
@@ -142,16 +167,10 @@ def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizo
     s = now
     while s <= horizon:
         while e < len(enter) and enter[e][0] <= s:
-            for node in resv[enter[e][1]][2]:
-                cover[node] = cover.get(node, 0) + 1
+            _cover(cover, resv[enter[e][1]][2])
             e += 1
         while x < len(leave) and leave[x][0] <= s:
-            for node in resv[leave[x][1]][2]:
-                c = cover[node] - 1
-                if c:
-                    cover[node] = c
-                else:
-                    del cover[node]
+            _uncover(cover, resv[leave[x][1]][2])
             x += 1
         i = bisect.bisect_right(order, (s, math.inf))
         held = sum(1 for node in cover if free[node] == gpn or per_node[node][-1] <= s)
@@ -195,24 +214,16 @@ def reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: fl
                     good += 1
             i += 1
         while e < len(enter) and enter[e][0] <= s:
-            for node in resv[enter[e][1]][2]:
-                c = cover.get(node, 0)
-                cover[node] = c + 1
-                if not c:
-                    v = free[node] + extra.get(node, 0)
-                    held += v == gpn
-                    good -= v >= g
+            for node in _cover(cover, resv[enter[e][1]][2]):
+                v = free[node] + extra.get(node, 0)
+                held += v == gpn
+                good -= v >= g
             e += 1
         while x < len(leave) and leave[x][0] <= s:
-            for node in resv[leave[x][1]][2]:
-                c = cover[node] - 1
-                if c:
-                    cover[node] = c
-                else:
-                    del cover[node]
-                    v = free[node] + extra.get(node, 0)
-                    held -= v == gpn
-                    good += v >= g
+            for node in _uncover(cover, resv[leave[x][1]][2]):
+                v = free[node] + extra.get(node, 0)
+                held -= v == gpn
+                good += v >= g
             x += 1
         if (cl.whole + whole - held >= n) if n > 1 else good > 0:
             nodes = _choose(cl, extra, cover, n, g, strategy)
