@@ -2,7 +2,7 @@
  *
  * Copies between pinned host memory and plain device memory run on the copy engines beside
  * compute; copies into managed memory, even memory placed on the device, are served by the
- * SMs and slow the kernels beside them (bench/RESULTS.md, "The state's paths across PCIe,
+ * SMs and slow the kernels beside them (bench/LOG.md, "The state's paths across PCIe,
  * beside compute"). So a staging buffer must not be managed. Its bytes come out of the GPU
  * budget: tr_budget() is the room left for managed data, and managed data on the device is
  * demoted to make room, so the budget still bounds everything the shim holds on the GPU at

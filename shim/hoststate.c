@@ -5,11 +5,11 @@
  * memory (tr_hoststate_wanted): anonymous memory whose pages up to 16 threads write first,
  * then registered with the runtime (mapped for the device at the same address, UVA): several
  * times faster than cudaHostAlloc, which pins
- * slowly in threads too (bench/RESULTS.md, "The optimizer state made in pinned host
+ * slowly in threads too (bench/LOG.md, "The optimizer state made in pinned host
  * memory"). An allocation of a huge page or more is mapped at a huge page's boundary and
  * advised MADV_HUGEPAGE (the kernel's default is 4 KiB pages for anonymous memory unless
  * advised): 512 times fewer faults to fill and pages to pin, the path's rate 2.4 times the
- * small pages' (RESULTS.md, "Pinning with huge pages"). Kernels read it zero-copy as advise's
+ * small pages' (LOG.md, "Pinning with huge pages"). Kernels read it zero-copy as advise's
  * host placement does, the copy engines move it at full speed, and nothing in the table (ranking,
  * replay) migrates it. The adapter marks the state only where its step streams the state
  * from host homes (TRANSIT_OVERLAP_STEP=stream, advise's default, or host, for what it

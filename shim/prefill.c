@@ -3,7 +3,7 @@
  *
  * Pinned state (hoststate.c) is made during the first optimizer step: its pages written, then
  * registered with the runtime. The runtime refuses a copy that spans two registrations
- * (bench/RESULTS.md, "Registering the pool in pieces"), so each of PyTorch's segments needs a
+ * (bench/LOG.md, "Registering the pool in pieces"), so each of PyTorch's segments needs a
  * registration of its own, and only its size says which. The adapter predicts, before the
  * first forward, the segments the first step's state will be allocated in: their sizes in the
  * order they will be made (transit_state_pool.allocator_segments, from the caching allocator's
@@ -11,7 +11,7 @@
  * order, and two background threads make regions ready from the last region back (the budget
  * keeps on the GPU what fits first, so the state made last is the state pinned): one has each
  * region's pages written by 8 writers, the other registers each region written, so that the
- * next region is written while one registers (bench/RESULTS.md, "The fill's writes and
+ * next region is written while one registers (bench/LOG.md, "The fill's writes and
  * registrations in a pipeline"). The writer makes no region that the budget would keep on the
  * device (hoststate.c's rule, under the room now until the state begins, then under the room
  * the first state found; the room only shrinks as the step's activations grow): it waits for
@@ -40,7 +40,7 @@
 #include "transit_rules.h"
 
 /* The background fill's writers at most: with 8 threads writing pages the training thread's
- * small kernel launches kept their latency, with 16 they did not (bench/RESULTS.md, "Pinning
+ * small kernel launches kept their latency, with 16 they did not (bench/LOG.md, "Pinning
  * with huge pages"); one core is left to the training thread. */
 #define PREFILL_THREADS 8 /* hoststate.c's FILL_THREADS caps it */
 #define MAX_SEGMENTS (1 << 20) /* a longer list is not the adapter's: no pool */

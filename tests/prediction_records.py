@@ -30,7 +30,7 @@ FIT = {
     (D2 + "torchtitan-8/titan_steps_accum8_stream.json", "advise"): ("WARMUP_PINNED_RATE",),
 }
 # runs of a shim or adapter build that is not main's: their first steps differ (up to 2x), their
-# steady steps do not (within 0.5%, RESULTS.md "TorchTitan's first steps under advise")
+# steady steps do not (within 0.5%, LOG.md "TorchTitan's first steps under advise")
 OTHER_BUILD = {
     (D1 + "titan_steps_accum4_hostpop_2026-12-01.json", "advise"):
         "new host-placed allocations populated on the host at once (measured slower, not kept)",
@@ -64,7 +64,7 @@ OTHER_BUILD = {
         ("torchtitan-10/titan_steps_accum2_stream.json", "advise", "the same build: 36.3 GB pinned in 2.82 s"))},
 }
 # runs of builds whose steady steps are not main's, left out of the points; what they measured
-# is in RESULTS.md ("The optimizer state made in pinned host memory", "The streamed step by default")
+# is in LOG.md ("The optimizer state made in pinned host memory", "The streamed step by default")
 NOT_ADVISE = {
     (D2 + "titan_steps_accum16_hoststate_2026-12-02.json", "advise"):
         "the adapter marked the state under plain advise (no longer): 1.26 GB of it stayed on the GPU and hot data "

@@ -1,5 +1,6 @@
-"""The recorded results as files: every bench/results/ path the docs name exists (the move
-into dated folders left nothing dangling), every result file is in a dated folder and
+"""The recorded results as files: every bench/results/ path the docs name exists (README,
+bench/RESULTS.md, bench/LOG.md, docs/: the move into dated folders and the log left nothing
+dangling), every result file is in a dated folder and
 named in bench/results/INDEX.md, and no test imports bench/ (tests read its results as
 data; bench's own tests are bench/tests/)."""
 
@@ -11,7 +12,8 @@ import pytest
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "bench" / "results"
-DOCS = [ROOT / "README.md", ROOT / "bench" / "RESULTS.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "bench" / "RESULTS.md", ROOT / "bench" / "LOG.md",
+        *sorted((ROOT / "docs").glob("*.md"))]
 PATH = re.compile(r"bench/results/[A-Za-z0-9_.*{},/-]*[A-Za-z0-9_*}]")
 
 

@@ -213,7 +213,7 @@ def test_an_attached_adapter_keeps_cupti_free_under_gradient_accumulation(built,
     16K launches on): the kernel sequence repeats before the adapter's
     first step, so the shim guessed a boundary, had no optimizer hint yet, and started its
     warm-up recording; on the H200 torch.profiler then got CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_
-    NOT_SUPPORTED for the rest of the job, cuptiFinalize notwithstanding (bench/RESULTS.md,
+    NOT_SUPPORTED for the rest of the job, cuptiFinalize notwithstanding (bench/LOG.md,
     "torch.profiler under the shim loses CUPTI at more than one microbatch"). Once the
     adapter attached (it does at the first optimizer's construction) the shim guesses
     nothing and never touches CUPTI. Without attaching, the

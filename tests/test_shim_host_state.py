@@ -169,7 +169,7 @@ def test_hints_on_pinned_state_keep_advise_from_probing_access(built, cupti, tmp
     faulted back in the next step) only when no optimizer state was reported. Where all the
     state is pinned, none of the adapter's optimizer hints named managed memory, so the shim
     probed: on TorchTitan at 16 microbatches that made steps 1 + 2 63.4 s against plain
-    advise's 32.0 (bench/RESULTS.md, "The streamed step by default"). A hint on pinned state is
+    advise's 32.0 (bench/LOG.md, "The streamed step by default"). A hint on pinned state is
     a report: no CUPTI, nothing of the application's sent to the host (the fake's own count of
     pages moved there: the two unmarked 64 MiB allocations the budget had no room for). With
     no hints at all the probe still runs: the case it is for."""

@@ -48,7 +48,7 @@ SHIM_RESERVED_GAP_PERCENT = 5
 # The shim keeps marked optimizer state on the GPU only with this share of the budget spare
 # beside the device's peak so far (and the staging ring): the cache grew past the first step's
 # peak by about 3% of the budget at 16 microbatches, and state kept in that room pushed hot data
-# to the host (bench/RESULTS.md, "The streamed step by default").
+# to the host (bench/LOG.md, "The streamed step by default").
 STATE_ROOM_SPARE_PERCENT = 3
 LOG_LEVELS = ("error", "warn", "info", "debug")
 

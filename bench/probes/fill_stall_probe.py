@@ -1,7 +1,7 @@
 """What of the pinned pool's fill slows the trainer's first forward and backward (issue 27, warm-up)?
 
 shim/prefill.c writes and registers the first step's pinned state in the background, during the
-first forward and backward, and they run 0.2-1.0 s longer beside it (bench/RESULTS.md, "The fill's
+first forward and backward, and they run 0.2-1.0 s longer beside it (bench/LOG.md, "The fill's
 writers, and what slows the first forward"). This probe times a trainer thread's CUDA work while
 one bounded background activity runs, as the fill runs it, against none:
 

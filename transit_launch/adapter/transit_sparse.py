@@ -1,7 +1,7 @@
 """Which parameters the forward reads only in part: an nn.Embedding's (or EmbeddingBag's)
 table, read by a gather of the step's rows, where no other module uses it. Under a GPU
 budget such a table is the cheapest master weight to serve zero-copy from the host: a
-microbatch reads its rows, where a Linear's weight is read whole (bench/RESULTS.md,
+microbatch reads its rows, where a Linear's weight is read whole (bench/LOG.md,
 "The streamed step by default"). The adapter hints them SPARSE (shim/transit_api.h), which
 advise gives the GPU after the dense master weights.
 

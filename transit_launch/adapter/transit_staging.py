@@ -4,7 +4,7 @@ transit_host.py).
 
 A step that reads its AdamW state zero-copy holds SMs while it waits on PCIe; copies between
 the GPU and *pinned* host memory run on the copy engines instead. Managed memory, where the
-shim puts cold data, does not get that path (bench/RESULTS.md, "The state's paths across
+shim puts cold data, does not get that path (bench/LOG.md, "The state's paths across
 PCIe, beside compute"). So here:
 
 - home: after an optimizer's step, each of its parameter-shaped state tensors (exp_avg,
@@ -38,7 +38,7 @@ import transit_rules
 INFLIGHT_ENV = transit_rules.ENV["OVERLAP_INFLIGHT"]
 # default bytes of the staging ring on each GPU. It comes out of the GPU budget, which every
 # microbatch pays for with hot data served from the host: the size measured best for the staged
-# step, retired (bench/RESULTS.md, "The staged step through a device ring"); the plan counts the
+# step, retired (bench/LOG.md, "The staged step through a device ring"); the plan counts the
 # same bytes
 STAGE_LIMIT = transit_rules.STAGE_RING_BYTES
 ALIGN = 512               # bytes: every buffer carved from the ring starts aligned for any dtype's kernels

@@ -32,7 +32,7 @@ MODES = tuple(m for m in transit_rules.OVERLAP_MODES if m != OFF)
 RETIRED_MODES = transit_rules.RETIRED_OVERLAP_MODES
 RETIRED_ENV = tuple(v for k, v in transit_rules.RETIRED_ENV.items() if k != "STAGE")
 # the mode when TRANSIT_OVERLAP_STEP is unset, by the shim's policy: under advise the streamed
-# step, which moves only the state the budget cannot hold (bench/RESULTS.md, "The streamed step
+# step, which moves only the state the budget cannot hold (bench/LOG.md, "The streamed step
 # by default")
 DEFAULT_MODES = transit_rules.DEFAULT_OVERLAP
 # torch.optim classes whose update is elementwise per parameter (exact classes: a subclass
