@@ -131,8 +131,9 @@ def test_copies_through_a_bounce_buffer_are_exact(bounce):
     assert loss == ref_loss
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref_m.parameters()))
     down, up = h.bounces[torch.device("cpu")]
-    assert down.mem.numel() == up.numel() == bounce and down.piece <= max(512, bounce // 4)
-    assert down.mem.any() and up.any()  # written: the last pieces are still in them
+    assert down.mem.numel() == up.mem.numel() == bounce
+    assert down.piece == up.piece <= max(512, bounce // 4)
+    assert down.mem.any() and up.mem.any()  # written: the last pieces are still in them
     assert not h.hook_failed and h.stats["recopied"] == 4  # every copy after the first step went through the ring
     assert h.stats["clipped"] == (STEPS - 1) * 4
 
@@ -565,3 +566,30 @@ def test_the_split_shares_calibration_runs_no_step_hooks():
         for h in hooks:
             h.remove()
     assert seen == [] and s.measured[0] > 0 and share == 1.0  # no GPU: no link to share with
+
+
+def test_the_split_shares_calibration_steps_with_the_workers_threads(monkeypatch):
+    """The CPU's rate is measured as the worker steps: with one intra-op thread less than the
+    application's (the core its thread keeps), which is given back afterwards."""
+    import torch
+
+    th = load("transit_host")
+    seen = []
+    real = th.transit_step.raw_step
+
+    def counting(opt):
+        step = real(opt)
+        return lambda o: (seen.append(torch.get_num_threads()), step(o))
+
+    before = torch.get_num_threads()
+    if before < 2:
+        torch.set_num_threads(2)
+    try:
+        threads = torch.get_num_threads()
+        monkeypatch.setattr(th.transit_step, "raw_step", counting)
+        s = th.SplitShare()
+        s.CALIBRATE_ELEMS = 1 << 12
+        s(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))]), True)
+        assert seen == [threads - 1, threads - 1] and torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)

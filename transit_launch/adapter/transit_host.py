@@ -44,13 +44,14 @@ METADATA = frozenset(("__get__", "__set__", "size", "dim", "numel", "stride", "i
 CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU steps one while one copies)
 # Under the shim the parameters and gradients are managed memory, and a copy between managed
 # and pinned host memory is served by the SMs: the compute stream stalls for each gradient's
-# copy down (bench/RESULTS.md, "The host step's copies through plain device memory"). So each
+# copy down (bench/LOG.md, "The host step's copies through plain device memory"). So each
 # copy passes through this many bytes of plain device memory each way: the copy engines move
 # it over PCIe, the SMs only copy it on the device. Down, the device copy runs on the compute
 # stream in backward's order (a copy stream's would wait for a gap between the GEMMs, one per
-# piece), into a ring of DOWN_PIECES pieces, which the copy stream sends down (_DownRing)
+# piece), into a ring of RING_PIECES pieces, which the copy stream sends down (_DownRing); up,
+# the pieces cross into a ring and a high-priority stream copies them on the device (_UpRing)
 BOUNCE_BYTES = 64 << 20
-DOWN_PIECES = 4
+RING_PIECES = 4
 # Said once for an optimizer of FSDP2 (DTensor) parameters: their host state is plain tensors,
 # which torch's distributed checkpoint cannot place
 DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not in opt.state, so "
@@ -64,11 +65,14 @@ class SplitShare:
     streamed step: all of it. Clipped, no update starts before backward ends; the CPU's step
     (cpu_s a parameter byte) and the streamed step's state copies (link_s a parameter byte,
     in and out on two engines) then run side by side, done together when
-    share x cpu_s = (1 - share) x link_s. Both rates are measured once, at the first step:
-    torch's fused CPU step of the optimizer's class on CALIBRATE_ELEMS parameters, and a
-    pinned host to GPU copy of as many bytes."""
+    share x cpu_s = (1 - share) x link_s. Both rates are measured once, at the first step, as
+    the job runs them: a pinned host to GPU copy of CALIBRATE_ELEMS parameters, then torch's
+    fused CPU step of the optimizer's class on as many, with the worker's threads and with
+    copies both ways in flight beside it (the copy engines' reads and writes of host memory
+    slow the CPU's step, as the job's copies do)."""
 
     CALIBRATE_ELEMS = 16 << 20
+    BESIDE = 8  # copies each way in flight while the CPU steps (more than its step lasts)
 
     def __init__(self):
         self.measured = None  # (cpu_s, link_s) a parameter byte
@@ -84,17 +88,10 @@ class SplitShare:
 
         dev = next((p.device for g in opt.param_groups for p in g["params"] if p.device.type == "cuda"), None)
         n, clock = self.CALIBRATE_ELEMS, time.perf_counter
-        x = torch.zeros(n)
-        x.grad = torch.ones(n)
-        cpu = type(opt)([x], fused=True)
-        step = transit_step.raw_step(cpu)  # without the step hooks: ours would adopt it, sitecustomize's count it
-        step(cpu)  # the state made
-        t0 = clock()
-        step(cpu)
-        cpu_s = (clock() - t0) / (4 * n)
-        link_s = 0.0
+        link_s, beside = 0.0, None
         if dev is not None:
             src = torch.empty(n, pin_memory=True)
+            back = torch.empty(n, pin_memory=True)
             dst = torch.empty(n, device=dev)
             stream = torch.cuda.current_stream(dev)
             dst.copy_(src, non_blocking=True)
@@ -104,6 +101,29 @@ class SplitShare:
             b.record(stream)
             b.synchronize()
             link_s = _state_tensors(opt) * a.elapsed_time(b) / 1e3 / (4 * n)
+            beside = (torch.cuda.Stream(dev), torch.cuda.Stream(dev))
+        x = torch.zeros(n)
+        x.grad = torch.ones(n)
+        cpu = type(opt)([x], fused=True)
+        step = transit_step.raw_step(cpu)  # without the step hooks: ours would adopt it, sitecustomize's count it
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, threads - 1))  # the worker's (HostStep._step says why)
+        try:
+            step(cpu)  # the state made
+            if beside is not None:
+                for _ in range(self.BESIDE):
+                    with torch.cuda.stream(beside[0]):
+                        dst.copy_(src, non_blocking=True)
+                    with torch.cuda.stream(beside[1]):
+                        back.copy_(dst, non_blocking=True)
+            t0 = clock()
+            step(cpu)
+            cpu_s = (clock() - t0) / (4 * n)
+        finally:
+            torch.set_num_threads(threads)
+            if beside is not None:
+                for st in beside:
+                    st.synchronize()
         self.measured = (cpu_s, link_s)
         return self.measured
 
@@ -150,58 +170,91 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-class _DownRing:
+class _Pieces:
+    """A ring of plain device memory (uint8 `mem`) that copies pass through in RING_PIECES pieces."""
+
+    def __init__(self, mem):
+        self.ring = transit_staging.Ring(mem.numel())
+        self.mem = mem
+        self.piece = max(transit_staging.ALIGN,
+                         self.ring.size // RING_PIECES // transit_staging.ALIGN * transit_staging.ALIGN)
+
+    def pieces(self, dst, src):
+        """(dst's piece, src's piece, its slot in the ring, the event to wait for before the
+        slot is written or None) for each piece, as bytes; the caller marks each slot's
+        reuse with self.ring.done."""
+        import torch
+
+        d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
+        for off in range(0, d.numel(), self.piece):
+            k = min(self.piece, d.numel() - off)
+            base, wait = self.ring.take(k)
+            yield d[off:off + k], s[off:off + k], self.mem[base:base + k], wait
+
+
+class _DownRing(_Pieces):
     """Gradients sent down through a ring of plain device memory: each piece copied into the
     ring on the stream that made the gradient (in order: no copy stream waiting for SMs), then
     sent to pinned host memory by the copy stream. A piece reuses ring bytes only after their
     copy down (the compute stream waits for that on the GPU, only when the copy engines are a
     whole ring behind). On a CPU (tests) the same pieces, copied in turn."""
 
-    def __init__(self, mem):
-        self.ring = transit_staging.Ring(mem.numel())
-        self.mem = mem
-        self.piece = max(transit_staging.ALIGN, self.ring.size // DOWN_PIECES // transit_staging.ALIGN
-                         * transit_staging.ALIGN)
-
     def send(self, dst, src, down):
         """dst (pinned host) = src (on the device), in pieces; the last piece's copy-down event
         (None on a CPU)."""
         import torch
 
-        d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
         cur = torch.cuda.current_stream(src.device) if down is not None else None
         done = None
-        for off in range(0, d.numel(), self.piece):
-            k = min(self.piece, d.numel() - off)
-            base, wait = self.ring.take(k)
-            slot = self.mem[base:base + k]
+        for d, s, slot, wait in self.pieces(dst, src):
             if wait is not None:
                 cur.wait_event(wait)
-            slot.copy_(s[off:off + k])
+            slot.copy_(s)
             if down is None:
-                d[off:off + k].copy_(slot)
+                d.copy_(slot)
             else:
                 down.wait_event(cur.record_event())
                 with torch.cuda.stream(down):
-                    d[off:off + k].copy_(slot, non_blocking=True)
+                    d.copy_(slot, non_blocking=True)
                     done = down.record_event()
             self.ring.done(done)
         return done
 
 
-def _through(dst, src, buf, non_blocking):
-    """dst.copy_(src) in pieces through buf (uint8, plain device memory), issued on the
-    current stream: the stream's order reuses buf only after its piece was copied on."""
-    import torch
+class _UpRing(_Pieces):
+    """Parameters sent up through a ring of plain device memory: each piece crosses on the copy
+    stream into the ring, and a high-priority stream copies it on the device into the
+    parameter: the scheduler runs that copy's blocks as the GEMMs' blocks retire instead of
+    after a whole GEMM, and the next piece crosses meanwhile. A piece reuses ring bytes only
+    after their device copy. On a CPU (tests) the same pieces, copied in turn."""
 
-    if buf is None or not (dst.is_contiguous() and src.is_contiguous()):
-        dst.copy_(src, non_blocking=non_blocking)
-        return
-    d, s, n = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8), buf.numel()
-    for off in range(0, d.numel(), n):
-        k = min(n, d.numel() - off)
-        buf[:k].copy_(s[off:off + k], non_blocking=non_blocking)
-        d[off:off + k].copy_(buf[:k], non_blocking=non_blocking)
+    def send(self, dst, src, across, dev):
+        """dst (the parameter, on the device) = src (pinned host), in pieces: across (the copy
+        stream) brings each piece, dev (high priority) copies it into dst after what dev was
+        told to wait for; the last device copy's event (None on a CPU)."""
+        import torch
+
+        done = None
+        for d, s, slot, wait in self.pieces(dst, src):
+            if across is None:
+                slot.copy_(s)
+                d.copy_(slot)
+            else:
+                if wait is not None:
+                    across.wait_event(wait)
+                with torch.cuda.stream(across):
+                    slot.copy_(s, non_blocking=True)
+                dev.wait_event(across.record_event())
+                with torch.cuda.stream(dev):
+                    d.copy_(slot, non_blocking=True)
+                    done = dev.record_event()
+            self.ring.done(done)
+        return done
+
+
+def _direct(dst, src, non_blocking):
+    """The copy without a ring (no plain device memory to be had, or a CPU): one copy."""
+    dst.copy_(src, non_blocking=non_blocking)
 
 
 class _Rec:
@@ -574,8 +627,9 @@ class HostStep:
     def _streams(self, device):
         import torch
 
-        if device not in self.streams:
-            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        if device not in self.streams:  # down, up (the copy engines'), and _UpRing's device copies
+            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device),
+                                    torch.cuda.Stream(device, priority=-1))
         return self.streams[device]
 
     def _adopt(self, opt):
@@ -658,7 +712,7 @@ class HostStep:
         if mem is None:
             _say(f"host step: {why}: its copies on {dev} go direct")
             return
-        self.bounces[dev] = (_DownRing(mem[:self.bounce_bytes]), mem[self.bounce_bytes:])
+        self.bounces[dev] = (_DownRing(mem[:self.bounce_bytes]), _UpRing(mem[self.bounce_bytes:]))
 
     def _host_share(self, opt, offloaded):
         """The ids of the offloaded parameters the CPU steps: the last ones in forward order
@@ -745,10 +799,13 @@ class HostStep:
         try:
             if torch.get_num_threads() != job.threads:
                 torch.set_num_threads(job.threads)
-            bounce = self.bounces.get(job.device, (None, None))[1]
-            if job.device.type == "cuda":
+            ring = self.bounces.get(job.device, (None, None))[1]
+            gpu = job.device.type == "cuda"
+            if gpu:
                 torch.cuda.set_device(job.device)
-                up = self._streams(job.device)[1]
+                _, up, dev = self._streams(job.device)
+                if ring is None:
+                    dev = up  # no ring: copied direct, on the copy stream
             left = list(job.chunks)
             while left:
                 c = next((c for c in left if c.landed()), left[-1])
@@ -770,18 +827,20 @@ class HostStep:
                 t2 = clock()
                 self.stats["cpu_s"] += t2 - t1
                 for r in c.live:
-                    if job.device.type == "cuda":
-                        if r.event is not None:  # after the kernels that read the parameter in backward
-                            up.wait_event(r.event)
-                        with torch.cuda.stream(up):
-                            _through(r.local, r.ph, bounce, True)
+                    if gpu and r.event is not None:  # written after the kernels that read it in backward
+                        dev.wait_event(r.event)
+                    if ring is not None and r.local.is_contiguous():
+                        ring.send(r.local, r.ph, up if gpu else None, dev if gpu else None)
+                    elif gpu:
+                        with torch.cuda.stream(dev):
+                            r.local.copy_(r.ph, non_blocking=True)
                     else:
-                        _through(r.local, r.ph, bounce, False)
+                        r.local.copy_(r.ph)
                     r.pver = r.local._version
                     if opt is not None:
                         opt.state[r.p] = c.cpu.state[r.ph]
-                if job.device.type == "cuda":
-                    c.up = up.record_event()
+                if gpu:
+                    c.up = dev.record_event()
                 self.stats["up_s"] += clock() - t2
                 c.done.set()
         except Exception as e:  # said and given back by _finish, on the application's thread
@@ -846,8 +905,9 @@ class HostStep:
         import torch
 
         self._finish(plan)
-        for dev in self.streams:
-            self.streams[dev][1].synchronize()
+        for streams in self.streams.values():
+            for stream in streams:
+                stream.synchronize()
         for gi, cpu, recs in plan.chunks:
             group = opt.param_groups[gi]
             # where torch's load_state_dict puts a step count: on the device for fused or capturable steps
