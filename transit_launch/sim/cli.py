@@ -219,10 +219,12 @@ def register(sub):
     sp = sub.add_parser("simulate", help="replay a GPU job trace with and without scale-in")
     src = sp.add_argument_group("trace")
     src.add_argument("--trace", help="ACME Seren/Kalos CSV, a generic CSV with submit_time,duration,gpus (optional "
-                                      "job_id,type,state,time_limit), or SWF (docs/simulate.md)")
+                                      "job_id,type,state,time_limit), SWF, Helios' cluster_log.csv, Philly's "
+                                      "cluster_job_log, or Alibaba PAI's pai_job_table.csv with pai_task_table.csv "
+                                      "beside it (docs/simulate.md)")
     src.add_argument("--format", choices=FORMATS, default="auto",
-                     help="--trace's format; auto: swf for a name ending in .swf, else told apart by the CSV header "
-                          "(default auto)")
+                     help="--trace's format; auto: swf for a name ending in .swf, pai for PAI's table names (or "
+                          "their folder), philly for a JSON file, else told apart by the CSV header (default auto)")
     src.add_argument("--synthetic", type=positive_int(), help="generate N jobs instead")
     src.add_argument("--seed", type=int, default=0, help="synthetic: the generator's seed (default 0)")
     src.add_argument("--seeds", type=positive_int(), default=1,

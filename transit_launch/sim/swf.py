@@ -22,7 +22,7 @@ from datetime import timezone
 from pathlib import Path
 
 from transit_launch.errors import UsageError
-from transit_launch.sim.trace import MAX_DURATION, Trace, _finish, _lines
+from transit_launch.sim.trace import MAX_DURATION, Trace, _finish, _lines, duration_refusal
 
 STATES = {1: "COMPLETED", 0: "FAILED", 5: "CANCELLED"}
 
@@ -69,11 +69,9 @@ def parse(lines, source: str) -> Trace:
         if not gpus.is_integer():
             drop("unparsable GPU count")
             continue
-        if run <= 0:
-            drop("zero or negative duration")
-            continue
-        if run > MAX_DURATION:
-            drop("duration over a year")
+        why = duration_refusal(run)
+        if why:
+            drop(why)
             continue
         rows.append((start + submit, run, int(gpus), f[0], "", STATES.get(int(status), ""),
                      limit if 0 < limit <= MAX_DURATION else 0.0))

@@ -169,26 +169,26 @@ def load_csv(path: str | Path, fmt: str = "auto", progress=None) -> Trace:
         raise UsageError(f"cannot read trace {path}: {e.strerror}") from None
 
 
-def _parse(path: Path, fmt: str, rows_in) -> Trace:
-    header = next(rows_in, None)
-    if not header:
-        raise UsageError(f"trace {path} is empty or its first line is not a CSV header")
-    header = [h.strip() for h in header]
-    found = detect_format(header)
-    if fmt != "auto" and fmt != found:
-        raise UsageError(f"trace {path} has the {found} column set, not {fmt}")
-    col = {name: i for i, name in enumerate(header)}
-    if found == "generic":
-        i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpus"], col.get("job_id"), timezone.utc
-    else:
-        i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpu_num"], col["job_id"], TIMEZONES[found]
-    i_type, i_state, i_lim = col.get("type"), col.get("state"), col.get("time_limit")  # optional in generic CSVs
+def duration_refusal(dur: float) -> str | None:
+    """Why a job of this run time cannot be replayed (the reason a dropped row is counted
+    under), or None."""
+    if not math.isfinite(dur) or dur <= 0:
+        return "zero or negative duration"
+    if dur > MAX_DURATION:
+        return "duration over a year"
+    return None
+
+
+def csv_jobs(rows_in, width: int, cols: tuple, tz) -> tuple[list, dict]:
+    """The jobs of a CSV's rows after its header: cols = the column indexes of submit time,
+    duration, GPUs, and of job id, type, state, time limit (None: not in the file; a job's
+    id is then its row's number). (rows for _finish, the dropped rows counted by reason)."""
+    i_sub, i_dur, i_g, i_id, i_type, i_state, i_lim = cols
     rows, dropped = [], {}
 
     def drop(reason):
         dropped[reason] = dropped.get(reason, 0) + 1
 
-    width = len(header)
     for n, row in enumerate(rows_in, start=2):
         if row is None:
             drop("unreadable CSV row")
@@ -214,11 +214,9 @@ def _parse(path: Path, fmt: str, rows_in) -> Trace:
         except ValueError:
             drop("unparsable duration")
             continue
-        if not math.isfinite(dur) or dur <= 0:
-            drop("zero or negative duration")
-            continue
-        if dur > MAX_DURATION:
-            drop("duration over a year")
+        why = duration_refusal(dur)
+        if why:
+            drop(why)
             continue
         limit = 0.0
         if i_lim is not None and row[i_lim].strip():
@@ -232,4 +230,22 @@ def _parse(path: Path, fmt: str, rows_in) -> Trace:
         rows.append((submit, dur, gpus, row[i_id] if i_id is not None else str(n - 1),
                      row[i_type].strip() if i_type is not None else "", row[i_state].strip() if i_state is not None else "",
                      limit))
+    return rows, dropped
+
+
+def _parse(path: Path, fmt: str, rows_in) -> Trace:
+    header = next(rows_in, None)
+    if not header:
+        raise UsageError(f"trace {path} is empty or its first line is not a CSV header")
+    header = [h.strip() for h in header]
+    found = detect_format(header)
+    if fmt != "auto" and fmt != found:
+        raise UsageError(f"trace {path} has the {found} column set, not {fmt}")
+    col = {name: i for i, name in enumerate(header)}
+    if found == "generic":
+        i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpus"], col.get("job_id"), timezone.utc
+    else:
+        i_sub, i_dur, i_g, i_id, tz = col["submit_time"], col["duration"], col["gpu_num"], col["job_id"], TIMEZONES[found]
+    cols = (i_sub, i_dur, i_g, i_id, col.get("type"), col.get("state"), col.get("time_limit"))  # the last three optional
+    rows, dropped = csv_jobs(rows_in, len(header), cols, tz)
     return _finish(rows, dropped, f"{path} ({found})", tz)
