@@ -247,9 +247,24 @@ SLOW_TESTS = {"test_fuzz_parsers_seeded_under_asan_ubsan", "test_fuzz_parsers_wi
               # that searches every layout, a thread stress, builds of a variant shim or the plugin
               "test_model_that_never_fits", "test_guard_holds_at_every_instant_under_threads",
               "test_a_bench_builds_rest_between_registrations_keeps_every_region_ready",
-              "test_the_end_cuts_a_rest_short_and_the_rest_holds_no_lock", "test_spank_build_and_install"}
-# parametrized cases of quick tests that are slow alone: the README's 20,000-job simulation (5 s of CPU)
-SLOW_CASES = ("simulate --synthetic 20000",)
+              "test_the_end_cuts_a_rest_short_and_the_rest_holds_no_lock", "test_spank_build_and_install",
+              # 3-10 s each in a quick-tier run beside other work (issue 52: the quick tier's top, measured;
+              # together about a third of its CPU): plans and renders of the largest models and node
+              # counts, simulations and their plots, PNGs drawn, a probe's or a sweep's subprocesses
+              "test_the_host_memory_bound_and_a_count_above_the_minimum",
+              "test_plan_render_and_submit_pick_one_node_count_whatever_scale_in_shows",
+              "test_plan_plot_writes_png_of_the_json_data", "test_run_exits_128_plus_the_signal_that_killed_the_command",
+              "test_cli_table_and_json", "test_plot_written", "test_changes_carry_absolutes_and_seed_spread",
+              "test_reduced_cluster_rows_name_and_use_their_reference", "test_cli_preset_and_bad_combinations",
+              "test_preset_matches_its_trace", "test_restore_kills_only_the_recorded_group",
+              "test_a_journal_from_another_host_is_left_for_that_host", "test_bad_files_are_one_line_naming_the_file",
+              "test_without_a_gpu_one_line", "test_plan_png_is_drawn_from_todays_plan", "test_bad_input_is_one_line",
+              "test_one_budget_the_plan_assumes_and_the_job_gets", "test_the_tests_read_frozen_fixtures_not_bench",
+              "test_build_out_writes_through_no_planted_link"}
+# parametrized cases of quick tests that are slow alone: the README's 20,000-job simulation (5 s of CPU),
+# simulate.md's 5,000-job one and the bad-input row that plans llama4-scout's every fsdp+ep layout (7-9 s each)
+SLOW_CASES = ("simulate --synthetic 20000", "simulate --synthetic 5000",
+              "plan --model llama4-scout --parallel fsdp+ep --local-batch 4")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects and xdist reads the groups

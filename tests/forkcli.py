@@ -1,7 +1,9 @@
 """Run many CLI invocations fast: one server process imports transit_launch once, then
 forks a child per invocation that runs `transit_launch.cli.main(argv)` exactly as
 `python -m transit_launch` does (an uncaught exception prints its traceback and exits 1),
-with its own stdout, stderr, working directory, environment and timeout.
+with its own stdout, stderr, working directory, environment and timeout; or, given "code",
+that program as `python -c CODE ARGV...` runs it (tests/test_torchtitan_config.py: its
+server imported TorchTitan once, which a fresh interpreter takes seconds of CPU for).
 
 Why: on the 2-core CI machine a bare Python start costs about 0.2 s of CPU, so the table
 of bad inputs (over a hundred rows) took 45 s as separate interpreters; forked children
@@ -31,7 +33,12 @@ def child(req, out_w, err_w):
         os.environ.clear()
         os.environ.update(req["env"])
         try:
-            rc = cli.main(req["argv"])
+            if "code" in req:  # a program, run as `python -c CODE ARGV...` runs it
+                sys.argv = ["-c", *req["argv"]]
+                exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+                rc = 0
+            else:
+                rc = cli.main(req["argv"])
         except SystemExit as e:
             rc = e.code
         except BaseException:

@@ -28,6 +28,9 @@ from tests.conftest import SHARED_ENV, build_once, shared_root
 
 TESTS = Path(__file__).resolve().parent
 PKG = Path(transit_launch.__file__).resolve().parent
+# one xdist worker runs the mutants: spread over workers, each worker's first mutant waited
+# idle for the control run another worker was making (issue 52: 14-22 s of a worker each run)
+pytestmark = pytest.mark.xdist_group("mutations")
 
 # (id, file in the package, text, replacement, tests that must catch it)
 MUTANTS = [

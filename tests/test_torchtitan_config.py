@@ -70,19 +70,68 @@ class Titan:
         self.proc = subprocess.Popen([str(self.python), "-c", prelude + SERVER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=dict(os.environ))
 
-    def cli(self, *argv, cwd=None, env=None, timeout=120):
+    def cli(self, *argv, cwd=None, env=None, timeout=120, code=None):
         full_env = dict(os.environ, **(env or {}))
-        self.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "env": full_env,
-                                          "cwd": str(cwd or os.getcwd()), "timeout": timeout}) + "\n")
+        req = {"argv": [str(a) for a in argv], "env": full_env, "cwd": str(cwd or os.getcwd()), "timeout": timeout}
+        self.proc.stdin.write(json.dumps(req if code is None else dict(req, code=code)) + "\n")
         self.proc.stdin.flush()
         res = json.loads(self.proc.stdout.readline())
         return res["rc"], res["out"], res["err"]
 
     def py(self, code: str, *args) -> str:
-        res = subprocess.run([str(self.python), "-c", code, *map(str, args)], capture_output=True, text=True,
-                             timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        return res.stdout
+        """`python -c code args` in the venv: forked from the server, whose TorchTitan and
+        PyTorch are imported already (a fresh interpreter took 5-6 s of CPU for them)."""
+        rc, out, err = self.cli(*args, timeout=300, code=code)
+        assert rc == 0, err[-3000:]
+        return out
+
+
+# triton: torchtitan imports it (its MoE kernels) and declares it not (CUDA builds of torch bring it)
+TITAN_PACKAGES = ("torchtitan==0.2.2", "triton")
+CACHE_ENV = "TRANSIT_TEST_CACHE"  # where TITAN_PACKAGES stay installed between runs; "off": each run installs them
+
+
+def _venv(path: Path) -> Path:
+    """A venv without pip (ensurepip costs seconds: this interpreter's pip installs into it)
+    that sees the system's site-packages (PyTorch); its site-packages directory."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(path)], check=True)
+    return Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig."
+                                "get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+
+
+def _pip_install(venv: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                          "--disable-pip-version-check", *TITAN_PACKAGES], capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        pytest.skip(f"pip could not install torchtitan==0.2.2: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def _titan_site() -> Path | None:
+    """The site-packages of a venv holding TITAN_PACKAGES, installed once a machine, not once
+    a run (issue 52: pip took 25 s of CPU and wrote 1.4 GB every run): under CACHE_ENV
+    (default ~/.cache/transit-launch-tests: root's own, never a directory others can write),
+    keyed by the base interpreter and the packages, made under a lock (as build_once makes
+    a run's builds: a made directory is never changed, one left unfinished is made again);
+    None with CACHE_ENV=off. Delete the directory to have it made again."""
+    where = os.environ.get(CACHE_ENV, str(Path.home() / ".cache" / "transit-launch-tests"))
+    if where == "off":
+        return None
+    import fcntl
+    import hashlib
+    key = hashlib.sha256("\0".join([os.path.realpath(getattr(sys, "_base_executable", sys.executable)), sys.version,
+                                    *TITAN_PACKAGES]).encode()).hexdigest()[:16]
+    root = Path(where)
+    root.mkdir(parents=True, exist_ok=True)
+    done = root / f"torchtitan-{key}"
+    with open(root / f"{done.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (done / ".made").exists():
+            shutil.rmtree(done, ignore_errors=True)
+            _venv(done)
+            _pip_install(done)
+            (done / ".made").touch()
+    return Path(subprocess.run([str(done / "bin" / "python"), "-c", "import sysconfig; print(sysconfig."
+                                "get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
 
 
 @pytest.fixture(scope="session")
@@ -92,20 +141,14 @@ def titan(tmp_path_factory):
 
     def make(d):  # once a run, whatever the workers (tests/conftest.py: build_once); its mode lets
         venv = d / "venv"  # the lab's job steps run its python
-        # no pip of its own (ensurepip costs seconds): this interpreter's pip installs into it
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
-                       check=True)
-        site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig."
-                                    "get_paths()['purelib'])"], capture_output=True, text=True,
-                                   check=True).stdout.strip())
-        # this interpreter's packages (the transit_launch under test, jinja2, psutil) after the venv's own
-        (site / "transit_under_test.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        # triton: torchtitan imports it (its MoE kernels) and declares it not (CUDA builds of torch bring it)
-        res = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                              "--disable-pip-version-check", "torchtitan==0.2.2", "triton"],
-                             capture_output=True, text=True, timeout=900)
-        if res.returncode != 0:
-            pytest.skip(f"pip could not install torchtitan==0.2.2: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+        site = _venv(venv)
+        packages = _titan_site()
+        # TITAN_PACKAGES (from the machine's cache, or installed here), then this interpreter's
+        # packages (the transit_launch under test, jinja2, psutil), then the system's
+        first = [f"import site; site.addsitedir({str(packages)!r})"] if packages else []
+        (site / "transit_under_test.pth").write_text("\n".join([*first, sysconfig.get_paths()["purelib"]]) + "\n")
+        if packages is None:
+            _pip_install(venv)
         # torch's torchrun is a console script of the system's Python: one for this venv
         (venv / "bin" / "torchrun").write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\n"
                                                "from torch.distributed.run import main\nsys.exit(main())\n")
