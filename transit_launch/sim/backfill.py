@@ -22,7 +22,6 @@ start now (none fits the GPUs free now): further reservations would start nothin
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 import operator
 
@@ -31,11 +30,15 @@ from transit_launch.sim.cluster import racks_for
 
 class Ends:
     """When each busy node will be wholly free by the running jobs' planned ends, kept as jobs
-    start and end: `order` is [(time, node)] sorted, one entry a node that runs something."""
+    start and end: `order` is [(time, node)] sorted, one entry a node that runs something;
+    `per_rack` the same entries split by rack, so that a rack's nodes wholly free by a time
+    are counted with one bisect."""
 
-    def __init__(self, n_nodes: int):
+    def __init__(self, n_nodes: int, nodes_per_rack: int):
         self.per_node = [[] for _ in range(n_nodes)]  # planned ends of the jobs on a node, sorted
         self.order = []
+        self.npr = nodes_per_rack
+        self.per_rack = [[] for _ in range(-(-n_nodes // nodes_per_rack))]
         self.version = 0  # counts starts and ends: the running jobs are the same while it is
         self.made = []    # the last passes' reservations in order: (version, job, start, nodes)
 
@@ -46,10 +49,13 @@ class Ends:
             if ends and end <= ends[-1]:
                 bisect.insort(ends, end)
                 continue
+            rack = self.per_rack[node // self.npr]
             if ends:
                 del self.order[bisect.bisect_left(self.order, (ends[-1], node))]
+                del rack[bisect.bisect_left(rack, (ends[-1], node))]
             ends.append(end)
             bisect.insort(self.order, (end, node))
+            bisect.insort(rack, (end, node))
 
     def remove(self, alloc, end: float) -> None:
         self.version += 1
@@ -58,9 +64,12 @@ class Ends:
             last = ends[-1]
             del ends[bisect.bisect_left(ends, end)]
             if not ends or ends[-1] != last:
+                rack = self.per_rack[node // self.npr]
                 del self.order[bisect.bisect_left(self.order, (last, node))]
+                del rack[bisect.bisect_left(rack, (last, node))]
                 if ends:
                     bisect.insort(self.order, (ends[-1], node))
+                    bisect.insort(rack, (ends[-1], node))
 
 
 def _overlapping(resv, s: float, e: float) -> tuple:
@@ -68,14 +77,22 @@ def _overlapping(resv, s: float, e: float) -> tuple:
     return tuple(k for k, (rs, re, _) in enumerate(resv) if rs <= e and re > s)
 
 
-def _room_outside(cl, blocked) -> tuple[int, int]:
-    """(whole nodes free now, most GPUs free on one node now) off the blocked nodes: a job of
-    n > 1 nodes fits there iff n <= the first, one of g GPUs iff g <= the second."""
-    held = [0] * (cl.gpn + 1)  # blocked nodes by their free GPUs
-    for node in blocked:
-        held[cl.free[node]] += 1
-    most = next((v for v in range(cl.gpn, 0, -1) if len(cl.bucket[v]) > held[v]), 0)
-    return cl.whole - held[cl.gpn], most
+def _room_outside(cl, blocked) -> tuple[list, int, int]:
+    """The blocked nodes' free GPUs [(node, GPUs)] (those with some), then (whole nodes free
+    now, most GPUs free on one node now) off the blocked nodes: a job of n > 1 nodes fits
+    there iff n <= the first, one of g GPUs iff g <= the second. The nodes with free GPUs
+    are read instead of the blocked ones where they are fewer (a busy cluster, a large
+    reservation): the same pairs, in another order."""
+    gpn, free, bucket = cl.gpn, cl.free, cl.bucket
+    if sum(len(bucket[v]) for v in range(1, gpn + 1)) < len(blocked):
+        held = [(node, v) for v in range(1, gpn + 1) for node in bucket[v] if node in blocked]
+    else:
+        held = [(node, v) for node in blocked if (v := free[node])]
+    by_free = [0] * (gpn + 1)  # blocked nodes by their free GPUs
+    for _, v in held:
+        by_free[v] += 1
+    most = next((v for v in range(gpn, 0, -1) if len(bucket[v]) > by_free[v]), 0)
+    return held, cl.whole - by_free[gpn], most
 
 
 def _choose(cl, extra: dict, cover: dict, n: int, g: int, strategy: str):
@@ -176,14 +193,35 @@ def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizo
         held = sum(1 for node in cover if free[node] == gpn or per_node[node][-1] <= s)
         short = n - (cl.whole + i - held)
         if short <= 0:
-            became = {node: gpn - free[node] for _, node in order[:i]}
-            nodes = _choose(cl, became, cover, n, 0, strategy)
-            if nodes is not None:
-                return s, nodes
-            short = 1
+            return s, _whole_nodes_by(cl, ends, cover, n, s, strategy == "pack")
         s = min(order[i + short - 1][0] if i + short - 1 < len(order) else math.inf,
                 leave[x][0] if x < len(leave) else math.inf)
     return math.inf, None
+
+
+def _whole_nodes_by(cl, ends, cover: dict, n: int, s: float, pack: bool) -> list:
+    """The n whole nodes Cluster.place would choose at time s, from the nodes wholly free
+    then (today's and those whose last planned end is by s) that `cover` leaves: counted
+    by rack with a bisect each (Ends.per_rack), then read in the racks chosen alone. The
+    caller has checked that enough are free. Returned in no order: only a rack whose
+    nodes are not all taken is sorted, to take its lowest."""
+    gpn, free, per_node, npr = cl.gpn, cl.free, ends.per_node, cl.nodes_per_rack
+    by = (s, math.inf)
+    count = [len(now) + bisect.bisect_right(busy, by) for now, busy in zip(cl.rack_whole, ends.per_rack)]
+    for node in cover:
+        if free[node] == gpn or per_node[node][-1] <= s:
+            count[node // npr] -= 1
+    out = []
+    for r in racks_for(count, n, pack):
+        busy = ends.per_rack[r]
+        nodes = list(cl.rack_whole[r])
+        nodes.extend(map(operator.itemgetter(1), busy[:bisect.bisect_right(busy, by)]))
+        if cover:
+            nodes = [node for node in nodes if node not in cover]
+        if count[r] > n - len(out):
+            nodes.sort()
+        out.extend(nodes[:n - len(out)])
+    return out
 
 
 def reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: float, horizon: float,
@@ -283,13 +321,28 @@ def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: flo
 
 def _most(cl) -> int:
     """The most GPUs free on one node."""
-    return next((v for v in range(cl.gpn, 0, -1) if cl.bucket[v]), 0)
+    bucket = cl.bucket
+    for v in range(cl.gpn, 0, -1):
+        if bucket[v]:
+            return v
+    return 0
 
 
 def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strategy: str, begin,
              ends: Ends | None = None) -> None:
-    """A pass at `now` over the first sp.bf_max_job_test jobs of `queue` (a deque, changed in
-    place); begin(job) starts one (False: it did not fit); sp: SchedParams.
+    """A pass at `now` over the first sp.bf_max_job_test jobs of `queue` (a Waiting, changed
+    in place); begin(job) starts one (False: it did not fit); sp: SchedParams. The jobs it
+    starts leave the queue once the pass is over: the pass reads the queue as it began."""
+    started = []
+    _tests(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, begin, ends, started)
+    for j in started:
+        queue.remove(j)
+
+
+def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strategy: str, begin, ends,
+           started: list) -> None:
+    """run_pass's tests, in queue order (ascending job index); the jobs started are added
+    to `started`.
 
     Reservations are worked out when a job that could start now needs them, not at their
     turn, with the same result: a job whose reservation is pending has a bound under its
@@ -300,15 +353,15 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
     A job that could not start on the GPUs free at the pass's start never will in it
     (starts in the pass only take GPUs), and once the pass has given its bf_reserve
     reservations such a job does nothing: the loop then goes over the jobs that could
-    (`fitting`, filtered at C speed) alone, and over every job while reservations are left."""
-    tested = list(itertools.islice(queue, sp.bf_max_job_test))
-    # the positions of the jobs that could start now (Cluster.fits with its counts read
-    # once: whole nodes, and the most GPUs free on a node); a job's GPUs tell its nodes
-    # too (up to a node's for one node, n x a node's for n), so one bound on them says it:
-    # with a whole node free, every one-node job fits and n nodes iff n <= whole
+    (`fitting`, from the queue's index by GPUs) alone, and over every job while
+    reservations are left."""
+    cutoff = queue.last_tested(sp.bf_max_job_test)
+    # the jobs that could start now (Cluster.fits with its counts read once: whole nodes,
+    # and the most GPUs free on a node); a job's GPUs tell its nodes too (up to a node's
+    # for one node, n x a node's for n), so one bound on them says it: with a whole node
+    # free, every one-node job fits and n nodes iff n <= whole
     whole, most = cl.whole, _most(cl)
-    fitting = list(itertools.compress(range(len(tested)), map(operator.le, map(gpus.__getitem__, tested),
-                                                               itertools.repeat(whole * cl.gpn if whole else most))))
+    fitting = queue.fitting(whole * cl.gpn if whole else most, cutoff)
     last = fitting[-1] if fitting else -1
     resv, pending, bound, bounds, failed = [], [], math.inf, {}, {}
     resv_jobs = []  # the jobs whose reservations were worked out, in order (some found none)
@@ -317,13 +370,12 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
     cap, taken = sp.bf_reserve or math.inf, 0  # reservations a pass gives; made or pending
     room = {}  # _room_outside by the reservations in a window's way; emptied at every start
     inf, failed_get = math.inf, failed.get
-    first = 0  # the next position to test
+    first = 0  # the jobs before this one are tested
     while first <= last:
         every = taken < cap  # every job (reservations left to give), else the fitting ones
-        for k in (range(first, len(tested)) if every else fitting[bisect.bisect_left(fitting, first):]):
+        for j in (queue.between(first, cutoff) if every else fitting[bisect.bisect_left(fitting, first):]):
             if cl.free_gpus == 0:
                 return
-            j = tested[k]
             length, n = plan[j], nodes[j]
             shape = gpus[j]  # its GPUs tell its nodes too
             # one that failed to start stays failed for a longer window (the pass only takes
@@ -342,20 +394,19 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
                     taken = len(resv)
                 # start it on nodes no reservation holds while it would run
                 which = _overlapping(resv, now, now + length) if resv else ()
-                if which not in room:
-                    blocked = set().union(*(resv[r][2] for r in which))
-                    room[which] = (blocked, _room_outside(cl, blocked))
-                blocked, (whole_out, most_out) = room[which]
+                if which not in room:  # one reservation's nodes as they are, several's joined
+                    blocked = resv[which[0]][2] if len(which) == 1 else frozenset().union(*(resv[r][2] for r in which))
+                    room[which] = _room_outside(cl, blocked)
+                held, whole_out, most_out = room[which]
                 ok = False
                 if (whole_out >= n) if n > 1 else shape <= most_out:
-                    held = [(node, cl.free[node]) for node in blocked if cl.free[node]]
                     for node, v in held:
                         cl._take(node, v)
                     ok = begin(j)
                     if held:
                         cl.release(held)
                 if ok:
-                    queue.remove(j)
+                    started.append(j)
                     bounds.clear()
                     room.clear()
                     most = _most(cl)
@@ -363,7 +414,7 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
                         break
                     continue
                 failed[shape] = min(length, failed_get(shape, inf))
-            if k >= last:
+            if j >= last:
                 return
             if taken >= cap:
                 if every:
@@ -379,4 +430,4 @@ def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strat
                 break
         else:
             return
-        first = k + 1  # the loop broke off there to change what it goes over
+        first = j + 1  # the loop broke off there to change what it goes over

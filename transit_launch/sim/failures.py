@@ -41,7 +41,6 @@ import functools
 import heapq
 import math
 import random
-from collections import deque
 from dataclasses import dataclass
 
 from transit_launch.checks import real
@@ -52,6 +51,7 @@ from transit_launch.sim.efficiency import Curve
 from transit_launch.sim.limits import SchedParams
 from transit_launch.sim.scheduler import demand
 from transit_launch.sim.trace import Trace
+from transit_launch.sim.waiting import Waiting
 
 LLAMA3_RATE = 419 / (16_384 / 8 * 54)  # failures per node-day, Llama 3 paper (see above)
 POLICIES = ("requeue", "scale-in")
@@ -141,7 +141,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
     nxt_fail = draw(0.0)
     repairs: list = []                          # heap of (time back, node)
     running: list = []                          # heap of (end, job); stale entries skipped
-    queue: deque = deque()                      # waiting jobs, sorted by index (submission order)
+    queue = Waiting(g0)                         # waiting jobs, sorted by index (submission order)
     nxt = 0
 
     def progress(i: int, now: float) -> float:
@@ -227,7 +227,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             release_waits(i)
             if not on_limits:
                 plan[i] = left[i] + restart
-            bisect.insort(queue, i)
+            queue.insort(i)
         # the node's free GPUs are out with it; the failed jobs' GPUs there stay taken
         if cl.free[x]:
             cl._take(x, cl.free[x])
@@ -284,7 +284,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             nxt_fail = draw(t)
             changed = True
         while nxt < N and trace.submit[nxt] <= t:
-            bisect.insort(queue, nxt)
+            queue.append(nxt)  # after every waiting job: those were submitted before it
             nxt += 1
             changed = True
         # the main scheduler: start the head while it fits

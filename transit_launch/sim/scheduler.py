@@ -33,7 +33,6 @@ import bisect
 import functools
 import heapq
 import math
-from collections import deque
 from dataclasses import dataclass
 
 from transit_launch.checks import integer, real
@@ -44,6 +43,7 @@ from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import Curve, planner
 from transit_launch.sim.limits import SchedParams
 from transit_launch.sim.trace import Trace
+from transit_launch.sim.waiting import Waiting
 
 # Beyond the largest clusters built (about 100k-200k GPUs, a few thousand racks), and the
 # replay grows with racks x jobs (placement scans the racks: 20k jobs on 4000 racks take
@@ -184,8 +184,8 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     alloc = [None] * N
     running = []           # heap of (end, job)
     planned = []           # (planned end, job) of the running jobs, sorted
-    ends = backfill.Ends(cl.n_nodes)  # when each busy node will be wholly free, as planned
-    queue = deque()        # waiting jobs, submission order (pops at the head, backfill near it)
+    ends = backfill.Ends(cl.n_nodes, cl.nodes_per_rack)  # when each busy node will be wholly free, as planned
+    queue = Waiting(gpus)  # waiting jobs, submission order (pops at the head, backfill near it)
     nxt, t = 0, 0.0
     due = math.inf         # the next backfill pass, when something changed since the last
     step = max(1, N // 200)
