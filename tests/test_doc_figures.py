@@ -150,7 +150,7 @@ def plan_qwen() -> str:
     return (f"`plan --model qwen3-30b-a3b --local-batch 4` needs {d['min_gpus_no_offload']}. The difference is the "
             f"loss: TorchTitan 0.2.2 holds 12 bytes per token and vocabulary entry there, "
             f"{d['per_gpu_gb']['logits']:.1f} GB for 4 x 8,192 tokens x 151,936 entries on every GPU whatever the "
-            f"data-parallel degree, which TorchTitan's own runs on the H200 confirm (bench/RESULTS.md, \"Why the plan "
+            f"data-parallel degree, which TorchTitan's own runs on the H200 confirm (bench/LOG.md, \"Why the plan "
             f"needs 32 H100s for Qwen3-30B-A3B\"). At sequence 4,096 or local batch 2 the plan needs "
             f"{s['min_gpus_no_offload']}.")
 
