@@ -12,10 +12,7 @@
 #define MAX_BUFS 64 /* an adapter holds a ring per device, not a pool per tensor */
 
 static struct { uintptr_t ptr; size_t size; } bufs[MAX_BUFS];
-static int nbufs;
-static uint64_t held; /* bytes of bufs */
-
-uint64_t tr_devbuf_bytes(void) { return held; }
+static int nbufs; /* their bytes: the ledger's (tr_devbuf_bytes) */
 
 /* Demote managed data until what is placed fits the room the buffers leave: cold data
  * first, and within a kind from the end of the table, which advise's ranking gives room
@@ -60,18 +57,19 @@ static void refit(void)
 uintptr_t tr_devbuf_alloc(size_t size)
 {
     if (!tr_real.malloc || !size || nbufs == MAX_BUFS || size > tr_budget_total() ||
-        held > tr_budget_total() - size || tr_tab.dev_inflight > tr_budget_total() - held - size)
+        tr_devbuf_bytes() > tr_budget_total() - size ||
+        tr_tab.dev_inflight > tr_budget_total() - tr_devbuf_bytes() - size)
         return 0; /* no runtime yet, or no room in the budget (what is being freed cannot be demoted) */
     if (!tr_cfg.allow_oversubscribe && (size > tr_guard_room() || tr_tab.managed_bytes > tr_guard_room() - size))
         return 0; /* physically: the guard's limit (what was free at start-up) holds managed memory and buffers */
     void *p = NULL;
-    held += size;
+    tr_ledger_buffers_add(size);
     fit();
     tr_replay_yield(0); /* the budget shrank: prefetch's window gives way too */
     cudaError_t pending = tr_pending_error();
     cudaError_t err = tr_real.malloc(&p, size);
     if (err != cudaSuccess) {
-        held -= size;
+        tr_ledger_buffers_sub(size);
         tr_own_error(pending, err);
         refit();
         return 0;
@@ -94,7 +92,7 @@ int tr_devbuf_free(uintptr_t ptr)
         cudaError_t err = tr_real.free((void *)ptr);
         if (err != cudaSuccess)
             tr_own_error(pending, err);
-        held -= bufs[i].size; /* room for managed data again at the next boundary */
+        tr_ledger_buffers_sub(bufs[i].size); /* room for managed data again at the next boundary */
         bufs[i] = bufs[--nbufs];
         return 0;
     }

@@ -17,10 +17,17 @@ uint64_t tr_budget_total(void)
     return tr_guard_limit();
 }
 
+/* Bytes of the adapter's plain device buffers (devbuf.c takes and gives them here, so the
+ * ledger reads no other module's count). */
+static uint64_t buffers;
+
+uint64_t tr_devbuf_bytes(void) { return buffers; }
+void tr_ledger_buffers_add(uint64_t bytes) { buffers += bytes; }
+void tr_ledger_buffers_sub(uint64_t bytes) { buffers -= bytes; }
+
 static uint64_t less_buffers(uint64_t bytes)
 {
-    uint64_t bufs = tr_devbuf_bytes();
-    return bytes > bufs ? bytes - bufs : 0;
+    return bytes > buffers ? bytes - buffers : 0;
 }
 
 /* The room for managed data: the budget less the adapter's device buffers (devbuf.c). */
@@ -45,4 +52,4 @@ void tr_guard_describe(char *buf, size_t len)
 }
 
 /* Bytes the shim holds on the device: managed data placed there and the device buffers. */
-uint64_t tr_device_held(void) { return tr_tab.dev_bytes + tr_devbuf_bytes(); }
+uint64_t tr_device_held(void) { return tr_tab.dev_bytes + buffers; }

@@ -156,9 +156,11 @@ HIDDEN uint64_t tr_guard_limit(void);  /* free memory at start-up less TRANSIT_R
 HIDDEN uint64_t tr_guard_room(void);   /* the guard's limit less the device buffers */
 HIDDEN uint64_t tr_device_held(void);  /* managed bytes placed on the device and the device buffers */
 HIDDEN void tr_guard_describe(char *buf, size_t len); /* how the limit was reached, for messages */
+HIDDEN uint64_t tr_devbuf_bytes(void);              /* the adapter's device buffers' bytes, held here */
+HIDDEN void tr_ledger_buffers_add(uint64_t bytes);  /* devbuf.c: a buffer made */
+HIDDEN void tr_ledger_buffers_sub(uint64_t bytes);  /* devbuf.c: a buffer given back (or not made) */
 
 /* ---- the adapter's plain device buffers (devbuf.c), under tr_lock -------------- */
-HIDDEN uint64_t tr_devbuf_bytes(void);
 HIDDEN uintptr_t tr_devbuf_alloc(size_t size); /* 0: no room, or the runtime refused */
 HIDDEN int tr_devbuf_free(uintptr_t ptr);      /* -1: not one of them */
 

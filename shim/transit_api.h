@@ -5,11 +5,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "transit_rules.h"
+
 #define TRANSIT_API_VERSION 10
 /* SPARSE (version 6): master weights the forward reads only in part, an nn.Embedding's table
  * outside FSDP (a gather of the step's rows): advise gives them the GPU after the dense
  * master weights and before the optimizer state. */
-enum { TRANSIT_HINT_HOT = 0, TRANSIT_HINT_MASTER = 1, TRANSIT_HINT_OPTIMIZER = 2, TRANSIT_HINT_SPARSE = 3 };
+enum { /* the values: transit_launch/rules.py's HINT_KINDS */
+    TRANSIT_HINT_HOT = TR_HINT_HOT,
+    TRANSIT_HINT_MASTER = TR_HINT_MASTER,
+    TRANSIT_HINT_OPTIMIZER = TR_HINT_OPTIMIZER,
+    TRANSIT_HINT_SPARSE = TR_HINT_SPARSE
+};
 
 int transit_api_version(void);
 /* 1 when allocations are managed by a policy, 0 when off or passing through. */

@@ -19,7 +19,9 @@ BUILT = ("LD_PRELOAD", "PYTHONPATH", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_C
 NAMES = "|".join(BUILT)
 SECOND_BUILDER = (re.compile(rf"\b({NAMES})="),                   # a shell assignment, in a template or a string
                   re.compile(r"\bexport [A-Za-z_{$]"),              # a shell export of anything
-                  re.compile(rf"\[[\"']({NAMES})[\"']\]\s*="))     # env["LD_PRELOAD"] = ... in Python
+                  re.compile(rf"\[[\"']({NAMES})[\"']\]\s*="),     # env["LD_PRELOAD"] = ... in Python
+                  re.compile(r"\[(rules\.)?(ENV|JOB_ENV)\[[^\]]+\]\]\s*="),  # env[ENV["POLICY"]] = ..., the tables' names
+                  re.compile(rf"\.(update|setdefault)\(\s*\{{?\s*([\"']({NAMES})[\"']|(rules\.)?(ENV|JOB_ENV)\[)"))
 
 
 def second_builders(files):
@@ -39,11 +41,16 @@ def test_the_scan_finds_the_builders_this_issue_removed(tmp_path):
     old = {"sbatch.j2": "{% if shim %}export LD_PRELOAD={{ shim | shq }}${LD_PRELOAD:+:$LD_PRELOAD}\n",
            "local.j2": "{% if shim %}LD_PRELOAD={{ shim | shq }} {% endif %}torchrun\n",
            "run.py": '        env["LD_PRELOAD"] = inject.prepend("LD_PRELOAD", str(shim), env)\n',
-           "scalein.py": '    out += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]\n'}
+           "scalein.py": '    out += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]\n',
+           # the same builder in the package's own idioms: through the tables' names, update, setdefault
+           "tables.py": '    env[ENV["POLICY"]] = policy\n',
+           "update.py": '    env.update({"LD_PRELOAD": shim})\n',
+           "setdefault.py": '    env.setdefault(rules.JOB_ENV["PRELOAD"], shim)\n'}
     for name, text in old.items():
         (tmp_path / name).write_text(text)
     found = second_builders(sorted(tmp_path.iterdir()))
-    assert [f.split(":")[0] for f in found] == ["local.j2", "run.py", "sbatch.j2", "scalein.py"], found
+    assert [f.split(":")[0] for f in found] == ["local.j2", "run.py", "sbatch.j2", "scalein.py", "setdefault.py",
+                                                "tables.py", "update.py"], found
 
 
 def test_the_plugin_reads_the_tables_names_from_the_generated_header():

@@ -42,6 +42,9 @@ RING_OVERLAP_MODES = ("stream", "host")
 # the ring of plain device memory each GPU stages the state through, out of the GPU budget
 # (the adapter's default, transit_staging.py; TRANSIT_OVERLAP_INFLIGHT). The plan counts it.
 STAGE_RING_BYTES = 256 << 20
+# What a hint (transit_hint) says a range of memory holds: the adapter gives the kinds, the
+# shim's policies place by them (shim/transit_api.h's enum is made of these)
+HINT_KINDS = {"HOT": 0, "MASTER": 1, "OPTIMIZER": 2, "SPARSE": 3}
 # Under the shim PyTorch's cache keeps what a real GPU's allocator would have freed: the plan
 # adds this share to the reserved bytes (fitted: bench/prediction.py).
 SHIM_RESERVED_GAP_PERCENT = 5
@@ -206,6 +209,7 @@ def c_header() -> str:
         *(f'#define TR_ENV_{k} "{v}"' for k, v in ENV.items()),
         *(f'#define TR_RETIRED_ENV_{k} "{v}"' for k, v in RETIRED_ENV.items()),
         f'#define TR_ALLOC_CONF "{ALLOC_CONF}"',
+        *(f"#define TR_HINT_{k} {v}" for k, v in HINT_KINDS.items()),
         *(f'#define TR_JOB_{k} "{v}"' for k, v in JOB_ENV.items()),
         *(f'#define TR_OPT_{k} "{v}"' for k, v in PLUGIN_OPTIONS.items()),
         "",
@@ -229,7 +233,17 @@ def c_header() -> str:
 
 # What the adapter reads of the rules (python_module): the names it is written with there.
 ADAPTER_RULES = ("ENV", "RETIRED_ENV", "OVERLAP_MODES", "RETIRED_OVERLAP_MODES", "DEFAULT_OVERLAP", "RING_OVERLAP_MODES",
-                 "STAGE_RING_BYTES")
+                 "STAGE_RING_BYTES", "HINT_KINDS")
+
+
+def api_declarations() -> str:
+    """The C API's function declarations as cffi's cdef reads them (no comments, no
+    preprocessor lines), from shim/transit_api.h, the C API's one definition."""
+    from transit_launch import csrc
+
+    text = re.sub(r"/\*.*?\*/", "", (csrc.shim() / "transit_api.h").read_text(), flags=re.S)
+    protos = [" ".join(line.split()) for line in text.splitlines() if re.match(r"^\s*[a-z].*\);\s*$", line)]
+    return "\n".join(protos) + "\n"
 
 
 def python_module() -> str:
@@ -241,6 +255,8 @@ def python_module() -> str:
         'that this file matches it. The adapter\'s copy of the rules, as the shim\'s is shim/transit_rules.h."""',
         "",
         *(f"{name} = {pprint.pformat(globals()[name], width=100, sort_dicts=False)}" for name in ADAPTER_RULES),
+        "# libtransit.so's C API (shim/transit_api.h), as the adapter's cffi bindings declare it",
+        f'API_CDEF = """\n{api_declarations()}"""',
         "",
     ]
     return "\n".join(lines)

@@ -6,24 +6,10 @@ may not have cffi. The shim is found in the process's global scope, where LD_PRE
 put it; without it every call is a no-op and `available` is False.
 """
 
-HOT, MASTER, OPTIMIZER, SPARSE = 0, 1, 2, 3  # SPARSE: API version 6
-CDEF = """
-int transit_api_version(void);
-int transit_active(void);
-const char *transit_policy(void);
-int transit_iteration(void);
-void transit_adapter_attach(void);
-int transit_hint(uintptr_t ptr, size_t size, int kind);
-void transit_apply(void);
-int transit_write_stats(const char *path);
-uintptr_t transit_device_alloc(size_t size);
-int transit_device_free(uintptr_t ptr);
-void transit_state_alloc(int on);
-int transit_host_state(uintptr_t ptr, size_t size);
-void transit_state_segments(const size_t *sizes, size_t n);
-void transit_state_on_host(void);
-int transit_adapter_stats(const char *json);
-"""
+import transit_rules  # generated from transit_launch/rules.py and shim/transit_api.h
+
+HOT, MASTER, OPTIMIZER, SPARSE = (transit_rules.HINT_KINDS[k] for k in ("HOT", "MASTER", "OPTIMIZER", "SPARSE"))
+CDEF = transit_rules.API_CDEF
 
 
 def _load():

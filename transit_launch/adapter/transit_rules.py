@@ -25,3 +25,22 @@ RETIRED_OVERLAP_MODES = ('serial', '1', 'staged')
 DEFAULT_OVERLAP = {'advise': 'stream'}
 RING_OVERLAP_MODES = ('stream', 'host')
 STAGE_RING_BYTES = 268435456
+HINT_KINDS = {'HOT': 0, 'MASTER': 1, 'OPTIMIZER': 2, 'SPARSE': 3}
+# libtransit.so's C API (shim/transit_api.h), as the adapter's cffi bindings declare it
+API_CDEF = """
+int transit_api_version(void);
+int transit_active(void);
+const char *transit_policy(void);
+int transit_iteration(void);
+void transit_adapter_attach(void);
+int transit_hint(uintptr_t ptr, size_t size, int kind);
+void transit_apply(void);
+int transit_write_stats(const char *path);
+uintptr_t transit_device_alloc(size_t size);
+int transit_device_free(uintptr_t ptr);
+void transit_state_alloc(int on);
+int transit_host_state(uintptr_t ptr, size_t size);
+void transit_state_segments(const size_t *sizes, size_t n);
+void transit_state_on_host(void);
+int transit_adapter_stats(const char *json);
+"""

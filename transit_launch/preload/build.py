@@ -70,7 +70,8 @@ def build(out_dir: Path, cc: str | None = None, src: Path = SRC, extra_cflags: l
         (out_dir / "BUILD_SKIPPED").write_text(reason + "\n")
         return None, reason
     (out_dir / "BUILD_SKIPPED").unlink(missing_ok=True)
-    shutil.copy(src / "transit_api.h", out_dir / "transit_api.h")
+    for header in ("transit_api.h", "transit_rules.h"):  # the API's header includes the rules'
+        shutil.copy(src / header, out_dir / header)
     if not cupti_inc:
         (out_dir / "NO_CUPTI").write_text("built without CUPTI headers: no warm-up recording\n")
     else:
