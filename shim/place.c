@@ -147,12 +147,9 @@ void tr_place_new(struct tr_alloc *a)
         tr_tab.dev_bytes += a->size;
         /* Populate the new pages on the device now rather than by a storm of first-touch
          * faults: the caching allocator grows through the first step. Not during prefetch's
-         * warm-up, whose faults must be observable. TRANSIT_NO_POPULATE: a build without it,
-         * for bench/titan_steps.py. */
-#ifndef TRANSIT_NO_POPULATE
+         * warm-up, whose faults must be observable. */
         if (!tr_s.defer_advice)
             tr_prefetch((void *)a->ptr, a->size, TR_LOC_DEVICE, tr_s.device, 0);
-#endif
     } else {
         r->place = TR_HOST;
         tr_count.host_placed_bytes += a->size;

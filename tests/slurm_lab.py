@@ -1,7 +1,7 @@
 """A real Slurm cluster on this machine for the tests (Debian's Slurm 22.05, multiple-slurmd
 build): munge, slurmctld and four slurmd "nodes" with four fake GPUs each, all state in
-one temporary directory, torn down whatever happens. Recipe and pitfalls:
-../shared/notes/slurm-test-cluster.md. Needs root and the Debian packages (.ci/run
+one temporary directory, torn down whatever happens (the pitfalls met are in the comments
+below). Needs root and the Debian packages (.ci/run
 installs them)."""
 
 from __future__ import annotations

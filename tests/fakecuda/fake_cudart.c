@@ -10,7 +10,7 @@
  * Where each answer comes from. "probe": bench/probes/cuda_error_probe.c on the H200, its
  * 2026-11-30 cases (bench/results/2026-11-30/cuda_error_probe_2026-11-30.json) and those added by
  * issue 33 (cuda_error_probe_2026-12-01.json; the case's name follows); "gpu-lab":
- * ../shared/notes/gpu-lab.md; "docs": CUDA 13's cuda_runtime_api.h, the header the shim
+ * the team's GPU lab notes, not in this repository (measured CUDA behaviour); "docs": CUDA 13's cuda_runtime_api.h, the header the shim
  * builds against; "ASSUMPTION": neither.
  *   cudaMalloc/cudaMallocManaged with a NULL devPtr: cudaErrorInvalidValue (probe)
  *   an allocation that does not fit: cudaErrorMemoryAllocation, *devPtr = NULL (probe)

@@ -3,9 +3,9 @@
 memory: bytes nvidia-smi reports as total for the part (what the CUDA context and
 PyTorch share). peak_bf16: dense bf16 tensor-core FLOP/s from the vendor datasheet
 (no sparsity). host_link: sustained GPU<->host bandwidth in bytes/s for zero-copy
-access, measured on an H200 (PCIe Gen5: 51.2 GB/s, ../shared/notes/gpu-lab.md);
-Gen4 parts get half of it. fault_link: fault-driven migration bandwidth, same source
-(12.2 GB/s on Gen5).
+access, measured on an H200 by the project's GPU lab (PCIe Gen5: 51.2 GB/s; bench/LOG.md
+holds the link's rates measured since); Gen4 parts get half of it. fault_link: fault-driven
+migration bandwidth, same measurement (12.2 GB/s on Gen5).
 """
 
 from __future__ import annotations
