@@ -133,3 +133,27 @@ def test_a_node_sums_its_ranks_and_holds_its_budget_only_if_all_do(built, cli, t
     over["rank"] = True
     (d / "transit-rank3.json").write_text(json.dumps(over))
     assert "transit-rank3.json: not a stats file of the shim (missing or wrong: rank)" in one_line_error(cli, str(d))
+
+
+def test_each_ranks_optimizer_step_and_warm_up_are_shown(built, cli, tmp_path):
+    """The adapter's counters reach the report as each stats file's "adapter" object (the
+    shim copies what transit_adapter_stats gave it; here written into the files as it
+    would): the text says per rank which step ran and what it moved, --json keeps the
+    object; a rank without an adapter shows "-"."""
+    d = tmp_path / "stats"
+    d.mkdir()
+    job_stats(built, d)
+    adapters = {0: {"mode": "stream", "steps": 9, "streamed_params": 48, "slices": 96},
+                1: {"mode": "host", "host_params": 12, "share": 0.34, "steps": 9, "stream": {"streamed_params": 36}}}
+    for rank, adapter in adapters.items():
+        f = d / f"transit-rank{rank}.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), "adapter": adapter}))
+    rc, out, err = cli("report", "--json", str(d))
+    assert rc == 0, err
+    assert [r["adapter"] for r in json.loads(out)["ranks"]] == [adapters[0], adapters[1], None]
+    rc, out, err = cli("report", str(d))
+    assert rc == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:4].strip() in {"0", "1", "2"}}
+    assert rows["0"].endswith("stream: 9 steps, 48 params"), rows
+    assert rows["1"].endswith("host: 12 params on the CPU (share 0.34), 36 streamed"), rows
+    assert rows["2"].rstrip().endswith("-"), rows

@@ -107,6 +107,23 @@ def summarize(stats: list[dict], plan: dict | None) -> dict:
     return {"ranks": ranks, "nodes": node_rows, "measured": measured, "plan": plan}
 
 
+def step_taken(adapter: object) -> str:
+    """What the hint adapter's optimizer step did in a process, from its counters (the
+    "adapter" object of the stats: the step mode and its counts); "-" without an adapter."""
+    if not isinstance(adapter, dict):
+        return "-"
+    mode, n = str(adapter.get("mode", "?")), adapter.get
+    if mode == "0":
+        return "in place"
+    if mode == "stream":
+        return f"stream: {n('steps', '?')} steps, {n('streamed_params', '?')} params"
+    if mode == "host":
+        stream = adapter.get("stream") if isinstance(adapter.get("stream"), dict) else {}
+        return (f"host: {n('host_params', '?')} params on the CPU (share {n('share', '?')}), "
+                f"{stream.get('streamed_params', 0)} streamed")
+    return mode
+
+
 def _yes(v: bool) -> str:
     return "yes" if v else "NO"
 
@@ -119,9 +136,10 @@ def text(summ: dict) -> str:
     rows = [[_dash(r["rank"]), _dash(r["node"]), r["pid"], r["policy"] + (" (pass-through)" if r["passthrough"] else ""),
              r["budget_gb"], _yes(r["budget_held"]), r["on_gpu_peak_gb"], r["offloaded_gb"],
              ",".join(r["paths"]) or "-", _dash(r["warm_up"] and r["warm_up"]["extra_s"]),
-             _dash(r["median_iteration_ms"])] for r in summ["ranks"]]
+             _dash(r["median_iteration_ms"]), step_taken(r["adapter"])] for r in summ["ranks"]]
     out = ["Per rank:", table(["rank", "node", "pid", "policy", "budget GB", "budget held", "on GPU GB",
-                               "offloaded GB", "paths", "warm-up s", "ms/iter"], rows, "rlrlrlrrlrr"), "",
+                               "offloaded GB", "paths", "warm-up s", "ms/iter", "optimizer step"], rows,
+                              "rlrlrlrrlrrl"), "",
            "Per node:", table(["node", "ranks", "budget held", "on GPU GB (max)", "offloaded GB (sum)",
                                "warm-up s (max)"],
                               [[_dash(n["node"]), n["ranks"], _yes(n["budget_held"]), n["on_gpu_peak_gb"],
