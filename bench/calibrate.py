@@ -15,7 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from common import ROOT, TRAINER, env, planner_estimate, trainer_records
+from common import TRAINER, env, planner_estimate, trainer_records, out_option
 
 # name: trainer flags (model, sequence, microbatch, recompute)
 CONFIGS = {
@@ -67,7 +67,7 @@ def compare(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measure", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "calibration.json"))
+    out_option(ap, "calibration")
     ap.add_argument("--compare", default="")
     a = ap.parse_args()
     if a.measure:

@@ -4,6 +4,8 @@ too) the environment of every GPU run, the trainer's command, JSON lines and mod
 
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,3 +68,13 @@ def run_trainer_here(args: list) -> int:
 def is_module(module, name: str) -> bool:
     """Whether `module` is the trainer's class `name`, also once FSDP2 subclassed it."""
     return any(c.__name__ == name for c in type(module).__mro__)
+
+
+def out_option(ap, name: str) -> None:
+    """--out, the result file of a run. Results enter bench/results/ only through the runner
+    (`python3 -m bench SUITE` writes there; `python3 -m bench --file-in DIR` files a hand run):
+    a hand run without --out writes into a scratch folder, never into the record."""
+    scratch = Path(tempfile.gettempdir()) / "transit-bench"
+    scratch.mkdir(exist_ok=True)
+    ap.add_argument("--out", default=str(scratch / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"),
+                    help=f"the result file (default: {scratch}/{name}-TIME.json; the runner files results)")

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from common import out_option  # noqa: E402 (bench/ is the script's folder: on sys.path)
 # name -> (dim, ffn, blocks, tokens a step, microbatches, clip)
 POINTS = {"base": (4096, 16384, 8, 32768, 1, None), "clip": (4096, 16384, 8, 32768, 1, 1.0),
           "clip-accum4": (4096, 16384, 8, 32768, 4, 1.0), "wide-clip": (8192, 32768, 2, 32768, 1, 1.0)}
@@ -239,7 +241,7 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=300)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "host_step.json"))
+    out_option(ap, "host_step")
     ap.add_argument("--report", help="print the table of a results file")
     a = ap.parse_args()
     if a.worker:

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import ROOT, TRAINER, env, run, trainer_records, transit
+from common import TRAINER, env, run, trainer_records, transit, out_option
 
 from transit_launch.rules import ENV
 
@@ -81,7 +81,7 @@ def parse():
     ap.add_argument("--slow-points", default="1", help="accum points at which base and prefetch also run")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: start no run after this")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "offload.json"))
+    out_option(ap, "offload")
     ap.add_argument("--report", nargs="*", help="merge result files, print the table, check the targets")
     ap.add_argument("--plot", default="", help="with --report: write the curve as a PNG")
     ap.add_argument("--markdown", action="store_true", help="with --report: print a Markdown table")

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the checkout's package, unless one is installed
     sys.path.insert(0, str(ROOT))
 
+from common import out_option  # noqa: E402 (bench/ is the script's folder: on sys.path)
 from tests.fidelity_records import (HELD_OUT, TARGET, fp32_working_fit, h200_runs, recompare,  # noqa: E402
                                     recorded, working_fit)
 
@@ -194,7 +195,7 @@ def report(rows, h200=()) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "planner_fidelity.json"))
+    out_option(ap, "planner_fidelity")
     ap.add_argument("--report", default="", help="print the table of a results file instead of measuring")
     ap.add_argument("--held-out", action="store_true", help="measure only the HELD_OUT layouts")
     ap.add_argument("--h200", nargs="*", default=None,

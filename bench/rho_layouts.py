@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from common import out_option  # noqa: E402 (bench/ is the script's folder: on sys.path)
 NETNS = ROOT / "examples" / "netns_ranks.sh"
 
 
@@ -43,7 +45,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=300)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "rho_layouts.json"))
+    out_option(ap, "rho_layouts")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("rho_layouts: needs root (network namespaces and tc)", file=sys.stderr)

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, env, run, trainer_layout, trainer_records, transit
+from common import ROOT, env, run, trainer_layout, trainer_records, transit, out_option
 from transit_launch import units
 
 
@@ -108,7 +108,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke test of the plumbing")
     ap.add_argument("--print-budget", action="store_true", help="print the emulated GPU's bytes and stop")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale_in.json"))
+    out_option(ap, "scale_in")
     a = ap.parse_args()
     if a.gpus < 2 or a.gpus % 2:
         print("scale_in: --gpus must be even and at least 2", file=sys.stderr)

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import ROOT, env, run, trainer_records, transit
+from common import ROOT, env, run, trainer_records, transit, out_option
 import scale_in
 from transit_launch.rules import ENV
 
@@ -156,7 +156,7 @@ def main():
     ap.add_argument("--deadline", type=float, default=0, help="start no run after this many seconds (0: none)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--emulated-gpu", default="auto", help="bytes, or auto per configuration (bench/scale_in.py)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale_in_matrix.json"))
+    out_option(ap, "scale_in_matrix")
     ap.add_argument("--report", nargs="*", help="print the tables of these result files and stop")
     a = ap.parse_args()
     if a.report:

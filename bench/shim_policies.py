@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, TRAINER as TRAINER_CMD, env, run, trainer_records, transit
+from common import TRAINER as TRAINER_CMD, env, run, trainer_records, transit, out_option
 from transit_launch.preload import run as runmod
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "shim_policies.json"))
+out_option(ap, "shim_policies")
 ap.add_argument("--model", default="", help="trainer model flags (default: its 1.0 B-parameter defaults)")
 ap.add_argument("--seq-len", type=int, default=4096)
 ap.add_argument("--batch", type=int, default=8)

@@ -48,6 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from common import out_option  # noqa: E402 (bench/ is the script's folder: on sys.path)
+
 # catalog card -> TorchTitan 0.2.2 (module, flavor)
 TITAN = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
          "llama4-scout": ("llama4", "17bx16e"), "qwen3-32b": ("qwen3", "32B"),
@@ -546,7 +548,7 @@ def main():
     ap.add_argument("--lanes", type=int, default=2, help="1-GPU runs in parallel, one GPU each")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
     ap.add_argument("--deadline", type=float, default=0, help="start no run after this many seconds")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "titan_memory.json"))
+    out_option(ap, "titan_memory")
     ap.add_argument("--report", nargs="*")
     a, extra = ap.parse_known_args()
     a.titan_extra = [x for x in extra if x != "--"]

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, env, run, transit
+from common import env, run, transit, out_option
 from titan_memory import LAYOUTS, TITAN, titan_args
 
 
@@ -175,7 +175,7 @@ def main():
     ap.add_argument("--runs", default="ref,advise")
     ap.add_argument("--budget", type=int, default=0, help="bytes (default: auto, from the ref run)")
     ap.add_argument("--timeout", type=int, default=400, help="seconds a run")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "titan_steps.json"))
+    out_option(ap, "titan_steps")
     ap.add_argument("--report", nargs="*")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--assets", help=argparse.SUPPRESS)

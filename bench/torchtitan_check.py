@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, env, run, transit
+from common import ROOT, env, run, transit, out_option
 
 
 def read_scalars(tb_dir):
@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--budget-fraction", type=float, default=0.5)
     ap.add_argument("--timeout", type=int, default=400)
     ap.add_argument("--gpus", type=int, default=1, help="torchrun processes (TorchTitan's CPU offload needs 2+)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "torchtitan.json"))
+    out_option(ap, "torchtitan")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="titan-"))
     subprocess.run([sys.executable, str(ROOT / "bench" / "torchtitan_assets.py"), str(work / "assets")], check=True)
