@@ -75,9 +75,12 @@ def private_reaches(source, theirs):
         if isinstance(n, ast.ImportFrom) and n.module in MODULES:
             found += [(n.lineno, f"{n.module}.{a.name}") for a in n.names if _private(a.name)]
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr", "setattr") \
-                and len(n.args) > 1 and isinstance(n.args[0], ast.Name) and n.args[0].id in aliases \
-                and isinstance(n.args[1], ast.Constant) and _private(str(n.args[1].value)):
-            found.append((n.lineno, ast.unparse(n)))
+                and len(n.args) > 1 and isinstance(n.args[1], ast.Constant) and _private(str(n.args[1].value)):
+            obj, attr = n.args[0], str(n.args[1].value)
+            if isinstance(obj, ast.Name) and obj.id in aliases:  # a module's, by name
+                found.append((n.lineno, ast.unparse(n)))
+            elif not (isinstance(obj, ast.Name) and obj.id in ("self", "cls")) and attr in theirs:  # an object's
+                found.append((n.lineno, ast.unparse(n)))
         if not (isinstance(n, ast.Attribute) and _private(n.attr)):
             continue
         base = n.value
@@ -128,6 +131,7 @@ def test_a_lazy_import_is_found(bad):
     "class S:\n    def __init__(self, ov):\n        self.ov = ov\n    def f(self, opt):\n        self.ov._raw_step(opt)\n",
     "def f(staging):\n    return staging._ring(dev)\n",
     "def f(st):\n    return st._streams(dev)\n",
+    "def f(self):\n    return getattr(self.staging, '_ring')(dev)\n",  # another module's object, by getattr
 ])
 def test_a_private_reach_is_found(bad):
     assert private_reaches(bad, {"_ring", "_streams", "_raw_step"})  # transit_staging's, transit_step's

@@ -250,6 +250,8 @@ def _constant(node):
         left, right = _constant(node.left), _constant(node.right)
         if type(node.op) in ops and isinstance(left, int) and isinstance(right, int):
             return ops[type(node.op)](left, right)
+        if isinstance(node.op, ast.Add) and isinstance(left, str) and isinstance(right, str):
+            return left + right  # "TRANSIT_" + "OVERLAP_STEP" spells the name too
         return _constant
     try:
         return ast.literal_eval(node)
@@ -261,7 +263,7 @@ def _hand_copies(source):
     """The rules that `source` spells itself instead of reading them from transit_rules: a
     string equal to one of the environment's names, a tuple, list or set of two or more
     overlap modes (or of retired ones), a dict of policies to modes, the staging ring's default bytes given to a
-    name of a stage, ring or limit."""
+    name of a stage, ring, limit or in-flight bytes; a string made by adding literals counts as its value."""
     import ast
     names = {*rules.ENV.values(), *rules.RETIRED_ENV.values()}
     modes = {*rules.OVERLAP_MODES, *rules.RETIRED_OVERLAP_MODES}
@@ -282,7 +284,7 @@ def _hand_copies(source):
             found.append((node.lineno, value))
     for node in ast.walk(ast.parse(source)):  # 256 << 20 is also other sizes: the ring's by its name
         if isinstance(node, ast.Assign) and _constant(node.value) == rules.STAGE_RING_BYTES and \
-                any(w in ast.unparse(t).upper() for t in node.targets for w in ("STAGE", "RING", "LIMIT")):
+                any(w in ast.unparse(t).upper() for t in node.targets for w in ("STAGE", "RING", "LIMIT", "INFLIGHT")):
             found.append((node.lineno, rules.STAGE_RING_BYTES))
     return found
 
@@ -290,7 +292,8 @@ def _hand_copies(source):
 @pytest.mark.parametrize("copy", ['POOL_ENV = "TRANSIT_STATE_POOL"', 'os.environ.get("TRANSIT_ADAPTER", "1")',
                                   'RETIRED = ("TRANSIT_OVERLAP_SMS",)', 'RETIRED = ("serial",)', 'MODES = ("1", "staged", "stream")',
                                   'PINNED = ["staged", "stream"]', 'DEFAULT = {"advise": "stream"}',
-                                  "LIMIT = 256 << 20", "LIMIT = 268435456"])
+                                  "LIMIT = 256 << 20", "LIMIT = 268435456", 'NAME = "TRANSIT_" + "OVERLAP_STEP"',
+                                  "INFLIGHT_DEFAULT = 268435456"])
 def test_a_hand_copy_of_a_rule_is_found(copy):
     """What the next test looks for, shown on the copies the adapter used to keep."""
     assert _hand_copies(copy)
