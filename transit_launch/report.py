@@ -118,9 +118,9 @@ def step_taken(adapter: object) -> str:
     if mode == "stream":
         return f"stream: {n('steps', '?')} steps, {n('streamed_params', '?')} params"
     if mode == "host":
-        stream = adapter.get("stream") if isinstance(adapter.get("stream"), dict) else {}
-        return (f"host: {n('host_params', '?')} params on the CPU (share {n('share', '?')}), "
-                f"{stream.get('streamed_params', 0)} streamed")
+        stream = n("stream")
+        streamed = stream.get("streamed_params", 0) if isinstance(stream, dict) else 0
+        return f"host: {n('host_params', '?')} params on the CPU (share {n('share', '?')}), {streamed} streamed"
     return mode
 
 

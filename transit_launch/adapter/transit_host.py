@@ -252,11 +252,6 @@ class _UpRing(_Pieces):
         return done
 
 
-def _direct(dst, src, non_blocking):
-    """The copy without a ring (no plain device memory to be had, or a CPU): one copy."""
-    dst.copy_(src, non_blocking=non_blocking)
-
-
 class _Rec:
     """One parameter on the host path: its host copy, its host gradient, what this step did."""
 

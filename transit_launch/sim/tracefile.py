@@ -14,6 +14,9 @@ from transit_launch.sim.trace import FORMATS as CSV_FORMATS
 from transit_launch.sim.trace import Trace, detect_format, load_csv
 
 FORMATS = CSV_FORMATS + ("helios", "swf", "philly", "pai")
+HEADED = ("seren", "kalos", "generic", "helios")  # CSVs told apart by their header's column set
+# the readers of the formats that are not sim/trace.py's CSVs
+READERS = {"swf": load_swf, "helios": helios.load_helios, "philly": philly.load_philly, "pai": pai.load_pai}
 OTHERS = ("or one of Helios' cluster_log.csv, Philly's cluster_job_log (a JSON list), Alibaba PAI's "
           f"{pai.JOB_TABLE} and {pai.TASK_TABLE} (by name), SWF (a name ending in .swf)")
 
@@ -57,17 +60,10 @@ def load(path: str | Path, fmt: str = "auto", progress=None) -> Trace:
     found = kind(path)
     if fmt == "auto":
         fmt = found or "auto"
-    elif found in ("seren", "kalos", "generic", "helios") and fmt in ("seren", "kalos", "generic", "helios") \
-            and found != fmt:
+    elif found in HEADED and fmt in HEADED and found != fmt:
         raise UsageError(f"trace {path} has the {found} column set, not {fmt}")
-    if fmt == "swf":
-        return load_swf(path, progress)
-    if fmt == "helios":
-        return helios.load_helios(path, progress)
-    if fmt == "philly":
-        return philly.load_philly(path, progress)
-    if fmt == "pai":
-        return pai.load_pai(path, progress)
+    if fmt in READERS:
+        return READERS[fmt](path, progress)
     try:
         return load_csv(path, fmt, progress)
     except UsageError as e:
