@@ -121,8 +121,104 @@ def policies(results: Path = RESULTS) -> str:
                                         "median step s", "rc"], rows)
 
 
+def _offload(day: str, *names: str) -> list[str]:
+    return [f"{day}/offload_{n}_{day}.json" for n in names]
+
+
+# bench/LOG.md, "The curve with every peer": the files in its command's order (a run is judged
+# against the reference of its own file, else the first one given)
+GATE = [*_offload("2026-11-29", "transit", "peers", "peers_accum1", "peers_accum3", "zinf_accum3"),
+        *_offload("2026-11-30", "overlap_ac_accum1_3", "overlap_ac_accum12", "peers_ac_accum1"),
+        "2026-11-30/offload_zenflow_ac_accum1_2026-11-30b.json",
+        *_offload("2026-11-30", "twinflow_ac_accum3", "overlap_fixed_ac", "green16_ac", "ring_ac", "ring2_ac",
+                  "ring2_ac12", "ring3_ac", "ring3_ac12", "zenflow_ac_accum3", "twinflow_ac_accum12")]
+# the table's rows: (label, the report's run); the section's emphasis and its two remarks, kept
+# here beside the layout (the numbers in them are the records')
+GATE_PEERS = [("**transit staged**", "advise-staged256"), ("transit advise", "advise"),
+              ("torchao CPUOffloadOptimizer", "torchao-offload"), ("ZeRO-Offload", "zero-offload"),
+              ("ZeRO-Infinity", "zero-infinity"), ("Twin-Flow (ZeRO-Offload++)", "zero-twinflow"),
+              ("ZenFlow (another update rule)", "zenflow"), ("FSDP2 CPU offload", "fsdp-cpu-offload")]
+GATE_BOLD = {("advise-staged256", 1), ("advise-staged256", 3), ("advise-staged256", 12), ("zero-twinflow", 12),
+             ("zenflow", 3)}
+GATE_NOTES = {("zenflow", 3): "losses differ {loss}", ("fsdp-cpu-offload", 12): "against {ref_s} (2026-11-29)"}
+
+
+def _markdown_rows(out: str) -> list[dict]:
+    """The rows of a Markdown table in `out`, by its header's names."""
+    lines = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines()
+             if line.startswith("|")]
+    return [dict(zip(lines[0], r)) for r in lines[2:]]
+
+
+def gate(results: Path = RESULTS) -> str:
+    """The gate with recomputation: `python3 bench/offload.py --report GATE --markdown`, % of the
+    reference in each run's own file, at 1, 3 and 12 microbatches."""
+    off = _load("bench/offload.py")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        off["report"](argparse.Namespace(report=[str(results / f) for f in GATE], markdown=True, plot=None))
+    rows = _markdown_rows(buf.getvalue())
+    at = {(r["run"].split(" (")[0], int(r["accum"])): r for r in rows}
+    points = sorted({int(r["accum"]) for r in rows})
+    ratio = {int(r["accum"]): r["x paper"] for r in rows if r["x paper"]}
+    ref_s = {a: f"{float(at['reference', a]['med s']):.1f}" for a in points}
+
+    def cell(run, accum):
+        r = at.get((run, accum))
+        if r is None:
+            return "not run"
+        remark = GATE_NOTES.get((run, accum), "").format(loss=re.sub(r"e([+-])0", r"e\1", r["max rel loss diff"]),
+                                                         ref_s=ref_s[accum])
+        if not r["x paper"]:  # no measured step: the report's status stands in its TFLOPS column
+            cut = re.fullmatch(r"timed out after (\d+) steps of \[(.*)\] s", r["TFLOPS"])
+            steps = [float(s) for s in cut[2].split(",")] if cut else []
+            return ", ".join(filter(None, [f"timed out after {cut[1]} steps of {min(steps)}-{max(steps)} s"
+                                           if cut else r["TFLOPS"], remark]))
+        cut = re.search(r"\((\d+) measured, cut by timeout\)", r["run"])
+        note = "; ".join(filter(None, ["over" if r["in budget"] == "NO" else "",
+                                       f"{cut[1]} steps, cut by the timeout" if cut else "", remark]))
+        text = r["% ref"] + (f" ({note})" if note else "")
+        return f"**{text}**" if (run, accum) in GATE_BOLD else text
+
+    header = ["peer", *(f"{float(ratio[a]):.3g}x ({a}{' microbatch' if a == 1 else ''})" for a in points)]
+    return _md(header, [[label, *(cell(run, a) for a in points)] for label, run in GATE_PEERS])
+
+
+RHO = "2026-11-30/rho_sockets_2026-11-30.json"
+
+
+def rho(results: Path = RESULTS) -> str:
+    """rho of the 2-GPU layout and its scaled-in 1-GPU one over NCCL sockets between network
+    namespaces: each rank's tokens/s under each cap (the runs and their spread where repeated)."""
+    d = json.loads((results / RHO).read_text())
+    caps = d["bandwidths"].split(",")
+    steps = re.search(r"--steps (\d+)", d["command"])[1]
+    rows = []
+    for lay in d["layouts"]:
+        sw = lay["sweep"]
+        runs = [[r["throughput"] for r in sw["runs"] if r["bandwidth"] == bw["bandwidth_bps"] and r["rc"] == 0]
+                for bw in sw["bandwidths"]]
+        speeds = []
+        for i, (bw, ts) in enumerate(zip(sw["bandwidths"], runs)):
+            each = ", ".join(f"{t:,.0f}" for t in ts)
+            speeds.append(f"{bw['throughput_median']:,.0f}" + (
+                "" if len(ts) < 2 else f" (runs {each}: spread {100 * bw['throughput_spread']:.2g}%)" if i == 0
+                else f" ({each}: {100 * bw['throughput_spread']:.2g}%)"))
+        pairs = [a / b for a in runs[0] for b in runs[1]]
+        spread = f" ({min(pairs):.2f}-{max(pairs):.2f} over the repeats' pairs)" if len(pairs) > 1 else ""
+        tx = {f"{v['tx'] / 1e9:.1f}" for bw in sw["bandwidths"] for v in bw["traffic_bytes"].values()}
+        moved = "0" if tx == {"0.0"} else " to ".join(sorted(tx, key=float)) + " GB"
+        label = f"{lay['ranks']} GPU{'s' if lay['ranks'] > 1 else ''}, " + (
+            "no offloading" if lay["policy"] == "none" else lay["policy"])
+        rows.append([label, lay["ranks"], *speeds, f"**{lay['rho']:.2f}**{spread}", moved])
+    header = ["layout", "ranks", f"tokens/s per rank under the {caps[0]} cap",
+              *(f"under the {c} cap" for c in caps[1:]), f"rho({', '.join(caps)})",
+              f"bytes on each veth per run (tx, {steps} steps + start)"]
+    return _md(header, rows)
+
+
 BLOCKS = {"prediction": prediction, "scale-in-emulated": scale_in_emulated, "host-step": host_step,
-          "second-process": second_process, "policies": policies}
+          "second-process": second_process, "policies": policies, "gate": gate, "rho": rho}
 
 
 def render(text: str, results: Path = RESULTS) -> str:

@@ -1,15 +1,10 @@
 """The plan's predicted efficiency against measured runs (issue 31): every recorded
 TorchTitan point within 3 points, the constants reproduced from the runs named as their
 fit, and jobs no constant was fitted to among the points. tests/prediction_records.py reads
-the records (bench/results/, as data); the plan's numbers come from the installed package."""
+the records (bench/results/, as data); the plan's numbers come from the installed package.
+RESULTS.md's tables of these rows are bench/report.py's prediction block (bench/tests/test_report.py)."""
 
-import contextlib
-import io
-import re
-import runpy
 import statistics
-import sys
-from unittest import mock
 
 import pytest
 
@@ -202,15 +197,3 @@ def test_the_plan_holds_on_the_scale_in_or_its_named_reasons_explain_it(r):
     assert abs(prediction.scale_in_at_measured_terms(r) - r["measured"]) <= prediction.TARGET
     if r["recompute"] == "none":  # the offload named: the plan's more than twice the shim's
         assert r["offload_predicted"] > 2 * r["offload_measured"]
-
-def test_results_md_shows_the_tables_as_they_are_now():
-    """RESULTS.md's tables are bench/prediction.py's output on today's records and plan: a new
-    record or a changed constant changes them only through a reviewed diff of RESULTS.md."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), mock.patch.object(sys, "argv", ["prediction.py"]):
-        runpy.run_path(str(prediction.ROOT / "bench" / "prediction.py"), run_name="__main__")
-    out = buf.getvalue()
-    text = (prediction.ROOT / "bench" / "RESULTS.md").read_text()
-    section = text.split("\n## What the plan predicts", 1)[1].split("\n## ", 1)[0]
-    shown = re.findall(r"^```\n(.*?)^```", section, re.S | re.M)
-    assert out in shown, "RESULTS.md, \"What the plan predicts\", is not `python3 bench/prediction.py` now: rerun it there"

@@ -2,6 +2,7 @@
 and a changed number in a result file changes them."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -16,6 +17,21 @@ def test_the_checked_in_tables_are_current(capsys):
 def test_every_block_is_marked_once_in_results_md():
     names = [m.group("name") for m in report.MARK.finditer(report.DOC.read_text())]
     assert sorted(names) == sorted(report.BLOCKS)
+
+
+# the section of bench/RESULTS.md each block is the table of (the start of its heading)
+SECTIONS = {"prediction": "What the plan predicts", "scale-in-emulated": "N -> N/2 emulated on one GPU",
+            "host-step": "The host update path", "second-process": "What a second process can allocate beside",
+            "policies": "Policies under a budget", "gate": "The gate: transit against the peers",
+            "rho": "rho of layouts"}
+
+
+def test_every_block_sits_in_its_section():
+    """A block moved under another heading would still be current: its section is checked too."""
+    text = report.DOC.read_text()
+    under = {m.group("name"): re.findall(r"^#+ (.*)$", text[:m.start()], re.M)[-1] for m in report.MARK.finditer(text)}
+    assert sorted(SECTIONS) == sorted(report.BLOCKS)
+    assert {n: h for n, h in under.items() if not h.startswith(SECTIONS[n])} == {}
 
 
 def _copy(tmp_path, rel):
@@ -52,6 +68,44 @@ def test_a_changed_step_time_changes_the_table(tmp_path, rel, block):
         path.write_text(json.dumps(rows))
         assert " 311.7    50.0% " in block(tmp_path)
     assert block(tmp_path) != before
+
+
+def _runs(path, change):
+    """Rewrite the result file at `path` with `change(run)` applied to each of its runs."""
+    d = json.loads(path.read_text())
+    for r in d["runs"]:
+        change(r)
+    path.write_text(json.dumps(d))
+
+
+def test_a_changed_run_of_the_gate_changes_its_cell(tmp_path):
+    """The cell is the record's % of its own file's reference, its budget check and its cut."""
+    for rel in report.GATE:
+        _copy(tmp_path, rel)
+    before = report.gate(tmp_path)
+    assert before == report.gate()
+    assert "| **transit staged** | **88.4** | **94.3** | **97.1** |" in before
+    assert "| torchao CPUOffloadOptimizer | 70.3 | 84.6 (over) | 91.1 (over) |" in before
+    staged = tmp_path / "2026-11-30/offload_ring3_ac12_2026-11-30.json"  # the staged step's last run at 12
+    ref = next(r["tflops"] for r in json.loads(staged.read_text())["runs"] if r["name"] == "reference")
+    # the staged step at 12 microbatches at half its file's reference; torchao there within the budget
+    _runs(staged, lambda r: r.update(tflops=ref / 2) if r["name"] == "advise-staged256" else None)
+    _runs(tmp_path / "2026-11-30/offload_overlap_ac_accum12_2026-11-30.json",
+          lambda r: r.update(max_reserved_gb=19.0) if r["name"] == "torchao-offload" else None)
+    after = report.gate(tmp_path)
+    assert "| **transit staged** | **88.4** | **94.3** | **50.0** |" in after
+    assert "| torchao CPUOffloadOptimizer | 70.3 | 84.6 (over) | 91.1 |" in after
+
+
+def test_a_changed_throughput_changes_the_rho_table(tmp_path):
+    path = _copy(tmp_path, report.RHO)
+    assert report.rho(tmp_path) == report.rho()
+    d = json.loads(path.read_text())
+    one = d["layouts"][1]["sweep"]
+    one["bandwidths"][1]["throughput_median"] = one["runs"][1]["throughput"] = 17755.8  # half at 10gbit
+    d["layouts"][1]["rho"] = 2.0
+    path.write_text(json.dumps(d))
+    assert "| 1 GPU, advise | 1 | 35,512 | 17,756 | **2.00** | 0 |" in report.rho(tmp_path)
 
 
 def test_a_stale_table_fails_the_check_and_write_mends_it(tmp_path, monkeypatch, capsys):

@@ -1,8 +1,6 @@
 """The recorded results as files: every bench/results/ path the docs name exists (README,
 bench/RESULTS.md, bench/LOG.md, docs/: the move into dated folders and the log left nothing
-dangling), every result file is in a dated folder and
-named in bench/results/INDEX.md, and no test imports bench/ (tests read its results as
-data; bench's own tests are bench/tests/)."""
+dangling), and every result file is in a dated folder and named in bench/results/INDEX.md."""
 
 import itertools
 import re
@@ -45,12 +43,3 @@ def test_results_are_in_dated_folders_and_indexed():
     assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.name) for p in RESULTS.iterdir() if p.is_dir())
     files = [str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*") if p.is_file() and p.name != "INDEX.md"]
     assert files and [f for f in files if f"`{f}`" not in index] == []
-
-
-def test_no_test_imports_bench():
-    """tests/ runs against the installed package; bench/ is the lab around it."""
-    reach = re.compile(r"(sys\.path\.(insert|append)|syspath_prepend)\([^)\n]*bench|^\s*(from|import)\s+bench\b",
-                       re.M)
-    offenders = [str(f.relative_to(ROOT)) for f in sorted((ROOT / "tests").rglob("*.py"))
-                 if reach.search(f.read_text())]
-    assert offenders == []

@@ -3,7 +3,7 @@ are cited by section title from code, docs and tests, e.g. `bench/RESULTS.md, "W
 predicts"` or `bench/LOG.md, "The streamed step by default"`: every title so cited must still
 be (the start of) a heading of the file it names, so that rewriting either cannot leave a
 citation dangling. (That every bench/results/ path they name exists is
-tests/test_bench_records.py's; that RESULTS.md's generated tables are current is
+bench/tests/test_bench_records.py's; that RESULTS.md's generated tables are current is
 bench/tests/test_report.py's.)"""
 
 import re
