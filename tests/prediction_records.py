@@ -343,3 +343,31 @@ def scale_in_at_measured_terms(r):
     from transit_launch.planning.efficiency import efficiency_of, host_terms
     c = replace(r["candidate"], offload=r["offload_measured"])  # (a copy: the row keeps the plan's)
     return efficiency_of(host_terms(r["request"], c)) * r["half_off_factor"]
+
+
+# --overlap host (issue 50): TorchTitan 0.2.2 unchanged at 10 layers, one microbatch, its clipping,
+# the streamed default and host in one file of one H100 lease (16 host cores) whose link ran
+# slower than the plan's profile (the streamed step's own rate is taken from the same file).
+# HOST_STEP_RATE_PER_CORE and WARMUP_HOST_RATE are set from it; no held-out host run yet.
+HOST_FIT = "2026-12-06/host-step/titan_accum1_host_14.json"
+HOST_FIT_CORES = 16
+HOST_RUN, STREAM_RUN = "advise:TRANSIT_OVERLAP_STEP=host", "advise"
+
+
+def host_fit():
+    """What the fit file measured: the link's rate in state bytes a second (the streamed run's
+    state over its step's extra seconds), the host run's state (the streamed share's pinned
+    bytes, and the CPU's by the adapter's share of the offloaded bytes) and its step's extra
+    seconds, the adopt's seconds, and the measured efficiency of the host run."""
+    d = json.loads((RESULTS / HOST_FIT).read_text())
+    runs = {r["name"]: r for r in d["runs"]}
+    ref, stream, host = runs["ref"], runs[STREAM_RUN], runs[HOST_RUN]
+    extra = lambda r: _steady(r["optimizer_s"]) - _steady(ref["optimizer_s"])  # noqa: E731
+    counters = host["stats"][0]["adapter"]
+    streamed = host["stats"][0]["host_state_bytes"]
+    state = streamed / (1 - counters["share"])
+    return {"link": stream["stats"][0]["host_state_bytes"] / extra(stream), "state": state, "state_s": extra(host),
+            "cpu_state": state - streamed, "adopt_s": counters["adopt_s"], "budget": host["budget"],
+            "layers": d["layers"], "microbatches": d["accum"], "seq_len": d["seq_len"],
+            "measured": _steady(ref["step_s"]) / _steady(host["step_s"]),
+            "measured_stream": _steady(ref["step_s"]) / _steady(stream["step_s"])}

@@ -207,3 +207,23 @@ def test_mem_below_the_plan_is_warned_and_an_empty_command_refused(cli):
     for cmd in ("render", "submit"):
         rc, out, err = cli(cmd, "--model", "llama3-70b", *(["--dry-run"] if cmd == "submit" else []), "--", "")
         assert rc == 2 and out == "" and err.count("\n") == 1 and "empty word" in err, err
+
+
+def test_the_host_steps_cpu_share_is_planned_on_the_jobs_cores(cli, tmp_path):
+    """--overlap host: the plan's CPU update runs on the cores the job gets: the partition's
+    (32 a node here), an explicit --cpus-per-task, or --host-cores over both; the job's plan
+    (TRANSIT_PLAN) is `plan`'s at those cores, and fewer cores predict less."""
+    sinfo = ('#!/bin/sh\ncase "$*" in\n  *--version*) echo "slurm 22.05.8" ;;\n'
+             '  *-N*) for n in 1 2 3 4 5 6; do echo "gpu*|n$n|gpu:h100:4|1907348|32"; done ;;\n  *) echo "gpu*" ;;\nesac\n')
+    env = fake_slurm(tmp_path, sinfo)
+    got, want = {}, {}
+    for extra, cores in (([], "32"), (["--cpus-per-task", "8"], "8"), (["--cpus-per-task", "8", "--host-cores", "64"], "64")):
+        rc, out, err = cli("submit", "--model", "llama3-70b", "--overlap", "host", "--nodes", "3", "--dry-run",
+                           *extra, *TRAIN, env=env)
+        assert rc == 0, err
+        got[cores] = json.loads(_line(out, "export TRANSIT_PLAN=").split("=", 1)[1].strip("'"))["predicted_efficiency"]
+        rc, out, err = cli("plan", "--model", "llama3-70b", "--overlap", "host", "--gpus-per-node", "4",
+                           "--host-mem", "1907348MiB", "--host-cores", cores, "--json")
+        assert rc == 0, err
+        want[cores] = next(o["predicted_efficiency"] for o in json.loads(out)["options"] if o["nodes"] == 3)
+    assert got == want and got["8"] < got["32"] < got["64"]

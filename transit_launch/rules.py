@@ -30,8 +30,6 @@ POLICIES = ("off", "base", "prefetch", "advise")
 # them from its generated transit_rules.py (python_module). "1" and "staged" are retired
 # (RETIRED_OVERLAP_MODES).
 OVERLAP_MODES = ("0", "stream", "host")
-# modes the plan has no cost model for yet: refused by the plan (run takes them)
-UNPLANNED_OVERLAP = ("host",)
 # the mode when TRANSIT_OVERLAP_STEP is unset, by policy (the adapter's too); the plan predicts
 # advise with it
 DEFAULT_OVERLAP = {"advise": "stream"}

@@ -9,7 +9,7 @@ from transit_launch.errors import UsageError
 from transit_launch.argtypes import finite_float, fractions, output_file, overlap_mode, positive_int, size
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPUS, gpu_profile
 from transit_launch.planning import titan_config
-from transit_launch.planning.plan import DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
+from transit_launch.planning.plan import DEFAULT_HOST_CORES, DEFAULT_HOST_MEM, PRECISIONS, PRESETS, RECOMPUTE
 from transit_launch.rules import format_size
 
 # What a request gets for an option given neither on the command line nor by a TorchTitan config.
@@ -58,6 +58,9 @@ def add_plan_args(p, model_required=True):
     h.add_argument("--gpus-per-node", type=positive_int(), default=None,
                    help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE})")
     h.add_argument("--host-mem", type=size, help=f"host DRAM per node (default {DEFAULT_HOST_MEM / 1e9:.0f}GB)")
+    h.add_argument("--host-cores", type=positive_int(), default=None,
+                   help=f"CPU cores per node the job's ranks share, for --overlap host's CPU update (default "
+                        f"{DEFAULT_HOST_CORES}; submit: the job's CPUs)")
     p.add_argument("--scale-in", type=fractions("--scale-in"), metavar="FRACTIONS",
                    help="node reductions to show, e.g. 0.25,0.5 (default: every valid node count below the minimum)")
     p.add_argument("--min-efficiency", type=finite_float(), default=0.9,
@@ -79,10 +82,11 @@ def titan_job(a):
     return a._titan_job
 
 
-def request(a, gpus_per_node: int | None = None, host_mem: float | None = None, gpu: str | None = None):
-    """The plan.Request of parsed options; gpus_per_node, host_mem and gpu (a profile's
-    name) are the defaults a caller knows better (a Slurm partition's), explicit options
-    still win, over a --torchtitan config's values too."""
+def request(a, gpus_per_node: int | None = None, host_mem: float | None = None, gpu: str | None = None,
+            host_cores: int | None = None):
+    """The plan.Request of parsed options; gpus_per_node, host_mem, gpu (a profile's name)
+    and host_cores are the defaults a caller knows better (a Slurm partition's, the job's
+    CPUs), explicit options still win, over a --torchtitan config's values too."""
     from transit_launch.planning.models import load_model
     from transit_launch.planning.plan import Request
     job = titan_job(a)
@@ -108,7 +112,8 @@ def request(a, gpus_per_node: int | None = None, host_mem: float | None = None, 
     gpu_mem = a.gpu_mem or budget
     return Request(card=job.card if job else load_model(a.model), gpu=gpu_profile(name, gpu_mem),
                    gpus_per_node=a.gpus_per_node or gpus_per_node or DEFAULT_GPUS_PER_NODE,
-                   host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM, parallel=parallel,
+                   host_mem=a.host_mem or host_mem or DEFAULT_HOST_MEM,
+                   host_cores=a.host_cores or host_cores or DEFAULT_HOST_CORES, parallel=parallel,
                    scale_in=tuple(a.scale_in) if a.scale_in else None, min_efficiency=a.min_efficiency,
                    overlap=getattr(a, "overlap", None), **v)
 

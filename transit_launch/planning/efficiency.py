@@ -6,7 +6,7 @@ over node counts is plan.py's; this is what it costs each candidate with."""
 
 from __future__ import annotations
 
-from transit_launch.rules import DEFAULT_OVERLAP, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES, STATE_ROOM_SPARE_PERCENT
+from transit_launch.rules import DEFAULT_OVERLAP, RING_OVERLAP_MODES, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES, STATE_ROOM_SPARE_PERCENT
 
 # Each constant below is measured or fitted as bench/RESULTS.md, "What the plan predicts",
 # records; tests/prediction_records.py names the runs each was fitted to, and tests/test_prediction.py
@@ -21,6 +21,14 @@ STATE_LINK_SHARE = 0.84
 # advise's default step streams the pinned state through the copy engines (transit_streamed.py):
 # in and out at once at this share of host_link in state bytes a second.
 STREAM_LINK_SHARE = 1.0
+# --overlap host: the CPU updates a share of the offloaded state in host memory (torch's fused
+# CPU optimizer) while the streamed step moves the rest, the two side by side and balanced by
+# the adapter's split (transit_host.SplitShare), so the state is served at the link's rate plus
+# the CPU's. The CPU's: state bytes a second per host core the job's ranks share, as one
+# TorchTitan run measured it against the streamed step of the same lease (its link's own rate
+# taken out; prediction_records.HOST_FIT), not the fused kernel alone (the copies, the data
+# loader and the application's threads beside it).
+HOST_STEP_RATE_PER_CORE = 0.73e9
 # Under the shim PyTorch's cache never runs short (what does not fit the GPU is placed on the
 # host, not refused), so it keeps the blocks a real GPU's allocator would free and retry
 # with, and the budget bounds reserved bytes: TorchTitan's reserved peak over the estimate.
@@ -34,6 +42,9 @@ SHIM_RESERVED_GAP = SHIM_RESERVED_GAP_PERCENT / 100
 # memory bandwidth, not measured.
 WARMUP_STATE_RATE = 2.0e9
 WARMUP_PINNED_RATE = 17.2e9
+# Under host the first step also adopts the CPU's share: its state made and each parameter's
+# host copy taken (transit_host's adopt), at this rate in state bytes (prediction_records.HOST_FIT).
+WARMUP_HOST_RATE = 3.0e9
 
 
 def streamed_offload(req, est) -> float:
@@ -52,6 +63,23 @@ def step_mode(req) -> str:
     return req.overlap if req.overlap is not None else DEFAULT_OVERLAP["advise"]
 
 
+def state_rate(req) -> float:
+    """Bytes of optimizer state a second the step serves from the host, per GPU: the link's
+    for the streamed step, plus the CPU's share of the node's cores under host."""
+    mode = step_mode(req)
+    if mode == "host":
+        return STREAM_LINK_SHARE * req.gpu.host_link + HOST_STEP_RATE_PER_CORE * req.host_cores / req.gpus_per_node
+    return (STREAM_LINK_SHARE if mode == "stream" else STATE_LINK_SHARE) * req.gpu.host_link
+
+
+def host_share(req) -> float:
+    """The share of the offloaded state whose update runs on the CPU under host (0 otherwise):
+    the CPU's part of state_rate, as the split balances it."""
+    if step_mode(req) != "host":
+        return 0.0
+    return 1 - STREAM_LINK_SHARE * req.gpu.host_link / state_rate(req)
+
+
 def host_terms(req, c) -> dict:
     """The step's parts in seconds: compute, and the host link's share of what is offloaded.
     advise keeps on the GPU hot data first, then the fp32 master weights, then optimizer
@@ -68,12 +96,18 @@ def host_terms(req, c) -> dict:
     opt = min(c.offload, c.est.optimizer)
     master = min(c.offload - opt, max(0.0, c.est.cold - c.est.optimizer))
     state_link = STATE_LINK_SHARE * req.gpu.host_link
-    opt_link = (STREAM_LINK_SHARE if step_mode(req) == "stream" else STATE_LINK_SHARE) * req.gpu.host_link
-    return {"compute_s": t_compute, "state_s": opt / opt_link + master / state_link,
+    return {"compute_s": t_compute, "state_s": opt / state_rate(req) + master / state_link,
             "master_reads_s": c.microsteps * 2 * master / req.gpu.host_link,
             "spill_s": c.microsteps * 2 * c.spill / req.gpu.fault_link,
-            "warm_up_s": opt / (WARMUP_PINNED_RATE if step_mode(req) == "stream" else WARMUP_STATE_RATE)
-            + master / WARMUP_STATE_RATE}
+            "warm_up_s": _warm_up_s(req, opt) + master / WARMUP_STATE_RATE}
+
+
+def _warm_up_s(req, opt: float) -> float:
+    """The first step's seconds to make `opt` bytes of offloaded state, by the step's mode."""
+    if step_mode(req) not in RING_OVERLAP_MODES:
+        return opt / WARMUP_STATE_RATE
+    cpu = host_share(req)
+    return (1 - cpu) * opt / WARMUP_PINNED_RATE + cpu * opt / WARMUP_HOST_RATE
 
 
 def efficiency_of(t: dict) -> float:

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field, replace
 from transit_launch.checks import integer, real
 from transit_launch.errors import UsageError
 from transit_launch.planning import choice
-from transit_launch.planning.efficiency import SHIM_RESERVED_GAP, efficiency_of, host_terms, step_mode, streamed_offload
+from transit_launch.planning.efficiency import (SHIM_RESERVED_GAP, efficiency_of, host_share, host_terms, step_mode,
+                                                 streamed_offload)
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE, GPU, MAX_GPUS_PER_NODE
 from transit_launch.planning.memory import (PRECISIONS, RECOMPUTE, Estimate, Layout, check_degrees, estimate,
                                             titan_precision)
 from transit_launch.planning.models import ModelCard
 from transit_launch.planning.traffic import Traffic, per_node
-from transit_launch.rules import RING_OVERLAP_MODES, STAGE_RING_BYTES, UNPLANNED_OVERLAP, format_size, overlap_refusal
+from transit_launch.rules import RING_OVERLAP_MODES, STAGE_RING_BYTES, format_size, overlap_refusal
 from transit_launch.units import gb
 
 PRESETS = ("fsdp", "fsdp+tp", "tp+pp", "fsdp+ep")
@@ -40,6 +41,13 @@ DEFAULT_HOST_MEM = 2000e9
 # GPU nodes 0.5 to 4 TB): `--host-mem 999TB` is a typo too (docs/plan.md).
 MIN_HOST_MEM = 2**30
 MAX_HOST_MEM = 64 * 2**40
+# Host cores per node (DGX H100/H200: two 56-core CPUs): what --overlap host's CPU update
+# shares among the node's ranks. Override with --host-cores; submit takes the job's CPUs.
+DEFAULT_HOST_CORES = 112
+MAX_HOST_CORES = 4096
+# --overlap host keeps an fp32 copy of each parameter it updates on the host beside its state:
+# AdamW's state is 8 B a parameter, the copy 4 B.
+HOST_COPY_PER_STATE_BYTE = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class Request:
     gpu: GPU
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     host_mem: float = DEFAULT_HOST_MEM
+    host_cores: int = DEFAULT_HOST_CORES
     parallel: str = "fsdp"
     tp: int | None = None
     pp: int | None = None
@@ -71,12 +80,15 @@ class Request:
             raise UsageError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.recompute not in RECOMPUTE:
             raise UsageError(f"recompute {self.recompute!r} is not one of {', '.join(RECOMPUTE)}")
-        for name in ("gpus_per_node", "seq_len", "local_batch", "global_batch", "tp", "pp", "ep", "max_nodes"):
+        for name in ("gpus_per_node", "host_cores", "seq_len", "local_batch", "global_batch", "tp", "pp", "ep",
+                     "max_nodes"):
             v = getattr(self, name)
             if v is not None and (not integer(v) or v < 1):
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if self.gpus_per_node > MAX_GPUS_PER_NODE:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node}: no node has more than {MAX_GPUS_PER_NODE} GPUs")
+        if self.host_cores > MAX_HOST_CORES:
+            raise UsageError(f"--host-cores {self.host_cores}: no node has more than {MAX_HOST_CORES} cores")
         if not real(self.host_mem) or self.host_mem < MIN_HOST_MEM:
             raise UsageError(f"--host-mem must be at least 1GiB, got {self.host_mem!r} bytes")
         if self.host_mem > MAX_HOST_MEM:
@@ -90,9 +102,6 @@ class Request:
             raise UsageError(f"max_nodes {self.max_nodes} is above the planner's {MAX_NODES}")
         if self.overlap is not None and overlap_refusal(self.overlap):
             raise UsageError(f"overlap {overlap_refusal(self.overlap)}")
-        if self.overlap in UNPLANNED_OVERLAP:
-            raise UsageError(f"--overlap {self.overlap} is an experiment the plan has no cost model for yet (see "
-                             "bench/RESULTS.md); `transit-launch run --overlap host` runs it")
 
 
 @dataclass
@@ -169,12 +178,14 @@ def evaluate(req: Request, nodes: int, lay: Layout, offloads: bool = True) -> Ca
     # (also where the estimate alone fits: the budget bounds what is reserved, gap included)
     c.offload = max(0.0, est.total * (1 + SHIM_RESERVED_GAP) - req.gpu.memory)
     mode = step_mode(req)
-    # the streamed step (host is refused by Request: no cost model yet) pays its ring from the budget
+    # the streamed step (and host's streamed share) pays its ring from the budget
     ring = mode in RING_OVERLAP_MODES and c.offload > 0
     if ring:
         c.offload = streamed_offload(req, est)
     c.spill = max(0.0, c.offload - est.cold)
-    c.host_per_node = req.gpus_per_node * (c.offload + HOST_BYTES_PER_RANK)
+    # host's CPU share keeps its parameters' fp32 copies on the host too
+    copies = host_share(req) * min(c.offload, est.optimizer) * HOST_COPY_PER_STATE_BYTE
+    c.host_per_node = req.gpus_per_node * (c.offload + copies + HOST_BYTES_PER_RANK)
     c.fits_host = c.host_per_node <= req.host_mem * HOST_USABLE_FRACTION
     # rounded once here, so every output (table, --json, --plot, messages) shows the same percent
     if c.offload:
@@ -182,6 +193,8 @@ def evaluate(req: Request, nodes: int, lay: Layout, offloads: bool = True) -> Ca
         c.efficiency, c.warm_up_s = round(efficiency_of(t), 4), t["warm_up_s"]
     if ring and req.overlap == "stream":  # asked for; as advise's default it is not repeated on every row
         c.notes.append(f"stream: {STAGE_RING_BYTES >> 20} MiB ring")
+    if ring and mode == "host":
+        c.notes.append(f"host: {host_share(req):.0%} of the state updated by the CPU")
     if c.spill:
         c.notes.append(f"{gb(c.spill)} GB of hot data (gradients/activations) must leave the GPU")
     if not c.fits_host:

@@ -97,6 +97,7 @@ def plan_json(p: Plan) -> dict:
         "gpu": {"name": req.gpu.name, "memory_gb": gb(req.gpu.memory), "capacity_gb": gb(req.gpu.physical)},
         "gpus_per_node": req.gpus_per_node,
         "host_gb_per_node": gb(req.host_mem),
+        "host_cores_per_node": req.host_cores,
         "parallel": req.parallel,
         "global_batch": req.global_batch,
         "min_efficiency": req.min_efficiency,  # what the recommendation must keep

@@ -88,7 +88,7 @@ def cmd_render(a, command):
         raise UsageError("render needs the training command after --, e.g. -- python train.py")
     p = None
     if a.model or a.torchtitan:
-        p = plan(request(a))
+        p = plan(request(a, host_cores=getattr(a, "cpus_per_task", None)))  # the job's CPUs, where given
     elif not (a.nodes or a.local):
         raise UsageError("render needs --model or --torchtitan (to plan the node count) or --nodes")
     if a.local and (a.nodes or 1) != 1:
@@ -144,7 +144,7 @@ def cmd_submit(a, command):
     if a.parsable and (a.json or a.dry_run):  # before the plan and sbatch: one line on bad input
         raise UsageError(f"--parsable prints the job id alone; {'--json' if a.json else 'a --dry-run'} "
                          f"{'prints its own' if a.json else 'has none'}")
-    done = submit(sub, lambda gpn, host_mem, gpu: request(a, gpn, host_mem, gpu))
+    done = submit(sub, lambda gpn, host_mem, gpu, cores: request(a, gpn, host_mem, gpu, cores))
     print(f"transit-launch: {done.hardware}", file=sys.stderr)
     print(f"transit-launch: {done.nodes} node(s): {done.why}", file=sys.stderr)
     _warn(done.warnings)

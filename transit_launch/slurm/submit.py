@@ -44,8 +44,8 @@ class Submitted:
 
 
 def submit(sub: Submission, make_request) -> Submitted:
-    """make_request(gpus_per_node, host_mem, gpu) -> plan.Request: the planner's request once the
-    partition's hardware is known (explicit options win over it). The node count is plan's
+    """make_request(gpus_per_node, host_mem, gpu, host_cores) -> plan.Request: the planner's
+    request once the partition's hardware and the job's CPUs are known (explicit options win). The node count is plan's
     recommendation within the partition's nodes (planning.choice decides for plan, render
     and submit alike), or the one asked for, explained."""
     from transit_launch.planning.choice import explain
@@ -78,7 +78,7 @@ def submit(sub: Submission, make_request) -> Submitted:
                              "--gpu, and a --constraint that picks those nodes")
         from transit_launch.planning.hardware import gpu_from_gres_type
         gpu = gpu_from_gres_type(part.gpu_types[0])
-    req = make_request(part.gpus_per_node if part else None, host_mem, gpu)
+    req = make_request(part.gpus_per_node if part else None, host_mem, gpu, sub.job.cpus_per_task)
     if part and sub.nodes is None:
         # auto searches the partition's nodes only; a count the user chose is planned as
         # `plan` would and explained (with warnings), not refused for the partition's sake
