@@ -80,7 +80,8 @@ NOT_ADVISE = {
         "the build before regions were cut at the grain and embedding tables hinted sparse: 1.1 GB over the budget "
         "sent the whole 2.1 GB output projection zero-copy, 4 points slower",
 }
-STREAMED = "optimizer steps streamed through the copy engines"  # the adapter's line at exit
+# the adapter's line at exit, for the records made before its counters reached the stats report
+STREAMED = "optimizer steps streamed through the copy engines"
 # points past the target, each with its measured reason; tests/test_prediction.py checks the reason
 OFF_TARGET = {
     (D2 + "torchtitan-2/titan_steps_accum1_stream.json", "advise:TRANSIT_OVERLAP_STEP=0+STATE_OFF=0.5"):
@@ -125,7 +126,7 @@ def points(paths=None):
                     or r["env"].get(OVERLAP_ENV, "0") not in ("0", "stream"):
                 continue
             stats = r["stats"][0]
-            step = "streamed" if any(STREAMED in line for line in r.get("adapter_lines", [])) else "in place"
+            step = "streamed" if _streamed(r, stats) else "in place"
             yield {"file": key[0], "run": r["name"], "step": step, "layers": d["layers"], "microbatches": d["accum"],
                    "seq_len": d["seq_len"], "budget": r["budget"], "measured": _steady(ref["step_s"]) / _steady(r["step_s"]),
                    "host_bytes": stats["host_placed_bytes"] + stats.get("host_state_bytes", 0), "reserved": r["max_reserved"],
@@ -133,6 +134,14 @@ def points(paths=None):
                    "first_step_extra_s": r["optimizer_s"][0] - ref["optimizer_s"][0],
                    "fit": FIT.get(key, ()), "other_build": OTHER_BUILD.get(key), "pool_off": "TRANSIT_STATE_POOL" in r["env"],
                    "off_target": OFF_TARGET.get(key), "warm_up_overstated": WARM_UP_OVERSTATED.get(key)}
+
+
+def _streamed(run, stats) -> bool:
+    """Whether the run's step streamed: the adapter's counters in the stats report, or its line
+    in a record older than them."""
+    if "adapter" in stats:
+        return stats["adapter"].get("mode") == "stream"
+    return any(STREAMED in line for line in run.get("adapter_lines", []))
 
 
 def predict(pt):
