@@ -101,6 +101,31 @@ def test_adapter_modules_import_each_other_at_module_level_only():
     assert {"transit_rules", "transit_step", "transit_staging"} <= flat
 
 
+def shared_privates(defined):
+    """The private names two adapter modules both define: obj._name, where obj is the other
+    module's object, would pass for the module's own (the scan cannot tell the objects apart)."""
+    seen, shared = {}, {}
+    for module, names in defined.items():
+        for name in names:
+            if name in seen:
+                shared[name] = (seen[name], module)
+            seen.setdefault(name, module)
+    return shared
+
+
+def test_no_two_adapter_modules_define_the_same_private_name():
+    defined = {name: _privates(ast.parse(path.read_text())) for name, path in MODULES.items()}
+    assert not shared_privates(defined)
+
+
+def test_a_shared_private_name_is_found():
+    """The blind spot it closes: transit_host and transit_streamed both had `_once`, so
+    `self.streamed._once(...)` in one read as its own."""
+    defined = {"a": _privates(ast.parse("class A:\n    def _once(self):\n        pass\n")),
+               "b": _privates(ast.parse("def _say():\n    pass\nclass B:\n    def _once(self):\n        pass\n"))}
+    assert shared_privates(defined) == {"_once": ("a", "b")}
+
+
 def test_no_adapter_module_uses_another_ones_private_names():
     defined = {name: _privates(ast.parse(path.read_text())) for name, path in MODULES.items()}
     found = {}

@@ -29,7 +29,6 @@ refuses too, sparse or non-contiguous tensors.
 
 import atexit
 import itertools
-import sys
 import threading
 import time
 import weakref
@@ -160,10 +159,6 @@ def _state_tensors(opt):
     """How many parameter-shaped state tensors the optimizer keeps (Adam's two moments, SGD's
     momentum)."""
     return 2 if type(opt).__name__ in ("Adam", "AdamW") else 1
-
-
-def _say(msg):
-    print(f"transit adapter: {msg}", file=sys.stderr, flush=True)
 
 
 def _local(t):
@@ -357,7 +352,7 @@ class HostStep:
     def report(self):
         s = self.stats
         if s["steps"]:
-            _say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['stream_params']} "
+            transit_step.say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['stream_params']} "
                  f"streamed (share on the host {s['share']:.2f}), {s['resident_params']} left to the GPU step; "
                  f"gradients copied again at the step {s['recopied']} times, scaled by a clip {s['clipped']} times; "
                  f"seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
@@ -408,7 +403,7 @@ class HostStep:
             try:
                 host.on_clip(params, max_norm, total_norm)
             except Exception as e:  # never the reason a job dies: the step copies again
-                _say(f"host step: clipping not followed ({e!r}); gradients are copied again at the step")
+                transit_step.say(f"host step: clipping not followed ({e!r}); gradients are copied again at the step")
                 host.clip_broken = True
             return out
 
@@ -489,7 +484,7 @@ class HostStep:
             opt = plan.opt()
             if opt is not None:
                 self._give_back(opt, plan)
-                self._once(opt, f"an error in the host step's worker: {job.error!r} (this step's update of "
+                self._off(opt, f"an error in the host step's worker: {job.error!r} (this step's update of "
                                 f"its host parameters may be partial)")
 
     # --- the hooks ----------------------------------------------------------------------------
@@ -513,7 +508,7 @@ class HostStep:
                 self._await_end()
             except Exception as e:
                 if not self.hook_failed:
-                    _say(f"host step: a gradient hook failed ({e!r}); such gradients are copied at the step")
+                    transit_step.say(f"host step: a gradient hook failed ({e!r}); such gradients are copied at the step")
                 self.hook_failed = True
 
     def _down(self, rec):
@@ -568,11 +563,11 @@ class HostStep:
             return
         try:
             plan = self.plans.get(opt)
-            why = self._why_not(opt, args, kwargs)
+            why = self._refusal(opt, args, kwargs)
             if why:
                 if plan is not None:
                     self._give_back(opt, plan)
-                self._once(opt, why)
+                self._off(opt, why)
                 return
             if plan is None:
                 t0 = time.perf_counter()
@@ -585,7 +580,7 @@ class HostStep:
             plan = self.plans.get(opt)
             if plan is not None:
                 self._give_back(opt, plan)
-            self._once(opt, f"an error in the host step: {e!r}")
+            self._off(opt, f"an error in the host step: {e!r}")
 
     def post_step(self, opt, args, kwargs):
         plan = self.plans.get(opt)
@@ -601,12 +596,12 @@ class HostStep:
 
     # --- adopting and stepping ------------------------------------------------------------------
 
-    def _once(self, opt, why):
+    def _off(self, opt, why):
         if opt not in self.said:
             self.said[opt] = why
-            _say(f"host step off for {type(opt).__name__}: {why}; its step runs as without the adapter")
+            transit_step.say(f"host step off for {type(opt).__name__}: {why}; its step runs as without the adapter")
 
-    def _why_not(self, opt, args, kwargs):
+    def _refusal(self, opt, args, kwargs):
         if transit_step.raw_step(opt) is None:
             return f"not torch.optim's Adam, AdamW or SGD ({type(opt).__name__})"
         why = transit_step.step_refusal(opt, args, kwargs, [self.pre_step, self.post_step, *self.ours])
@@ -678,7 +673,7 @@ class HostStep:
             if chunk:
                 plan.chunks.append(self._chunk(cls, opt, gi, chunk))
         if not plan.recs:
-            self._once(opt, "the streamed step has all of its state" if offloaded else
+            self._off(opt, "the streamed step has all of its state" if offloaded else
                        "its state fits the GPU budget: nothing to step on the host")
             return None
         self.plans[opt] = plan
@@ -691,7 +686,7 @@ class HostStep:
         if self.on_host:
             self.on_host()
         if dtensor:
-            _say(f"host step for {cls.__name__}: {DTENSOR_STATE}")
+            transit_step.say(f"host step for {cls.__name__}: {DTENSOR_STATE}")
         return plan
 
     def _bounce(self, dev):
@@ -705,7 +700,7 @@ class HostStep:
         mem, why = transit_staging.device_buffer(self.device_memory, dev, 2 * self.bounce_bytes, self,
                                                  "bounce buffer of the host step")
         if mem is None:
-            _say(f"host step: {why}: its copies on {dev} go direct")
+            transit_step.say(f"host step: {why}: its copies on {dev} go direct")
             return
         self.bounces[dev] = (_DownRing(mem[:self.bounce_bytes]), _UpRing(mem[self.bounce_bytes:]))
 

@@ -32,7 +32,6 @@ tensors, a state homed in part.
 
 import atexit
 import contextlib
-import sys
 import weakref
 
 import transit_step  # the verified step (raw_step) and the refusals the step modes share
@@ -45,10 +44,6 @@ ZERO_STATE = ("Adam", "AdamW")
 # the arguments of Adam's _init_group besides `group` (torch 2.11 passes amsgrad, 2.13 does
 # not): the lists it fills, and amsgrad, taken from the group
 INIT_LISTS = ("params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
-
-
-def _say(msg):
-    print(f"transit adapter: {msg}", file=sys.stderr, flush=True)
 
 
 class StreamedStep:
@@ -80,7 +75,7 @@ class StreamedStep:
 
     def report(self):
         if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
-            _say(f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
+            transit_step.say(f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
                  f"{self.slices} slices; a {self.staging.limit / 2**20:.0f} MiB ring on each GPU; {self.resident} "
                  "parameters stepped in place, their state held on the GPU by the budget; "
                  f"{self.unfilled / 1e9:.2f} GB of first-step state started from zeros in the ring)")
@@ -142,7 +137,7 @@ class StreamedStep:
     def _once(self, opt, why):
         if opt not in self.said:
             self.said[opt] = why
-            _say(f"step streaming off for {type(opt).__name__}: {why}; its step runs as without the adapter")
+            transit_step.say(f"step streaming off for {type(opt).__name__}: {why}; its step runs as without the adapter")
 
     def _why_not(self, opt, args, kwargs):
         if opt in self.said:
