@@ -90,3 +90,61 @@ def test_the_cli_plans_host_and_takes_the_cores(cli):
     for bad in ("0", "-3", "x", "5000"):
         rc, out, err = cli("plan", "--model", "llama3-70b", "--host-cores", bad)
         assert rc == 2 and out == "" and err.count("\n") == 1 and "--host-cores" in err, (bad, err)
+
+
+def _llama70b(**kw):
+    from transit_launch.planning.hardware import GPUS
+    return Request(card=load_model("llama3-70b"), gpu=GPUS["h100-80gb"], overlap="host", **kw)
+
+
+def test_the_cpus_rate_is_the_nodes_cores_shared_by_its_gpus():
+    """Derived by hand: 51.2 GB/s of link plus 0.73 GB/s a core x 112 cores / 4 GPUs = 71.64
+    GB/s a GPU, the CPU's share 20.44 / 71.64; a node of 8 GPUs and 112 cores gives each GPU
+    what one of 4 GPUs and 56 cores does."""
+    assert efficiency.state_rate(_llama70b(gpus_per_node=4, host_cores=112)) == pytest.approx(
+        51.2e9 + 0.73e9 * 112 / 4)
+    assert efficiency.host_share(_llama70b(gpus_per_node=4, host_cores=112)) == pytest.approx(20.44 / 71.64, abs=1e-3)
+    assert efficiency.host_share(_llama70b(gpus_per_node=8, host_cores=112)) == pytest.approx(
+        efficiency.host_share(_llama70b(gpus_per_node=4, host_cores=56)))
+
+
+def test_the_first_step_adopts_the_cpus_share_at_its_own_rate():
+    """host's first step makes the streamed share's state at the pinned rate and adopts the
+    CPU's share at WARMUP_HOST_RATE: by hand, offload x (0.715 / 17.2 GB/s + 0.285 / 3 GB/s)."""
+    from transit_launch.planning.plan import evaluate, layout_for
+    req = _llama70b(gpus_per_node=4, host_cores=112)
+    c = evaluate(req, 4, layout_for(req, 4))  # 4 nodes: only optimizer state offloaded
+    share = efficiency.host_share(req)
+    assert 0 < c.offload < c.est.optimizer
+    assert c.warm_up_s == pytest.approx(c.offload * ((1 - share) / 17.2e9 + share / 3.0e9), rel=1e-6)
+    stream = replace(req, overlap="stream")
+    assert c.warm_up_s > evaluate(stream, 4, layout_for(stream, 4)).warm_up_s
+
+
+def test_the_parameter_copies_are_of_the_optimizer_state_only_when_hot_data_spills_too(cli):
+    """At 2 nodes the plan offloads more than the optimizer state (hot data too): the CPU's
+    fp32 copies are of the parameters whose state it updates, not of the spill. By hand, per
+    node: 4 GPUs x (offload + 0.5 x share x the optimizer state + 10 GB a rank)."""
+    import json
+    rc, out, err = cli("plan", "--model", "llama3-70b", "--overlap", "host", "--json")
+    assert rc == 0, err
+    row = next(o for o in json.loads(out)["options"] if o["nodes"] == 2)
+    opt = row["per_gpu_gb"]["optimizer"]
+    assert row["offload_gb_per_gpu"] > opt
+    share = efficiency.host_share(_llama70b(gpus_per_node=4, host_cores=112))
+    assert row["host_gb_per_node"] == pytest.approx(4 * (row["offload_gb_per_gpu"] + 0.5 * share * opt + 10), abs=0.05)
+
+
+def test_render_plans_on_its_cpus_per_task(cli):
+    """render --cpus-per-task 8 plans host's CPU update on 8 cores a node, as plan --host-cores 8."""
+    import json
+    rc, out, err = cli("render", "--model", "llama3-70b", "--overlap", "host", "--nodes", "3", "--cpus-per-task", "8",
+                       "--", "python3", "train.py")
+    assert rc == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("export TRANSIT_PLAN="))
+    got = json.loads(line.split("=", 1)[1].strip("'"))["predicted_efficiency"]
+    rc, out, err = cli("plan", "--model", "llama3-70b", "--overlap", "host", "--host-cores", "8", "--json")
+    want = next(o["predicted_efficiency"] for o in json.loads(out)["options"] if o["nodes"] == 3)
+    rc, out, err = cli("plan", "--model", "llama3-70b", "--overlap", "host", "--json")
+    default = next(o["predicted_efficiency"] for o in json.loads(out)["options"] if o["nodes"] == 3)
+    assert got == want < default

@@ -26,17 +26,18 @@ def slurm_env(lab, monkeypatch):
 
 
 def _request(seen):
-    def make(gpus_per_node, host_mem, gpu):
-        seen.append((gpus_per_node, host_mem, gpu))
+    def make(gpus_per_node, host_mem, gpu, host_cores):
+        seen.append((gpus_per_node, host_mem, gpu, host_cores))
         return Request(card=load_model("llama3-8b"), gpu=gpu_profile(None),
-                       gpus_per_node=gpus_per_node or 4, host_mem=host_mem or 2000e9)
+                       gpus_per_node=gpus_per_node or 4, host_mem=host_mem or 2000e9, host_cores=host_cores or 112)
     return make
 
 
 def test_partition_hardware_reaches_the_planner(slurm_env):
     seen = []
     done = submit(Submission(["python", "train.py"], dry_run=True), _request(seen))
-    assert seen == [(4, 1_000_000 * 2**20, None)]  # gres gpu:4 (no type) and RealMemory=1000000 MB, as numbers
+    # gres gpu:4 (no type), RealMemory=1000000 MB as numbers, and the node's 2 CPUs, the job's
+    assert seen == [(4, 1_000_000 * 2**20, None, 2)]
     assert done.job_id is None and done.nodes >= 1 and "no fewer nodes can run this layout" in done.why
     assert f"#SBATCH --nodes={done.nodes}" in done.script and "#SBATCH --gpus-per-node=4" in done.script
 
