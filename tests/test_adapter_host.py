@@ -593,3 +593,104 @@ def test_the_split_shares_calibration_steps_with_the_workers_threads(monkeypatch
         assert seen == [threads - 1, threads - 1] and torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_failed_calibration_gives_the_threads_back(monkeypatch):
+    """A calibration step that raises (the job goes on: pre_step catches it) still gives the
+    application its intra-op threads back."""
+    import torch
+
+    th = load("transit_host")
+    real, calls = th.transit_step.raw_step, []
+
+    def failing(opt):
+        step = real(opt)
+
+        def once_then_fail(o):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("boom")
+            return step(o)
+        return once_then_fail
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    try:
+        threads = torch.get_num_threads()
+        monkeypatch.setattr(th.transit_step, "raw_step", failing)
+        s = th.SplitShare()
+        s.CALIBRATE_ELEMS = 1 << 12
+        with pytest.raises(RuntimeError, match="boom"):
+            s(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))]), True)
+        assert len(calls) == 2 and torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Event:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Stream:
+    """A CUDA stream as the rings use it, recording what each stream is told to wait for."""
+
+    def __init__(self, name, log):
+        self.name, self.log, self.n = name, log, 0
+
+    def record_event(self):
+        self.n += 1
+        return _Event(f"{self.name}{self.n}")
+
+    def wait_event(self, ev):
+        self.log.append((self.name, ev.name))
+
+
+@pytest.fixture
+def streams(monkeypatch):
+    """Recorded streams in place of CUDA's (the copies themselves run on the CPU, in turn)."""
+    import contextlib
+
+    import torch
+
+    log = []
+    compute = _Stream("compute", log)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: compute)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    return log, lambda name: _Stream(name, log)
+
+
+def test_the_down_ring_reuses_a_piece_only_after_its_copy_down(streams):
+    """A ring of 4 pieces of 512 B and a 4096 B gradient (8 pieces): piece k+4 is written on
+    the compute stream only after the copy stream's copy of piece k (its event down k), and
+    each copy down waits for its piece's write on the compute stream."""
+    import torch
+
+    log, stream = streams
+    th = load("transit_host")
+    ring = th._DownRing(torch.zeros(2048, dtype=torch.uint8))
+    src, dst = torch.arange(1024, dtype=torch.float32), torch.empty(1024)
+    done = ring.send(dst, src, stream("down"))
+    assert torch.equal(dst, src) and done.name == "down8"
+    assert [ev for who, ev in log if who == "compute"] == ["down1", "down2", "down3", "down4"]
+    assert [ev for who, ev in log if who == "down"] == [f"compute{i}" for i in range(1, 9)]
+    # each reuse waits before the write that reuses the piece: down k before compute's event k + 4
+    order = [ev for _, ev in log]
+    assert all(order.index(f"down{k}") < order.index(f"compute{k + 4}") for k in range(1, 5))
+
+
+def test_the_up_ring_reuses_a_piece_only_after_its_device_copy(streams):
+    """The same ring up: piece k+4 crosses (the copy stream) only after the high-priority
+    stream's device copy out of piece k, and each device copy waits for its piece's crossing."""
+    import torch
+
+    log, stream = streams
+    th = load("transit_host")
+    ring = th._UpRing(torch.zeros(2048, dtype=torch.uint8))
+    src, dst = torch.arange(1024, dtype=torch.float32), torch.empty(1024)
+    done = ring.send(dst, src, stream("across"), stream("dev"))
+    assert torch.equal(dst, src) and done.name == "dev8"
+    assert [ev for who, ev in log if who == "across"] == ["dev1", "dev2", "dev3", "dev4"]
+    assert [ev for who, ev in log if who == "dev"] == [f"across{i}" for i in range(1, 9)]
+    order = [ev for _, ev in log]
+    assert all(order.index(f"dev{k}") < order.index(f"across{k + 4}") for k in range(1, 5))
