@@ -79,8 +79,8 @@ def test_band_curves_and_cli(cli):
 
 
 def test_band_bad_input(cli):
-    for args, why in ((["--node-failures", "0.1", "--no-band"], "--node-failures report has none"),
-                      (["--efficiency", "titan-mb3"], "--efficiency takes planner, linear, titan-mb1")):
+    for args, why in ((["--efficiency", "titan-mb3"], "--efficiency takes planner, linear, titan-mb1"),
+                      (["--node-failures", "0.1", "--efficiency", "titan-mb3"], "--efficiency takes planner")):
         rc, out, err = cli("simulate", "--synthetic", "20", *args)
         assert rc == 2 and why in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

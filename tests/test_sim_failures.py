@@ -181,3 +181,57 @@ def test_availability_and_collapse_by_hand():
     assert (report(o)["offered_load"], report(o)["collapsed"]) == (pytest.approx(0.5), False)
     o.availability = 0.2
     assert (report(o)["offered_load"], report(o)["collapsed"]) == (pytest.approx(1.25), True)
+
+
+def test_goodput_band_over_curves_and_seeds_by_hand():
+    # The trace of test_requeue_against_scale_in_by_hand under two curves, at two "seeds":
+    # one with node 0 failing at 2.5 h, one with no failure. All times in h.
+    # Failure, scale-in at 3/4 x 0.8 (curve a): A ends 11.86, B 13.86 (that test): owed
+    #   16 x 11.86 + 4 x 10.86 = 233.2, goodput 168 / 233.2 = 0.7204.
+    # Failure, scale-in at 3/4 x 0.6 = 0.45 (curve b): 8 h left at 2.5; (5.5 - 2.6) x 0.45 =
+    #   1.305 done when node 0 returns: 6.695 left from 5.6, A ends 12.295, B runs to
+    #   14.295: owed 16 x 12.295 + 4 x 11.295 = 241.9, goodput 168 / 241.9 = 0.6945.
+    # No failure: A 0-10, B 10-12 under either curve: owed 160 + 4 x 9 = 196: 0.8571.
+    # Requeue never runs a job on fewer nodes: 0.7447 (failure) and 0.8571 under both.
+    # Band of scale-in: means a (0.7204 + 0.8571) / 2 = 0.78875, b (0.6945 + 0.8571) / 2 =
+    # 0.7758: b..a; the seeds' range 0.6945..0.8571. Requeue's: flat at (0.7447 + 0.8571) / 2.
+    from transit_launch.sim.failures import goodput_band
+    t = Trace(submit=[0.0, 3 * H], duration=[10 * H, 2 * H], gpus=[16, 4], ids=["A", "B"], source="hand", types=[],
+              states=[])
+    curves = {"a": Curve("a", ((0.0, 1.0), (0.25, 0.8))), "b": Curve("b", ((0.0, 1.0), (0.25, 0.6)))}
+    seeds = [Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((2.5 * H, 0),)),
+             Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1)]
+    goodputs = {pol: {label: [report(replay(t, 1, 16, 4, pol, f, c))["goodput"] for f in seeds]
+                      for label, c in curves.items()} for pol in ("requeue", "scale-in")}
+    assert goodputs["scale-in"] == {"a": pytest.approx([0.7204, 0.8571], abs=1e-4),
+                                    "b": pytest.approx([0.6945, 0.8571], abs=1e-4)}
+    assert goodputs["requeue"]["a"] == goodputs["requeue"]["b"] == pytest.approx([0.7447, 0.8571], abs=1e-4)
+    rows = {r["policy"]: r for r in goodput_band(goodputs)}
+    si = rows["scale-in"]
+    assert (si["metric"], si["unit"], si["lowest"], si["highest"]) == ("goodput", "share", "b", "a")
+    assert si["by_curve"] == {"a": pytest.approx(0.7888, abs=1e-4), "b": pytest.approx(0.7758, abs=1e-4)}
+    assert si["band"] == [si["by_curve"]["b"], si["by_curve"]["a"]]
+    assert si["seeds"] == pytest.approx([0.6945, 0.8571], abs=1e-4)
+    rq = rows["requeue"]
+    assert rq["band"] == [pytest.approx(0.8009, abs=1e-4)] * 2 and rq["seeds"] == pytest.approx([0.7447, 0.8571],
+                                                                                                  abs=1e-4)
+
+
+def test_goodput_band_in_the_cli(cli):
+    # each curve's column is the goodput a run with that --efficiency curve alone gives;
+    # requeue reads no curve (flat); --no-band leaves the rows out
+    args = ("simulate", "--synthetic", "300", "--racks", "4", "--node-failures", "0.05", "--quiet", "--seeds", "2")
+    rc, out, err = cli(*args, "--json")
+    assert rc == 0, err
+    d = json.loads(out)["band"]
+    labels = [c["label"] for c in d["curves"]]
+    assert labels == ["planner", "titan-mb1", "titan-mb8", "titan-mb16"]
+    rows = {r["policy"]: r for r in d["rows"]}
+    assert len(set(rows["requeue"]["by_curve"].values())) == 1
+    rc, alone, err = cli(*args, "--json", "--no-band", "--on-node-loss", "scale-in", "--efficiency", "titan-mb1")
+    got = [r["goodput"] for r in json.loads(alone)["runs"]]
+    assert json.loads(alone)["band"]["rows"] == []
+    assert rows["scale-in"]["by_curve"]["titan-mb1"] == round(sum(got) / 2, 4)
+    assert rows["scale-in"]["seeds"][0] <= min(got) and max(got) <= rows["scale-in"]["seeds"][1]
+    rc, text, _ = cli(*args)
+    assert "goodput over the efficiency curves" in text and "seeds' range" in text

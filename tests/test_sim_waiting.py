@@ -109,7 +109,7 @@ def test_the_room_outside_the_reserved_nodes(seed):
     cl, _ = _busy_cluster(rng, rng.randrange(1, 9), gpn, 4)
     for size in (0, 1, cl.n_nodes // 2, cl.n_nodes):
         blocked = frozenset(rng.sample(range(cl.n_nodes), size))
-        held, whole, most = backfill._room_outside(cl, blocked)
+        (whole, most), held = backfill._room_outside(cl, blocked), backfill._held(cl, blocked)
         assert sorted(held) == sorted((node, cl.free[node]) for node in blocked if cl.free[node])
         assert whole == sum(1 for node in range(cl.n_nodes) if cl.free[node] == gpn and node not in blocked)
         assert most == max([cl.free[node] for node in range(cl.n_nodes) if node not in blocked] + [0])

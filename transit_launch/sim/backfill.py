@@ -44,6 +44,10 @@ class Ends:
 
     def add(self, alloc, end: float) -> None:
         self.version += 1
+        per_node = self.per_node
+        if len(alloc) > 1 and all(not per_node[node] for node, _ in alloc):
+            self._add_block([node for node, _ in alloc], end)
+            return
         for node, _ in alloc:
             ends = self.per_node[node]
             if ends and end <= ends[-1]:
@@ -59,6 +63,10 @@ class Ends:
 
     def remove(self, alloc, end: float) -> None:
         self.version += 1
+        per_node = self.per_node
+        if len(alloc) > 1 and all(len(per_node[node]) == 1 for node, _ in alloc):
+            self._remove_block([node for node, _ in alloc], end)
+            return
         for node, _ in alloc:
             ends = self.per_node[node]
             last = ends[-1]
@@ -71,28 +79,84 @@ class Ends:
                     bisect.insort(self.order, (ends[-1], node))
                     bisect.insort(rack, (ends[-1], node))
 
+    def _by_rack(self, nodes: list) -> dict:
+        """The nodes split by rack, each rack's ascending."""
+        out = {}
+        for node in sorted(nodes):
+            out.setdefault(node // self.npr, []).append(node)
+        return out
+
+    def _add_block(self, nodes: list, end: float) -> None:
+        """add() for nodes that ran nothing (a multi-node job's whole nodes): they share the
+        job's end, so their entries go in as one block, its place found once a list."""
+        for node in nodes:
+            self.per_node[node].append(end)
+        _insert_block(self.order, end, sorted(nodes))
+        for rack, group in self._by_rack(nodes).items():
+            _insert_block(self.per_rack[rack], end, group)
+
+    def _remove_block(self, nodes: list, end: float) -> None:
+        """remove() for nodes that ran that job alone: their entries, all at its end, leave
+        as one block."""
+        for node in nodes:
+            self.per_node[node].clear()
+        _delete_block(self.order, end, nodes)
+        for rack, group in self._by_rack(nodes).items():
+            _delete_block(self.per_rack[rack], end, group)
+
+
+def _same_time(line: list, end: float) -> tuple[int, int]:
+    """The slice of a sorted [(time, node)] whose entries are at `end`."""
+    lo = bisect.bisect_left(line, (end,))
+    return lo, bisect.bisect_left(line, (end, math.inf), lo)
+
+
+def _insert_block(line: list, end: float, nodes: list) -> None:
+    """(end, node) for the ascending `nodes` into the sorted `line`; merged with the other
+    entries at that time where there are any (another job ending at the same time)."""
+    lo, hi = _same_time(line, end)
+    entries = [(end, node) for node in nodes]
+    line[lo:hi] = entries if lo == hi else sorted(line[lo:hi] + entries)
+
+
+def _delete_block(line: list, end: float, nodes: list) -> None:
+    """(end, node) for each of `nodes` out of the sorted `line`."""
+    lo, hi = _same_time(line, end)
+    if hi - lo == len(nodes):
+        del line[lo:hi]
+    else:
+        gone = set(nodes)
+        line[lo:hi] = [x for x in line[lo:hi] if x[1] not in gone]
+
 
 def _overlapping(resv, s: float, e: float) -> tuple:
     """Which reservations [(start, end, nodes)] hold nodes in the window [s, e] (indices)."""
     return tuple(k for k, (rs, re, _) in enumerate(resv) if rs <= e and re > s)
 
 
-def _room_outside(cl, blocked) -> tuple[list, int, int]:
-    """The blocked nodes' free GPUs [(node, GPUs)] (those with some), then (whole nodes free
-    now, most GPUs free on one node now) off the blocked nodes: a job of n > 1 nodes fits
-    there iff n <= the first, one of g GPUs iff g <= the second. The nodes with free GPUs
-    are read instead of the blocked ones where they are fewer (a busy cluster, a large
-    reservation): the same pairs, in another order."""
+def _room_outside(cl, blocked) -> tuple[int, int]:
+    """(whole nodes free now, most GPUs free on one node now) off the blocked nodes: a job of
+    n > 1 nodes fits there iff n <= the first, one of g GPUs iff g <= the second. The
+    blocked nodes are counted by their free GPUs with a set intersection a bucket, at C
+    speed: a job that does not fit there (the common case under a large reservation) then
+    costs no walk over the nodes (_held walks them for one that does)."""
+    gpn, bucket = cl.gpn, cl.bucket
+    by_free = [0] * (gpn + 1)  # blocked nodes by their free GPUs
+    for v in range(1, gpn + 1):
+        if bucket[v]:
+            by_free[v] = len(bucket[v].intersection(blocked))
+    most = next((v for v in range(gpn, 0, -1) if len(bucket[v]) > by_free[v]), 0)
+    return cl.whole - by_free[gpn], most
+
+
+def _held(cl, blocked) -> list:
+    """The blocked nodes' free GPUs [(node, GPUs)] (those with some), taken while a job is
+    placed off them. The nodes with free GPUs are read instead of the blocked ones where
+    they are fewer (a busy cluster, a large reservation): the same pairs, in another order."""
     gpn, free, bucket = cl.gpn, cl.free, cl.bucket
     if sum(len(bucket[v]) for v in range(1, gpn + 1)) < len(blocked):
-        held = [(node, v) for v in range(1, gpn + 1) for node in bucket[v] if node in blocked]
-    else:
-        held = [(node, v) for node in blocked if (v := free[node])]
-    by_free = [0] * (gpn + 1)  # blocked nodes by their free GPUs
-    for _, v in held:
-        by_free[v] += 1
-    most = next((v for v in range(gpn, 0, -1) if len(bucket[v]) > by_free[v]), 0)
-    return held, cl.whole - by_free[gpn], most
+        return [(node, v) for v in range(1, gpn + 1) for node in bucket[v] if node in blocked]
+    return [(node, v) for node in blocked if (v := free[node])]
 
 
 def _choose(cl, extra: dict, cover: dict, n: int, g: int, strategy: str):
@@ -331,7 +395,7 @@ def _most(cl) -> int:
 def run_pass(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strategy: str, begin,
              ends: Ends | None = None) -> None:
     """A pass at `now` over the first sp.bf_max_job_test jobs of `queue` (a Waiting, changed
-    in place); begin(job) starts one (False: it did not fit); sp: SchedParams. The jobs it
+    in place); begin(job, now) starts one (False: it did not fit); sp: SchedParams. The jobs it
     starts leave the queue once the pass is over: the pass reads the queue as it began."""
     started = []
     _tests(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, begin, ends, started)
@@ -368,7 +432,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
     made = ends.made if ends is not None else None
     horizon = now + sp.bf_window
     cap, taken = sp.bf_reserve or math.inf, 0  # reservations a pass gives; made or pending
-    room = {}  # _room_outside by the reservations in a window's way; emptied at every start
+    room = {}  # (blocked nodes, _room_outside) by the reservations in a window's way; emptied at every start
     inf, failed_get = math.inf, failed.get
     first = 0  # the jobs before this one are tested
     while first <= last:
@@ -395,14 +459,18 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                 # start it on nodes no reservation holds while it would run
                 which = _overlapping(resv, now, now + length) if resv else ()
                 if which not in room:  # one reservation's nodes as they are, several's joined
-                    blocked = resv[which[0]][2] if len(which) == 1 else frozenset().union(*(resv[r][2] for r in which))
-                    room[which] = _room_outside(cl, blocked)
-                held, whole_out, most_out = room[which]
+                    if not which:  # none: the whole cluster as it is (`most` is kept current)
+                        room[which] = ((), cl.whole, most)
+                    else:
+                        blocked = resv[which[0]][2] if len(which) == 1 else frozenset().union(*(resv[r][2] for r in which))
+                        room[which] = (blocked, *_room_outside(cl, blocked))
+                blocked, whole_out, most_out = room[which]
                 ok = False
                 if (whole_out >= n) if n > 1 else shape <= most_out:
+                    held = _held(cl, blocked) if blocked else ()
                     for node, v in held:
                         cl._take(node, v)
-                    ok = begin(j)
+                    ok = begin(j, now)
                     if held:
                         cl.release(held)
                 if ok:

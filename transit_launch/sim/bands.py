@@ -54,31 +54,48 @@ def band(per_curve: list[tuple[str, list[list[dict]]]], full_racks: int) -> list
                 continue
             means = {lab: _value(key, m) for lab, m in ms}
             spreads = [_value(key, m, True) for _, m in ms]
-            lo, hi = min(means, key=means.get), max(means, key=means.get)
             rows.append({"scenario": first["scenario"], "reference": first["reference"], "metric": key,
                          "label": label, "unit": "pt" if key in POINTS else "abs" if ms[0][1]["change_pct"] is None
-                         else "%",
-                         "by_curve": means, "band": [means[lo], means[hi]], "lowest": lo, "highest": hi,
-                         "seeds": [min(s[0] for s in spreads), max(s[1] for s in spreads)]})
+                         else "%"} | spread(means, spreads))
     return rows
 
 
+def spread(means: dict, ranges: list) -> dict:
+    """A headline's band from its mean over the seeds by curve ({label: mean}, the chosen
+    curve first) and each curve's seeds' [lowest, highest]: the lowest and highest mean with
+    the curve that gives each, and the seeds' range, the lowest and highest single seed over
+    every curve. The one definition of a band: the scale-in report's and the node-failure
+    report's (sim/failures.py) rows both come from here."""
+    lo, hi = min(means, key=means.get), max(means, key=means.get)
+    return {"by_curve": means, "band": [means[lo], means[hi]], "lowest": lo, "highest": hi,
+            "seeds": [min(r[0] for r in ranges), max(r[1] for r in ranges)]}
+
+
 def _fmt(v: float, unit: str) -> str:
-    """pt: a share's change in points; abs: an absolute change (the reference was 0); %."""
+    """pt: a share's change in points; abs: an absolute change (the reference was 0); share:
+    a share itself (the node-failure report's goodput); %: a change in percent."""
     if unit == "pt":
         return f"{v * 100:+.1f} pt"
+    if unit == "share":
+        return f"{v:.2%}"
     return (f"{v:+,.0f}" if abs(v) >= 100 else f"{v:+.1f}") if unit == "abs" else _pct(v)
+
+
+def about(label: str, c: Curve) -> str:
+    """What a curve is, beside its label: a measured one's description, else its name
+    without the label ('' where they are the same)."""
+    what = {n: w for n, _, w in efficiency.MEASURED}
+    return what.get(label) or (c.name[len(label):].strip(" ()") if c.name.startswith(label + " (")
+                               else c.name if c.name != label else "")
 
 
 def legend(label: str, chosen: Curve, others: list[tuple[str, Curve]], reductions: list[float], seeds: int) -> str:
     """What each curve is, by its efficiency at the reductions asked for."""
-    what = {n: w for n, _, w in efficiency.MEASURED}
     parts = []
     for lab, c in [(label, chosen)] + others:
         at = ", ".join(f"{c(f):.1%} at {f:.0%}" for f in reductions if f > 0)
-        about = what.get(lab) or (c.name[len(lab):].strip(" ()") if c.name.startswith(lab + " (")
-                                  else c.name if c.name != lab else "")
-        parts.append(f"{lab}{' *' if lab == label else ''}: {at}" + (f" ({about})" if about else ""))
+        what = about(lab, c)
+        parts.append(f"{lab}{' *' if lab == label else ''}: {at}" + (f" ({what})" if what else ""))
     return "\n".join([f"headlines over the efficiency curves (per-GPU efficiency kept at each reduction; * the "
                       f"--efficiency curve{'; means over the seeds' if seeds > 1 else ''}):"]
                      + ["  " + p for p in parts]
@@ -92,13 +109,19 @@ def _ends(row: dict) -> list[str]:
     return ["-", "-"] if lo == hi else [row["lowest"], row["highest"]]
 
 
-def text(rows: list[dict], labels: list[str], seeds: int) -> str:
+# the columns a row is named by: (heading, the row's key)
+SCENARIO_COLUMNS = (("scenario", "scenario"), ("against", "reference"))
+
+
+def text(rows: list[dict], labels: list[str], seeds: int, lead: tuple = SCENARIO_COLUMNS) -> str:
+    """The band's table: the row's names (`lead`), the headline, its value by curve, the
+    band with the curves at its ends, and over several seeds their range."""
     def span(lo_hi, unit):
         return f"{_fmt(lo_hi[0], unit)}..{_fmt(lo_hi[1], unit)}"
     several = seeds > 1
-    head = ["scenario", "against", "headline"] + [lab + (" *" if i == 0 else "") for i, lab in enumerate(labels)] \
+    head = [h for h, _ in lead] + ["headline"] + [lab + (" *" if i == 0 else "") for i, lab in enumerate(labels)] \
         + ["band", "lowest", "highest"] + (["seeds' range"] if several else [])
-    body = [[r["scenario"], r["reference"], r["label"]] + [_fmt(r["by_curve"][lab], r["unit"]) for lab in labels]
+    body = [[r[k] for _, k in lead] + [r["label"]] + [_fmt(r["by_curve"][lab], r["unit"]) for lab in labels]
             + [span(r["band"], r["unit"])] + _ends(r) + ([span(r["seeds"], r["unit"])] if several else [])
             for r in rows]
-    return table(head, body, "lll" + "r" * (len(labels) + 1) + "ll" + ("r" if several else ""))
+    return table(head, body, "l" * (len(lead) + 1) + "r" * (len(labels) + 1) + "ll" + ("r" if several else ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -32,9 +33,6 @@ def cmd_simulate(a, command):
     sched = SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on, a.bf_window * 60,
                         a.bf_reserve)
     if a.node_failures is not None:
-        if a.no_band:
-            raise UsageError("--no-band drops the scale-in report's band over the efficiency curves; the "
-                             "--node-failures report has none")
         return _cmd_failures(a, sched)
     if a.on_node_loss != "both" or a.repair_hours is not None or a.checkpoint_hours is not None \
             or a.restart_minutes is not None:
@@ -160,7 +158,7 @@ def _cmd_failures(a, sched):
     """--node-failures: each policy (requeue and wait for the job's nodes, or continue
     scaled-in) replayed on the same trace and the same failures, per seed, by the replay's
     scheduler (sched: its SchedParams)."""
-    from transit_launch.sim import efficiency, failures, limits, synth, tracefile
+    from transit_launch.sim import bands, efficiency, failures, limits, synth, tracefile
     from transit_launch.sim import run as simrun
     from transit_launch.table import table
     if a.trace and (a.preset or a.seeds > 1):
@@ -170,6 +168,9 @@ def _cmd_failures(a, sched):
                           (5.0 if a.restart_minutes is None else a.restart_minutes) / 60)
     curve = efficiency.parse(a.efficiency)
     policies = failures.POLICIES if a.on_node_loss == "both" else (a.on_node_loss,)
+    # the goodput band: the scale-in policy again with each other curve (sim/bands.py)
+    curves = [(a.efficiency, curve)] if a.no_band else bands.curves(a.efficiency, curve)
+    goodputs = {pol: {label: [] for label, _ in curves} for pol in policies}
     gpus = a.racks * a.rack_gpus
     rows, out = [], []
     for s in range(a.seed, a.seed + a.seeds):
@@ -184,9 +185,12 @@ def _cmd_failures(a, sched):
         trace = limits.modelled(trace, a.limit_factor, s)
         for pol in policies:
             from dataclasses import replace
-            r = failures.report(failures.replay(trace, a.racks, a.rack_gpus, a.gpus_per_node, pol,
-                                                replace(f, seed=s), curve, sched)) | {"seed": s}
+            # this policy and seed's replay, given a curve
+            replay_with = functools.partial(failures.replay, trace, a.racks, a.rack_gpus, a.gpus_per_node, pol,
+                                            replace(f, seed=s), sp=sched)
+            r = failures.report(replay_with(curve)) | {"seed": s}
             out.append(r)
+            _band_replays(goodputs[pol], r["goodput"], curves, pol == "scale-in", replay_with)
             rows.append([pol + (" *" if r["collapsed"] else ""), str(s), str(r["failures_hitting_jobs"]), str(r["interrupted_jobs"]),
                          f"{r['goodput']:.2%}" if r["goodput"] else "-",
                          f"{r['goodput_held']:.2%}" if r["goodput_held"] else "-", f"{r['held_gpu_h']:,.0f}",
@@ -196,8 +200,11 @@ def _cmd_failures(a, sched):
     head = {"trace": trace.source, "jobs": len(trace), "failures_per_node_day": f.rate, "repair_h": f.repair_h,
             "checkpoint_h": f.checkpoint_h, "restart_h": f.restart_h, "efficiency": curve.name,
             "scheduler": dict(vars(sched), limit_factor=a.limit_factor)}
+    band = failures.goodput_band(goodputs) if len(curves) > 1 else []
     if a.json:
-        print(json.dumps(head | {"runs": out}, indent=2))
+        print(json.dumps(head | {"runs": out, "band": {"curves": [{"label": label, "name": c.name}
+                                                                  for label, c in curves], "rows": band}},
+                         indent=2))
         return 0
     print(f"trace: {trace.source}, {len(trace)} GPU jobs; {f.rate:.4g} node failures per node-day, repair "
           f"{f.repair_h:g} h, checkpoints every {f.checkpoint_h:g} h, {f.restart_h * 60:g} min a restart; "
@@ -212,7 +219,24 @@ def _cmd_failures(a, sched):
         print(f"* collapsed: offered load above 1 (arrivals x GPU-hours held a job over the GPUs up on average), "
               f"the queue grows without bound and its times and goodput measure the trace's length: "
               f"{', '.join(collapsed)}")
+    if band:
+        print(f"\ngoodput over the efficiency curves (a curve sets the rate of a job scaled in on the nodes it "
+              f"kept; requeue scales none in and reads the same under each; * the --efficiency curve"
+              f"{'; means over the seeds' if a.seeds > 1 else ''}):")
+        print("\n".join(f"  {label}{' *' if k == 0 else ''}: {bands.about(label, c) or c.name}"
+                        for k, (label, c) in enumerate(curves)))
+        print(bands.text(band, [label for label, _ in curves], a.seeds, lead=(("on node loss", "policy"),)))
     return 0
+
+
+def _band_replays(by_curve: dict, chosen, curves: list, reads_curve: bool, replay) -> None:
+    """One policy's goodput at one seed by curve (the band's): the --efficiency curve's
+    (`chosen`) first, then replay(curve)'s for each other curve where the policy reads the
+    curve (scale-in); requeue runs no job on fewer nodes, so its one replay stands for all."""
+    from transit_launch.sim.failures import report
+    by_curve[curves[0][0]].append(chosen)
+    for label, c in curves[1:]:
+        by_curve[label].append(report(replay(c))["goodput"] if reads_curve else chosen)
 
 
 def register(sub):
@@ -260,7 +284,8 @@ def register(sub):
                          f"{', '.join(EFFICIENCY_BAND)}")
     sc.add_argument("--no-band", action="store_true",
                     help="run the --efficiency curve alone, without the band of headlines over the other curves "
-                         "(faster: the band runs each scale-in scenario once a curve)")
+                         "(faster: the band runs each scale-in scenario, or with --node-failures the scale-in "
+                         "policy, once a curve)")
     sc.add_argument("--speedup", type=finite_float(), default=0.5,
                     help="inter-rack -> intra-rack speed-up (paper: 0-1.37; default 0.5)")
     sc.add_argument("--slowdown", type=finite_float(), default=0.275,

@@ -37,15 +37,15 @@ end). No placement transition factors: jobs run as recorded at their full size, 
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import math
 import random
+import statistics
 from dataclasses import dataclass
 
 from transit_launch.checks import real
 from transit_launch.errors import UsageError
-from transit_launch.sim import backfill, jobs, limits
+from transit_launch.sim import backfill, bands, jobs, limits
 from transit_launch.sim.cluster import Cluster
 from transit_launch.sim.efficiency import Curve
 from transit_launch.sim.limits import SchedParams
@@ -111,6 +111,11 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
     # (its GPUs, all taken, come back at its repair): sim/backfill.py reads both
     planned: list = []
     pend: list = [None] * (N + cl.n_nodes)
+    # the same plans by node (when each busy node is wholly free), for the backfill's
+    # reservations; planned_on: the allocation each plan was made with, to take it out again
+    # after the allocation changed (a node lost or taken back)
+    ends = backfill.Ends(cl.n_nodes, cl.nodes_per_rack)
+    planned_on: list = [None] * (N + cl.n_nodes)
     back = [0.0] * cl.n_nodes                   # when a down node is repaired
     first = [None] * N
     end = [math.inf] * N
@@ -155,12 +160,15 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
     def unplan(i: int) -> None:
         if pend[i] is not None:
             del planned[bisect.bisect_left(planned, (pend[i], i))]
-            pend[i] = None
+            ends.remove(planned_on[i], pend[i])
+            pend[i] = planned_on[i] = None
 
     def replan(i: int, when: float) -> None:
         unplan(i)
         pend[i] = when
         bisect.insort(planned, (when, i))
+        planned_on[i] = list(alloc[i])  # a copy: a scaled-in job's allocation grows in place
+        ends.add(planned_on[i], when)
 
     def set_run(i: int, now: float, delay: float) -> None:
         nodes = len(alloc[i]) if n0[i] > 1 else 1
@@ -297,7 +305,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         due = math.inf
         if cl.free_gpus == 0:
             continue
-        backfill.run_pass(cl, queue, t, n0, g0, plan, planned, alloc, sp, "pack", functools.partial(begin, now=t))
+        backfill.run_pass(cl, queue, t, n0, g0, plan, planned, alloc, sp, "pack", begin, ends)
     useful = sum(g0[i] * trace.duration[i] for i in range(N)) / 3600
     owed = sum(g0[i] * (end[i] - trace.submit[i]) for i in range(N)) / 3600
     # a node is up for 1 / rate days on average, then down repair_h: up that share of the time
@@ -337,3 +345,19 @@ def report(o: Outcome) -> dict:
             "other_queue_mean_min": mean([(o.start[i] - o.submit[i]) / 60 for i in others]),
             "availability": round(o.availability, 4), "offered_load": None if load is None else round(load, 4),
             "collapsed": bool(load and load > 1)}
+
+
+def goodput_band(goodputs: dict[str, dict[str, list]]) -> list[dict]:
+    """The goodput of each policy as a band over the efficiency curves (sim/bands.py, as the
+    scale-in report's headlines): goodputs[policy][curve label] is its goodput at each seed,
+    the --efficiency curve first. A policy whose goodput is missing at a seed (no GPU-hour
+    owed) has no row."""
+    rows = []
+    for policy, by_curve in goodputs.items():
+        if any(v is None for vals in by_curve.values() for v in vals):
+            continue
+        means = {label: round(statistics.fmean(vals), 4) for label, vals in by_curve.items()}
+        ranges = [[min(vals), max(vals)] for vals in by_curve.values()]
+        rows.append({"policy": policy, "metric": "goodput", "label": "goodput", "unit": "share"}
+                    | bands.spread(means, ranges))
+    return rows

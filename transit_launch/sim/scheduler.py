@@ -30,7 +30,6 @@ a cancellation or its time limit keeps its recorded duration on n' nodes."""
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -186,6 +185,7 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     planned = []           # (planned end, job) of the running jobs, sorted
     ends = backfill.Ends(cl.n_nodes, cl.nodes_per_rack)  # when each busy node will be wholly free, as planned
     queue = Waiting(gpus)  # waiting jobs, submission order (pops at the head, backfill near it)
+    waiting = queue.jobs   # the same jobs as a deque: read at every event, its length at C speed
     nxt, t = 0, 0.0
     due = math.inf         # the next backfill pass, when something changed since the last
     step = max(1, N // 200)
@@ -232,9 +232,9 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
             if progress and nxt % step == 0:
                 progress(nxt / N)
         # the main scheduler: start the head while it fits (nothing freed, nothing new: it does not)
-        while changed and queue and begin(queue[0], t):
+        while changed and waiting and begin(waiting[0], t):
             queue.popleft()
-        if changed and queue and due == math.inf:
+        if changed and waiting and due == math.inf:
             due = sp.next_pass(t)
         if t < due:
             continue
@@ -242,5 +242,5 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         if cl.free_gpus == 0:  # no room for anything
             continue
         backfill.run_pass(cl, queue, t, nodes, gpus, plan, planned, alloc, sp, sc.strategy,
-                          functools.partial(begin, now=t), ends)
+                          begin, ends)
     return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible, lim, work)
