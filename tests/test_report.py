@@ -157,3 +157,13 @@ def test_each_ranks_optimizer_step_and_warm_up_are_shown(built, cli, tmp_path):
     assert rows["0"].endswith("stream: 9 steps, 48 params"), rows
     assert rows["1"].endswith("host: 12 params on the CPU (share 0.34), 36 streamed"), rows
     assert rows["2"].rstrip().endswith("-"), rows
+
+
+def test_a_rank_whose_step_ran_in_place_says_so():
+    """sitecustomize sends mode "0" for every process without a streamed or host step (the
+    opt-out, or a policy without a default step): the report reads it as the step in place;
+    a mode it does not know is shown as it came."""
+    from transit_launch.report import step_taken
+    assert step_taken({"mode": "0", "steps": 0}) == "in place"
+    assert step_taken({"mode": "later"}) == "later"
+    assert step_taken(None) == "-"

@@ -176,3 +176,14 @@ def test_each_format_replays_through_the_cli(cli):
         assert rc == 0, err
         head = json.loads(out)["trace"]
         assert head["jobs"] == jobs and head["source"].endswith(f"({fmt})")
+
+
+def test_a_pai_task_that_never_launched_beside_one_that_ran(tmp_path):
+    """A job whose worker ran (4551000 to 4551600) and whose ps task failed before launch
+    (start 0): the job is the worker's, 1 GPU for 600 s; the task that never ran is no
+    launch time of the job's (it was read as the job's start and the job dropped)."""
+    (tmp_path / "pai_job_table.csv").write_text("J1,inst1,u,Terminated,4550900.0,4551600.0\n")
+    (tmp_path / "pai_task_table.csv").write_text("J1,worker,1.0,Terminated,4551000.0,4551600.0,600.0,29.3,100.0,V100\n"
+                                                 "J1,ps,1.0,Failed,0.0,0.0,400.0,8.0,,\n")
+    t = load(tmp_path / "pai_job_table.csv", "pai")
+    assert (t.ids, t.gpus, t.duration, t.dropped) == (["inst1"], [1], [600.0], {})
