@@ -235,3 +235,25 @@ def test_goodput_band_in_the_cli(cli):
     assert rows["scale-in"]["seeds"][0] <= min(got) and max(got) <= rows["scale-in"]["seeds"][1]
     rc, text, _ = cli(*args)
     assert "goodput over the efficiency curves" in text and "seeds' range" in text
+
+
+def test_nodes_up_together_by_hand():
+    """The binomial tail: 4 nodes up half the time are all up 1/16 of it, at least 3 of them
+    5/16 (4 ways for 3, 1 for 4); no failures, always; none needed, always."""
+    from transit_launch.sim.failures import up_together
+    assert up_together(4, 4, 0.5) == pytest.approx(1 / 16)
+    assert up_together(4, 3, 0.5) == pytest.approx(5 / 16)
+    assert up_together(256, 256, 1.0) == up_together(8, 0, 0.3) == 1.0
+
+
+def test_a_job_whose_nodes_are_rarely_all_up_is_refused_in_one_line(cli):
+    """A 4,000-job Kalos trace on 32 racks of 4-GPU nodes has a job of all 256 nodes; at 0.05
+    failures a node-day and 24 h repairs a node is up 1 / 1.05 = 95.2% of the time and all 256
+    at once 0.952^256 = 3.8e-6 of it: the replay would wait for simulated years (it ran past
+    7 minutes), so it is refused at once. At 0.02 (0.980^256 = 6.3e-3) it runs."""
+    args = ("simulate", "--synthetic", "4000", "--preset", "kalos", "--load", "1.2", "--racks", "32", "--quiet")
+    rc, out, err = cli(*args, "--node-failures", "0.05")
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert "needs 256 of the cluster's 256 nodes up at once" in err and "95.2%" in err and "3.8e-06" in err
+    rc, out, err = cli(*args, "--node-failures", "0.02", "--no-band", "--on-node-loss", "requeue", "--json")
+    assert rc == 0, err

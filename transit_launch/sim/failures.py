@@ -90,6 +90,38 @@ class Outcome:
     availability: float = 1.0  # the share of its time a node is up: MTBF / (MTBF + repair), 1 without a rate
 
 
+# A job is refused when the nodes it needs are up together less often than this: it would wait
+# at the head of the queue (as on a real cluster) for about repair time / this, which the
+# replay would simulate event by event for simulated years.
+MIN_UP_TOGETHER = 1e-3
+
+
+def up_together(nodes: int, need: int, up: float) -> float:
+    """The probability that at least `need` of `nodes` independent nodes, each up a share `up`
+    of the time, are up at once (the binomial tail, summed in logs)."""
+    if up >= 1 or need <= 0:
+        return 1.0
+    if up <= 0:
+        return 0.0
+    lu, ld = math.log(up), math.log1p(-up)
+    return min(1.0, sum(math.exp(math.lgamma(nodes + 1) - math.lgamma(k + 1) - math.lgamma(nodes - k + 1)
+                                 + k * lu + (nodes - k) * ld) for k in range(need, nodes + 1)))
+
+
+def _refuse_unlikely_widths(trace: Trace, n0: list, nodes: int, f: Failures) -> None:
+    """One line, before the replay, for the widest job whose nodes are rarely all up at once."""
+    if not n0 or not f.rate:
+        return
+    i = max(range(len(n0)), key=lambda j: n0[j])
+    up = 1 / (1 + f.rate * f.repair_h / 24)
+    p = up_together(nodes, n0[i], up)
+    if p < MIN_UP_TOGETHER:
+        raise UsageError(f"job {trace.ids[i]} needs {n0[i]} of the cluster's {nodes} nodes up at once: at "
+                         f"{f.rate:g} failures a node-day and {f.repair_h:g} h repairs a node is up "
+                         f"{100 * up:.1f}% of the time, and {n0[i]} together {p:.1e} of it, so the job would wait "
+                         "for years of simulated time; give more racks, fewer failures or shorter repairs")
+
+
 def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy: str, f: Failures,
            efficiency: Curve, sp: SchedParams | None = None) -> Outcome:
     if policy not in POLICIES:
@@ -102,6 +134,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         n0[i], g0[i] = demand(trace.gpus[i], gpn)
         if g0[i] > cl.total_gpus:
             raise UsageError(f"job {trace.ids[i]} needs {g0[i]} GPUs, more than the cluster's {cl.total_gpus}")
+    _refuse_unlikely_widths(trace, n0, cl.total_gpus // gpn, f)
     elig = [n0[i] > 1 and jobs.eligible_type(trace.job_type(i)) for i in range(N)]
     left = [float(d) for d in trace.duration]   # work left, in seconds at the full size
     lim = limits.of(trace.duration, trace.limits)
