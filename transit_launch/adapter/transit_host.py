@@ -352,12 +352,13 @@ class HostStep:
     def report(self):
         s = self.stats
         if s["steps"]:
-            transit_step.say(f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['stream_params']} "
-                 f"streamed (share on the host {s['share']:.2f}), {s['resident_params']} left to the GPU step; "
-                 f"gradients copied again at the step {s['recopied']} times, scaled by a clip {s['clipped']} times; "
-                 f"seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
-                 f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, "
-                 f"parameters sent up {s['up_s']:.2f}, the application held for the CPU {s['held_s']:.2f}")
+            transit_step.say(
+                f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['stream_params']} "
+                f"streamed (share on the host {s['share']:.2f}), {s['resident_params']} left to the GPU step; "
+                f"gradients copied again at the step {s['recopied']} times, scaled by a clip {s['clipped']} times; "
+                f"seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
+                f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, "
+                f"parameters sent up {s['up_s']:.2f}, the application held for the CPU {s['held_s']:.2f}")
 
     # --- install ------------------------------------------------------------------------------
 
@@ -403,7 +404,8 @@ class HostStep:
             try:
                 host.on_clip(params, max_norm, total_norm)
             except Exception as e:  # never the reason a job dies: the step copies again
-                transit_step.say(f"host step: clipping not followed ({e!r}); gradients are copied again at the step")
+                transit_step.say(f"host step: clipping not followed ({e!r}); gradients are copied again at the "
+                                 "step")
                 host.clip_broken = True
             return out
 
@@ -485,7 +487,7 @@ class HostStep:
             if opt is not None:
                 self._give_back(opt, plan)
                 self._off(opt, f"an error in the host step's worker: {job.error!r} (this step's update of "
-                                f"its host parameters may be partial)")
+                               f"its host parameters may be partial)")
 
     # --- the hooks ----------------------------------------------------------------------------
 
@@ -508,7 +510,8 @@ class HostStep:
                 self._await_end()
             except Exception as e:
                 if not self.hook_failed:
-                    transit_step.say(f"host step: a gradient hook failed ({e!r}); such gradients are copied at the step")
+                    transit_step.say(f"host step: a gradient hook failed ({e!r}); such gradients are copied at "
+                                     "the step")
                 self.hook_failed = True
 
     def _down(self, rec):
@@ -599,7 +602,8 @@ class HostStep:
     def _off(self, opt, why):
         if opt not in self.said:
             self.said[opt] = why
-            transit_step.say(f"host step off for {type(opt).__name__}: {why}; its step runs as without the adapter")
+            transit_step.say(f"host step off for {type(opt).__name__}: {why}; its step runs as without the "
+                             "adapter")
 
     def _refusal(self, opt, args, kwargs):
         if transit_step.raw_step(opt) is None:
@@ -674,7 +678,7 @@ class HostStep:
                 plan.chunks.append(self._chunk(cls, opt, gi, chunk))
         if not plan.recs:
             self._off(opt, "the streamed step has all of its state" if offloaded else
-                       "its state fits the GPU budget: nothing to step on the host")
+                      "its state fits the GPU budget: nothing to step on the host")
             return None
         self.plans[opt] = plan
         if self.gate is None:  # on the thread that steps; not at install, which runs inside `import torch`

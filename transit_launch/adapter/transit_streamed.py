@@ -75,10 +75,11 @@ class StreamedStep:
 
     def report(self):
         if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
-            transit_step.say(f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
-                 f"{self.slices} slices; a {self.staging.limit / 2**20:.0f} MiB ring on each GPU; {self.resident} "
-                 "parameters stepped in place, their state held on the GPU by the budget; "
-                 f"{self.unfilled / 1e9:.2f} GB of first-step state started from zeros in the ring)")
+            transit_step.say(
+                f"{self.steps} optimizer steps streamed through the copy engines ({self.streamed} parameters, "
+                f"{self.slices} slices; a {self.staging.limit / 2**20:.0f} MiB ring on each GPU; {self.resident} "
+                "parameters stepped in place, their state held on the GPU by the budget; "
+                f"{self.unfilled / 1e9:.2f} GB of first-step state started from zeros in the ring)")
 
     def install(self):
         from torch.optim import optimizer as o
@@ -137,7 +138,8 @@ class StreamedStep:
     def _once(self, opt, why):
         if opt not in self.said:
             self.said[opt] = why
-            transit_step.say(f"step streaming off for {type(opt).__name__}: {why}; its step runs as without the adapter")
+            transit_step.say(f"step streaming off for {type(opt).__name__}: {why}; its step runs as without the "
+                             "adapter")
 
     def _why_not(self, opt, args, kwargs):
         if opt in self.said:

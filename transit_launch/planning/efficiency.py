@@ -6,7 +6,8 @@ over node counts is plan.py's; this is what it costs each candidate with."""
 
 from __future__ import annotations
 
-from transit_launch.rules import DEFAULT_OVERLAP, RING_OVERLAP_MODES, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES, STATE_ROOM_SPARE_PERCENT
+from transit_launch.rules import (DEFAULT_OVERLAP, RING_OVERLAP_MODES, SHIM_RESERVED_GAP_PERCENT, STAGE_RING_BYTES,
+                                  STATE_ROOM_SPARE_PERCENT)
 
 # Each constant below is measured or fitted as bench/RESULTS.md, "What the plan predicts",
 # records; tests/prediction_records.py names the runs each was fitted to, and tests/test_prediction.py
@@ -63,21 +64,23 @@ def step_mode(req) -> str:
     return req.overlap if req.overlap is not None else DEFAULT_OVERLAP["advise"]
 
 
+def _cpu_rate(req) -> float:
+    """Bytes of optimizer state a second the CPU updates for one GPU under host (0 otherwise):
+    its rank's share of the node's cores."""
+    return HOST_STEP_RATE_PER_CORE * req.host_cores / req.gpus_per_node if step_mode(req) == "host" else 0.0
+
+
 def state_rate(req) -> float:
     """Bytes of optimizer state a second the step serves from the host, per GPU: the link's
-    for the streamed step, plus the CPU's share of the node's cores under host."""
-    mode = step_mode(req)
-    if mode == "host":
-        return STREAM_LINK_SHARE * req.gpu.host_link + HOST_STEP_RATE_PER_CORE * req.host_cores / req.gpus_per_node
-    return (STREAM_LINK_SHARE if mode == "stream" else STATE_LINK_SHARE) * req.gpu.host_link
+    (streamed, also host's streamed share, or in place), plus the CPU's under host."""
+    share = STREAM_LINK_SHARE if step_mode(req) in RING_OVERLAP_MODES else STATE_LINK_SHARE
+    return share * req.gpu.host_link + _cpu_rate(req)
 
 
 def host_share(req) -> float:
     """The share of the offloaded state whose update runs on the CPU under host (0 otherwise):
     the CPU's part of state_rate, as the split balances it."""
-    if step_mode(req) != "host":
-        return 0.0
-    return 1 - STREAM_LINK_SHARE * req.gpu.host_link / state_rate(req)
+    return _cpu_rate(req) / state_rate(req)
 
 
 def host_terms(req, c) -> dict:

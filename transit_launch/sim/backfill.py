@@ -432,7 +432,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
     made = ends.made if ends is not None else None
     horizon = now + sp.bf_window
     cap, taken = sp.bf_reserve or math.inf, 0  # reservations a pass gives; made or pending
-    room = {}  # (blocked nodes, _room_outside) by the reservations in a window's way; emptied at every start
+    room = {}  # (blocked nodes, _room_outside) by the reservations in a window's way; emptied at a start
     inf, failed_get = math.inf, failed.get
     first = 0  # the jobs before this one are tested
     while first <= last:
@@ -462,7 +462,8 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                     if not which:  # none: the whole cluster as it is (`most` is kept current)
                         room[which] = ((), cl.whole, most)
                     else:
-                        blocked = resv[which[0]][2] if len(which) == 1 else frozenset().union(*(resv[r][2] for r in which))
+                        blocked = (resv[which[0]][2] if len(which) == 1
+                                   else frozenset().union(*(resv[r][2] for r in which)))
                         room[which] = (blocked, *_room_outside(cl, blocked))
                 blocked, whole_out, most_out = room[which]
                 ok = False

@@ -74,6 +74,12 @@ class Failures:
                 raise UsageError(f"--{name.replace('_', '-')} must be a non-negative number"
                                  f"{' above 0' if name == 'checkpoint_h' else ''}, got {v!r}")
 
+    @property
+    def availability(self) -> float:
+        """The share of its time a node is up: up for 1 / rate days on average, then down
+        repair_h (MTBF / (MTBF + repair); 1 without failures)."""
+        return 1 / (1 + self.rate * self.repair_h / 24)
+
 
 @dataclass
 class Outcome:
@@ -113,7 +119,7 @@ def _refuse_unlikely_widths(trace: Trace, n0: list, nodes: int, f: Failures) -> 
     if not n0 or not f.rate:
         return
     i = max(range(len(n0)), key=lambda j: n0[j])
-    up = 1 / (1 + f.rate * f.repair_h / 24)
+    up = f.availability
     p = up_together(nodes, n0[i], up)
     if p < MIN_UP_TOGETHER:
         raise UsageError(f"job {trace.ids[i]} needs {n0[i]} of the cluster's {nodes} nodes up at once: at "
@@ -341,10 +347,8 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         backfill.run_pass(cl, queue, t, n0, g0, plan, planned, alloc, sp, "pack", begin, ends)
     useful = sum(g0[i] * trace.duration[i] for i in range(N)) / 3600
     owed = sum(g0[i] * (end[i] - trace.submit[i]) for i in range(N)) / 3600
-    # a node is up for 1 / rate days on average, then down repair_h: up that share of the time
-    up = 1 / (1 + f.rate * f.repair_h / 24)
     return Outcome(policy, list(trace.submit), first, end, interrupted, useful, held / 3600, hits, cl.total_gpus,
-                   owed, up)
+                   owed, f.availability)
 
 
 def report(o: Outcome) -> dict:

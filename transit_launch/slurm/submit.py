@@ -45,9 +45,9 @@ class Submitted:
 
 def submit(sub: Submission, make_request) -> Submitted:
     """make_request(gpus_per_node, host_mem, gpu, host_cores) -> plan.Request: the planner's
-    request once the partition's hardware and the job's CPUs are known (explicit options win). The node count is plan's
-    recommendation within the partition's nodes (planning.choice decides for plan, render
-    and submit alike), or the one asked for, explained."""
+    request once the partition's hardware and the job's CPUs are known (explicit options win).
+    The node count is plan's recommendation within the partition's nodes (planning.choice
+    decides for plan, render and submit alike), or the one asked for, explained."""
     from transit_launch.planning.choice import explain
     from transit_launch.planning.plan import MAX_NODES, plan
     part, no_part = None, ""
