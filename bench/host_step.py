@@ -171,18 +171,23 @@ def launch(point, run, budget, a):
     import tempfile
 
     stats = tempfile.mkdtemp(prefix="host-step-stats-")
-    budget += EXTRA.get(run, 0)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--point", point, "--run", run,
+    kind, _, setting = run.partition(":")  # RUN:VAR=VALUE: that run with one more variable set
+    budget += EXTRA.get(kind, 0)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--point", point, "--run", kind,
            "--steps", str(a.steps), "--warmup", str(a.warmup)]
     if a.profile_step and a.timelines:
         Path(a.timelines).mkdir(parents=True, exist_ok=True)
-        cmd += ["--profile-step", str(a.profile_step), "--timeline", str(Path(a.timelines) / f"{point}-{run}.json")]
+        name = run.replace(":", "-").replace("=", "-")
+        cmd += ["--profile-step", str(a.profile_step), "--timeline", str(Path(a.timelines) / f"{point}-{name}.json")]
     env = dict(os.environ, **MULTICAST_OFF, PYTHONUNBUFFERED="1")
-    if run in MODES:
+    if setting:
+        var, _, value = setting.partition("=")
+        env[var] = value
+    if kind in MODES:
         env.pop("TRANSIT_OVERLAP_STEP", None)
-        if MODES[run] is not None:
-            env["TRANSIT_OVERLAP_STEP"] = MODES[run]
-        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", POLICY.get(run, "advise"), "--gpu-budget", f"{budget}B",
+        if MODES[kind] is not None:
+            env["TRANSIT_OVERLAP_STEP"] = MODES[kind]
+        cmd = [sys.executable, "-m", "transit_launch", "run", "--policy", POLICY.get(kind, "advise"), "--gpu-budget", f"{budget}B",
                "--stats", stats, "--", *cmd]
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=a.timeout)
@@ -204,7 +209,7 @@ def drive(a):
         for run in a.runs.split(","):
             if run == "reference" or (run in PEERS and point not in a.peer_points.split(",")):
                 continue
-            if budget <= 0 and run in MODES:
+            if budget <= 0 and run.partition(":")[0] in MODES:
                 continue
             out.append(launch(point, run, budget, a))
             print(json.dumps({k: out[-1][k] for k in ("point", "run", "rc", "wall_s")}), file=sys.stderr, flush=True)
@@ -233,7 +238,8 @@ def main():
     ap.add_argument("--point", default="base")
     ap.add_argument("--run", default="reference")
     ap.add_argument("--points", default="base,clip", help=f"comma list of {', '.join(POINTS)}")
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    ap.add_argument("--runs", default=",".join(RUNS),
+                    help=f"comma list of {', '.join(RUNS)}; RUN:VAR=VALUE runs RUN with VAR set")
     ap.add_argument("--peer-points", default="base,clip", help=f"points where the peers ({', '.join(PEERS)}) run")
     ap.add_argument("--profile-step", type=int, default=0, help="record this step's timeline (0: none)")
     ap.add_argument("--timeline", help=argparse.SUPPRESS)

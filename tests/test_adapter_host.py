@@ -426,6 +426,51 @@ def test_the_worker_steps_chunks_in_forwards_order_with_a_core_left(host, monkey
     assert {n for _, n in seen} == {max(1, threads - 1)}, seen
 
 
+def test_the_copies_up_run_beside_the_next_cpu_step(host, monkeypatch):
+    """One chunk a parameter: a chunk's copies up are issued by the sender thread while the
+    worker steps the next chunk (each send is held until the worker has begun the next CPU
+    step: a worker that issued its own copies between steps would never begin it), a read
+    of a parameter between steps waits for its chunk's copies, and the parameters and the
+    state equal torch's fused CPU step's, bit for bit."""
+    import threading
+
+    import torch
+
+    th = sys.modules["transit_host"]
+    monkeypatch.setattr(th, "CHUNK_BYTES", 1)
+    began, cond = [0], threading.Condition()
+
+    def begin(o):
+        with cond:
+            began[0] += 1
+            cond.notify_all()
+    on_worker(host, monkeypatch, begin)
+    real, sent, beside = th.HostStep._send_up, [], []
+
+    def send_up(self, job, c):
+        k = job.chunks.index(c)
+        if k < len(job.chunks) - 1:  # the last chunk has no next CPU step to wait for
+            with cond:
+                beside.append(cond.wait_for(lambda: began[0] >= len(sent) + 2, timeout=2))
+        real(self, job, c)
+        sent.append(c)
+    monkeypatch.setattr(th.HostStep, "_send_up", send_up)
+    ref_m, m = Tied(), Tied()
+    ref_opt, ref_s = _opt(torch.optim.AdamW, ref_m, fused=True)
+    host.uninstall()
+    train(ref_m, ref_opt, ref_s, 0.05, steps=3)
+    host.install()
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+    train(m, opt, s, 0.05, steps=3)
+    read = [p.detach().clone() for p in m.parameters()]  # the gate: after the last step's copies up
+    assert beside and all(beside), beside
+    assert len(sent) == 3 * 4 and began[0] == 3 * 4
+    assert all(torch.equal(p, q) for p, q in zip(read, ref_m.parameters()))
+    for p, q in zip(m.parameters(), ref_m.parameters()):
+        st, ref = opt.state[p], ref_opt.state[q]
+        assert all(torch.equal(st[k], ref[k]) for k in st)
+
+
 def test_an_op_given_a_parameter_by_keyword_waits_for_it(host, held):
     """The gate looks at keyword arguments too: torch.mul(input=p, other=1) right after the
     step reads the stepped parameter, as torch's fused CPU step left it."""

@@ -71,6 +71,8 @@ ENV = {
     # read by the framework adapter only (transit_step.py), not by the shim
     "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (adapter/transit_step.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
+    # 0, a diagnostic: the host step's copies up issued by its worker between CPU steps (transit_host.py)
+    "HOST_SEND_BESIDE": "TRANSIT_HOST_SEND_BESIDE",
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
     "ADAPTER": "TRANSIT_ADAPTER",  # 0: the hint adapter installs nothing (sitecustomize.py)
     # read by the launcher only (preload/inject.py): where libtransit.so and the adapter are

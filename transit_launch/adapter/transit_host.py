@@ -29,10 +29,12 @@ refuses too, sparse or non-contiguous tensors.
 
 import atexit
 import itertools
+import os
 import threading
 import time
 import weakref
 
+import transit_rules  # the environment's names (generated from transit_launch/rules.py)
 import transit_step  # the verified step (raw_step) and the refusals the step modes share
 import transit_staging  # plain device memory out of the GPU budget (device_buffer)
 
@@ -51,6 +53,9 @@ CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU
 # the pieces cross into a ring and a high-priority stream copies them on the device (_UpRing)
 BOUNCE_BYTES = 64 << 20
 RING_PIECES = 4
+# The copies up issued by a thread of their own while the worker steps the next chunk (HostStep._run);
+# TRANSIT_HOST_SEND_BESIDE=0, a diagnostic, issues them on the worker between its steps
+SEND_BESIDE = os.environ.get(transit_rules.ENV["HOST_SEND_BESIDE"], "1") != "0"
 # Said once for an optimizer of FSDP2 (DTensor) parameters: their host state is plain tensors,
 # which torch's distributed checkpoint cannot place
 DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not in opt.state, so "
@@ -329,6 +334,7 @@ class HostStep:
                       "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0, "held_s": 0.0}
         self.handles = []
         self.worker = None           # one thread: the CPU steps of a job, in order
+        self.sender = None           # one thread: the copies up of the chunks the worker stepped (_send_up)
         self.pending = {}            # storage address of a parameter in flight -> its _Chunk (_gate)
         self.gate = None
         self._unclip = None
@@ -382,8 +388,9 @@ class HostStep:
         if self.gate is not None:
             self.gate.__exit__(None, None, None)
             self.gate = None
-        if self.worker:
-            self.worker.shutdown()
+        for pool in (self.worker, self.sender):
+            if pool:
+                pool.shutdown()
 
     def _wrap_clipping(self):
         """torch.nn.utils.clip_grads_with_norm_ (TorchTitan calls it) and the function
@@ -786,20 +793,16 @@ class HostStep:
     def _run(self, opt, job):
         """The worker: each chunk once its gradients are on the host, the first in forward's
         order among those that are (backward sends the last layers first; the next forward
-        reads the first layers first), then its parameters sent up."""
+        reads the first layers first); its parameters are sent up by the sender thread
+        (_send_up) while the worker steps the next chunk (issuing a chunk's copies is Python
+        and CUDA calls, which would hold back the CPU steps behind them)."""
         import torch
 
         clock = time.perf_counter
+        sends = []
         try:
             if torch.get_num_threads() != job.threads:
                 torch.set_num_threads(job.threads)
-            ring = self.bounces.get(job.device, (None, None))[1]
-            gpu = job.device.type == "cuda"
-            if gpu:
-                torch.cuda.set_device(job.device)
-                _, up, dev = self._streams(job.device)
-                if ring is None:
-                    dev = up  # no ring: copied direct, on the copy stream
             left = list(job.chunks)
             while left:
                 c = next((c for c in left if c.landed()), left[-1])
@@ -818,30 +821,60 @@ class HostStep:
                 t1 = clock()
                 self.stats["wait_s"] += t1 - t0
                 transit_step.raw_step(c.cpu)(c.cpu)
-                t2 = clock()
-                self.stats["cpu_s"] += t2 - t1
-                for r in c.live:
-                    if gpu and r.event is not None:  # written after the kernels that read it in backward
-                        dev.wait_event(r.event)
-                    if ring is not None and r.local.is_contiguous():
-                        ring.send(r.local, r.ph, up if gpu else None, dev if gpu else None)
-                    elif gpu:
-                        with torch.cuda.stream(dev):
-                            r.local.copy_(r.ph, non_blocking=True)
-                    else:
-                        r.local.copy_(r.ph)
-                    r.pver = r.local._version
-                    if opt is not None:
+                self.stats["cpu_s"] += clock() - t1
+                if opt is not None:
+                    for r in c.live:
                         opt.state[r.p] = c.cpu.state[r.ph]
-                if gpu:
-                    c.up = dev.record_event()
-                self.stats["up_s"] += clock() - t2
-                c.done.set()
+                if SEND_BESIDE:
+                    sends.append(self._sender().submit(self._send_up, job, c))
+                else:
+                    self._send_up(job, c)
         except Exception as e:  # said and given back by _finish, on the application's thread
             job.error = e
         finally:
+            for f in sends:  # the ring is the sender's until its last copy is issued
+                e = f.exception()
+                if e is not None and job.error is None:
+                    job.error = e
             for c in job.chunks:
                 c.done.set()
+
+    def _sender(self):
+        if self.sender is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.sender = ThreadPoolExecutor(1, thread_name_prefix="transit-host-up")
+        return self.sender
+
+    def _send_up(self, job, c):
+        """Chunk c's parameters sent up (through the up ring where there is one), after the
+        kernels that read them in backward; c.up and c.done set for the gate."""
+        import torch
+
+        t0 = time.perf_counter()
+        ring = self.bounces.get(job.device, (None, None))[1]
+        gpu = job.device.type == "cuda"
+        up = dev = None
+        if gpu:
+            torch.cuda.set_device(job.device)
+            _, up, dev = self._streams(job.device)
+            if ring is None:
+                dev = up  # no ring: copied direct, on the copy stream
+        for r in c.live:
+            if gpu and r.event is not None:  # written after the kernels that read it in backward
+                dev.wait_event(r.event)
+            if ring is not None and r.local.is_contiguous():
+                ring.send(r.local, r.ph, up, dev)
+            elif gpu:
+                with torch.cuda.stream(dev):
+                    r.local.copy_(r.ph, non_blocking=True)
+            else:
+                r.local.copy_(r.ph)
+            r.pver = r.local._version
+        if gpu:
+            c.up = dev.record_event()
+        self.stats["up_s"] += time.perf_counter() - t0
+        c.done.set()
 
     def _gradient(self, plan, rec, synced, coefs):
         """What the worker needs to make rec's host gradient equal to what the step would
