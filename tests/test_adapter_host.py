@@ -593,6 +593,21 @@ def test_the_split_share_balances_the_cpu_and_the_link():
     assert s(None, True) == pytest.approx(0.25) and s(None, False) == 1.0
 
 
+@pytest.mark.parametrize("text, share", [("0.4", 0.4), ("0", 0.0), ("1", 1.0), ("1.5", None), ("half", None)])
+def test_a_fixed_share_replaces_the_splits_own(monkeypatch, capsys, text, share):
+    """TRANSIT_HOST_SHARE, a fraction, is the share clipped or not (no calibration run);
+    anything else is said once on stderr and the split's own share is used."""
+    monkeypatch.setenv("TRANSIT_HOST_SHARE", text)
+    s = load("transit_host").SplitShare()
+    s.measured = (3e-9, 1e-9)
+    err = capsys.readouterr().err
+    if share is None:
+        assert s(None, True) == pytest.approx(0.25) and s(None, False) == 1.0
+        assert err.count("TRANSIT_HOST_SHARE") == 1 and f"{text!r}" in err
+    else:
+        assert s(None, True) == s(None, False) == share and err == ""
+
+
 def test_the_split_shares_calibration_runs_no_step_hooks():
     """The share's CPU calibration steps an optimizer of the application's class: through
     its raw step, so no step hook sees it (the host step would adopt it and sitecustomize

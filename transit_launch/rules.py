@@ -73,6 +73,8 @@ ENV = {
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
     # 0, a diagnostic: the host step's copies up issued by its worker between CPU steps (transit_host.py)
     "HOST_SEND_BESIDE": "TRANSIT_HOST_SEND_BESIDE",
+    # a fraction, a diagnostic: the share of the offloaded state the host step takes, clipped or not (transit_host.py)
+    "HOST_SHARE": "TRANSIT_HOST_SHARE",
     "STATE_POOL": "TRANSIT_STATE_POOL",  # 0: no private pool for the optimizer state (transit_state_pool.py)
     "ADAPTER": "TRANSIT_ADAPTER",  # 0: the hint adapter installs nothing (sitecustomize.py)
     # read by the launcher only (preload/inject.py): where libtransit.so and the adapter are

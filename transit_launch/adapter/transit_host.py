@@ -80,8 +80,21 @@ class SplitShare:
 
     def __init__(self):
         self.measured = None  # (cpu_s, link_s) a parameter byte
+        self.fixed = None     # TRANSIT_HOST_SHARE, a diagnostic: this share, clipped or not
+        text = os.environ.get(transit_rules.ENV["HOST_SHARE"])
+        if text is not None:
+            try:
+                self.fixed = float(text)
+            except ValueError:
+                self.fixed = -1.0
+            if not 0.0 <= self.fixed <= 1.0:
+                self.fixed = None
+                transit_step.say(f"{transit_rules.ENV['HOST_SHARE']}={text!r} is not a fraction from 0 to 1: "
+                                 "the split's own share is used")
 
     def __call__(self, opt, clipped):
+        if self.fixed is not None:
+            return self.fixed
         if not clipped:
             return 1.0
         cpu_s, link_s = self.measured or self._measure(opt)
