@@ -567,8 +567,8 @@ def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(stream
 
     asked = []
 
-    def share(opt, clipped):
-        asked.append(clipped)
+    def share(opt, clipped, timing):
+        asked.append((clipped, timing))
         return 0.5
 
     th = load("transit_host")
@@ -579,9 +579,14 @@ def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(stream
     got = train(make, drv, steps=STEPS, clip=clip)
     same(got, ref)
     assert [len(o) for o in got[2]] == [3 * 4]  # exp_avg, exp_avg_sq, step of each of the 4 parameters
-    assert asked == [clip is not None] and host.stats["steps"] == STEPS
+    # the first LEARN_STEPS steps streamed whole, timed: the share asked once, at the next,
+    # with the window (the CPU's forward and backward) and the streamed step's seconds
+    learn = th.LEARN_STEPS
+    assert [(c, n) for c, (_, _, n) in asked] == [(clip is not None, 69004 * 4)]
+    assert all(t > 0 for t in asked[0][1][:2]) and host.stats["steps"] == STEPS - learn
     assert (host.stats["host_params"], host.stats["stream_params"], host.stats["resident_params"]) == (3, 1, 0)
-    assert drv.stream.streamed == STEPS and drv.counters()["stream"]["streamed_params"] == STEPS
+    streamed = learn * 4 + STEPS - learn  # all four parameters while learning, then the first weight
+    assert drv.stream.streamed == streamed and drv.counters()["stream"]["streamed_params"] == streamed
 
 
 def test_the_split_share_balances_the_cpu_and_the_link():
@@ -591,6 +596,19 @@ def test_the_split_share_balances_the_cpu_and_the_link():
     s = load("transit_host").SplitShare()
     s.measured = (3e-9, 1e-9)
     assert s(None, True) == pytest.approx(0.25) and s(None, False) == 1.0
+
+
+def test_the_split_share_balances_the_timed_steps():
+    """Timed (the steps streamed whole): at 3 ns a parameter byte on the CPU for 1e8 bytes
+    (0.3 s), a 0.2 s forward and backward and a 0.1 s streamed step: unclipped the CPU steps
+    from the gradients' landing until the next forward, 0.75 x 0.3 = 0.2 + 0.25 x 0.1; clipped
+    it starts after backward and the forward's first third runs on the streamed layers,
+    s x (0.3 + 0.2 / 3) = 0.2 / 3 + (1 - s) x 0.1; a window longer than the CPU needs: all."""
+    s = load("transit_host").SplitShare()
+    s.measured = (3e-9, 1e-9)
+    assert s(None, False, (0.2, 0.1, 1e8)) == pytest.approx(0.75)
+    assert s(None, True, (0.2, 0.1, 1e8)) == pytest.approx((0.2 / 3 + 0.1) / (0.3 + 0.2 / 3 + 0.1))
+    assert s(None, False, (1.0, 0.1, 1e8)) == 1.0 and s(None, True, (0.0, 0.0, 1e8)) == 0.0
 
 
 @pytest.mark.parametrize("text, share", [("0.4", 0.4), ("0", 0.0), ("1", 1.0), ("1.5", None), ("half", None)])

@@ -53,6 +53,9 @@ CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU
 # the pieces cross into a ring and a high-priority stream copies them on the device (_UpRing)
 BOUNCE_BYTES = 64 << 20
 RING_PIECES = 4
+# The split (Split) streams a job's first steps whole and times the last of them (the first makes the
+# state): the GPU's forward and backward, the streamed step; the host step adopts its share after
+LEARN_STEPS = 2
 # The copies up issued by a thread of their own while the worker steps the next chunk (HostStep._run);
 # TRANSIT_HOST_SEND_BESIDE=0, a diagnostic, issues them on the worker between its steps
 SEND_BESIDE = os.environ.get(transit_rules.ENV["HOST_SEND_BESIDE"], "1") != "0"
@@ -63,18 +66,25 @@ DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not i
 
 
 class SplitShare:
-    """share(opt, clipped) for the split (HostStep's share): the fraction of the offloaded
-    parameters' bytes whose update the CPU runs, the streamed step moving the rest's state.
-    Unclipped, the CPU steps each chunk as its gradients land in backward, ahead of the
-    streamed step: all of it. Clipped, no update starts before backward ends; the CPU's step
-    (cpu_s a parameter byte) and the streamed step's state copies (link_s a parameter byte,
-    in and out on two engines) then run side by side, done together when
-    share x cpu_s = (1 - share) x link_s. Both rates are measured once, at the first step, as
-    the job runs them: a pinned host to GPU copy of CALIBRATE_ELEMS parameters, then torch's
-    fused CPU step of the optimizer's class on as many, with the worker's threads and with
-    copies both ways in flight beside it (the copy engines' reads and writes of host memory
-    slow the CPU's step, as the job's copies do)."""
+    """share(opt, clipped, timing) for the split (HostStep's share): the fraction of the
+    offloaded parameters' bytes whose update the CPU runs, the streamed step moving the rest's
+    state. timing: (window_s, stream_s, nbytes) from the steps the split streamed whole before
+    adopting (HostStep.learn): the GPU's seconds from one step's end to the next step's call
+    (forward and backward), the streamed step's seconds for all nbytes offloaded parameter
+    bytes. The CPU's seconds for them: cpu_s a parameter byte, measured once as the job runs it
+    (torch's fused CPU step of the optimizer's class on CALIBRATE_ELEMS parameters, with the
+    worker's threads and copies both ways in flight beside it). Balanced where the GPU's step
+    (the window plus the streamed share) and the CPU's cycle end together:
+    - unclipped, the CPU steps each chunk as its gradients land and until the next forward
+      reads it: share x cpu = window + (1 - share) x stream;
+    - clipped, no update starts before backward ends, and the CPU's chunks (the last layers)
+      are read after the forward's first part (FORWARD_SHARE of the window, the part on the
+      streamed layers): share x (cpu + fwd) = fwd + (1 - share) x stream.
+    Without timing (no step streamed whole, a CPU): all of it unclipped; clipped, the link's
+    rate (a pinned copy timed) in place of the streamed step's: share x cpu = (1 - share) x link."""
 
+    # The forward's share of a step's forward and backward (a backward is about twice its forward)
+    FORWARD_SHARE = 1 / 3
     CALIBRATE_ELEMS = 16 << 20
     BESIDE = 8  # copies each way in flight while the CPU steps (more than its step lasts)
 
@@ -92,9 +102,15 @@ class SplitShare:
                 transit_step.say(f"{transit_rules.ENV['HOST_SHARE']}={text!r} is not a fraction from 0 to 1: "
                                  "the split's own share is used")
 
-    def __call__(self, opt, clipped):
+    def __call__(self, opt, clipped, timing=None):
         if self.fixed is not None:
             return self.fixed
+        if timing is not None:
+            window, stream, nbytes = timing
+            cpu = (self.measured or self._measure(opt))[0] * nbytes
+            fwd = self.FORWARD_SHARE * window if clipped else 0.0
+            rest = stream + (fwd if clipped else window)
+            return min(1.0, max(0.0, rest / (cpu + fwd + stream))) if cpu + fwd + stream > 0 else 1.0
         if not clipped:
             return 1.0
         cpu_s, link_s = self.measured or self._measure(opt)
@@ -154,6 +170,7 @@ class Split:
 
     def __init__(self, host, stream):
         self.host, self.stream = host, stream
+        host.learn = LEARN_STEPS  # the streamed step runs these whole first: their times set the share
         host.ours += [stream.pre_step, stream.post_step]
         stream.ours += [host.pre_step, host.post_step]
 
@@ -181,6 +198,26 @@ def _state_tensors(opt):
 
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _mark(dev):
+    """A point in the work of device dev: a timed CUDA event on its current stream, or on a
+    CPU (tests) the clock (its work is done when issued)."""
+    import torch
+
+    if dev.type != "cuda":
+        return time.perf_counter()
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record(torch.cuda.current_stream(dev))
+    return ev
+
+
+def _elapsed(a, b):
+    """Seconds from mark a to mark b (b waited for)."""
+    if isinstance(a, float):
+        return b - a
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3
 
 
 class _Pieces:
@@ -338,13 +375,16 @@ class HostStep:
         self.bounce_bytes = BOUNCE_BYTES
         self.bounces = {}            # device -> (down, up) uint8 buffers, or (None, None): none to be had
         self.clip_seen = False
+        self.learn = 0               # steps streamed whole before adopting, timed (Split sets it)
+        self.marks = weakref.WeakKeyDictionary()  # optimizer -> [[device, pre mark, post mark]] of those steps
         self.plans = weakref.WeakKeyDictionary()
         self.said = weakref.WeakKeyDictionary()  # optimizer -> why it steps as without the adapter
         self.streams = {}            # device -> (down, up) copy streams
         self.task_open = False       # a backward is running whose end is awaited
         self.stats = {"steps": 0, "host_params": 0, "resident_params": 0, "stream_params": 0, "share": 1.0,
                       "recopied": 0, "clipped": 0,
-                      "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0, "held_s": 0.0}
+                      "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0, "held_s": 0.0,
+                      "window_s": 0.0, "stream_s": 0.0}
         self.handles = []
         self.worker = None           # one thread: the CPU steps of a job, in order
         self.sender = None           # one thread: the copies up of the chunks the worker stepped (_send_up)
@@ -373,7 +413,10 @@ class HostStep:
         if s["steps"]:
             transit_step.say(
                 f"host step: {s['steps']} steps, {s['host_params']} parameters on the host, {s['stream_params']} "
-                f"streamed (share on the host {s['share']:.2f}), {s['resident_params']} left to the GPU step; "
+                f"streamed (share on the host {s['share']:.2f}"
+                + (f", from a {s['window_s']:.3f} s forward and backward and a {s['stream_s']:.3f} s step streamed whole"
+                   if s["window_s"] else "")
+                + f"), {s['resident_params']} left to the GPU step; "
                 f"gradients copied again at the step {s['recopied']} times, scaled by a clip {s['clipped']} times; "
                 f"seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
                 f"(and the clip) {s['wait_s']:.2f}, gradients {s['grads_s']:.2f}, CPU steps {s['cpu_s']:.2f}, "
@@ -593,6 +636,8 @@ class HostStep:
                 self._off(opt, why)
                 return
             if plan is None:
+                if self._learning(opt):
+                    return
                 t0 = time.perf_counter()
                 plan = self._adopt(opt)
                 self.stats["adopt_s"] += time.perf_counter() - t0
@@ -608,6 +653,9 @@ class HostStep:
     def post_step(self, opt, args, kwargs):
         plan = self.plans.get(opt)
         if plan is None:
+            marks = self.marks.get(opt)
+            if marks and marks[-1][2] is None:  # a step the split streamed whole: its end
+                marks[-1][2] = _mark(marks[-1][0])
             return
         for p, g in plan.hidden:
             p.grad = g
@@ -645,6 +693,28 @@ class HostStep:
             self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device),
                                     torch.cuda.Stream(device, priority=-1))
         return self.streams[device]
+
+    def _learning(self, opt):
+        """True while the split streams this step whole (the first self.learn steps), its
+        start marked; post_step marks its end."""
+        marks = self.marks.setdefault(opt, [])
+        if len(marks) >= self.learn:
+            return False
+        dev = next((p.device for g in opt.param_groups for p in g["params"]), None)
+        if dev is None:
+            return False
+        marks.append([dev, _mark(dev), None])
+        return True
+
+    def _timing(self, opt, nbytes):
+        """(window_s, stream_s, nbytes) of the last step streamed whole, or None: the window
+        from its end to this step's call, the step itself."""
+        marks = self.marks.pop(opt, None)
+        if not marks or marks[-1][2] is None:
+            return None
+        dev, pre, post = marks[-1]
+        now = _mark(dev)
+        return _elapsed(post, now), _elapsed(pre, post), nbytes
 
     def _adopt(self, opt):
         """At the first step: the parameters whose state the budget cannot hold (by group
@@ -733,9 +803,12 @@ class HostStep:
         while their bytes stay within share x all offloaded bytes (to the nearest parameter)."""
         if not offloaded:
             return set()
-        share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen))))
-        self.stats["share"] = round(share, 3)
         nbytes = [lp.numel() * lp.element_size() for _, _, lp in offloaded]
+        timing = self._timing(opt, sum(nbytes))
+        if timing is not None:
+            self.stats["window_s"], self.stats["stream_s"] = round(timing[0], 4), round(timing[1], 4)
+        share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen, timing))))
+        self.stats["share"] = round(share, 3)
         target, taken, host = share * sum(nbytes), 0, set()
         for (_, p, _), n in zip(reversed(offloaded), reversed(nbytes)):
             if taken + n / 2 > target:
@@ -759,6 +832,8 @@ class HostStep:
                                    for k, v in old.items()}
             if not hasattr(r.p, "to_local"):
                 opt.state[r.p] = cpu.state[r.ph]  # one dict: state_dict() sees the host state
+            elif old:  # the streamed steps' state, taken in: not left behind stale (DTENSOR_STATE)
+                del opt.state[r.p]
         return gi, cpu, recs
 
     def _step(self, opt, plan):
