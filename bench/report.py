@@ -68,16 +68,21 @@ def scale_in_emulated(results: Path = RESULTS) -> str:
     return _fenced(buf.getvalue())
 
 
-HOST_STEP = "2026-12-06/host-step/host_step_14.json"
+# the newest lease's files, in the order RESULTS.md tells them: the paths at 49722ff, then the shares
+HOST_STEP = ("2026-12-07/host-step/host_step_17.json", "2026-12-07/host-step/host_step_21a.json",
+             "2026-12-07/host-step/host_step_21b.json", "2026-12-07/host-step/host_step_22b.json")
 
 
 def host_step(results: Path = RESULTS) -> str:
-    """Issue 50's held-out FSDP2 shape: `python3 bench/host_step.py --report` on its newest file."""
+    """Issue 50's held-out FSDP2 shape: `python3 bench/host_step.py --report` on each file."""
     host = _load("bench/host_step.py")
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        host["report"](json.loads((results / HOST_STEP).read_text()))
-    return f"`{HOST_STEP}`:\n\n" + _fenced(buf.getvalue())
+    out = []
+    for name in HOST_STEP:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            host["report"](json.loads((results / name).read_text()))
+        out.append(f"`{name}`:\n\n" + _fenced(buf.getvalue()))
+    return "\n\n".join(out)
 
 
 SECOND_PROCESS = "2026-12-02/probes/second_process_2026-12-02.json"

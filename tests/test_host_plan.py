@@ -14,6 +14,7 @@ from transit_launch.planning.models import load_model
 from transit_launch.planning.plan import HOST_COPY_PER_STATE_BYTE, Request
 
 FIT = records.host_fit()
+HOST_OVER_AT_MOST = 0.07  # the held-out host run the model over-predicts (records.HOST_HELD_OUT's reason)
 
 
 def _req(mode, **kw):
@@ -24,10 +25,12 @@ def _req(mode, **kw):
     return Request(card=card, seq_len=FIT["seq_len"], global_batch=FIT["microbatches"], overlap=mode, **kw)
 
 
-def _at_lease_link(mode):
-    """The request with the host link the fit file's streamed run measured, not the profile's."""
-    gpu = replace(gpu_profile("h100-80gb", memory=FIT["budget"]), host_link=FIT["link"] / efficiency.STREAM_LINK_SHARE)
-    return _req(mode, gpu=gpu)
+def _at_lease_link(mode, fit=FIT):
+    """The request with the host link the file's streamed run measured, not the profile's."""
+    gpu = replace(gpu_profile("h100-80gb", memory=fit["budget"]), host_link=fit["link"] / efficiency.STREAM_LINK_SHARE)
+    card = replace(load_model("llama3-8b"), layers=fit["layers"])
+    return Request(card=card, seq_len=fit["seq_len"], global_batch=fit["microbatches"], overlap=mode, gpu=gpu,
+                   gpus_per_node=1, host_cores=records.HOST_FIT_CORES)
 
 
 def test_the_cpus_rate_a_core_is_what_the_fit_run_measured():
@@ -148,3 +151,20 @@ def test_render_plans_on_its_cpus_per_task(cli):
     rc, out, err = cli("plan", "--model", "llama3-70b", "--overlap", "host", "--json")
     default = next(o["predicted_efficiency"] for o in json.loads(out)["options"] if o["nodes"] == 3)
     assert got == want < default
+
+
+@pytest.mark.parametrize("path", sorted(records.HOST_HELD_OUT))
+def test_the_held_out_host_runs(path):
+    """Runs the constants never saw, at their own lease's link and the state they moved: within
+    the target, or (a recorded reason) over-predicted, by 6.2 points at one microbatch (at most
+    HOST_OVER_AT_MOST); the streamed run of the same file within the target either way."""
+    fit = records.host_fit(path)
+    err = {}
+    for mode, measured in (("host", fit["measured"]), ("stream", fit["measured_stream"])):
+        req = _at_lease_link(mode, fit)
+        err[mode] = records.efficiency_at_offload(req, records.evaluate_one_gpu(req), fit["state"]) - measured
+    assert abs(err["stream"]) <= records.TARGET
+    if records.HOST_HELD_OUT[path] is None:
+        assert abs(err["host"]) <= records.TARGET, err
+    else:
+        assert records.TARGET < err["host"] <= HOST_OVER_AT_MOST, err

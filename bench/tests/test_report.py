@@ -51,8 +51,10 @@ def test_a_changed_number_in_a_result_file_changes_the_table(tmp_path):
     assert "132.68 GB" in out and "**13.69 GB**" in out and "133.68 GB" not in out
 
 
-@pytest.mark.parametrize("rel,block", [(report.POLICIES, report.policies), (report.HOST_STEP, report.host_step)])
+@pytest.mark.parametrize("rel,block", [(report.POLICIES, report.policies), (report.HOST_STEP[0], report.host_step)])
 def test_a_changed_step_time_changes_the_table(tmp_path, rel, block):
+    for other in report.HOST_STEP[1:] if block is report.host_step else ():
+        _copy(tmp_path, other)
     path = _copy(tmp_path, rel)
     before = block(tmp_path)
     assert before == block()
@@ -64,9 +66,9 @@ def test_a_changed_step_time_changes_the_table(tmp_path, rel, block):
         assert "| off | off | - | 130.50 | 49.98 |" in block(tmp_path)
     else:
         rows = json.loads(text)
-        rows[1]["summary"]["tflops"] = 311.7  # the stream at half the reference's 623.4
+        rows[1]["summary"]["tflops"] = 306.9  # the stream at half the reference's 613.8
         path.write_text(json.dumps(rows))
-        assert " 311.7    50.0% " in block(tmp_path)
+        assert " 306.9    50.0% " in block(tmp_path)
     assert block(tmp_path) != before
 
 
