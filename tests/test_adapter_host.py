@@ -554,7 +554,7 @@ def test_the_shims_hints_after_a_step_leave_the_cpu_step_in_flight(host, gloo, h
 
 
 @pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
-def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(streamed, clip):
+def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(streamed, clip, monkeypatch):
     """TRANSIT_OVERLAP_STEP=host's split: with half the offloaded bytes given to the CPU
     (Linear(64, 1000) and Linear(1000, 4): 69,004 parameters; from the last, 4 + 4,000 + 1,000
     are within half, the first weight's 64,000 would pass it), the CPU steps the last three
@@ -572,6 +572,7 @@ def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(stream
         return 0.5
 
     th = load("transit_host")
+    monkeypatch.setattr(th, "TIMED_DEVICES", ("cuda", "cpu"))  # the CPU's steps timed as a GPU's
     host = th.HostStep(share=share)
     drv = th.Split(host, streamed())
     make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)  # noqa: E731

@@ -56,6 +56,9 @@ RING_PIECES = 4
 # The split (Split) streams a job's first steps whole and times the last of them (the first makes the
 # state): the GPU's forward and backward, the streamed step; the host step adopts its share after
 LEARN_STEPS = 2
+# The devices whose steps the split times: on a CPU (tests) the host step's work is the device's
+# own, with nothing beside it to balance (all of it goes to the host, as without a link)
+TIMED_DEVICES = ("cuda",)
 # The copies up issued by a thread of their own while the worker steps the next chunk (HostStep._run);
 # TRANSIT_HOST_SEND_BESIDE=0, a diagnostic, issues them on the worker between its steps
 SEND_BESIDE = os.environ.get(transit_rules.ENV["HOST_SEND_BESIDE"], "1") != "0"
@@ -701,7 +704,7 @@ class HostStep:
         if len(marks) >= self.learn:
             return False
         dev = next((p.device for g in opt.param_groups for p in g["params"]), None)
-        if dev is None:
+        if dev is None or dev.type not in TIMED_DEVICES:
             return False
         marks.append([dev, _mark(dev), None])
         return True
