@@ -431,6 +431,15 @@ class SlurmLab:
         self._watch = (proc, w)
 
 
+def failure_excerpt(text: str, lines: int = 40, tail: int = 3000) -> str:
+    """What a failed job's output says first and last: the lines that name an error (the
+    first rank's cause comes before the others' reports of it, which fill the tail), then
+    the tail."""
+    import re
+    first = [ln for ln in text.splitlines() if re.search(r"Error|error:|Traceback|exit code|Exception|Signal", ln)]
+    return "\n".join(first[:lines]) + "\n...\n" + text[-tail:]
+
+
 def _lab_processes(lab: Path, spare: set[int] = frozenset()) -> set[int]:
     """Every process of the lab at `lab`: the ones whose command line names its directory
     (munged, slurmctld, the slurmds) or whose SLURM_CONF lies in it (slurmstepd and the

@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import NEEDS_TORCH, build_once, run_cli, torch_importable
 from tests.forkcli import SERVER
 from tests.readme_outputs import README, command
+from tests.slurm_lab import failure_excerpt
 
 HERE = Path(__file__).resolve().parent / "torchtitan"
 DEBUG = HERE / "debug_model.toml"
@@ -566,7 +567,7 @@ def test_lab_job_runs_the_layout_the_plan_chose(titan, lab, tmp_path):
     for name, job in jobs.items():
         info = lab.wait_job(job, timeout=400)
         logs[name] = (work / f"{name}-{job}.out").read_text(errors="replace")
-        assert info["JobState"] == "COMPLETED", logs[name][-4000:]
+        assert info["JobState"] == "COMPLETED", failure_excerpt(logs[name])
         assert "Training completed" in logs[name] and "Building llama3 debugmodel" in logs[name]
     # auto: the plan's recommendation, 1 node of 2 GPUs: dp 2, global batch 8 = 4 microsteps,
     # the config's selective activation checkpointing, planned as none (an upper bound) and kept
