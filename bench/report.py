@@ -222,8 +222,16 @@ def rho(results: Path = RESULTS) -> str:
     return _md(header, rows)
 
 
+SIM_SPEED = "2026-12-07/sim-speed/sim_speed.json"
+
+
+def sim_speed(results: Path = RESULTS) -> str:
+    """The planner's latency and the simulator's speed: `python3 bench/sim_speed.py --report`."""
+    return f"`{SIM_SPEED}`:\n\n" + _load("bench/sim_speed.py")["report"](json.loads((results / SIM_SPEED).read_text())) + "\n"
+
+
 BLOCKS = {"prediction": prediction, "scale-in-emulated": scale_in_emulated, "host-step": host_step,
-          "second-process": second_process, "policies": policies, "gate": gate, "rho": rho}
+          "second-process": second_process, "policies": policies, "gate": gate, "rho": rho, "sim-speed": sim_speed}
 
 
 def render(text: str, results: Path = RESULTS) -> str:

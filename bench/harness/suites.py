@@ -222,9 +222,10 @@ SUITES = {s.name: s for s in [
            Step("acceptance", ("bash", "bench/gpu_checks.sh", "accept"), 300, None, 1,
                 {"OUT": "{out}", "TRANSIT_SKIP_BUILD": "1"})),
           minutes=10, budget="half the trainer's measured peak reserved (bench/gpu_checks.sh)"),
-    Suite("plan", "the planner without a GPU: `plan`'s wall time as a user runs it (bench/plan_latency.py) and "
-          "its predicted efficiency against the recorded TorchTitan runs (bench/prediction.py)",
-          (Step("latency", ("python3", "bench/plan_latency.py", "--runs", "20"), 120, None, 0),
+    Suite("plan", "the planner and the simulator without a GPU: `plan`'s latency and the simulator's speed as a "
+          "user runs them (bench/sim_speed.py) and the plan's predicted efficiency against the recorded TorchTitan "
+          "runs (bench/prediction.py)",
+          (Step("speed", ("python3", "bench/sim_speed.py", "--out", "{out}/sim_speed.json"), 900, None, 0),
            Step("prediction", ("python3", "bench/prediction.py"), 120, None, 0)),
-          minutes=1),
+          minutes=8),
 ]}

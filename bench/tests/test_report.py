@@ -23,7 +23,7 @@ def test_every_block_is_marked_once_in_results_md():
 SECTIONS = {"prediction": "What the plan predicts", "scale-in-emulated": "N -> N/2 emulated on one GPU",
             "host-step": "The host update path", "second-process": "What a second process can allocate beside",
             "policies": "Policies under a budget", "gate": "The gate: transit against the peers",
-            "rho": "rho of layouts"}
+            "rho": "rho of layouts", "sim-speed": "Planner latency and simulator speed"}
 
 
 def test_every_block_sits_in_its_section():
