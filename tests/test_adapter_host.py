@@ -1,4 +1,4 @@
-"""The host update path (TRANSIT_OVERLAP_STEP=host, transit_launch/adapter/transit_host.py)
+"""The host update path (TRANSIT_OVERLAP_STEP=host, transit_launch/adapter/transit_host.py and its split, transit_split.py)
 on CPU models: the result equals torch's own fused CPU step on a copy of the model with the
 same clipping, accumulation, schedule and shared parameters, bit for bit, and the gradients
 copied at their final hook are used (scaled by the clip's coefficient) rather than copied
@@ -571,10 +571,10 @@ def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(stream
         asked.append((clipped, timing))
         return 0.5
 
-    th = load("transit_host")
+    th, ts = load("transit_host"), load("transit_split")
     monkeypatch.setattr(th, "TIMED_DEVICES", ("cuda", "cpu"))  # the CPU's steps timed as a GPU's
     host = th.HostStep(share=share)
-    drv = th.Split(host, streamed())
+    drv = ts.Split(host, streamed())
     make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)  # noqa: E731
     ref = train(make, steps=STEPS, clip=clip)
     got = train(make, drv, steps=STEPS, clip=clip)
@@ -582,7 +582,7 @@ def test_the_split_steps_the_last_layers_on_the_host_and_streams_the_rest(stream
     assert [len(o) for o in got[2]] == [3 * 4]  # exp_avg, exp_avg_sq, step of each of the 4 parameters
     # the first LEARN_STEPS steps streamed whole, timed: the share asked once, at the next,
     # with the window (the CPU's forward and backward) and the streamed step's seconds
-    learn = th.LEARN_STEPS
+    learn = ts.LEARN_STEPS
     assert [(c, n) for c, (_, _, n) in asked] == [(clip is not None, 69004 * 4)]
     assert all(t > 0 for t in asked[0][1][:2]) and host.stats["steps"] == STEPS - learn
     assert (host.stats["host_params"], host.stats["stream_params"], host.stats["resident_params"]) == (3, 1, 0)
@@ -594,7 +594,7 @@ def test_the_split_share_balances_the_cpu_and_the_link():
     """Clipped, the CPU's step and the streamed step's copies start together at backward's
     end: at 3 ns a parameter byte on the CPU and 1 ns on the link, a quarter on the CPU
     (0.25 x 3 = 0.75 x 1) ends both together. Unclipped, the CPU steps during backward: all."""
-    s = load("transit_host").SplitShare()
+    s = load("transit_split").SplitShare()
     s.measured = (3e-9, 1e-9)
     assert s(None, True) == pytest.approx(0.25) and s(None, False) == 1.0
 
@@ -605,7 +605,7 @@ def test_the_split_share_balances_the_timed_steps():
     from the gradients' landing until the next forward, 0.75 x 0.3 = 0.2 + 0.25 x 0.1; clipped
     it starts after backward and the forward's first third runs on the streamed layers,
     s x (0.3 + 0.2 / 3) = 0.2 / 3 + (1 - s) x 0.1; a window longer than the CPU needs: all."""
-    s = load("transit_host").SplitShare()
+    s = load("transit_split").SplitShare()
     s.measured = (3e-9, 1e-9)
     assert s(None, False, (0.2, 0.1, 1e8)) == pytest.approx(0.75)
     assert s(None, True, (0.2, 0.1, 1e8)) == pytest.approx((0.2 / 3 + 0.1) / (0.3 + 0.2 / 3 + 0.1))
@@ -617,7 +617,7 @@ def test_a_fixed_share_replaces_the_splits_own(monkeypatch, capsys, text, share)
     """TRANSIT_HOST_SHARE, a fraction, is the share clipped or not (no calibration run);
     anything else is said once on stderr and the split's own share is used."""
     monkeypatch.setenv("TRANSIT_HOST_SHARE", text)
-    s = load("transit_host").SplitShare()
+    s = load("transit_split").SplitShare()
     s.measured = (3e-9, 1e-9)
     err = capsys.readouterr().err
     if share is None:
@@ -637,7 +637,7 @@ def test_the_split_shares_calibration_runs_no_step_hooks():
     seen = []
     hooks = [o.register_optimizer_step_pre_hook(lambda opt, a, k: seen.append(opt)),
              o.register_optimizer_step_post_hook(lambda opt, a, k: seen.append(opt))]
-    s = load("transit_host").SplitShare()
+    s = load("transit_split").SplitShare()
     s.CALIBRATE_ELEMS = 1 << 16
     try:
         share = s(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))]), True)
@@ -652,7 +652,7 @@ def test_the_split_shares_calibration_steps_with_the_workers_threads(monkeypatch
     application's (the core its thread keeps), which is given back afterwards."""
     import torch
 
-    th = load("transit_host")
+    th = load("transit_split")
     seen = []
     real = th.transit_step.raw_step
 
@@ -679,7 +679,7 @@ def test_a_failed_calibration_gives_the_threads_back(monkeypatch):
     application its intra-op threads back."""
     import torch
 
-    th = load("transit_host")
+    th = load("transit_split")
     real, calls = th.transit_step.raw_step, []
 
     def failing(opt):

@@ -31,7 +31,7 @@ def test_imported_from_the_wheel_not_the_tree():
     "sim/run.py", "sim/trace.py", "preload/inject.py", "preload/build.py", "planning/cards/llama3-70b.toml", "slurm/templates/sbatch.j2",
     "slurm/templates/local.j2", "adapter/sitecustomize.py", "adapter/transit_api.py",
     *(f"adapter/{m}.py" for m in ("transit_step", "transit_staging", "transit_streamed",
-                                   "transit_state_pool", "transit_sparse", "transit_host", "transit_rules")),
+                                   "transit_state_pool", "transit_sparse", "transit_host", "transit_split", "transit_rules")),
     "_csrc/spank/plugin.c", "_csrc/spank/transit_spank.map", "_csrc/shim/transit.h", "_csrc/shim/transit_size.h",
     "_csrc/shim/transit_rules.h", "_csrc/shim/exports.map",
     "examples/train_llama.py", "examples/model-card.toml",  # the README's run example runs from the wheel

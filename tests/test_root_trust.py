@@ -681,7 +681,7 @@ def test_installed_adapter_has_roots_own_bytecode(cli, built, shim_env, tmp_path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     res = subprocess.run(["/bin/sh", "-c", f"umask 000; exec python3 -c 'import sys; sys.path.insert(0, \"{adapter}\"); "
                           "import transit_api, transit_step, transit_staging, transit_state_pool, "
-                          "transit_streamed, transit_sparse, transit_host'"],
+                          "transit_streamed, transit_sparse, transit_host, transit_split'"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     loose = [str(p) for p in [adapter, *adapter.rglob("*")] if p.stat().st_mode & 0o022]

@@ -34,7 +34,7 @@ from transit_launch.isolated import transit_launch_argv
 
 NOBODY = 65534
 ADAPTER_MODULES = ("transit_api", "transit_step", "transit_streamed", "transit_state_pool", "transit_sparse",
-                   "transit_staging", "transit_host", "transit_rules")
+                   "transit_staging", "transit_host", "transit_split", "transit_rules")
 
 
 def _need_root():

@@ -65,6 +65,7 @@ with _Guard("not installed") as _imported:
         import transit_api
         import transit_host
         import transit_sparse
+        import transit_split
         import transit_staging
         import transit_state_pool
         import transit_step
@@ -272,15 +273,15 @@ def _streamed(api, hooks):
 @_Guard("step overlap not available")
 def _overlap(api, hooks, mode):
     """The step's driver for `mode` (_step_mode): the streamed step (transit_streamed.py) under
-    "stream", the split (transit_host.py) under "host"; else None."""
+    "stream", the split (transit_split.py) under "host"; else None."""
     if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
         return _streamed(api, hooks)
     if mode == "host":  # the update of a share of the state the budget cannot hold on the host, the rest
         # streamed (transit_host.py's Split)
         host = transit_host.HostStep(ours=hooks.ours(), room=_state_room(api), on_host=api.state_on_host,
-                                     share=transit_host.SplitShare(),
+                                     share=transit_split.SplitShare(),
                                      device_memory=(api.device_alloc, api.device_free))
-        return transit_host.Split(host, _streamed(api, hooks))
+        return transit_split.Split(host, _streamed(api, hooks))
     return None
 
 

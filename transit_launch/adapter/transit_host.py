@@ -1,6 +1,6 @@
 """TRANSIT_OVERLAP_STEP=host (opt-in): the update of the state the GPU budget cannot hold
-runs on the host, with torch's own optimizer, for a share of it (the split: the streamed step
-moves the rest, see Split and SplitShare).
+runs on the host, with torch's own optimizer, for a share of it (the split, transit_split.py:
+the streamed step moves the rest).
 
 The streamed step moves that state, 16 B a parameter of Adam (8 in, 8 out), after backward.
 Here it never moves: it lives in host memory, each parameter's gradient goes down (4 B) as it
@@ -53,10 +53,7 @@ CHUNK_BYTES = 256 << 20  # parameter bytes stepped and sent up together (the CPU
 # the pieces cross into a ring and a high-priority stream copies them on the device (_UpRing)
 BOUNCE_BYTES = 64 << 20
 RING_PIECES = 4
-# The split (Split) streams a job's first steps whole and times the last of them (the first makes the
-# state): the GPU's forward and backward, the streamed step; the host step adopts its share after
-LEARN_STEPS = 2
-# The devices whose steps the split times: on a CPU (tests) the host step's work is the device's
+# The devices whose steps the split (transit_split.py) times: on a CPU (tests) the host step's work is the device's
 # own, with nothing beside it to balance (all of it goes to the host, as without a link)
 TIMED_DEVICES = ("cuda",)
 # The copies up issued by a thread of their own while the worker steps the next chunk (HostStep._run);
@@ -68,132 +65,7 @@ DTENSOR_STATE = ("its parameters are DTensors (FSDP2): their host state is not i
                  "state_dict() does not hold it (checkpoints need TRANSIT_OVERLAP_STEP=stream)")
 
 
-class SplitShare:
-    """share(opt, clipped, timing) for the split (HostStep's share): the fraction of the
-    offloaded parameters' bytes whose update the CPU runs, the streamed step moving the rest's
-    state. timing: (window_s, stream_s, nbytes) from the steps the split streamed whole before
-    adopting (HostStep.learn): the GPU's seconds from one step's end to the next step's call
-    (forward and backward), the streamed step's seconds for all nbytes offloaded parameter
-    bytes. The CPU's seconds for them: cpu_s a parameter byte, measured once as the job runs it
-    (torch's fused CPU step of the optimizer's class on CALIBRATE_ELEMS parameters, with the
-    worker's threads and copies both ways in flight beside it). Balanced where the GPU's step
-    (the window plus the streamed share) and the CPU's cycle end together:
-    - unclipped, the CPU steps each chunk as its gradients land and until the next forward
-      reads it: share x cpu = window + (1 - share) x stream;
-    - clipped, no update starts before backward ends, and the CPU's chunks (the last layers)
-      are read after the forward's first part (FORWARD_SHARE of the window, the part on the
-      streamed layers): share x (cpu + fwd) = fwd + (1 - share) x stream.
-    Without timing (no step streamed whole, a CPU): all of it unclipped; clipped, the link's
-    rate (a pinned copy timed) in place of the streamed step's: share x cpu = (1 - share) x link."""
-
-    # The forward's share of a step's forward and backward (a backward is about twice its forward)
-    FORWARD_SHARE = 1 / 3
-    CALIBRATE_ELEMS = 16 << 20
-    BESIDE = 8  # copies each way in flight while the CPU steps (more than its step lasts)
-
-    def __init__(self):
-        self.measured = None  # (cpu_s, link_s) a parameter byte
-        self.fixed = None     # TRANSIT_HOST_SHARE, a diagnostic: this share, clipped or not
-        text = os.environ.get(transit_rules.ENV["HOST_SHARE"])
-        if text is not None:
-            try:
-                self.fixed = float(text)
-            except ValueError:
-                self.fixed = -1.0
-            if not 0.0 <= self.fixed <= 1.0:
-                self.fixed = None
-                transit_step.say(f"{transit_rules.ENV['HOST_SHARE']}={text!r} is not a fraction from 0 to 1: "
-                                 "the split's own share is used")
-
-    def __call__(self, opt, clipped, timing=None):
-        if self.fixed is not None:
-            return self.fixed
-        if timing is not None:
-            window, stream, nbytes = timing
-            cpu = (self.measured or self._measure(opt))[0] * nbytes
-            fwd = self.FORWARD_SHARE * window if clipped else 0.0
-            rest = stream + (fwd if clipped else window)
-            return min(1.0, max(0.0, rest / (cpu + fwd + stream))) if cpu + fwd + stream > 0 else 1.0
-        if not clipped:
-            return 1.0
-        cpu_s, link_s = self.measured or self._measure(opt)
-        return link_s / (cpu_s + link_s) if link_s else 1.0  # no GPU: no link to share the work with
-
-    def _measure(self, opt):
-        import torch
-
-        dev = next((p.device for g in opt.param_groups for p in g["params"] if p.device.type == "cuda"), None)
-        n, clock = self.CALIBRATE_ELEMS, time.perf_counter
-        link_s, beside = 0.0, None
-        if dev is not None:
-            src = torch.empty(n, pin_memory=True)
-            back = torch.empty(n, pin_memory=True)
-            dst = torch.empty(n, device=dev)
-            stream = torch.cuda.current_stream(dev)
-            dst.copy_(src, non_blocking=True)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(stream)
-            dst.copy_(src, non_blocking=True)
-            b.record(stream)
-            b.synchronize()
-            link_s = _state_tensors(opt) * a.elapsed_time(b) / 1e3 / (4 * n)
-            beside = (torch.cuda.Stream(dev), torch.cuda.Stream(dev))
-        x = torch.zeros(n)
-        x.grad = torch.ones(n)
-        cpu = type(opt)([x], fused=True)
-        step = transit_step.raw_step(cpu)  # without the step hooks: ours would adopt it, sitecustomize's count it
-        threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, threads - 1))  # the worker's (HostStep._step says why)
-        try:
-            step(cpu)  # the state made
-            if beside is not None:
-                for _ in range(self.BESIDE):
-                    with torch.cuda.stream(beside[0]):
-                        dst.copy_(src, non_blocking=True)
-                    with torch.cuda.stream(beside[1]):
-                        back.copy_(dst, non_blocking=True)
-            t0 = clock()
-            step(cpu)
-            cpu_s = (clock() - t0) / (4 * n)
-        finally:
-            torch.set_num_threads(threads)
-            if beside is not None:
-                for st in beside:
-                    st.synchronize()
-        self.measured = (cpu_s, link_s)
-        return self.measured
-
-
-class Split:
-    """The host step and the streamed step on one job (TRANSIT_OVERLAP_STEP=host): the host
-    step's pre-step hook runs first and hides the gradients of the parameters the CPU steps,
-    so the streamed step, after it, streams the rest (the offloaded parameters the share left
-    it) and the application's step updates in place what the budget holds. Each counts the
-    other's hooks as its own."""
-
-    def __init__(self, host, stream):
-        self.host, self.stream = host, stream
-        host.learn = LEARN_STEPS  # the streamed step runs these whole first: their times set the share
-        host.ours += [stream.pre_step, stream.post_step]
-        stream.ours += [host.pre_step, host.post_step]
-
-    def install(self):
-        self.host.install()
-        self.stream.install()
-
-    def uninstall(self):
-        self.stream.uninstall()
-        self.host.uninstall()
-
-    def counters(self):
-        out = self.host.counters()
-        measured = getattr(self.host.share, "measured", None)
-        if measured:
-            out["cpu_ns_per_byte"], out["link_ns_per_byte"] = (round(x * 1e9, 4) for x in measured)
-        return {**out, "stream": self.stream.counters()}
-
-
-def _state_tensors(opt):
+def state_tensors(opt):
     """How many parameter-shaped state tensors the optimizer keeps (Adam's two moments, SGD's
     momentum)."""
     return 2 if type(opt).__name__ in ("Adam", "AdamW") else 1
@@ -729,7 +601,7 @@ class HostStep:
         import torch
 
         plan = _Plan(opt)
-        per_param = _state_tensors(opt)
+        per_param = state_tensors(opt)
         left = {}
         offloaded = []  # (group index, parameter, its local tensor)
         cls = type(opt)

@@ -24,7 +24,7 @@ STATE_LINK_SHARE = 0.84
 STREAM_LINK_SHARE = 1.0
 # --overlap host: the CPU updates a share of the offloaded state in host memory (torch's fused
 # CPU optimizer) while the streamed step moves the rest, the two side by side and balanced by
-# the adapter's split (transit_host.SplitShare), so the state is served at the link's rate plus
+# the adapter's split (transit_split.SplitShare), so the state is served at the link's rate plus
 # the CPU's. The CPU's: state bytes a second per host core the job's ranks share, as one
 # TorchTitan run measured it against the streamed step of the same lease (its link's own rate
 # taken out; prediction_records.HOST_FIT), not the fused kernel alone (the copies, the data
