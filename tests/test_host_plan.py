@@ -17,20 +17,19 @@ FIT = records.host_fit()
 HOST_OVER_AT_MOST = 0.07  # the held-out host run the model over-predicts (records.HOST_HELD_OUT's reason)
 
 
-def _req(mode, **kw):
-    """The fit run's job as the plan sees it: its budget, one GPU, the lease's 16 cores."""
-    card = replace(load_model("llama3-8b"), layers=FIT["layers"])
-    kw = {"gpu": gpu_profile("h100-80gb", memory=FIT["budget"]), "gpus_per_node": 1,
+def _req(mode, fit=FIT, **kw):
+    """A recorded run's job as the plan sees it (the fit run's by default): its budget, one
+    GPU, the lease's 16 cores."""
+    card = replace(load_model("llama3-8b"), layers=fit["layers"])
+    kw = {"gpu": gpu_profile("h100-80gb", memory=fit["budget"]), "gpus_per_node": 1,
           "host_cores": records.HOST_FIT_CORES, **kw}
-    return Request(card=card, seq_len=FIT["seq_len"], global_batch=FIT["microbatches"], overlap=mode, **kw)
+    return Request(card=card, seq_len=fit["seq_len"], global_batch=fit["microbatches"], overlap=mode, **kw)
 
 
 def _at_lease_link(mode, fit=FIT):
     """The request with the host link the file's streamed run measured, not the profile's."""
     gpu = replace(gpu_profile("h100-80gb", memory=fit["budget"]), host_link=fit["link"] / efficiency.STREAM_LINK_SHARE)
-    card = replace(load_model("llama3-8b"), layers=fit["layers"])
-    return Request(card=card, seq_len=fit["seq_len"], global_batch=fit["microbatches"], overlap=mode, gpu=gpu,
-                   gpus_per_node=1, host_cores=records.HOST_FIT_CORES)
+    return _req(mode, fit, gpu=gpu)
 
 
 def test_the_cpus_rate_a_core_is_what_the_fit_run_measured():

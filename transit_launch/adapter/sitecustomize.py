@@ -277,7 +277,7 @@ def _overlap(api, hooks, mode):
     if mode == "stream":  # the step streamed through the copy engines (transit_streamed.py)
         return _streamed(api, hooks)
     if mode == "host":  # the update of a share of the state the budget cannot hold on the host, the rest
-        # streamed (transit_host.py's Split)
+        # streamed (transit_split.py's Split)
         host = transit_host.HostStep(ours=hooks.ours(), room=_state_room(api), on_host=api.state_on_host,
                                      share=transit_split.SplitShare(),
                                      device_memory=(api.device_alloc, api.device_free))

@@ -581,21 +581,20 @@ class HostStep:
         marks.append([dev, _mark(dev), None])
         return True
 
-    def _timing(self, opt, nbytes):
-        """(window_s, stream_s, nbytes) of the last step streamed whole, or None: the window
-        from its end to this step's call, the step itself."""
+    def _timing(self, opt):
+        """(window_s, stream_s) of the last step streamed whole, or None: the window from its
+        end to this step's call, the step itself."""
         marks = self.marks.pop(opt, None)
         if not marks or marks[-1][2] is None:
             return None
         dev, pre, post = marks[-1]
-        now = _mark(dev)
-        return _elapsed(post, now), _elapsed(pre, post), nbytes
+        return _elapsed(post, _mark(dev)), _elapsed(pre, post)
 
     def _adopt(self, opt):
-        """At the first step: the parameters whose state the budget cannot hold (by group
-        order, the first ones fit) are offloaded; of those, the last in forward order, up to
-        the share of their bytes that self.share gives (all without one), get host copies,
-        chunks and hooks. The rest are left to the application's step: in the split, the
+        """At the first step (in the split, the first after its timed steps): the parameters
+        whose state the budget cannot hold (by group order, the first ones fit) are offloaded;
+        of those, the last in forward order, up to the share of their bytes that self.share
+        gives (all without one), get host copies, chunks and hooks. The rest are left to the application's step: in the split, the
         streamed step installed after this one (the next forward reads the first layers
         first, so the CPU's chunks, which it waits for, are the last layers')."""
         import torch
@@ -679,9 +678,10 @@ class HostStep:
         if not offloaded:
             return set()
         nbytes = [lp.numel() * lp.element_size() for _, _, lp in offloaded]
-        timing = self._timing(opt, sum(nbytes))
+        timing = self._timing(opt)
         if timing is not None:
-            self.stats["window_s"], self.stats["stream_s"] = round(timing[0], 4), round(timing[1], 4)
+            self.stats["window_s"], self.stats["stream_s"] = (round(t, 4) for t in timing)
+            timing = (*timing, sum(nbytes))
         share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen, timing))))
         self.stats["share"] = round(share, 3)
         target, taken, host = share * sum(nbytes), 0, set()

@@ -1,6 +1,7 @@
 """TRANSIT_OVERLAP_STEP=host's split: the host step (transit_host.py) and the streamed step
 (transit_streamed.py) on one job, and the share of the offloaded state each takes."""
 
+import math
 import os
 import time
 
@@ -42,11 +43,12 @@ class SplitShare:
         text = os.environ.get(transit_rules.ENV["HOST_SHARE"])
         if text is not None:
             try:
-                self.fixed = float(text)
+                value = float(text)
             except ValueError:
-                self.fixed = -1.0
-            if not 0.0 <= self.fixed <= 1.0:
-                self.fixed = None
+                value = math.nan
+            if 0.0 <= value <= 1.0:
+                self.fixed = value
+            else:
                 transit_step.say(f"{transit_rules.ENV['HOST_SHARE']}={text!r} is not a fraction from 0 to 1: "
                                  "the split's own share is used")
 
