@@ -21,6 +21,7 @@ state (8 bytes a parameter): the GPU that could not hold the state. `--runs` nam
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -145,8 +146,9 @@ def report(paths):
         ref = next((r for r in d["runs"] if r["name"] == "ref" and r.get("step_s")), None)
         steady_ref = steady(ref["step_s"]) if ref else None
         print(f"{path}: {d['model']} at {d['layers']} layers, {d['accum']} microbatches")
+        tail_ref = tail(ref["step_s"]) if ref else None
         print(f"{'run':<34} {'budget GB':>9} {'step 1 s':>8} {'step 2 s':>8} {'steady s':>8} {'2/steady':>8} "
-              f"{'% of ref':>8} {'warm-up':>8}")
+              f"{'% of ref':>8} {'warm-up':>8} {'last 4 s':>8} {'% of ref':>8}")
         for r in d["runs"]:
             s = r.get("step_s") or []
             if len(s) < 3:
@@ -156,8 +158,16 @@ def report(paths):
             pct = f"{100 * steady_ref / st:.1f}" if steady_ref else "-"
             # warm-up: what the first two steps took beyond two steady ones, in steady steps
             warm = (s[0] + s[1] - 2 * st) / st
+            last = tail(s)
             print(f"{r['name'][:34]:<34} {(r['budget'] or 0) / 1e9:>9.2f} {s[0]:>8.2f} {s[1]:>8.2f} {st:>8.2f} "
-                  f"{s[1] / st:>8.1f} {pct:>8} {warm:>8.1f}")
+                  f"{s[1] / st:>8.1f} {pct:>8} {warm:>8.1f} {last:>8.2f} "
+                  f"{f'{100 * tail_ref / last:.1f}' if tail_ref else '-':>8}")
+
+
+def tail(xs):
+    """The median of a run's last four steps (past a host split's revision, which runs later
+    than the first two)."""
+    return statistics.median(xs[-4:])
 
 
 def steady(xs):

@@ -610,6 +610,126 @@ def test_the_split_share_balances_the_timed_steps():
     assert s(None, False, (0.2, 0.1, 1e8)) == pytest.approx(0.75)
     assert s(None, True, (0.2, 0.1, 1e8)) == pytest.approx((0.2 / 3 + 0.1) / (0.3 + 0.2 / 3 + 0.1))
     assert s(None, False, (1.0, 0.1, 1e8)) == 1.0 and s(None, True, (0.0, 0.0, 1e8)) == 0.0
+    # revised from the CPU's rate as the host steps ran (here 5 ns a byte: 0.5 s), not the calibration's
+    assert s.revise(False, (0.2, 0.1, 1e8), 5e-9) == pytest.approx((0.2 + 0.1) / (0.5 + 0.1))
+    s.fixed = 0.4
+    assert s.revise(True, (0.2, 0.1, 1e8), 5e-9) == 0.4  # a fixed share (TRANSIT_HOST_SHARE) stays
+
+
+class Revising:
+    """A split share that gives `first` at adoption and `revised` when the host steps ask
+    again, recording the CPU's seconds a byte they report."""
+
+    def __init__(self, first, revised):
+        self.first, self.revised, self.rates = first, revised, []
+
+    def __call__(self, opt, clipped, timing):
+        return self.first
+
+    def revise(self, clipped, timing, cpu_byte_s):
+        self.rates.append(cpu_byte_s)
+        return self.revised
+
+
+def _split(th, ts, share, streamed, monkeypatch, whole=None):
+    """A Split on the CPU, its steps timed as a GPU's; whole: the seconds the step streamed
+    whole is said to take (window, stream), in place of the CPU's."""
+    monkeypatch.setattr(th, "TIMED_DEVICES", ("cuda", "cpu"))
+    host = th.HostStep(share=share)
+    drv = ts.Split(host, streamed())
+    host.revise = share.revise  # (Split takes a SplitShare's: here the stand-in's)
+    if whole is not None:
+        real = host._timing
+        monkeypatch.setattr(host, "_timing", lambda opt, n: (real(opt, n) and None) or (*whole, n))
+    return host, drv
+
+
+# Linear(64, 1000), Linear(1000, 4): shares 0.5 and 0.01 of the 69,004 offloaded parameters'
+# bytes pick the last three parameters and the last one (_host_share: to the nearest parameter)
+@pytest.mark.parametrize("first, revised, before, after", [(0.5, 0.01, 3, 1), (0.01, 1.0, 1, 4)],
+                         ids=["fewer", "more"])
+def test_the_split_revises_its_share_from_the_host_steps_and_stays_exact(streamed, monkeypatch, capsys, first,
+                                                                          revised, before, after):
+    """After REVISE_STEPS host steps the share is asked again with the CPU's seconds a byte
+    as they ran; the parameters that leave the host give their state back to the streamed
+    step, those that join take theirs from it, and the run equals torch's fused step bit for
+    bit (losses, parameters, state). The step streamed whole said slower: the host path stays."""
+    import torch
+
+    from tests.test_adapter_streamed import same, train
+
+    th, ts = load("transit_host"), load("transit_split")
+    share = Revising(first, revised)
+    host, drv = _split(th, ts, share, streamed, monkeypatch, whole=(1e3, 1e3))
+    adopted = []
+    real_adopt = host._adopt
+    monkeypatch.setattr(host, "_adopt", lambda opt, **kw: adopted.append(kw) or real_adopt(opt, **kw))
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)  # noqa: E731
+    steps = ts.LEARN_STEPS + 1 + ts.REVISE_STEPS + 4
+    ref = train(make, steps=steps, clip=0.05)
+    got = train(make, drv, steps=steps, clip=0.05)
+    same(got, ref)
+    assert len(share.rates) == 1 and share.rates[0] > 0  # asked once, with a rate
+    assert [kw.get("share") for kw in adopted] == [None, revised]
+    assert (host.stats["host_params"], host.stats["stream_params"]) == (after, 4 - after)
+    assert host.stats["share"] == revised and host.stats["revised_share"] == revised
+    # kept to the end: the step streamed whole was "slower"
+    assert host.stats["steps"] == steps - ts.LEARN_STEPS and "faster" not in capsys.readouterr().err
+    # streamed: every parameter while learning, then the first plan's rest from its adoption to the
+    # revision (1 + REVISE_STEPS steps), then the revised plan's rest (here a state given back is
+    # homed already, the staging's CPU homes being in place: it streams at once)
+    first_steps, later = 1 + ts.REVISE_STEPS, steps - ts.LEARN_STEPS - 1 - ts.REVISE_STEPS
+    assert drv.stream.streamed == ts.LEARN_STEPS * 4 + first_steps * (4 - before) + later * (4 - after)
+
+
+def test_the_split_gives_all_to_the_streamed_step_where_it_was_faster(streamed, monkeypatch, capsys):
+    """Host steps slower than the step streamed whole (said to take no time): after
+    REVISE_STEPS of them the host path gives its state back, says so once, and the streamed
+    step runs every parameter from then on; the run equals torch's fused step bit for bit."""
+    import torch
+
+    from tests.test_adapter_streamed import same, train
+
+    th, ts = load("transit_host"), load("transit_split")
+    share = Revising(0.5, 0.5)  # the same parameters: no plan made again, the times compared at once
+    host, drv = _split(th, ts, share, streamed, monkeypatch, whole=(0.0, 0.0))
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)  # noqa: E731
+    steps = ts.LEARN_STEPS + 1 + ts.REVISE_STEPS + 3
+    ref = train(make, steps=steps)
+    got = train(make, drv, steps=steps)
+    same(got, ref)
+    err = capsys.readouterr().err
+    assert err.count("the step streamed whole was faster") == 1
+    host_steps = 1 + ts.REVISE_STEPS
+    assert host.stats["steps"] == host_steps
+    # 4 a step while learning and from the fallback on, 1 between
+    assert drv.stream.streamed == 4 * (steps - host_steps) + host_steps * 1
+
+
+def test_a_dtensors_state_goes_back_as_a_dtensor(host, gloo):
+    """A state given back to an FSDP2 optimizer (a share revised down, a refusal) is a DTensor
+    of its parameter's placement, as torch's step made it: the application's step reads it
+    beside DTensor parameters."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from tests.test_adapter_step import fsdp_mlp
+
+    m = fsdp_mlp()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    for _ in range(2):
+        m(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    host._give_back(opt, host.plans[opt])  # as pre_step does at a refusal, which it then says (off)
+    host._off(opt, "a refusal")
+    for p in m.parameters():
+        st = opt.state[p]
+        assert isinstance(st["exp_avg"], DTensor) and st["exp_avg"].placements == p.placements
+        assert st["exp_avg"].shape == p.shape and not isinstance(st["step"], DTensor)
+    m(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()  # torch's own step, over DTensor parameters and the state given back
+    assert int(opt.state[next(m.parameters())]["step"]) == 3
 
 
 @pytest.mark.parametrize("text, share", [("0.4", 0.4), ("0", 0.0), ("1", 1.0), ("1.5", None), ("half", None)])

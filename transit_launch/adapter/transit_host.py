@@ -30,6 +30,7 @@ refuses too, sparse or non-contiguous tensors.
 import atexit
 import itertools
 import os
+import statistics
 import threading
 import time
 import weakref
@@ -201,6 +202,12 @@ class _Plan:
         self.hidden = []    # (param, grad) hidden from the application's step
         self.handles = []
         self.job = None     # the step the worker runs (_Job), until _finish
+        self.counts = (0, 0, 0)  # (host, streamed, resident) parameters, in the stats
+        self.host_bytes = 0      # bytes of the parameters stepped here
+        self.timing = None       # the split's (window_s, stream_s, offloaded bytes), from its whole steps
+        self.times = []          # (mark, cpu_s) at each step's call, until the share is revised
+        self.cpu_s = 0.0         # the CPU steps' seconds of this plan's jobs
+        self.revised = False     # the share revised from this plan's steps (HostStep._revise)
 
 
 class _Chunk:
@@ -228,6 +235,7 @@ class _Job:
         self.threads = threads  # the worker's intra-op threads (_step says why)
         self.error = None
         self.future = None
+        self.cpu_s = 0.0        # its CPU steps' seconds
 
 
 class HostStep:
@@ -247,10 +255,17 @@ class HostStep:
         # device_memory: the shim's plain device memory (transit_staging.device_buffer), the copies'
         # bounce buffers; None (no shim: the parameters are plain memory already): copies go direct
         self.device_memory = device_memory
+        # home(cpu tensor, device, opt) -> the tensor a state given back is kept as (the streamed
+        # step's pinned homes, transit_staging.Staging.home_of: Split sets it); None: moved to the device
+        self.home = None
         self.bounce_bytes = BOUNCE_BYTES
         self.bounces = {}            # device -> (down, up) uint8 buffers, or (None, None): none to be had
         self.clip_seen = False
         self.learn = 0               # steps streamed whole before adopting, timed (Split sets it)
+        # revise(clipped, timing, cpu_byte_s) -> the share from the CPU's seconds a byte as the
+        # host steps ran (Split sets it); after revise_steps such steps, once (_revise)
+        self.revise = None
+        self.revise_steps = 0
         self.marks = weakref.WeakKeyDictionary()  # optimizer -> [[device, pre mark, post mark]] of those steps
         self.plans = weakref.WeakKeyDictionary()
         self.said = weakref.WeakKeyDictionary()  # optimizer -> why it steps as without the adapter
@@ -259,7 +274,8 @@ class HostStep:
         self.stats = {"steps": 0, "host_params": 0, "resident_params": 0, "stream_params": 0, "share": 1.0,
                       "recopied": 0, "clipped": 0,
                       "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0, "held_s": 0.0,
-                      "window_s": 0.0, "stream_s": 0.0}
+                      "window_s": 0.0, "stream_s": 0.0, "step_s": 0.0, "revised_share": None,
+                      "run_cpu_ns_per_byte": None}
         self.handles = []
         self.worker = None           # one thread: the CPU steps of a job, in order
         self.sender = None           # one thread: the copies up of the chunks the worker stepped (_send_up)
@@ -291,6 +307,8 @@ class HostStep:
                 f"streamed (share on the host {s['share']:.2f}"
                 + (f", from a {s['window_s']:.3f} s forward and backward and a {s['stream_s']:.3f} s step streamed whole"
                    if s["window_s"] else "")
+                + (f"; revised to {s['revised_share']:.2f} from {s['run_cpu_ns_per_byte']:.3f} ns a byte as the CPU "
+                   f"stepped, {s['step_s']:.3f} s a step" if s["revised_share"] is not None else "")
                 + f"), {s['resident_params']} left to the GPU step; "
                 f"gradients copied again at the step {s['recopied']} times, scaled by a clip {s['clipped']} times; "
                 f"seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
@@ -417,6 +435,7 @@ class HostStep:
         t0 = time.perf_counter()
         job.future.result()
         self.stats["held_s"] += time.perf_counter() - t0
+        plan.cpu_s += job.cpu_s
         for c in job.chunks:
             if c.up is not None:
                 torch.cuda.current_stream(c.up.device).wait_event(c.up)
@@ -518,6 +537,10 @@ class HostStep:
                 self.stats["adopt_s"] += time.perf_counter() - t0
                 if plan is None:
                     return
+            elif self.revise is not None and plan.timing is not None and plan.revised is not None:
+                plan = self._revise(opt, plan)
+                if plan is None:
+                    return
             self._step(opt, plan)
         except Exception as e:  # never the reason a job dies
             plan = self.plans.get(opt)
@@ -581,22 +604,27 @@ class HostStep:
         marks.append([dev, _mark(dev), None])
         return True
 
-    def _timing(self, opt):
-        """(window_s, stream_s) of the last step streamed whole, or None: the window from its
-        end to this step's call, the step itself."""
+    def _timing(self, opt, nbytes):
+        """(window_s, stream_s, nbytes) of the last step streamed whole, or None: the window
+        from its end to this step's call, the step itself (of nbytes offloaded bytes)."""
         marks = self.marks.pop(opt, None)
         if not marks or marks[-1][2] is None:
             return None
         dev, pre, post = marks[-1]
-        return _elapsed(post, _mark(dev)), _elapsed(pre, post)
+        timing = _elapsed(post, _mark(dev)), _elapsed(pre, post), nbytes
+        self.stats["window_s"], self.stats["stream_s"] = (round(t, 4) for t in timing[:2])
+        return timing
 
-    def _adopt(self, opt):
+    def _adopt(self, opt, old=None, share=None):
         """At the first step (in the split, the first after its timed steps): the parameters
         whose state the budget cannot hold (by group order, the first ones fit) are offloaded;
         of those, the last in forward order, up to the share of their bytes that self.share
         gives (all without one), get host copies, chunks and hooks. The rest are left to the application's step: in the split, the
         streamed step installed after this one (the next forward reads the first layers
-        first, so the CPU's chunks, which it waits for, are the last layers')."""
+        first, so the CPU's chunks, which it waits for, are the last layers').
+        Again at a revised share (_revise): old's parameters that stay keep their host copies
+        and state, those that leave get their state back (_return_state), and the plan is old
+        itself when the share picks the same parameters."""
         import torch
 
         plan = _Plan(opt)
@@ -604,6 +632,7 @@ class HostStep:
         left = {}
         offloaded = []  # (group index, parameter, its local tensor)
         cls = type(opt)
+        resident = 0
         for gi, group in enumerate(opt.param_groups):
             for p in group["params"]:
                 if not p.requires_grad:
@@ -615,31 +644,57 @@ class HostStep:
                 need = lp.numel() * lp.element_size() * per_param
                 if left[dev] is None or need <= left[dev]:
                     left[dev] = None if left[dev] is None else left[dev] - need
-                    self.stats["resident_params"] += 1
+                    resident += 1
                     continue
                 offloaded.append((gi, p, lp))
-        host = self._host_share(opt, offloaded)
-        self.stats["stream_params"] += len(offloaded) - len(host)
+        if old is None:
+            plan.timing = self._timing(opt, sum(lp.numel() * lp.element_size() for _, _, lp in offloaded))
+        else:
+            plan.timing, plan.learned = old.timing, old.learned
+        host = self._host_share(opt, offloaded, plan.timing, share)
+        if old is not None:
+            if host == set(old.recs):
+                return old
+            self._finish(old)
+            self._copies_done()
+            kept = {}  # id(param) -> (its _Rec, its host state)
+            for gi, cpu, recs in old.chunks:
+                for r in recs:
+                    st = cpu.state.get(r.ph)
+                    if id(r.p) in host:
+                        kept[id(r.p)] = (r, st)
+                    elif st:
+                        self._return_state(opt, gi, r, st)
+            for h in old.handles:
+                h.remove()
+            self._count(old, -1)
         dtensor = False
         for gi, group in itertools.groupby((o for o in offloaded if id(o[1]) in host), key=lambda o: o[0]):
             chunk, size = [], 0
             for _, p, lp in group:
-                pin = lp.device.type == "cuda"
-                ph = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
-                ph.copy_(lp)
-                gh = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
-                rec = _Rec(p, ph, gh)
+                rec, st = kept.get(id(p), (None, None)) if old is not None else (None, None)
+                if rec is None:
+                    pin = lp.device.type == "cuda"
+                    ph = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
+                    ph.copy_(lp)
+                    gh = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
+                    rec = _Rec(p, ph, gh)
                 self._bounce(lp.device)
                 dtensor |= hasattr(p, "to_local")
                 plan.recs[id(p)] = rec
                 plan.handles.append(p.register_post_accumulate_grad_hook(self.on_grad))
-                chunk.append(rec)
+                chunk.append((rec, st))
                 size += lp.numel() * lp.element_size()
                 if size >= CHUNK_BYTES:
                     plan.chunks.append(self._chunk(cls, opt, gi, chunk))
                     chunk, size = [], 0
             if chunk:
                 plan.chunks.append(self._chunk(cls, opt, gi, chunk))
+        plan.counts = (len(plan.recs), len(offloaded) - len(plan.recs), resident)
+        plan.host_bytes = sum(r.local.numel() * r.local.element_size() for r in plan.recs.values())
+        self._count(plan, 1)
+        if old is not None:
+            self.plans.pop(opt, None)
         if not plan.recs:
             self._off(opt, "the streamed step has all of its state" if offloaded else
                       "its state fits the GPU budget: nothing to step on the host")
@@ -650,11 +705,50 @@ class HostStep:
         # what reads the state or the parameters outside a forward waits for the step in flight
         plan.handles.append(opt.register_state_dict_pre_hook(lambda o: self._finish(plan)))
         plan.handles.append(opt.register_load_state_dict_pre_hook(lambda o, sd: self._finish(plan)))
-        self.stats["host_params"] += len(plan.recs)
-        if self.on_host:
+        if self.on_host and old is None:
             self.on_host()
-        if dtensor:
+        if dtensor and old is None:
             transit_step.say(f"host step for {cls.__name__}: {DTENSOR_STATE}")
+        return plan
+
+    def _count(self, plan, sign):
+        for key, n in zip(("host_params", "stream_params", "resident_params"), plan.counts):
+            self.stats[key] += sign * n
+
+    def _revise(self, opt, plan):
+        """The split's share revised once from the host steps themselves: after revise_steps
+        of them (timed from each one's call to the next's: the first, adopting, and the one
+        that made the plan again are left out), the CPU's seconds a byte as they ran give the
+        share (self.revise), and the plan is made again at it where it picks other parameters. Then the steps at the share are timed against the step
+        streamed whole: where that was faster, the host path gives its state back and the
+        streamed step takes all of it. The plan to step with, or None (off)."""
+        self._finish(plan)
+        if self.plans.get(opt) is not plan:  # the worker failed: given back
+            return None
+        dev = next(iter(plan.recs.values())).local.device
+        plan.times.append((_mark(dev), plan.cpu_s))
+        if len(plan.times) <= self.revise_steps:
+            return plan
+        times = plan.times
+        step_s = statistics.median(_elapsed(a, b) for (a, _), (b, _) in zip(times, times[1:]))
+        self.stats["step_s"] = round(step_s, 4)
+        if not plan.revised:
+            cpu_byte_s = (times[-1][1] - times[0][1]) / (len(times) - 1) / plan.host_bytes
+            self.stats["run_cpu_ns_per_byte"] = round(cpu_byte_s * 1e9, 4)
+            share = min(1.0, max(0.0, float(self.revise(self.clip_seen, plan.timing, cpu_byte_s))))
+            self.stats["revised_share"] = round(share, 3)
+            new = self._adopt(opt, old=plan, share=share)
+            if new is None or new is not plan:
+                if new is not None:
+                    new.revised = True
+                return new
+        plan.revised, plan.times = None, []
+        window, stream, _ = plan.timing
+        if step_s >= window + stream:
+            self._give_back(opt, plan)
+            self._off(opt, f"the step streamed whole was faster ({window + stream:.3f} s against {step_s:.3f} s "
+                           f"with {self.stats['share']:.2f} of the offloaded bytes on the host): it takes all of it")
+            return None
         return plan
 
     def _bounce(self, dev):
@@ -672,17 +766,15 @@ class HostStep:
             return
         self.bounces[dev] = (_DownRing(mem[:self.bounce_bytes]), _UpRing(mem[self.bounce_bytes:]))
 
-    def _host_share(self, opt, offloaded):
+    def _host_share(self, opt, offloaded, timing, share=None):
         """The ids of the offloaded parameters the CPU steps: the last ones in forward order
-        while their bytes stay within share x all offloaded bytes (to the nearest parameter)."""
+        while their bytes stay within share x all offloaded bytes (to the nearest parameter);
+        the share self.share gives where none is given."""
         if not offloaded:
             return set()
         nbytes = [lp.numel() * lp.element_size() for _, _, lp in offloaded]
-        timing = self._timing(opt)
-        if timing is not None:
-            self.stats["window_s"], self.stats["stream_s"] = (round(t, 4) for t in timing)
-            timing = (*timing, sum(nbytes))
-        share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen, timing))))
+        if share is None:
+            share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen, timing))))
         self.stats["share"] = round(share, 3)
         target, taken, host = share * sum(nbytes), 0, set()
         for (_, p, _), n in zip(reversed(offloaded), reversed(nbytes)):
@@ -692,17 +784,22 @@ class HostStep:
             taken += n
         return host
 
-    def _chunk(self, cls, opt, gi, recs):
-        """A CPU optimizer of the application's class over these host copies; the state the
-        application's optimizer has for them (a loaded state_dict) is moved into it."""
+    def _chunk(self, cls, opt, gi, items):
+        """A CPU optimizer of the application's class over these host copies ([(rec, its host
+        state or None)]): a host state carried over (a revised share) is taken as it is, else
+        the state the application's optimizer has (a loaded state_dict, the split's streamed
+        steps) is moved into it."""
         import torch
 
         hyper = {k: v for k, v in opt.param_groups[gi].items() if k not in ("params", "foreach", "fused")}
+        recs = [r for r, _ in items]
         cpu = cls([r.ph for r in recs], **{k: v for k, v in hyper.items() if k in cls.__init__.__code__.co_varnames},
                   fused=True)
-        for r in recs:
+        for r, st in items:
             old = opt.state.get(r.p)
-            if old:
+            if st:
+                cpu.state[r.ph] = st
+            elif old:
                 cpu.state[r.ph] = {k: _local(v).detach().to("cpu", copy=True) if torch.is_tensor(v) else v
                                    for k, v in old.items()}
             if not hasattr(r.p, "to_local"):
@@ -784,6 +881,7 @@ class HostStep:
                 t1 = clock()
                 self.stats["wait_s"] += t1 - t0
                 transit_step.raw_step(c.cpu)(c.cpu)
+                job.cpu_s += clock() - t1
                 self.stats["cpu_s"] += clock() - t1
                 if opt is not None:
                     for r in c.live:
@@ -892,21 +990,43 @@ class HostStep:
     def _give_back(self, opt, plan):
         """The host path stops for this optimizer: its state and parameters go back to the
         application's own step."""
-        import torch
-
         self._finish(plan)
-        for streams in self.streams.values():
-            for stream in streams:
-                stream.synchronize()
+        self._copies_done()
         for gi, cpu, recs in plan.chunks:
-            group = opt.param_groups[gi]
-            # where torch's load_state_dict puts a step count: on the device for fused or capturable steps
-            step_on_device = bool(group.get("fused") or group.get("capturable"))
             for r in recs:
                 st = cpu.state.get(r.ph)
                 if st:
-                    opt.state[r.p] = {k: v.to(r.local.device) if torch.is_tensor(v) and (k != "step" or step_on_device)
-                                      else v for k, v in st.items()}
+                    self._return_state(opt, gi, r, st)
         for h in plan.handles:
             h.remove()
         self.plans.pop(opt, None)
+
+    def _copies_done(self):
+        """The host copies' last reads and writes on the copy streams (the copies up) done."""
+        for streams in self.streams.values():
+            for stream in streams:
+                stream.synchronize()
+
+    def _return_state(self, opt, gi, rec, st):
+        """rec's host state back in opt.state, where torch's step keeps it: on the parameter's
+        device (in the split, in a pinned home the streamed step streams: self.home; a
+        DTensor's as a DTensor of the parameter's placement), the step count on it only for
+        fused or capturable steps (as torch's load_state_dict puts it)."""
+        import torch
+
+        group = opt.param_groups[gi]
+        step_on_device = bool(group.get("fused") or group.get("capturable"))
+        p, out = rec.p, {}
+        for k, v in st.items():
+            if not torch.is_tensor(v) or (k == "step" and not step_on_device):
+                out[k] = v
+                continue
+            homed = self.home is not None and k != "step" and v.shape == rec.local.shape
+            t = self.home(v, rec.local.device, opt) if homed else v.to(rec.local.device)
+            if hasattr(p, "to_local") and k != "step" and t.shape == rec.local.shape:
+                from torch.distributed.tensor import DTensor
+
+                t = DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                       stride=p.stride())
+            out[k] = t
+        opt.state[p] = out

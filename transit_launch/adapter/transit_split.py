@@ -12,6 +12,9 @@ import transit_step  # the verified step (raw_step), say
 # The split streams a job's first steps whole and times the last of them (the first makes the
 # state): the GPU's forward and backward, the streamed step; the host step adopts its share after
 LEARN_STEPS = 2
+# Host steps timed at that share before it is revised from the CPU's seconds as they ran (the
+# first left out): the calibration runs apart from the job, its rate off by up to a quarter
+REVISE_STEPS = 3
 
 
 class SplitShare:
@@ -56,15 +59,23 @@ class SplitShare:
         if self.fixed is not None:
             return self.fixed
         if timing is not None:
-            window, stream, nbytes = timing
-            cpu = (self.measured or self._measure(opt))[0] * nbytes
-            fwd = self.FORWARD_SHARE * window if clipped else 0.0
-            rest = stream + (fwd if clipped else window)
-            return min(1.0, max(0.0, rest / (cpu + fwd + stream))) if cpu + fwd + stream > 0 else 1.0
+            return self._balance(clipped, timing, (self.measured or self._measure(opt))[0])
         if not clipped:
             return 1.0
         cpu_s, link_s = self.measured or self._measure(opt)
         return link_s / (cpu_s + link_s) if link_s else 1.0  # no GPU: no link to share the work with
+
+    def revise(self, clipped, timing, cpu_byte_s):
+        """The share again, from the CPU's seconds a parameter byte as the host steps ran
+        (HostStep._revise); a fixed share stays."""
+        return self.fixed if self.fixed is not None else self._balance(clipped, timing, cpu_byte_s)
+
+    def _balance(self, clipped, timing, cpu_byte_s):
+        window, stream, nbytes = timing
+        cpu = cpu_byte_s * nbytes
+        fwd = self.FORWARD_SHARE * window if clipped else 0.0
+        rest = stream + (fwd if clipped else window)
+        return min(1.0, max(0.0, rest / (cpu + fwd + stream))) if cpu + fwd + stream > 0 else 1.0
 
     def _measure(self, opt):
         import torch
@@ -121,6 +132,9 @@ class Split:
     def __init__(self, host, stream):
         self.host, self.stream = host, stream
         host.learn = LEARN_STEPS  # the streamed step runs these whole first: their times set the share
+        host.home = stream.staging.home_of  # a state given back is streamed from a pinned home
+        if getattr(host.share, "fixed", None) is None:  # a fixed share (a diagnostic) is measured as given
+            host.revise, host.revise_steps = getattr(host.share, "revise", None), REVISE_STEPS
         host.ours += [stream.pre_step, stream.post_step]
         stream.ours += [host.pre_step, host.post_step]
 

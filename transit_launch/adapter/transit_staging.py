@@ -212,6 +212,28 @@ class Staging:
             self.ring(dev)  # at a step boundary, not inside the next backward
         return moved
 
+    def home_of(self, src, device, opt):
+        """A state the host path gives back (src, on the CPU) in a pinned home of its own, seen
+        from `device` as the shim's pinned state is: the tensor opt.state keeps, which the
+        streamed step streams from its next step. On a device without homes (the CPU), src
+        moved there."""
+        import torch
+
+        if device.type != "cuda":
+            return src.to(device)
+        if id(opt) not in self.finalizers:
+            self.finalizers[id(opt)] = weakref.finalize(opt, self._forget, id(opt))
+        host = torch.empty(_nbytes(src), dtype=torch.uint8, pin_memory=True)
+        cpu = host.view(src.dtype).view(src.shape)
+        cpu.copy_(src)
+        with torch.cuda.device(device):
+            view = torch.as_tensor(_CudaView(host)).view(src.dtype).view(src.shape)
+        if view.device != device or view.data_ptr() != host.data_ptr():
+            raise RuntimeError(f"pinned memory seen as {view.device}, the state is on {device}")
+        self.homes[view.data_ptr()] = cpu
+        self.owner[view.data_ptr()] = id(opt)
+        return view
+
     def stepped(self):
         """After an optimizer step (post-step hook, on the step's stream): the next
         in-copies on each device wait for it."""
