@@ -471,6 +471,28 @@ def test_the_copies_up_run_beside_the_next_cpu_step(host, monkeypatch):
         assert all(torch.equal(st[k], ref[k]) for k in st)
 
 
+def test_a_step_in_flight_as_the_interpreter_exits_still_sends_its_parameters_up(host, capsys):
+    """At the interpreter's exit the sender thread is told to end (concurrent.futures refuses
+    new work) while the last step's CPU work may still run: its chunks are sent up by the
+    worker itself, and the step is whole (no error said, the parameters equal torch's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    ref_m, m = Tied(), Tied()
+    ref_opt, ref_s = _opt(torch.optim.AdamW, ref_m, fused=True)
+    host.uninstall()
+    train(ref_m, ref_opt, ref_s, None, steps=3)
+    host.install()
+    host.sender = ThreadPoolExecutor(1)
+    host.sender.shutdown()  # as concurrent.futures' exit handler leaves it
+    opt, s = _opt(torch.optim.AdamW, m, fused=None)
+    train(m, opt, s, None, steps=3)
+    read = [p.detach().clone() for p in m.parameters()]  # waits for the last step's chunks
+    assert all(torch.equal(p, q) for p, q in zip(read, ref_m.parameters()))
+    assert "error" not in capsys.readouterr().err
+
+
 def test_an_op_given_a_parameter_by_keyword_waits_for_it(host, held):
     """The gate looks at keyword arguments too: torch.mul(input=p, other=1) right after the
     step reads the stepped parameter, as torch's fused CPU step left it."""
@@ -700,6 +722,7 @@ def test_the_split_gives_all_to_the_streamed_step_where_it_was_faster(streamed, 
     same(got, ref)
     err = capsys.readouterr().err
     assert err.count("the step streamed whole was faster") == 1
+    assert host.gate is None  # no plan left: every torch function goes past no mode of ours
     host_steps = 1 + ts.REVISE_STEPS
     assert host.stats["steps"] == host_steps
     # 4 a step while learning and from the fallback on, 1 between

@@ -886,8 +886,15 @@ class HostStep:
                 if opt is not None:
                     for r in c.live:
                         opt.state[r.p] = c.cpu.state[r.ph]
+                sent = None
                 if SEND_BESIDE:
-                    sends.append(self._sender().submit(self._send_up, job, c))
+                    try:
+                        sent = self._sender().submit(self._send_up, job, c)
+                    except RuntimeError:  # the interpreter exits (its sender thread told to end): sent here,
+                        for f in sends:    # after the sends before it, whose ring it shares
+                            f.result()
+                if sent is not None:
+                    sends.append(sent)
                 else:
                     self._send_up(job, c)
         except Exception as e:  # said and given back by _finish, on the application's thread
@@ -1000,6 +1007,20 @@ class HostStep:
         for h in plan.handles:
             h.remove()
         self.plans.pop(opt, None)
+        self._drop_gate()
+
+    def _drop_gate(self):
+        """No plan left (every optimizer given back): the gate leaves the mode stack, where it
+        is on top (a Python call for every torch function is not free); else it stays,
+        letting everything through."""
+        from torch.overrides import _get_current_function_mode_stack
+
+        if self.plans or self.gate is None:
+            return
+        stack = _get_current_function_mode_stack()
+        if stack and stack[-1] is self.gate:
+            self.gate.__exit__(None, None, None)
+            self.gate = None
 
     def _copies_done(self):
         """The host copies' last reads and writes on the copy streams (the copies up) done."""
