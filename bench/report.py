@@ -68,9 +68,9 @@ def scale_in_emulated(results: Path = RESULTS) -> str:
     return _fenced(buf.getvalue())
 
 
-# the newest lease's files, in the order RESULTS.md tells them: the paths at 49722ff, then the shares
-HOST_STEP = ("2026-12-07/host-step/host_step_17.json", "2026-12-07/host-step/host_step_21a.json",
-             "2026-12-07/host-step/host_step_21b.json", "2026-12-07/host-step/host_step_22b.json")
+# the newest leases' files, in the order RESULTS.md tells them: the split at f743c85, then the calls before it
+HOST_STEP = ("2026-12-07/host-step/host_step_27.json", "2026-12-07/host-step/host_step_26.json",
+             "2026-12-07/host-step/host_step_25.json", "2026-12-07/host-step/host_step_24.json")
 
 
 def host_step(results: Path = RESULTS) -> str:
