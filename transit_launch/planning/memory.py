@@ -47,6 +47,7 @@ and the H200; each names its measurement.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 from transit_launch.errors import UsageError
@@ -274,20 +275,27 @@ def layer_tensors(card: ModelCard, lay: Layout, i: int) -> list[tuple[int, float
     """Layer i's weights as (rows of the sharded dim, elements per row, FSDP degree, TP
     degree). With EP, a rank holds E / ep experts, FSDP-sharded over the dp x tp / ep ranks
     that share them (TorchTitan 0.2.2, llama4/infra/parallelize.py)."""
-    d, t, h = lay.dp, lay.tp, card.hidden
+    return list(_kind_tensors(card, lay.dp, lay.tp, lay.ep, card.is_moe_layer(i)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_tensors(card: ModelCard, d: int, t: int, ep: int, moe: bool) -> tuple[tuple[int, float, int, int], ...]:
+    """layer_tensors of a layer of this kind (MoE or dense) under these degrees: made once, as a
+    plan asks it for every layer of thousands of layouts."""
+    h = card.hidden
     dense = [(card.q_dim, h), (card.kv_dim, h), (card.kv_dim, h), (h, card.q_dim), (h, 1), (h, 1)]
     if card.qk_norm:
         dense += [(card.head_dim, 1), (card.head_dim, 1)]
     out = []
-    if card.is_moe_layer(i):
+    if moe:
         m = card.moe
         dense.append((m.experts, h))  # router gate
         if m.shared_experts:
             f = m.shared_ffn * m.shared_experts
             dense += [(f, h), (f, h), (h, f)]
-        if lay.ep > 1:  # TorchTitan's llama4 apply_fsdp: the experts get their own FSDP group
-            local, de = m.experts // lay.ep, max(1, d * t // lay.ep)
-            if de * lay.ep > m.experts:  # ... sharded on dim 1 when dim 0 would pad
+        if ep > 1:  # TorchTitan's llama4 apply_fsdp: the experts get their own FSDP group
+            local, de = m.experts // ep, max(1, d * t // ep)
+            if de * ep > m.experts:  # ... sharded on dim 1 when dim 0 would pad
                 out += [(m.expert_ffn, local * h, de, 1)] * 2 + [(h, local * m.expert_ffn, de, 1)]
             else:
                 out += [(local, h * m.expert_ffn, de, 1)] * 3
@@ -295,26 +303,38 @@ def layer_tensors(card: ModelCard, lay: Layout, i: int) -> list[tuple[int, float
             out += [(m.experts, h * m.expert_ffn, d, t)] * 3
     else:
         dense += [(card.ffn, h), (card.ffn, h), (h, card.ffn)]
-    return [(r, e, d, t) for r, e in dense] + out
+    return tuple((r, e, d, t) for r, e in dense) + tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_sums(card: ModelCard, d: int, t: int, ep: int, moe: bool) -> tuple[float, float, float]:
+    """(shard, local, unsharded) elements of a layer of this kind: the three sums below."""
+    ts = _kind_tensors(card, d, t, ep, moe)
+    return (sum(_shard(r, e, dd) / tt for r, e, dd, tt in ts), sum(r * e / tt for r, e, dd, tt in ts),
+            sum(dd * _shard(r, e, dd) / tt for r, e, dd, tt in ts))
+
+
+def _sums(card: ModelCard, lay: Layout, i: int) -> tuple[float, float, float]:
+    return _kind_sums(card, lay.dp, lay.tp, lay.ep, card.is_moe_layer(i))
 
 
 def layer_shard_params(card: ModelCard, lay: Layout, i: int) -> float:
     """Elements of layer i on one rank: FSDP2 chunks dim 0 and pads every shard to the first
     chunk's ceil(rows / d) rows (16 experts over 32 ranks: a whole expert per rank)."""
-    return sum(_shard(r, e, d) / t for r, e, d, t in layer_tensors(card, lay, i))
+    return _sums(card, lay, i)[0]
 
 
 def layer_local_params(card: ModelCard, lay: Layout, i: int) -> float:
     """Elements of layer i's weights as its forward uses them on one rank (TP- and
     EP-sharded, unpadded): the size of its unsharded gradients."""
-    return sum(r * e / t for r, e, d, t in layer_tensors(card, lay, i))
+    return _sums(card, lay, i)[1]
 
 
 def unsharded_layer_params(card: ModelCard, lay: Layout, i: int) -> float:
     """Elements of the buffer FSDP2 all-gathers for layer i: d padded shards, so 16 experts
     over 64 ranks gather 64 experts' worth (measured: llama4-scout, dp 64, "Unsharded Param"
     16.48 GB, bench/results/2026-11-30/planner_fidelity_2026-11-30.json)."""
-    return sum(d * _shard(r, e, d) / t for r, e, d, t in layer_tensors(card, lay, i))
+    return _sums(card, lay, i)[2]
 
 
 def titan_precision(precision: str, dp: int, tp: int, pp: int) -> str:
@@ -340,7 +360,10 @@ def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
     d, t, h = lay.dp, lay.tp, card.hidden
     emb = _shard(card.vocab, h, d) / t if first else 0.0
     out = (_shard(h, 1, d) + (0 if card.tied_embeddings else _shard(card.vocab, h, d) / t)) if last else 0.0
-    per_layer = [layer_shard_params(card, lay, i) for i in layers]
+    kinds = [card.is_moe_layer(i) for i in layers]
+    sums = {m: _kind_sums(card, d, t, lay.ep, m) for m in set(kinds)}  # (shard, local, unsharded) per kind
+    per_layer = [sums[m][0] for m in kinds]
+    gathered = [sums[m][2] for m in kinds]
     shard = sum(per_layer) + emb + out
     params, optim = shard * bp, shard * 2 * bp
     # TorchTitan's zero_grad sets gradients to None, so one microbatch's backward creates
@@ -374,7 +397,7 @@ def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
         i = layers[pos]
         done = sum(per_layer[pos + 1:]) + out  # gradients of the layers whose backward ran
         grads = shard * bp if grads_alive else done * bp
-        moe = card.is_moe_layer(i)
+        moe = kinds[pos]
         working = working_set(card, lay, i) + scores
         grad_bytes = gbytes * (BACKWARD_GRAD_SHARE_MOE if moe else BACKWARD_GRAD_SHARE)  # unsharded weight gradients
         act = others + sum(stored[:pos + 1]) + working
@@ -383,11 +406,9 @@ def estimate_stage(card: ModelCard, lay: Layout, k: int) -> Estimate:
         # or the output projection) in the reduce dtype, which FSDP2 frees only when the next
         # reduce-scatter is issued (measured: "All Gather" and "Reduce Scatter" rows of
         # bench/results/2026-11-30/planner_fidelity_2026-11-30.json, qwen3-32b and llama3-405b).
-        nxt = (unsharded_layer_params(card, lay, layers[pos - 1]) if pos else
-               (card.embedding_params / t if first else 0.0))
-        prev = (unsharded_layer_params(card, lay, layers[pos + 1]) if pos + 1 < len(layers) else
-                (card.output_params / t if last else 0.0))
-        fs = (unsharded_layer_params(card, lay, i) * gbytes + layer_local_params(card, lay, i) * grad_bytes
+        nxt = gathered[pos - 1] if pos else (card.embedding_params / t if first else 0.0)
+        prev = gathered[pos + 1] if pos + 1 < len(layers) else (card.output_params / t if last else 0.0)
+        fs = (gathered[pos] * gbytes + sums[moe][1] * grad_bytes
               + nxt * gbytes * (FSDP_PREFETCH_LAYERS - 1) + prev * rbytes if gathers else 0.0)
         phases.append(("layer backward", grads, act, held_logits, fs))
     if first and gathers:
