@@ -95,29 +95,47 @@ def test_deepspeed_configs_of_the_peers(monkeypatch):
     assert z["zenflow"]["select_interval"] >= z["zenflow"]["update_interval"]  # ZenFlow refuses less
 
 
+def _free_ports(n):
+    """n distinct free TCP ports on the loopback (held open together while chosen)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sk in socks:
+            sk.bind(("127.0.0.1", 0))
+        return [sk.getsockname()[1] for sk in socks]
+    finally:
+        for sk in socks:
+            sk.close()
+
+
 def test_ranks_exit_cleanly_with_the_shim_preloaded(built):
-    """The shim in every process, as transit-launch injects it, on CPU ranks. Before the trainer
+    """The shim in every rank, as transit-launch injects it, on CPU ranks. Before the trainer
     ended its collectives and process group while Python still ran, a gloo worker freeing its
     last work during interpreter shutdown aborted a rank ("terminate called without an active
     exception") in about a third of such runs; a library exporting only the CUDA runtime's
-    symbols the shim exports did it too, an empty preloaded library did not. Eight runs, every
-    rank exits 0; four at a time (each --standalone on a port of its own), as most of a run's
-    time is its processes' start-up and rendezvous, not CPU."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    symbols the shim exports did it too, an empty preloaded library did not. Eight runs of two
+    ranks, every rank exits 0; four at a time, each rank started as torchrun starts it (its
+    environment: RANK, WORLD_SIZE, LOCAL_RANK, the rendezvous on a port of its own) without
+    torchrun's own agent process, which the exit under test is not in (a third of the
+    processes, each importing torch: most of the test's time)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSIT_")}
-    env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", OMP_NUM_THREADS="1")
-    cmd = [*torchrun, "--standalone", "--nproc-per-node", "2", str(TRAINER), "--device", "cpu",
+    env.update(LD_PRELOAD=str(built["shim"]), TRANSIT_POLICY="advise", OMP_NUM_THREADS="1", WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1")
+    cmd = [sys.executable, str(TRAINER), "--device", "cpu",
            "--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
            "--vocab", "256", "--seq-len", "64", "--steps", "5", "--comm-profile", "3"]
     for wave in range(2):
-        runs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-                for _ in range(4)]
+        runs = [[subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env={**env, "MASTER_PORT": str(port), "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(2)] for port in _free_ports(4)]
         try:
-            errs = [run.communicate(timeout=300)[1] for run in runs]
+            errs = [[rank.communicate(timeout=300)[1] for rank in ranks] for ranks in runs]
         finally:
-            for run in runs:
-                if run.poll() is None:
-                    run.kill()
-                    run.wait()
-        for i, (run, err) in enumerate(zip(runs, errs)):
-            assert run.returncode == 0, f"run {4 * wave + i + 1}: " + err[:2000]
+            for rank in (x for ranks in runs for x in ranks):
+                if rank.poll() is None:
+                    rank.kill()
+                    rank.wait()
+        for i, (ranks, err) in enumerate(zip(runs, errs)):
+            for r, (rank, e) in enumerate(zip(ranks, err)):
+                assert rank.returncode == 0, f"run {4 * wave + i + 1}, rank {r}: " + e[:2000]
