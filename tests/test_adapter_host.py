@@ -666,6 +666,18 @@ def _split(th, ts, share, streamed, monkeypatch, whole=None):
     return host, drv
 
 
+def _clock(th, host, seconds, monkeypatch):
+    """The host steps' marks read a clock that a step moves on by seconds[the parameters on
+    the host then]: the split's timings made exact (the CPU's own would decide by noise)."""
+    now = [0.0]
+
+    def mark(dev):
+        now[0] += seconds.get(host.stats["host_params"], 1.0)  # (none while the split learns)
+        return now[0]
+
+    monkeypatch.setattr(th, "_mark", mark)
+
+
 # Linear(64, 1000), Linear(1000, 4): shares 0.5 and 0.01 of the 69,004 offloaded parameters'
 # bytes pick the last three parameters and the last one (_host_share: to the nearest parameter)
 @pytest.mark.parametrize("first, revised, before, after", [(0.5, 0.01, 3, 1), (0.01, 1.0, 1, 4)],
@@ -683,6 +695,7 @@ def test_the_split_revises_its_share_from_the_host_steps_and_stays_exact(streame
     th, ts = load("transit_host"), load("transit_split")
     share = Revising(first, revised)
     host, drv = _split(th, ts, share, streamed, monkeypatch, whole=(1e3, 1e3))
+    _clock(th, host, {before: 2.0, after: 1.0}, monkeypatch)  # the revised share the faster
     adopted = []
     real_adopt = host._adopt
     monkeypatch.setattr(host, "_adopt", lambda opt, **kw: adopted.append(kw) or real_adopt(opt, **kw))
@@ -727,6 +740,67 @@ def test_the_split_gives_all_to_the_streamed_step_where_it_was_faster(streamed, 
     assert host.stats["steps"] == host_steps
     # 4 a step while learning and from the fallback on, 1 between
     assert drv.stream.streamed == 4 * (steps - host_steps) + host_steps * 1
+
+
+# 16 parameters of one size (bench/host_step.py's model): the shares 1/16 apart
+SIXTEEN = [k / 16 for k in range(1, 17)]
+
+
+@pytest.mark.parametrize("tried, want", [
+    ({0.0: 0.505, 0.375: 0.507}, 0.5),                 # up first: 0.475 rounds to no level, 0.5 is the next
+    ({0.0: 0.505, 0.375: 0.507, 0.5: 0.462}, 0.625),   # faster: on up from there
+    ({0.0: 0.505, 0.375: 0.507, 0.5: 0.462, 0.625: 0.488}, None),  # both neighbours timed: settled
+    ({0.0: 0.505, 0.375: 0.49, 0.5: 0.50}, 0.25),      # up was slower: down, 0.1 or more below
+    ({0.0: 0.5, 0.9375: 0.4}, 1.0),                    # nothing 0.1 above: the farthest level there is
+    ({0.0: 0.5, 1.0: 0.4}, 0.875),
+    ({0.0: 0.1, 0.5: 0.4, 0.625: 0.41, 0.375: 0.42}, None),  # streamed whole the fastest: no share left near the best
+    ({0.0: 0.9, 0.125: 0.5, 0.25: 0.4, 0.375: 0.3, 0.5: 0.2, 0.625: 0.1}, None),  # SEARCH_TRIALS spent
+], ids=["up", "on-up", "settled", "down", "top-edge", "from-top", "whole-best", "spent"])
+def test_the_split_searches_the_shares_next_to_the_fastest(tried, want):
+    """SplitShare.next_share, by hand over 16 equal parameters: the level SEARCH_STEP (0.1)
+    or more above the fastest share, then below, each once; None when both were timed or
+    after SEARCH_TRIALS (4) beyond the first two. A fixed share is not searched."""
+    ts = load("transit_split")
+    share = ts.SplitShare()
+    share.fixed = None
+    assert share.next_share(dict(tried), SIXTEEN) == want
+    share.fixed = 0.5
+    assert share.next_share({0.0: 0.5, 0.375: 0.4}, SIXTEEN) is None
+
+
+def test_the_split_keeps_the_fastest_share_it_timed_and_stays_exact(streamed, monkeypatch, capsys):
+    """The search end to end on the CPU, its step times set by the parameters on the host
+    (1: 6 s, 2: 5 s, 3: 3 s, 4: 4 s; streamed whole 10 s). The shares this model can take:
+    4 / 69,004 of the offloaded bytes (the last bias), 0.058, 0.0725, 1.0. From 2 parameters
+    (the model's share, asked again, the same) it times 1.0 (up: 4 s), then 0.0725 (below
+    1.0: 3 s), then the last bias alone (below 0.0725: 6 s), and keeps 3 parameters; every
+    state moving sides on the way, the run equals torch's fused step bit for bit."""
+    import types
+
+    import torch
+
+    from tests.test_adapter_streamed import same, train
+
+    th, ts = load("transit_host"), load("transit_split")
+    share = Revising(0.06, 0.06)
+    share.fixed = None
+    share.next_share = types.MethodType(ts.SplitShare.next_share, share)
+    host, drv = _split(th, ts, share, streamed, monkeypatch, whole=(4.0, 6.0))
+    _clock(th, host, {1: 6.0, 2: 5.0, 3: 3.0, 4: 4.0}, monkeypatch)
+    adopted = []
+    real_adopt = host._adopt
+    monkeypatch.setattr(host, "_adopt", lambda opt, **kw: adopted.append(kw.get("share")) or real_adopt(opt, **kw))
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)  # noqa: E731
+    per = 1 + ts.REVISE_STEPS  # a plan's steps before the next is made
+    steps = ts.LEARN_STEPS + 4 * per + 3
+    ref = train(make, steps=steps, clip=0.05)
+    got = train(make, drv, steps=steps, clip=0.05)
+    same(got, ref)
+    assert adopted == [None, 1.0, 0.072518, 5.8e-05, 0.072518]
+    assert host.stats["tried"] == [[0.0, 10.0], [5.8e-05, 6.0], [0.058026, 5.0], [0.072518, 3.0], [1.0, 4.0]]
+    assert (host.stats["host_params"], host.stats["stream_params"]) == (3, 1)
+    assert host.stats["share"] == 0.073  # 0.072518, as the stats round it
+    assert host.stats["steps"] == steps - ts.LEARN_STEPS and "faster" not in capsys.readouterr().err
 
 
 def test_a_dtensors_state_goes_back_as_a_dtensor(host, gloo):

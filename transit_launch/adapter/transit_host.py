@@ -96,6 +96,28 @@ def _elapsed(a, b):
     return a.elapsed_time(b) / 1e3
 
 
+def _pick(sizes, share):
+    """How many of the last parameters (sizes: their bytes, in forward order) the CPU steps
+    at this share of all their bytes: to the nearest parameter."""
+    target, taken, n = share * sum(sizes), 0, 0
+    for size in reversed(sizes):
+        if taken + size / 2 > target:
+            break
+        taken += size
+        n += 1
+    return n
+
+
+def _levels(sizes):
+    """The shares a plan can realize (the byte fraction of the last k parameters, k >= 1),
+    rounded as the search keys them, ascending."""
+    total, taken, out = sum(sizes), 0, []
+    for size in reversed(sizes):
+        taken += size
+        out.append(round(taken / total, 6))
+    return out
+
+
 class _Pieces:
     """A ring of plain device memory (uint8 `mem`) that copies pass through in RING_PIECES pieces."""
 
@@ -208,6 +230,10 @@ class _Plan:
         self.times = []          # (mark, cpu_s) at each step's call, until the share is revised
         self.cpu_s = 0.0         # the CPU steps' seconds of this plan's jobs
         self.revised = False     # the share revised from this plan's steps (HostStep._revise)
+        self.sizes = []          # the offloaded parameters' bytes, in forward order (their shares: levels)
+        # {share: median step seconds} timed in the split's search, shared by the plans it makes
+        # (HostStep._revise); 0.0: the step streamed whole
+        self.tried = {}
 
 
 class _Chunk:
@@ -266,6 +292,8 @@ class HostStep:
         # host steps ran (Split sets it); after revise_steps such steps, once (_revise)
         self.revise = None
         self.revise_steps = 0
+        # search(tried, levels) -> the share to time next, or None: settled (Split sets it; _revise)
+        self.search = None
         self.marks = weakref.WeakKeyDictionary()  # optimizer -> [[device, pre mark, post mark]] of those steps
         self.plans = weakref.WeakKeyDictionary()
         self.said = weakref.WeakKeyDictionary()  # optimizer -> why it steps as without the adapter
@@ -275,7 +303,7 @@ class HostStep:
                       "recopied": 0, "clipped": 0,
                       "adopt_s": 0.0, "wait_s": 0.0, "grads_s": 0.0, "cpu_s": 0.0, "up_s": 0.0, "held_s": 0.0,
                       "window_s": 0.0, "stream_s": 0.0, "step_s": 0.0, "revised_share": None,
-                      "run_cpu_ns_per_byte": None}
+                      "run_cpu_ns_per_byte": None, "tried": []}
         self.handles = []
         self.worker = None           # one thread: the CPU steps of a job, in order
         self.sender = None           # one thread: the copies up of the chunks the worker stepped (_send_up)
@@ -307,8 +335,9 @@ class HostStep:
                 f"streamed (share on the host {s['share']:.2f}"
                 + (f", from a {s['window_s']:.3f} s forward and backward and a {s['stream_s']:.3f} s step streamed whole"
                    if s["window_s"] else "")
-                + (f"; revised to {s['revised_share']:.2f} from {s['run_cpu_ns_per_byte']:.3f} ns a byte as the CPU "
-                   f"stepped, {s['step_s']:.3f} s a step" if s["revised_share"] is not None else "")
+                + (f"; modelled again as {s['revised_share']:.2f} from {s['run_cpu_ns_per_byte']:.3f} ns a byte as the CPU "
+                   f"stepped" if s["revised_share"] is not None else "")
+                + ("; timed: " + ", ".join(f"{t:.3f} s at {k:.3g}" for k, t in s["tried"]) if s["tried"] else "")
                 + f"), {s['resident_params']} left to the GPU step; "
                 f"gradients copied again at the step {s['recopied']} times, scaled by a clip {s['clipped']} times; "
                 f"seconds: adopt {s['adopt_s']:.2f}, waiting for the gradients' copies "
@@ -647,10 +676,11 @@ class HostStep:
                     resident += 1
                     continue
                 offloaded.append((gi, p, lp))
+        plan.sizes = [lp.numel() * lp.element_size() for _, _, lp in offloaded]
         if old is None:
-            plan.timing = self._timing(opt, sum(lp.numel() * lp.element_size() for _, _, lp in offloaded))
+            plan.timing = self._timing(opt, sum(plan.sizes))
         else:
-            plan.timing, plan.learned = old.timing, old.learned
+            plan.timing, plan.learned, plan.tried = old.timing, old.learned, old.tried
         host = self._host_share(opt, offloaded, plan.timing, share)
         if old is not None:
             if host == set(old.recs):
@@ -716,12 +746,13 @@ class HostStep:
             self.stats[key] += sign * n
 
     def _revise(self, opt, plan):
-        """The split's share revised once from the host steps themselves: after revise_steps
-        of them (timed from each one's call to the next's: the first, adopting, and the one
-        that made the plan again are left out), the CPU's seconds a byte as they ran give the
-        share (self.revise), and the plan is made again at it where it picks other parameters. Then the steps at the share are timed against the step
-        streamed whole: where that was faster, the host path gives its state back and the
-        streamed step takes all of it. The plan to step with, or None (off)."""
+        """The split's share, found from the host steps themselves. Each plan's steps are timed
+        (from each one's call to the next's, revise_steps of them; the first, the one that made
+        the plan, left out). The first plan's give the CPU's seconds a byte as they ran, and the
+        share self.revise makes of them is made the plan; then the shares next to the fastest so
+        far are timed in turn (self.search) until neither is faster, and the fastest of all is
+        kept. The step streamed whole is the share 0.0 among them: fastest, the host path gives
+        its state back and the streamed step takes all of it. The plan to step with, or None (off)."""
         self._finish(plan)
         if self.plans.get(opt) is not plan:  # the worker failed: given back
             return None
@@ -729,27 +760,40 @@ class HostStep:
         plan.times.append((_mark(dev), plan.cpu_s))
         if len(plan.times) <= self.revise_steps:
             return plan
-        times = plan.times
+        times, plan.times = plan.times, []
         step_s = statistics.median(_elapsed(a, b) for (a, _), (b, _) in zip(times, times[1:]))
         self.stats["step_s"] = round(step_s, 4)
+        window, stream, _ = plan.timing
+        tried, levels = plan.tried, _levels(plan.sizes)
+        tried.setdefault(0.0, window + stream)
+        tried[round(plan.host_bytes / sum(plan.sizes), 6)] = step_s
+        self.stats["tried"] = [[k, round(v, 4)] for k, v in sorted(tried.items())]
+        share = None
         if not plan.revised:
             cpu_byte_s = (times[-1][1] - times[0][1]) / (len(times) - 1) / plan.host_bytes
             self.stats["run_cpu_ns_per_byte"] = round(cpu_byte_s * 1e9, 4)
             share = min(1.0, max(0.0, float(self.revise(self.clip_seen, plan.timing, cpu_byte_s))))
             self.stats["revised_share"] = round(share, 3)
-            new = self._adopt(opt, old=plan, share=share)
-            if new is None or new is not plan:
-                if new is not None:
-                    new.revised = True
-                return new
-        plan.revised, plan.times = None, []
-        window, stream, _ = plan.timing
-        if step_s >= window + stream:
-            self._give_back(opt, plan)
-            self._off(opt, f"the step streamed whole was faster ({window + stream:.3f} s against {step_s:.3f} s "
-                           f"with {self.stats['share']:.2f} of the offloaded bytes on the host): it takes all of it")
-            return None
-        return plan
+            n = _pick(plan.sizes, share)
+            if n == 0 or levels[n - 1] in tried:  # no parameter, or these timed already: the search goes on
+                share = None
+        plan.revised = True
+        if share is None and self.search is not None:
+            share = self.search(tried, levels)
+        if share is None:  # settled: the fastest of the shares timed
+            plan.revised = None
+            best = min(tried, key=tried.get)
+            if best == 0.0:
+                self._give_back(opt, plan)
+                self._off(opt, f"the step streamed whole was faster ({tried[0.0]:.3f} s against "
+                               + ", ".join(f"{v:.3f} s at {k:.2f}" for k, v in sorted(tried.items()) if k)
+                               + " of the offloaded bytes on the host): it takes all of it")
+                return None
+            share = best
+        new = self._adopt(opt, old=plan, share=share)
+        if new is not None and new is not plan:
+            new.revised = plan.revised
+        return new
 
     def _bounce(self, dev):
         """The device's bounce buffers (down, up), made once (said once when none can be had:
@@ -768,21 +812,15 @@ class HostStep:
 
     def _host_share(self, opt, offloaded, timing, share=None):
         """The ids of the offloaded parameters the CPU steps: the last ones in forward order
-        while their bytes stay within share x all offloaded bytes (to the nearest parameter);
-        the share self.share gives where none is given."""
+        while their bytes stay within share x all offloaded bytes (to the nearest parameter,
+        _pick); the share self.share gives where none is given."""
         if not offloaded:
             return set()
-        nbytes = [lp.numel() * lp.element_size() for _, _, lp in offloaded]
         if share is None:
             share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen, timing))))
         self.stats["share"] = round(share, 3)
-        target, taken, host = share * sum(nbytes), 0, set()
-        for (_, p, _), n in zip(reversed(offloaded), reversed(nbytes)):
-            if taken + n / 2 > target:
-                break
-            host.add(id(p))
-            taken += n
-        return host
+        n = _pick([lp.numel() * lp.element_size() for _, _, lp in offloaded], share)
+        return {id(p) for _, p, _ in offloaded[len(offloaded) - n:]}
 
     def _chunk(self, cls, opt, gi, items):
         """A CPU optimizer of the application's class over these host copies ([(rec, its host

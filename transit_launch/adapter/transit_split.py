@@ -15,6 +15,12 @@ LEARN_STEPS = 2
 # Host steps timed at that share before it is revised from the CPU's seconds as they ran (the
 # first left out): the calibration runs apart from the job, its rate off by up to a quarter
 REVISE_STEPS = 3
+# The split's search (SplitShare.next_share): the shares tried next to the fastest so far are
+# this far from it (at least one parameter), at most SEARCH_TRIALS of them after the revised one.
+# The model's share is a start: the CPU's work slows the link's copies as the two share the host's
+# memory, which no rate measured apart shows (bench/LOG.md)
+SEARCH_STEP = 0.1
+SEARCH_TRIALS = 4
 
 
 class SplitShare:
@@ -69,6 +75,23 @@ class SplitShare:
         """The share again, from the CPU's seconds a parameter byte as the host steps ran
         (HostStep._revise); a fixed share stays."""
         return self.fixed if self.fixed is not None else self._balance(clipped, timing, cpu_byte_s)
+
+    def next_share(self, tried, levels):
+        """The share to time next, or None: settled. tried: {share: median step seconds} timed
+        so far, 0.0 the step streamed whole; levels: the shares a plan can take, ascending. The
+        neighbours of the fastest share above 0 (the nearest level SEARCH_STEP away or more, else
+        the farthest there is on that side) are timed until both were, at most SEARCH_TRIALS
+        beyond the first two; a fixed share is not searched."""
+        if self.fixed is not None or len(tried) >= SEARCH_TRIALS + 2:
+            return None
+        center = min((s for s in tried if s > 0), key=tried.get, default=None)
+        if center is None:
+            return None
+        above = [x for x in levels if x > center]
+        below = [x for x in reversed(levels) if x < center]
+        up = next((x for x in above if x >= center + SEARCH_STEP - 1e-9), above[-1] if above else None)
+        down = next((x for x in below if x <= center - SEARCH_STEP + 1e-9), below[-1] if below else None)
+        return next((x for x in (up, down) if x is not None and x not in tried), None)
 
     def _balance(self, clipped, timing, cpu_byte_s):
         window, stream, nbytes = timing
@@ -135,6 +158,7 @@ class Split:
         host.home = stream.staging.home_of  # a state given back is streamed from a pinned home
         if getattr(host.share, "fixed", None) is None:  # a fixed share (a diagnostic) is measured as given
             host.revise, host.revise_steps = getattr(host.share, "revise", None), REVISE_STEPS
+            host.search = getattr(host.share, "next_share", None)
         host.ours += [stream.pre_step, stream.post_step]
         stream.ours += [host.pre_step, host.post_step]
 
