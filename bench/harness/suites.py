@@ -107,8 +107,11 @@ def _shapes():
 # CPUOffloadOptimizer against its own reference, FSDP2's CPUOffloadPolicy)
 HOST_STEP = ("python3", "bench/host_step.py", "--points", "base,clip,wide-clip", "--runs",
              "stream,host,host-bare,torchao-reference,torchao,fsdp2-offload", "--peer-points", "clip",
-             "--steps", "10", "--warmup", "3", "--timeout", "100", "--out", "{out}/host_step.json")
+             "--steps", "30", "--warmup", "22", "--timeout", "100", "--out", "{out}/host_step.json")
 TITAN_RUNS_HOST = "ref,advise,advise:TRANSIT_OVERLAP_STEP=host"
+# the split's search settles by its 22nd step at the latest (2 streamed whole, then at most six plans
+# of four steps: the model's, its revision's, four trials); titan_steps reads the last four steps
+TITAN_STEPS_HOST = tuple({"--steps": "26", "--timeout": "200"}.get(prev, x) for prev, x in zip(("",) + TITAN_STEPS, TITAN_STEPS))
 
 SUITES = {s.name: s for s in [
     Suite("host", "the host update path (TRANSIT_OVERLAP_STEP=host: gradients down in backward, torch's own "
@@ -118,11 +121,11 @@ SUITES = {s.name: s for s in [
           "(bench/host_step.py); TorchTitan unchanged under it at 1 and 8 microbatches (bench/titan_steps.py)",
           (Step("shape", HOST_STEP, 560, None),
            Step("report", ("python3", "bench/host_step.py", "--report", "{out}/host_step.json"), 60, None, 0),
-           Step("titan-accum1", (*TITAN_STEPS, "--runs", TITAN_RUNS_HOST, "--accum", "1",
-                                 "--out", "{out}/titan_steps_accum1_host.json"), 300, None),
-           Step("titan-accum8", (*TITAN_STEPS, "--runs", TITAN_RUNS_HOST, "--accum", "8",
-                                 "--out", "{out}/titan_steps_accum8_host.json"), 400, None)),
-          minutes=22, carry=(".whl",), modules=("torchao", "torchtitan"),
+           Step("titan-accum1", (*TITAN_STEPS_HOST, "--runs", TITAN_RUNS_HOST, "--accum", "1",
+                                 "--out", "{out}/titan_steps_accum1_host.json"), 400, None),
+           Step("titan-accum8", (*TITAN_STEPS_HOST, "--runs", TITAN_RUNS_HOST, "--accum", "8",
+                                 "--out", "{out}/titan_steps_accum8_host.json"), 590, None)),
+          minutes=27, carry=(".whl",), modules=("torchao", "torchtitan"),
           budget="each point's reference run: its peak reserved less the AdamW state (bench/host_step.py, "
           "bench/titan_steps.py --budget 0)"),
     Suite("gate", "the performance gate (bench/offload.py): transit's policies against no offloading and the "
