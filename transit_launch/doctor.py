@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import subprocess
-from importlib import metadata, util
+from importlib import util
 
 from transit_launch.isolated import SRUN_CHDIR, transit_launch_argv
 from transit_launch.preload import inject
@@ -102,6 +102,8 @@ def check_host() -> dict:
 def check_torch() -> dict:
     if util.find_spec("torch") is None:
         return _item("torch", False, "PyTorch is not installed in this Python")
+    from importlib import metadata  # here: every CLI command imports this module
+
     return _item("torch", True, f"torch {metadata.version('torch')}")
 
 

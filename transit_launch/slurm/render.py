@@ -7,13 +7,13 @@ import re
 import shlex
 from pathlib import Path
 
-import jinja2
-
 from transit_launch import __version__
 from transit_launch.errors import UsageError
 
 
-def _env() -> jinja2.Environment:
+def _env():
+    import jinja2  # here, not at import: every CLI command imports this module, few render
+
     env = jinja2.Environment(loader=jinja2.PackageLoader("transit_launch.slurm", "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
