@@ -4,12 +4,14 @@ tests/sim_replay.py's, which the lab test shares), compared job by job.
 
     python3 bench/sim_vs_slurm.py [--jobs 120] [--seed 1] [--load 1.3] --json run.json   # root, Slurm; ~16 min
     python3 bench/sim_vs_slurm.py --from-json run.json    # the table again, without the lab
+    python3 bench/sim_vs_slurm.py --from-json run.json --placement tree   # the simulator placing as Slurm does
 
 prints the table docs/simulate.md quotes."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import shutil
 import sys
@@ -21,9 +23,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.sim_replay import Lab, Replay, compress, in_sim, on_slurm, pairs_in_order, summary  # noqa: E402
+from transit_launch.sim.scheduler import STRATEGIES  # noqa: E402
 from transit_launch.sim.trace import Trace  # noqa: E402
 
-BENCH_LAB = Lab(racks=4, nodes_per_rack=4, gpus_per_node=8, bf_interval=30, bf_resolution=60)  # Slurm's defaults
+
+@dataclasses.dataclass(frozen=True)
+class BenchLab(Lab):
+    """The lab with the simulator's placement for it (Slurm's own is topology/tree's: `tree`)."""
+    placement: str = "pack"
+
+    def scenario(self, plan_on: str = "limits"):
+        return dataclasses.replace(super().scenario(plan_on), strategy=self.placement)
+
+
+BENCH_LAB = BenchLab(racks=4, nodes_per_rack=4, gpus_per_node=8, bf_interval=30, bf_resolution=60)  # Slurm's defaults
 
 
 def report(shape: Lab, trace: Trace, slurm: Replay, near: float = 60.0) -> str:
@@ -35,8 +48,9 @@ def report(shape: Lab, trace: Trace, slurm: Replay, near: float = 60.0) -> str:
         sim = in_sim(shape, trace, slurm.submit, plan_on)
         close = sum(abs(a - b) <= near for a, b in zip(sim.start, slurm.start)) / len(trace)
         rows.append((f"simulate --plan-on {plan_on}", summary(sim), pairs_in_order(slurm, sim), close))
+    placed = f"; simulate --placement {shape.placement}" if getattr(shape, "placement", "pack") != "pack" else ""
     out = [f"{len(trace)} jobs ({trace.source}), {shape.racks} racks x {shape.nodes_per_rack} nodes x "
-           f"{shape.gpus_per_node} GPUs; {shape.sched_params()}", "",
+           f"{shape.gpus_per_node} GPUs; {shape.sched_params()}{placed}", "",
            "| replay | mean queue s | median queue s | makespan s | rack traversals | job pairs in Slurm's start "
            f"order | jobs started within {near:.0f} s of Slurm |", "|---|---|---|---|---|---|---|"]
     for name, s, agree, close in rows:
@@ -57,8 +71,10 @@ def main(argv=None) -> int:
     p.add_argument("--load", type=float, default=1.3)
     p.add_argument("--json", help="also write the trace and Slurm's replay here")
     p.add_argument("--from-json", help="the table again from such a file, without the lab")
+    p.add_argument("--placement", choices=STRATEGIES, default="pack",
+                   help="the simulator's placement (default pack; Slurm's topology/tree: tree)")
     a = p.parse_args(argv)
-    shape = BENCH_LAB
+    shape = dataclasses.replace(BENCH_LAB, placement=a.placement)
     if a.from_json:
         d = json.loads(Path(a.from_json).read_text())
         submit, duration, gpus, lim = d["trace"]

@@ -22,10 +22,18 @@ start now (none fits the GPUs free now): further reservations would start nothin
 from __future__ import annotations
 
 import bisect
+import collections
+import itertools
 import math
 import operator
 
 from transit_launch.sim.cluster import racks_for
+
+
+_NODE = operator.itemgetter(0)  # an allocation's (node, GPUs) -> node
+_ONE = (1).__eq__
+_consume = collections.deque(maxlen=0).extend  # runs an iterator out at C speed (a loop of calls)
+_NODE_OF_END = operator.itemgetter(1)  # Ends' (time, node) -> node
 
 
 class Ends:
@@ -41,13 +49,21 @@ class Ends:
         self.per_rack = [[] for _ in range(-(-n_nodes // nodes_per_rack))]
         self.version = 0  # counts starts and ends: the running jobs are the same while it is
         self.made = []    # the last passes' reservations in order: (version, job, start, nodes)
+        # the planned ends of the last starts and ends (a deque with a maxlen, set by a replay
+        # whose cluster changes only as its running jobs do: _unmoved), one a change `version`
+        # counts; None: not kept
+        self.ends = None
 
     def add(self, alloc, end: float) -> None:
         self.version += 1
+        if self.ends is not None:
+            self.ends.append(end)
         per_node = self.per_node
-        if len(alloc) > 1 and all(not per_node[node] for node, _ in alloc):
-            self._add_block([node for node, _ in alloc], end)
-            return
+        if len(alloc) > 1:
+            nodes = list(map(_NODE, alloc))
+            if not any(map(per_node.__getitem__, nodes)):  # every node ran nothing
+                self._add_block(nodes, end)
+                return
         for node, _ in alloc:
             ends = self.per_node[node]
             if ends and end <= ends[-1]:
@@ -63,10 +79,14 @@ class Ends:
 
     def remove(self, alloc, end: float) -> None:
         self.version += 1
+        if self.ends is not None:
+            self.ends.append(end)
         per_node = self.per_node
-        if len(alloc) > 1 and all(len(per_node[node]) == 1 for node, _ in alloc):
-            self._remove_block([node for node, _ in alloc], end)
-            return
+        if len(alloc) > 1:
+            nodes = list(map(_NODE, alloc))
+            if all(map(_ONE, map(len, map(per_node.__getitem__, nodes)))):  # each ran this job alone
+                self._remove_block(nodes, end)
+                return
         for node, _ in alloc:
             ends = self.per_node[node]
             last = ends[-1]
@@ -79,29 +99,25 @@ class Ends:
                     bisect.insort(self.order, (ends[-1], node))
                     bisect.insort(rack, (ends[-1], node))
 
-    def _by_rack(self, nodes: list) -> dict:
-        """The nodes split by rack, each rack's ascending."""
-        out = {}
-        for node in sorted(nodes):
-            out.setdefault(node // self.npr, []).append(node)
-        return out
+    def _by_rack(self, nodes: list):
+        """The ascending nodes split by rack: (rack, its nodes), ascending."""
+        return ((r, list(group)) for r, group in itertools.groupby(nodes, self.npr.__rfloordiv__))  # node // npr
 
     def _add_block(self, nodes: list, end: float) -> None:
         """add() for nodes that ran nothing (a multi-node job's whole nodes): they share the
         job's end, so their entries go in as one block, its place found once a list."""
-        for node in nodes:
-            self.per_node[node].append(end)
-        _insert_block(self.order, end, sorted(nodes))
-        for rack, group in self._by_rack(nodes).items():
+        _consume(map(list.append, map(self.per_node.__getitem__, nodes), itertools.repeat(end)))
+        nodes = sorted(nodes)
+        _insert_block(self.order, end, nodes)
+        for rack, group in self._by_rack(nodes):
             _insert_block(self.per_rack[rack], end, group)
 
     def _remove_block(self, nodes: list, end: float) -> None:
         """remove() for nodes that ran that job alone: their entries, all at its end, leave
         as one block."""
-        for node in nodes:
-            self.per_node[node].clear()
+        _consume(map(list.clear, map(self.per_node.__getitem__, nodes)))
         _delete_block(self.order, end, nodes)
-        for rack, group in self._by_rack(nodes).items():
+        for rack, group in self._by_rack(sorted(nodes)):
             _delete_block(self.per_rack[rack], end, group)
 
 
@@ -115,7 +131,7 @@ def _insert_block(line: list, end: float, nodes: list) -> None:
     """(end, node) for the ascending `nodes` into the sorted `line`; merged with the other
     entries at that time where there are any (another job ending at the same time)."""
     lo, hi = _same_time(line, end)
-    entries = [(end, node) for node in nodes]
+    entries = list(zip(itertools.repeat(end), nodes))
     line[lo:hi] = entries if lo == hi else sorted(line[lo:hi] + entries)
 
 
@@ -127,11 +143,6 @@ def _delete_block(line: list, end: float, nodes: list) -> None:
     else:
         gone = set(nodes)
         line[lo:hi] = [x for x in line[lo:hi] if x[1] not in gone]
-
-
-def _overlapping(resv, s: float, e: float) -> tuple:
-    """Which reservations [(start, end, nodes)] hold nodes in the window [s, e] (indices)."""
-    return tuple(k for k, (rs, re, _) in enumerate(resv) if rs <= e and re > s)
 
 
 def _room_outside(cl, blocked) -> tuple[int, int]:
@@ -164,6 +175,20 @@ def _choose(cl, extra: dict, cover: dict, n: int, g: int, strategy: str):
     them, with extra[node] GPUs given back to a node and the nodes in `cover` left out; None:
     no fit."""
     gpn, free, pack = cl.gpn, cl.free, strategy == "pack"
+    if n == 1 and strategy == "tree":  # the rack with the fewest nodes that fit then, its first such
+        npr, get = cl.nodes_per_rack, extra.get
+        fit = cl.fitting(g)
+        for node, x in extra.items():
+            if free[node] < g <= free[node] + x and node not in cover:
+                fit[node // npr] += 1
+        for node in cover:
+            if free[node] >= g:
+                fit[node // npr] -= 1
+        c = min(filter(None, fit), default=None)
+        if c is None:
+            return None
+        lo = fit.index(c) * npr
+        return [next(k for k in range(lo, lo + npr) if free[k] + get(k, 0) >= g and k not in cover)]
     if n == 1:
         best = None  # ((free GPUs, or minus them to spread), node)
         for node, x in extra.items():
@@ -197,7 +222,7 @@ def _choose(cl, extra: dict, cover: dict, n: int, g: int, strategy: str):
     if sum(count) < n:
         return None
     out = []
-    for r in racks_for(count, n, pack):
+    for r in racks_for(count, n, strategy):
         nodes = sorted(list(cl.rack_whole[r] - gone if gone else cl.rack_whole[r]) + added.get(r, []))
         out.extend(nodes[:n - len(out)])
     return out
@@ -242,6 +267,9 @@ def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizo
     the held nodes alone. A count short by d needs d more nodes: the next time worth a look
     is the d-th next node's, or a reservation's end."""
     gpn, free, order, per_node = cl.gpn, cl.free, ends.order, ends.per_node
+    if not resv:  # the loop below without reservations: its looks at now and at the short-th next node's end
+        s = _nth_free(cl, ends, n, now)
+        return (s, _whole_nodes_by(cl, ends, {}, n, s, strategy)) if s <= horizon else (math.inf, None)
     cover = {}
     enter, leave = _enter_leave(resv, length, now)
     e = x = 0
@@ -257,29 +285,38 @@ def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizo
         held = sum(1 for node in cover if free[node] == gpn or per_node[node][-1] <= s)
         short = n - (cl.whole + i - held)
         if short <= 0:
-            return s, _whole_nodes_by(cl, ends, cover, n, s, strategy == "pack")
+            return s, _whole_nodes_by(cl, ends, cover, n, s, strategy)
         s = min(order[i + short - 1][0] if i + short - 1 < len(order) else math.inf,
                 leave[x][0] if x < len(leave) else math.inf)
     return math.inf, None
 
 
-def _whole_nodes_by(cl, ends, cover: dict, n: int, s: float, pack: bool) -> list:
+def _nth_free(cl, ends, n: int, now: float) -> float:
+    """When n whole nodes are free, no reservation in the way: now, or when the busy node
+    that makes up the n-th is wholly free (inf: never)."""
+    order = ends.order
+    i = bisect.bisect_right(order, (now, math.inf))
+    short = n - (cl.whole + i)
+    return now if short <= 0 else order[i + short - 1][0] if i + short - 1 < len(order) else math.inf
+
+
+def _whole_nodes_by(cl, ends, cover: dict, n: int, s: float, strategy) -> list:
     """The n whole nodes Cluster.place would choose at time s, from the nodes wholly free
     then (today's and those whose last planned end is by s) that `cover` leaves: counted
     by rack with a bisect each (Ends.per_rack), then read in the racks chosen alone. The
     caller has checked that enough are free. Returned in no order: only a rack whose
-    nodes are not all taken is sorted, to take its lowest."""
+    nodes are not all taken is sorted, to take its lowest. strategy: as racks_for's."""
     gpn, free, per_node, npr = cl.gpn, cl.free, ends.per_node, cl.nodes_per_rack
     by = (s, math.inf)
-    count = [len(now) + bisect.bisect_right(busy, by) for now, busy in zip(cl.rack_whole, ends.per_rack)]
+    count = list(map(operator.add, cl.rack_count[gpn], map(bisect.bisect_right, ends.per_rack, itertools.repeat(by))))
     for node in cover:
         if free[node] == gpn or per_node[node][-1] <= s:
             count[node // npr] -= 1
     out = []
-    for r in racks_for(count, n, pack):
+    for r in racks_for(count, n, strategy):
         busy = ends.per_rack[r]
         nodes = list(cl.rack_whole[r])
-        nodes.extend(map(operator.itemgetter(1), busy[:bisect.bisect_right(busy, by)]))
+        nodes.extend(map(_NODE_OF_END, itertools.islice(busy, bisect.bisect_right(busy, by))))
         if cover:
             nodes = [node for node in nodes if node not in cover]
         if count[r] > n - len(out):
@@ -368,11 +405,16 @@ def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: flo
              strategy: str, planned, alloc):
     """The k-th reservation of a pass: the last pass's k-th when it was the same job's, made
     from the same running jobs after the same reservations and not before now (nothing fitted
-    before its start then, nor does now), else worked out and kept."""
+    before its start then, nor does now), or, for the first of whole nodes, made before jobs
+    started and ended that change nothing of it (_unmoved); else worked out and kept."""
     if made is not None and k < len(made):
         version, j, s, chosen = made[k]
-        if version == ends.version and j == job and chosen is not None and s >= now:
-            return s, chosen
+        if j == job and chosen is not None and s >= now:
+            if version == ends.version:
+                return s, chosen
+            if k == 0 and n > 1 and ends.ends is not None and _unmoved(cl, ends, version, n, now, s):
+                made[0] = (ends.version, j, s, chosen)
+                return s, chosen
         del made[k:]
     if ends is not None and n > 1:
         s, chosen = _reservation_nodes(cl, ends, resv, n, length, now, horizon, strategy)
@@ -381,6 +423,41 @@ def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: flo
     if made is not None:
         made.append((ends.version, job, s, chosen))
     return s, chosen
+
+
+def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes, gpus, plan, now: float,
+              horizon: float, sp, strategy: str, planned, alloc, kept: tuple, limit: int) -> tuple:
+    """The pending jobs' reservations, in order, added to `resv` (those that find none left
+    out) and their jobs to `resv_jobs`; returns _tests' (starts, by_start, room) for the
+    reservations then: `kept` when none was added, else made anew (room off none of them:
+    `limit`)."""
+    added = False
+    for p in pending:
+        s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p],
+                             now, horizon, strategy, planned, alloc)
+        resv_jobs.append(p)
+        if chosen is not None:
+            rs = sp.reservation(s)
+            resv.append((rs, max(sp.reservation(s + plan[p]), rs + sp.bf_resolution), frozenset(chosen)))
+            added = True
+    if not added:
+        return kept
+    by_start = sorted((rs, k) for k, (rs, re, _) in enumerate(resv) if re > now)
+    return [rs for rs, _ in by_start], [k for _, k in by_start], {0: ((), limit)}
+
+
+def _unmoved(cl, ends, version: int, n: int, now: float, s: float) -> bool:
+    """Whether a pass's first reservation of n whole nodes (no reservation before it), made at
+    `version` with start s, is what _reservation_nodes would make now: so when every job
+    started or ended since planned to end by s, and n whole nodes are free no earlier than s
+    now (_nth_free). Such a job leaves each node as wholly free by s as it was (a node it ran
+    on is free by s iff the others there end by s), so the nodes free by s, and the ones
+    chosen among them, are those of then; an earlier start is what _nth_free would find."""
+    log = ends.ends
+    since = ends.version - version
+    if since > len(log) or max(itertools.islice(reversed(log), since)) > s:
+        return False
+    return _nth_free(cl, ends, n, now) == s
 
 
 def _most(cl) -> int:
@@ -418,56 +495,71 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
     (starts in the pass only take GPUs), and once the pass has given its bf_reserve
     reservations such a job does nothing: the loop then goes over the jobs that could
     (`fitting`, from the queue's index by GPUs) alone, and over every job while
-    reservations are left."""
+    reservations are left. Over the fitting ones, a job does something only if it fits now
+    (its GPUs within `limit`) and is shorter than the last of its GPUs that failed to start
+    (`failed`): the first lines test that alone. Over every job, a GPU count whose job fits
+    nowhere now and could not start within the window (`earliest`, which starts only
+    delay) does nothing for the rest of the pass (`dead`)."""
+    if cl.free_gpus == 0:
+        return
     cutoff = queue.last_tested(sp.bf_max_job_test)
     # the jobs that could start now (Cluster.fits with its counts read once: whole nodes,
     # and the most GPUs free on a node); a job's GPUs tell its nodes too (up to a node's
     # for one node, n x a node's for n), so one bound on them says it: with a whole node
     # free, every one-node job fits and n nodes iff n <= whole
     whole, most = cl.whole, _most(cl)
-    fitting = queue.fitting(whole * cl.gpn if whole else most, cutoff)
-    last = fitting[-1] if fitting else -1
+    limit = whole * cl.gpn if whole else most  # a job fits now iff its GPUs are within this
+    fitting = queue.fitting(limit, cutoff, sp.bf_max_job_test)
+    if not fitting:  # nothing can start: the pass does nothing
+        return
+    last = fitting[-1]
     resv, pending, bound, bounds, failed = [], [], math.inf, {}, {}
     resv_jobs = []  # the jobs whose reservations were worked out, in order (some found none)
     made = ends.made if ends is not None else None
     horizon = now + sp.bf_window
     cap, taken = sp.bf_reserve or math.inf, 0  # reservations a pass gives; made or pending
-    room = {}  # (blocked nodes, _room_outside) by the reservations in a window's way; emptied at a start
+    # the reservations in the way of a window from now: those not over by now, their starts
+    # ascending (`starts`, `by_start`: indices into resv); a window to now + L meets the
+    # first bisect_right(starts, now + L) of them (a reservation holds a window that reaches
+    # its start); made again when reservations are added
+    starts, by_start = [], []
+    # room[k]: (the nodes the first k hold, whole * GPUs a node if whole nodes are free off
+    # them, else the most GPUs free on a node off them: a job fits off them iff its GPUs are
+    # within it); emptied at a start and when reservations are added
+    room = {0: ((), limit)}
     inf, failed_get = math.inf, failed.get
+    dead = set()  # GPU counts that fit nowhere now and would start past the window
     first = 0  # the jobs before this one are tested
     while first <= last:
         every = taken < cap  # every job (reservations left to give), else the fitting ones
         for j in (queue.between(first, cutoff) if every else fitting[bisect.bisect_left(fitting, first):]):
-            if cl.free_gpus == 0:
-                return
-            length, n = plan[j], nodes[j]
             shape = gpus[j]  # its GPUs tell its nodes too
+            if every:
+                if shape in dead:
+                    if j >= last:
+                        return
+                    continue
+            elif shape > limit or plan[j] >= failed_get(shape, inf):
+                continue  # (the list ends at `last`)
+            length, n = plan[j], nodes[j]
             # one that failed to start stays failed for a longer window (the pass only takes
             # GPUs and adds reservations); fits: Cluster.fits
-            if ((cl.whole >= n) if n > 1 else shape <= most) and length < failed_get(shape, inf):
+            if shape <= limit and length < failed_get(shape, inf):
                 if bound <= now + length:  # a pending reservation may hold this job's nodes: work them out
-                    for p in pending:
-                        s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p],
-                                             now, horizon, strategy, planned, alloc)
-                        resv_jobs.append(p)
-                        if chosen is not None:
-                            rs = sp.reservation(s)
-                            resv.append((rs, max(sp.reservation(s + plan[p]), rs + sp.bf_resolution),
-                                         frozenset(chosen)))
-                    pending, bound = [], inf
-                    taken = len(resv)
+                    starts, by_start, room = _work_out(cl, ends, made, resv_jobs, resv, pending, nodes, gpus, plan, now,
+                                                       horizon, sp, strategy, planned, alloc, (starts, by_start, room),
+                                                       limit)
+                    pending, bound, taken = [], inf, len(resv)
                 # start it on nodes no reservation holds while it would run
-                which = _overlapping(resv, now, now + length) if resv else ()
-                if which not in room:  # one reservation's nodes as they are, several's joined
-                    if not which:  # none: the whole cluster as it is (`most` is kept current)
-                        room[which] = ((), cl.whole, most)
-                    else:
-                        blocked = (resv[which[0]][2] if len(which) == 1
-                                   else frozenset().union(*(resv[r][2] for r in which)))
-                        room[which] = (blocked, *_room_outside(cl, blocked))
-                blocked, whole_out, most_out = room[which]
+                k = bisect.bisect_right(starts, now + length) if starts else 0
+                if k not in room:  # one reservation's nodes as they are, several's joined
+                    blocked = (resv[by_start[0]][2] if k == 1
+                               else frozenset().union(*(resv[r][2] for r in by_start[:k])))
+                    whole_out, most_out = _room_outside(cl, blocked)
+                    room[k] = (blocked, whole_out * cl.gpn if whole_out else most_out)
+                blocked, limit_out = room[k]
                 ok = False
-                if (whole_out >= n) if n > 1 else shape <= most_out:
+                if shape <= limit_out:
                     held = _held(cl, blocked) if blocked else ()
                     for node, v in held:
                         cl._take(node, v)
@@ -476,13 +568,16 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                         cl.release(held)
                 if ok:
                     started.append(j)
+                    if cl.free_gpus == 0:
+                        return
                     bounds.clear()
-                    room.clear()
                     most = _most(cl)
+                    limit = cl.whole * cl.gpn if cl.whole else most
+                    room = {0: ((), limit)}
                     if (taken < cap) != every:
                         break
                     continue
-                failed[shape] = min(length, failed_get(shape, inf))
+                failed[shape] = length  # shorter than the last failure of its GPUs, or the first
             if j >= last:
                 return
             if taken >= cap:
@@ -495,6 +590,15 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                 pending.append(j)
                 taken += 1
                 bound = min(bound, sp.reservation(bounds[shape]))
+            elif shape > limit:
+                dead.add(shape)
+            if every and taken >= cap > 1:
+                # the last reservation to give is pending: worked out now, as one that finds no
+                # room (the others in its way) leaves one to give to a later job, and the jobs
+                # the fitting ones' loop would skip are the ones to test for it
+                starts, by_start, room = _work_out(cl, ends, made, resv_jobs, resv, pending, nodes, gpus, plan, now,
+                                                   horizon, sp, strategy, planned, alloc, (starts, by_start, room), limit)
+                pending, bound, taken = [], inf, len(resv)
             if (taken < cap) != every:
                 break
         else:

@@ -270,7 +270,8 @@ def register(sub):
                          "the ACME clusters' nodes have 8)")
     cl.add_argument("--placement", choices=STRATEGIES, default="pack",
                     help="pack: a job goes to the node or rack with the least free room that fits it; spread: the "
-                         "most (default pack)")
+                         "most; tree: as Slurm's topology/tree with racks as leaf switches, the rack with the fewest "
+                         "nodes that fit, its first (default pack)")
     cl.add_argument("--reduced-racks", type=positive_int(),
                     help="also run every scenario on a cluster of this many racks")
     sc = sp.add_argument_group("scale-in")

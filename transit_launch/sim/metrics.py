@@ -51,25 +51,29 @@ def summarize(res: Result, submit: list, idx=None) -> dict:
     waits, work, inter_work, traversals, racks, n, trav_h = [], 0.0, 0.0, 0, 0, 0, 0.0
     busy, done, last, slow = 0.0, 0, 0.0, []
     useful, owed = 0.0, 0.0
+    start, end, gpus, rk, jw, floor = res.start, res.end, res.gpus, res.racks, res.work, SLOWDOWN_FLOOR_S
     for i in idx:
         n += 1
-        s, e = res.start[i], res.end[i]
+        s, e = start[i], end[i]
         d = e - s
         wait = s - submit[i]
         waits.append(wait / 60)
-        slow.append(max(1.0, (wait + d) / max(d, SLOWDOWN_FLOOR_S)))
-        w = res.gpus[i] * d / 3600
+        slow.append(max(1.0, (wait + d) / max(d, floor)))
+        g = gpus[i]
+        w = g * d / 3600
         work += w
-        owed += res.gpus[i] * (e - submit[i])
-        useful += res.work[i] if res.work else 0.0
-        busy += res.gpus[i] * max(0.0, min(e, w1) - max(s, w0)) / 3600
+        owed += g * (e - submit[i])
+        useful += jw[i] if jw else 0.0
+        busy += g * max(0.0, min(e, w1) - max(s, w0)) / 3600
         done += e <= w1
-        if res.racks[i] > 1:
+        r = rk[i]
+        if r > 1:
             inter_work += w
-            traversals += res.racks[i] - 1
-            trav_h += (res.racks[i] - 1) * d / 3600
-        racks += res.racks[i]
-        last = max(last, e)
+            traversals += r - 1
+            trav_h += (r - 1) * d / 3600
+        racks += r
+        if e > last:
+            last = e
     if not n:
         return {"jobs": 0}
     span = (w1 - w0) / 3600

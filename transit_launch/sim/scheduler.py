@@ -30,6 +30,7 @@ a cancellation or its time limit keeps its recorded duration on n' nodes."""
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import math
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from transit_launch.sim.waiting import Waiting
 # most 1024 GPUs (an NVL72 rack holds 72).
 MAX_RACKS = 10_000
 MAX_RACK_GPUS = 1024
-STRATEGIES = ("pack", "spread")
+STRATEGIES = ("pack", "spread", "tree")
 
 
 @dataclass(frozen=True)
@@ -184,15 +185,16 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     running = []           # heap of (end, job)
     planned = []           # (planned end, job) of the running jobs, sorted
     ends = backfill.Ends(cl.n_nodes, cl.nodes_per_rack)  # when each busy node will be wholly free, as planned
+    ends.ends = collections.deque(maxlen=4096)  # its cluster changes only as the running jobs do: kept
     queue = Waiting(gpus)  # waiting jobs, submission order (pops at the head, backfill near it)
     waiting = queue.jobs   # the same jobs as a deque: read at every event, its length at C speed
     nxt, t = 0, 0.0
     due = math.inf         # the next backfill pass, when something changed since the last
     step = max(1, N // 200)
-    f = sc.factors
+    f, strategy, bucket = sc.factors, sc.strategy, cl.bucket
 
     def begin(i: int, now: float) -> bool:
-        placed = cl.place(nodes[i], gpus[i], sc.strategy)
+        placed = cl.place(nodes[i], gpus[i], strategy)
         if placed is None:
             return False
         alloc[i], racks[i] = placed
@@ -231,8 +233,14 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
             changed = True
             if progress and nxt % step == 0:
                 progress(nxt / N)
-        # the main scheduler: start the head while it fits (nothing freed, nothing new: it does not)
-        while changed and waiting and begin(waiting[0], t):
+        # the main scheduler: start the head while it fits (nothing freed, nothing new: it does
+        # not); Cluster.fits read here first, as the head mostly does not fit
+        while changed and waiting:
+            h = waiting[0]
+            n = nodes[h]
+            if not ((cl.whole >= n) if n > 1 else cl.free_gpus >= gpus[h] and any(bucket[gpus[h]:])) \
+                    or not begin(h, t):
+                break
             queue.popleft()
         if changed and waiting and due == math.inf:
             due = sp.next_pass(t)
@@ -241,6 +249,5 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         due = math.inf
         if cl.free_gpus == 0:  # no room for anything
             continue
-        backfill.run_pass(cl, queue, t, nodes, gpus, plan, planned, alloc, sp, sc.strategy,
-                          begin, ends)
+        backfill.run_pass(cl, queue, t, nodes, gpus, plan, planned, alloc, sp, strategy, begin, ends)
     return Result(sc, start, end, gpus, nodes, orig, racks, cl.total_gpus, eligible, lim, work)

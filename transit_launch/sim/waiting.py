@@ -19,6 +19,7 @@ class Waiting:
         self.jobs = deque()
         self.by_gpus = {}     # GPU count -> deque of its waiting jobs
         self.counts = []      # the GPU counts of by_gpus, ascending
+        self.lines = []       # their deques, in the same order
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -33,7 +34,9 @@ class Waiting:
         line = self.by_gpus.get(g)
         if line is None:
             line = self.by_gpus[g] = deque()
-            bisect.insort(self.counts, g)
+            k = bisect.bisect(self.counts, g)
+            self.counts.insert(k, g)
+            self.lines.insert(k, line)
         return line
 
     def append(self, j: int) -> None:
@@ -61,16 +64,21 @@ class Waiting:
         """The last of the first `tested` jobs (-1 when none wait)."""
         return self.jobs[min(tested, len(self.jobs)) - 1] if self.jobs else -1
 
-    def fitting(self, most_gpus: int, last: int) -> list:
+    def fitting(self, most_gpus: int, last: int, within: int | None = None) -> list:
         """The waiting jobs up to `last` that ask at most `most_gpus` GPUs, ascending: each
-        line's jobs up to `last`, merged."""
+        line's jobs up to `last`, merged. within: at most this many jobs wait up to `last`
+        (a bound on the bisection, as a deque reads an item in time growing with its
+        distance from an end)."""
         out = []
-        for g in self.counts:
+        for g, line in zip(self.counts, self.lines):
             if g > most_gpus:
                 break
-            line = self.by_gpus[g]
-            if line and line[0] <= last:
-                out.extend(itertools.takewhile(last.__ge__, line))
+            if line and line[0] <= last:  # its jobs up to `last`: the prefix a bisection finds
+                if line[-1] <= last:
+                    out.extend(line)
+                else:
+                    hi = len(line) if within is None else min(len(line), within)
+                    out.extend(itertools.islice(line, bisect.bisect_right(line, last, 0, hi)))
         out.sort()
         return out
 
