@@ -69,8 +69,8 @@ def scale_in_emulated(results: Path = RESULTS) -> str:
 
 
 # the newest leases' files, in the order RESULTS.md tells them: the split at f743c85, then the calls before it
-HOST_STEP = ("2026-12-07/host-step/host_step_27.json", "2026-12-07/host-step/host_step_26.json",
-             "2026-12-07/host-step/host_step_25.json", "2026-12-07/host-step/host_step_24.json")
+HOST_STEP = ("2026-12-07/host-step/host_step_28.json", "2026-12-07/host-step/host_step_29.json",
+             "2026-12-07/host-step/host_step_27.json", "2026-12-07/host-step/host_step_25.json")
 
 
 def host_step(results: Path = RESULTS) -> str:
