@@ -80,6 +80,27 @@ def test_the_readme_performance_table_names_sections():
         assert any(h.startswith(_norm(title)) for h in heads), title
 
 
+def test_the_readme_performance_figures_are_in_the_sections_they_name():
+    """Every percentage in a row of README's Performance table (each end of a range), every
+    count ("54 of 67") and size ("2.9 GB") is in the RESULTS.md section the row names: a figure typed into the README and not into the report
+    (whose tables are generated from the result files) fails here."""
+    readme = (ROOT / "README.md").read_text()
+    perf = readme[readme.index("\n## Performance"):]
+    perf = perf[:perf.index("\n## ", 1)]
+    sections = {part.split("\n", 1)[0]: part for part in re.split(r"(?m)^## ", RESULTS.read_text())}
+    rows = [line for line in perf.splitlines() if re.search(r'"([^"]+)"\s*\|\s*$', line)]
+    assert len(rows) >= 5
+    for line in rows:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        title = cells[-1].strip('"')
+        body = next(text for head, text in sections.items() if head.startswith(title))
+        figures = {x for pair in re.findall(r"(\d+(?:\.\d+)?)(?:-(\d+(?:\.\d+)?))?%", cells[1]) for x in pair if x}
+        counts = set(re.findall(r"\d+ of \d+|\d+(?:\.\d+)? GB", cells[1]))  # "54 of 67 TorchTitan runs", "2.9 GB"
+        assert figures or counts, line
+        absent = sorted(x for x in figures | counts if not re.search(rf"(?<![\d.]){re.escape(x)}(?!\d)", body))
+        assert not absent, f'README\'s row for "{title}" gives {absent}, not in that RESULTS.md section'
+
+
 @pytest.mark.parametrize("doc", DOCS.values(), ids=DOCS)
 def test_headings_are_unique(doc):
     heads = headings(doc)
