@@ -32,7 +32,9 @@ def nodes(placed) -> list:
     return sorted(node for node, _ in placed[0])
 
 
-@pytest.mark.parametrize("used,n,g,want", [
+# (GPUs used on each node, nodes, GPUs, the nodes Slurm chooses): bench/probes/tree_placement_probe.py
+# runs each on the lab
+LAB_CASES = [
     # every rack has 4 nodes that fit: the first rack, its first node (pack: n5, the fullest,
     # with 1 GPU left)
     ({4: 7}, 1, 1, [0]),
@@ -48,7 +50,10 @@ def nodes(placed) -> list:
     ({0: 8, 4: 8, 8: 8, 12: 8}, 4, 32, [1, 2, 3, 5]),
     # 2 nodes: whole nodes 3 / 2 / 4 / 4 (a one-GPU job keeps n1 from being whole): rack 1
     ({0: 1, 4: 8, 5: 8}, 2, 16, [6, 7]),
-])
+]
+
+
+@pytest.mark.parametrize("used,n,g,want", LAB_CASES)
 def test_placement_is_slurms_on_the_lab(used, n, g, want):
     assert nodes(lab(used).place(n, g, "tree")) == want
 
