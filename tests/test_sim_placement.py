@@ -2,11 +2,13 @@
 topology/tree, racks as leaf switches (src/plugins/select/cons_tres/job_test.c,
 _eval_nodes_topo): of the racks with a node that can take the job, the one with the fewest
 such nodes that holds it, then its lowest nodes. Every lab case below was derived by hand
-(re-derived in review); their author reports running them on the lab cluster of
-bench/sim_vs_slurm.py (4 racks x 4 nodes x 8 GPUs, nodes n1-n16 as 0-15 here), the state set
-up with jobs pinned by `-w` (2026-12-07), Slurm choosing the nodes given here in each, by a
-script not kept: not re-run since. `pack` (the fullest node; for several racks the next
-with the most) chooses the ones in the comments where it differs."""
+(re-derived in review) and run on the lab cluster of bench/sim_vs_slurm.py (4 racks x 4
+nodes x 8 GPUs, nodes n1-n16 as 0-15 here) by bench/probes/tree_placement_probe.py: the state
+set up with filler jobs pinned by `-w`, the job submitted as the replays submit; Slurm 22.05
+chose the nodes given here in every one (2026-12-07, 15 of 15 cases with the states of
+test_tree_keeps_the_counts_by_rack and five more; bench/results/2026-12-07/sim-placement/).
+`pack` (the fullest node; for several racks the next with the most) chooses the ones in the
+comments where it differs."""
 
 import copy
 import random

@@ -15,8 +15,9 @@ that as few racks as possible are spanned.
           lowest-index such nodes. A one-node job so goes to the first node that fits in
           the rack with the fewest that fit, not to the fullest node. No rack holds a
           multi-node job: the rack with the most, then again the best fit for the rest.
-          Its cases: tests/test_sim_placement.py (derived by hand; reported run on the
-          lab's Slurm 22.05 by a script not kept, bench/LOG.md).
+          Its cases: tests/test_sim_placement.py (derived by hand), run on the lab's
+          Slurm 22.05 with nine more by bench/probes/tree_placement_probe.py: 15 of 15
+          agree (bench/results/2026-12-07/sim-placement/).
 Nodes are kept in buckets by free GPUs (and, for tree, counted by rack and free GPUs), so a
 fit check is O(GPUs per node) and a placement O(racks) (tree: O(racks x GPUs per node) at
 C speed)."""
