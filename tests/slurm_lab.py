@@ -7,6 +7,7 @@ installs them)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -431,13 +432,23 @@ class SlurmLab:
         self._watch = (proc, w)
 
 
-def failure_excerpt(text: str, lines: int = 40, tail: int = 3000) -> str:
+# Lines that name an error in every job's output, passing or not, and so say nothing of a
+# failure (issue 52: the first was read as the cause of a failed TorchTitan job, whose real
+# cause the tail had cut off). torchrun's agents: after the exit barrier the agent that hosts
+# the c10d store may exit before another agent closes the rendezvous, whose close then fails;
+# torch catches that (DynamicRendezvousHandler.shutdown) and the job ends 0. TorchTitan: no lspci.
+BENIGN = (re.compile(r"has failed to shutdown the rendezvous .* RendezvousConnectionError"),
+          re.compile(r"Error running lspci"))
+
+
+def failure_excerpt(text: str, lines: int = 40, tail: int = 3000, path: Path | None = None) -> str:
     """What a failed job's output says first and last: the lines that name an error (the
-    first rank's cause comes before the others' reports of it, which fill the tail), then
-    the tail."""
-    import re
-    first = [ln for ln in text.splitlines() if re.search(r"Error|error:|Traceback|exit code|Exception|Signal", ln)]
-    return "\n".join(first[:lines]) + "\n...\n" + text[-tail:]
+    first rank's cause comes before the others' reports of it, which fill the tail), less
+    BENIGN's, then the tail; and where the whole output is (pytest keeps its tmp_path)."""
+    first = [ln for ln in text.splitlines() if re.search(r"Error|error:|Traceback|exit code|Exception|Signal", ln)
+             and not any(b.search(ln) for b in BENIGN)]
+    where = f"the whole output: {path}\n" if path else ""
+    return where + "\n".join(first[:lines]) + "\n...\n" + text[-tail:]
 
 
 def _lab_processes(lab: Path, spare: set[int] = frozenset()) -> set[int]:

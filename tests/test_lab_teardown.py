@@ -136,3 +136,17 @@ def test_stop_after_a_start_that_failed(tmp_path, monkeypatch):
         lab.stop()
         monkeypatch.undo()
         assert lab._watch is None and not _lab_processes(lab.lab), name  # the watchdog ended too
+
+
+def test_failure_excerpt_leaves_out_what_every_job_prints():
+    """issue 52: a failed lab job's excerpt led with torchrun's warning that closing the
+    rendezvous failed after the exit barrier (printed by passing jobs too: 2 of 13 loaded runs),
+    and the cause was past the excerpt. Lines from those runs' output."""
+    from tests.slurm_lab import failure_excerpt
+    benign = ("W1207 14:56:14.138000 31364 site-packages/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:"
+              "1298] The node 'localhost_31364_0' has failed to shutdown the rendezvous '2' due to an error of type "
+              "RendezvousConnectionError.\n[titan] 2026-12-07 14:41:22,484 - root - WARNING - Error running lspci: "
+              "[Errno 2] No such file or directory: 'lspci', fallback to use device_name\n")
+    cause = "[rank1]: RuntimeError: the cause\n"
+    got = failure_excerpt(benign + cause + "x" * 50, tail=10, path=Path("/tmp/j.out"))
+    assert got.splitlines()[:3] == ["the whole output: /tmp/j.out", "[rank1]: RuntimeError: the cause", "..."]

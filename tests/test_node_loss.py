@@ -294,7 +294,7 @@ def test_two_node_losses_scale_in_and_keep_the_loss_curve(lab, reference):
         lab.kill_node("n2", job)
         info = _wait_with_output(lab, job, out, 300)
         text = out.read_text()
-        assert info["JobState"] == "COMPLETED", failure_excerpt(text)
+        assert info["JobState"] == "COMPLETED", failure_excerpt(text, path=out)
     finally:
         for node in ("n2", "n3"):
             lab.revive_node(node)
@@ -367,7 +367,7 @@ def test_node_lost_during_a_checkpoint_write_resumes_from_the_one_before(lab, re
         lab.kill_node("n3", job)
         info = _wait_with_output(lab, job, out, 240)
         text = out.read_text()
-        assert info["JobState"] == "COMPLETED", failure_excerpt(text)
+        assert info["JobState"] == "COMPLETED", failure_excerpt(text, path=out)
     finally:
         lab.revive_node("n3")
     took = time.time() - t_submit
