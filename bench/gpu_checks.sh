@@ -5,7 +5,10 @@ set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+    # TorchTitan's two wheels (0.2.2, 0.3.0) in one install line conflict and fail the whole line
+    # (torchao with them, 2026-12-07); these checks need neither
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v '/torchtitan-') \
+        && export PYTHONPATH=/tmp/site
 fi
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
 # TRANSIT_SKIP_BUILD=1: built already by the caller (rebuilding under running processes is unsafe)
