@@ -681,7 +681,7 @@ class HostStep:
             plan.timing = self._timing(opt, sum(plan.sizes))
         else:
             plan.timing, plan.learned, plan.tried = old.timing, old.learned, old.tried
-        host = self._host_share(opt, offloaded, plan.timing, share)
+        host = self._host_share(opt, offloaded, plan.sizes, plan.timing, share)
         if old is not None:
             if host == set(old.recs):
                 return old
@@ -766,7 +766,7 @@ class HostStep:
         window, stream, _ = plan.timing
         tried, levels = plan.tried, _levels(plan.sizes)
         tried.setdefault(0.0, window + stream)
-        tried[round(plan.host_bytes / sum(plan.sizes), 6)] = step_s
+        tried[levels[len(plan.recs) - 1]] = step_s  # its host parameters are the last len(recs) offloaded
         self.stats["tried"] = [[k, round(v, 4)] for k, v in sorted(tried.items())]
         share = None
         if not plan.revised:
@@ -810,16 +810,16 @@ class HostStep:
             return
         self.bounces[dev] = (_DownRing(mem[:self.bounce_bytes]), _UpRing(mem[self.bounce_bytes:]))
 
-    def _host_share(self, opt, offloaded, timing, share=None):
-        """The ids of the offloaded parameters the CPU steps: the last ones in forward order
-        while their bytes stay within share x all offloaded bytes (to the nearest parameter,
-        _pick); the share self.share gives where none is given."""
+    def _host_share(self, opt, offloaded, sizes, timing, share=None):
+        """The ids of the offloaded parameters (sizes: their bytes) the CPU steps: the last ones
+        in forward order while their bytes stay within share x all offloaded bytes (to the
+        nearest parameter, _pick); the share self.share gives where none is given."""
         if not offloaded:
             return set()
         if share is None:
             share = 1.0 if self.share is None else min(1.0, max(0.0, float(self.share(opt, self.clip_seen, timing))))
         self.stats["share"] = round(share, 3)
-        n = _pick([lp.numel() * lp.element_size() for _, _, lp in offloaded], share)
+        n = _pick(sizes, share)
         return {id(p) for _, p, _ in offloaded[len(offloaded) - n:]}
 
     def _chunk(self, cls, opt, gi, items):
