@@ -25,9 +25,20 @@ def _example_trainer():
 
 
 _et = _example_trainer()
-TRAINER, TRAINER_DEFAULTS, env, transit = _et.TRAINER, _et.TRAINER_DEFAULTS, _et.env, _et.transit
+TRAINER, TRAINER_DEFAULTS, env = _et.TRAINER, _et.TRAINER_DEFAULTS, _et.env
 trainer_records, trainer_flags, trainer_card = _et.trainer_records, _et.trainer_flags, _et.trainer_card
 trainer_layout, planner_estimate = _et.trainer_layout, _et.planner_estimate
+
+
+def transit(policy: str, cmd: list, stats: str | None = None, budget: int | None = None) -> list:
+    """cmd under `transit-launch run` (tests/example_trainer.py's), refused when this machine
+    has no shim: `run` warns and goes on without it, which would measure a policy run as the
+    reference (a GPU call whose carried tree had lost its build did)."""
+    from transit_launch.preload import inject
+    if policy != "off" and inject.shim_path() is None:
+        print(f"bench: no libtransit.so to measure {policy} with ({inject.shim_missing_reason()})", file=sys.stderr)
+        sys.exit(2)
+    return _et.transit(policy, cmd, stats, budget)
 
 
 def run(cmd: list, run_env: dict, timeout: float, preexec_fn=None) -> tuple[str, str, int | str]:

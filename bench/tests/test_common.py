@@ -1,0 +1,26 @@
+"""bench/common.py: what every bench script that runs a policy goes through."""
+
+import pytest
+
+import common
+
+
+def test_a_policy_run_without_the_shim_is_refused_not_measured_as_the_reference(monkeypatch, capsys):
+    # `transit-launch run` warns and runs the job bare when it has no shim; a bench run would then
+    # record the reference's speed under the policy's name (a GPU call whose tree lost its build did)
+    monkeypatch.setenv("TRANSIT_SHIM", "")
+    with pytest.raises(SystemExit) as e:
+        common.transit("advise", ["python3", "train.py"], "/tmp/stats", 10**9)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no libtransit.so to measure advise" in err[0] and "TRANSIT_SHIM is set empty" in err[0]
+
+
+def test_with_a_shim_the_command_runs_under_transit_launch(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRANSIT_SHIM", str(tmp_path / "libtransit.so"))
+    cmd = common.transit("advise", ["python3", "train.py"], "/tmp/stats", 10**9)
+    assert cmd[1:] == ["-m", "transit_launch", "run", "--policy", "advise", "--stats", "/tmp/stats",
+                       "--gpu-budget", "1GB", "--", "python3", "train.py"]
+    # the reference and `off` need no shim
+    monkeypatch.setenv("TRANSIT_SHIM", "")
+    assert common.transit("off", ["true"])[-4:] == ["--policy", "off", "--", "true"]
