@@ -11,6 +11,7 @@ and tc as root, and the Slurm lab for sweeps over an allocation.
 - the journal's temporary file is never a planted link, and a directory others can
   write is refused."""
 
+import contextlib
 import json
 import os
 import signal
@@ -87,9 +88,11 @@ def test_signals_end_the_job_and_never_interrupt_the_restore(pair, tmp_path):
     env = dict(pair, PATH=f"{bin_dir}:{os.environ['PATH']}",
                PYTHONPATH=os.pathsep.join(filter(None, [frozen_clock(tmp_path), os.environ.get("PYTHONPATH")])))
     pidfile, terms = tmp_path / "job.pid", tmp_path / "job.terms"
-    # the job notes each SIGTERM and lives on; its child ignores it (and so sleeps on)
-    job = ["bash", "-c", f"trap 'echo TERM >> {terms}' TERM; echo $$ > {pidfile}; (trap '' TERM; exec sleep 120) & "
-                         f"child=$!; echo $child >> {pidfile}; while :; do wait; done"]
+    # the job notes each SIGTERM and lives on; its child ignores it (and so sleeps on). The child
+    # writes its own pid once its trap is set: written by the parent after the fork, a SIGTERM
+    # could reach the child before its trap (seen under load)
+    job = ["bash", "-c", f"trap 'echo TERM >> {terms}' TERM; echo $$ > {pidfile}; "
+                         f"(trap '' TERM; echo $BASHPID >> {pidfile}; exec sleep 120) & while :; do wait; done"]
     journal = tmp_path / "j.json"
     proc = subprocess.Popen(sweep_cmd(pair, journal, "--bandwidths", "50mbit", job=job), env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -110,6 +113,9 @@ def test_signals_end_the_job_and_never_interrupt_the_restore(pair, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+        for pid in pidfile.read_text().split() if pidfile.exists() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)  # a failed test leaves no job sleeping on
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted by SIGTERM; every cap was restored" in out, (out, err)
     assert not capped(pair["NS_A"], "veth-a") and not capped(pair["NS_B"], "veth-b")
