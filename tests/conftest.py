@@ -227,6 +227,38 @@ def pytest_configure(config):
         pass
 
 
+# --- long waits begun early -------------------------------------------------------------------
+# A test module may set EARLY = (fixture name, start): start(run_dir) begins a long wait on a
+# thread (test_sim_slurm.py's replay: a minute of Slurm's clock, little CPU) and returns a
+# join(interrupted). One process of the run (xdist's gw0, else the run itself) calls it once
+# collection shows a selected test using that fixture, so the wait overlaps the other tests
+# instead of holding a worker; the fixture, on whichever worker, reads what it left in run_dir.
+_EARLY_JOINS = []
+
+
+def run_dir(config) -> Path:
+    """A directory every process of this run shares (xdist's workers' basetemps are in it)."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
+        early = getattr(mod, "EARLY", None)
+        if early and any(early[0] in getattr(item, "fixturenames", ()) for item in session.items
+                         if getattr(item, "module", None) is mod):
+            _EARLY_JOINS.append(early[1](run_dir(session.config)))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """What began early ends before this process does: waited for, or stopped when the run was
+    interrupted (its lab stopped either way)."""
+    while _EARLY_JOINS:
+        _EARLY_JOINS.pop()(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+
+
 LAB_GROUP = "slurm-lab"  # one xdist worker runs every test of the lab: one lab a run
 TITAN_GROUP = "torchtitan"  # the TorchTitan tests off the lab on one worker: their fork server started once
 # The slow tier (deselected by the quick command, `-m "not slow"`): what starts the Slurm lab,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -70,11 +71,17 @@ def _stamp(text: str) -> float:
     return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
 
 
-def on_slurm(lab, shape: Lab, trace: Trace, timeout: float = 600) -> Replay:
+def on_slurm(lab, shape: Lab, trace: Trace, timeout: float = 600, stop: threading.Event | None = None) -> Replay:
     """Submit the trace's jobs at their submit times and wait for all to end; limits
     (seconds) must be whole minutes. With a bf_resolution, the first job goes in at a
-    multiple of it in wall time, where Slurm's rounding grid starts, as the simulator's does."""
+    multiple of it in wall time, where Slurm's rounding grid starts, as the simulator's does.
+    stop, when set, ends the waiting (a run interrupted while the replay ran on a thread)."""
     ids, fields = [], {}
+    stop = stop or threading.Event()
+
+    def sleep(s: float) -> None:
+        if stop.wait(s):
+            raise RuntimeError("the replay was stopped")
 
     def poll() -> None:
         """Keep every ended job's record: slurmctld forgets one MinJobAge (300 s) after it ends."""
@@ -84,15 +91,15 @@ def on_slurm(lab, shape: Lab, trace: Trace, timeout: float = 600) -> Replay:
                 fields[f["JobId"]] = f
 
     if shape.bf_resolution > 1:
-        time.sleep(-time.time() % shape.bf_resolution)
+        sleep(-time.time() % shape.bf_resolution)
     t0 = time.monotonic()
     for i in range(len(trace)):
         while t0 + trace.submit[i] - time.monotonic() > 5:
             poll()
-            time.sleep(max(0.0, min(2.0, t0 + trace.submit[i] - time.monotonic() - 5)))
+            sleep(max(0.0, min(2.0, t0 + trace.submit[i] - time.monotonic() - 5)))
         wait = t0 + trace.submit[i] - time.monotonic()
         if wait > 0:
-            time.sleep(wait)
+            sleep(wait)
         minutes = trace.limits[i] / 60
         if minutes != int(minutes):
             raise ValueError(f"job {i}: limit {trace.limits[i]} s is not whole minutes")
@@ -104,7 +111,7 @@ def on_slurm(lab, shape: Lab, trace: Trace, timeout: float = 600) -> Replay:
         poll()
         if all(j in fields for j in ids):
             break
-        time.sleep(0.5)
+        sleep(0.5)
     else:
         raise RuntimeError(f"the replay did not end in {timeout} s")
     bad = [j for j in ids if fields[j]["JobState"] != "COMPLETED"]

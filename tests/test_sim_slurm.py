@@ -3,19 +3,26 @@ cluster of its own (tests/slurm_lab.py: 2 racks of 4 nodes of 4 fake GPUs, topol
 sched/backfill at bf_interval=1 and bf_resolution=1, Slurm's minimums, since the defaults of
 30 and 60 s are half of this one-minute run) and through the simulator with the same
 parameters (tests/sim_replay.py; bench/sim_vs_slurm.py at bench size). About 70 s: time limits are whole minutes in Slurm,
-so the trace's limits are one or two minutes and its run times 5-30 s; no compression."""
+so the trace's limits are one or two minutes and its run times 5-30 s; no compression. The replay
+begins at collection on a thread (conftest's EARLY), so its minute of waiting overlaps the run's
+other tests instead of holding a worker."""
 
+import json
 import shutil
 import tempfile
+import threading
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from tests.sim_replay import Lab, compress, in_sim, on_slurm, pairs_in_order, summary
+from tests.conftest import run_dir
+from tests.sim_replay import Lab, Replay, compress, in_sim, on_slurm, pairs_in_order, summary
 from tests.slurm_lab import SlurmLab, missing
 from transit_launch.sim.trace import Trace
 
-# slow; one xdist group: the module-scoped replay (its own 8-node lab) runs once a run, not once a worker
+# slow; one xdist group: the tests that read the replay wait for it on one worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sim-slurm")]
 
 # (submit s, run s, GPUs, limit s). Derived by hand, planning on limits:
@@ -54,21 +61,63 @@ def test_compression_keeps_limits_in_whole_minutes():
     assert c.submit == [0, 5, 10] and c.duration == [60, 90, 720] and c.limits == [60, 120, 720]
 
 
-@pytest.fixture(scope="module")
-def replayed():
+RESULT = "sim-slurm-replay"  # run_dir's files: .json (the Replay), .skip or .error (one line why not)
+WAIT_S = 600  # a guard for a replay that never reports (its own timeout is 240 s), not a bound on its speed
+
+
+def _replay(out: Path, stop: threading.Event) -> None:
+    """The trace replayed on a lab of its own (2 racks of 4 nodes), what happened written to out."""
+    def write(suffix: str, text: str) -> None:
+        tmp = out.with_suffix(suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.rename(out.with_suffix(suffix))  # whole or absent to the reader
+
     why = missing()
     if why:
-        pytest.skip(why)
+        write(".skip", why)
+        return
     shape = Lab()
     root = Path(tempfile.mkdtemp(prefix="transit-simcheck-"))
     lab = SlurmLab(root, nodes=shape.nodes, gpus=shape.gpus_per_node, cpus=shape.gpus_per_node,
                    sched=shape.sched_params(), switches=shape.racks)
     try:
         lab.start()
-        yield shape, on_slurm(lab, shape, trace(), timeout=240)
+        write(".json", json.dumps(asdict(on_slurm(lab, shape, trace(), timeout=240, stop=stop))))
+    except Exception as e:  # the test reports it; the thread must not die silently
+        write(".error", f"{type(e).__name__}: {e}")
     finally:
         lab.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start(run_dir: Path):
+    """conftest's EARLY: the replay begins at collection, on a thread, and the join stops it
+    when the run is interrupted."""
+    stop = threading.Event()
+    thread = threading.Thread(target=_replay, args=(run_dir / RESULT, stop), name="sim-slurm-replay", daemon=True)
+    thread.start()
+
+    def join(interrupted: bool) -> None:
+        if interrupted:
+            stop.set()
+        thread.join()
+    return join
+
+
+EARLY = ("replayed", _start)
+
+
+@pytest.fixture(scope="module")
+def replayed(request):
+    out = run_dir(request.config) / RESULT
+    deadline = time.monotonic() + WAIT_S
+    while not any(out.with_suffix(x).exists() for x in (".json", ".skip", ".error")):
+        assert time.monotonic() < deadline, f"the Slurm replay begun at collection left nothing in {WAIT_S} s"
+        time.sleep(0.5)
+    if out.with_suffix(".skip").exists():
+        pytest.skip(out.with_suffix(".skip").read_text())
+    assert not out.with_suffix(".error").exists(), out.with_suffix(".error").read_text()
+    return Lab(), Replay(**json.loads(out.with_suffix(".json").read_text()))
 
 
 def test_simulator_schedules_as_slurm_does(replayed):
