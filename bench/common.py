@@ -89,3 +89,21 @@ def out_option(ap, name: str) -> None:
     scratch.mkdir(exist_ok=True)
     ap.add_argument("--out", default=str(scratch / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"),
                     help=f"the result file (default: {scratch}/{name}-TIME.json; the runner files results)")
+
+
+def host_memory() -> dict:
+    """What the run held of the host's memory: the process's peak resident bytes (pinned pages
+    are resident) and torch's pinned-memory cache (blocks rounded up to a power of two): its
+    peak, what it holds at the end and what of that is in use (the split's re-plans free host
+    copies into the cache, which keeps them)."""
+    import resource
+
+    import torch
+
+    out = {"host_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    stats = getattr(torch.cuda, "host_memory_stats", lambda: {})()
+    for key, name in (("allocated_bytes.peak", "pinned_peak"), ("allocated_bytes.current", "pinned_held"),
+                      ("active_bytes.current", "pinned_in_use")):
+        if key in stats:
+            out[name] = stats[key]
+    return out

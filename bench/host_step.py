@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from common import out_option  # noqa: E402 (bench/ is the script's folder: on sys.path)
+from common import host_memory, out_option  # noqa: E402 (bench/ is the script's folder: on sys.path)
 # name -> (dim, ffn, blocks, tokens a step, microbatches, clip)
 POINTS = {"base": (4096, 16384, 8, 32768, 1, None), "clip": (4096, 16384, 8, 32768, 1, 1.0),
           "clip-accum4": (4096, 16384, 8, 32768, 4, 1.0), "wide-clip": (8192, 32768, 2, 32768, 1, 1.0)}
@@ -116,7 +116,7 @@ def worker(a):
                                   "peak_reserved": torch.cuda.max_memory_reserved(dev),
                                   "alloc_retries": torch.cuda.memory_stats(dev).get("num_alloc_retries"),
                                   "threads": thread_ticks(),
-                                  "state_bytes": 8 * params}}), flush=True)
+                                  "state_bytes": 8 * params, **host_memory()}}), flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
 

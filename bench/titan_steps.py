@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import env, run, transit, out_option
+from common import env, host_memory, run, transit, out_option
 from titan_memory import LAYOUTS, TITAN, titan_args
 
 
@@ -74,7 +74,7 @@ def worker(a):
     finally:
         trainer.close()
     Path(a.out).write_text(json.dumps({"step_s": times, "optimizer_s": opt_times, "params": info["params"],
-                                       "max_reserved": torch.cuda.max_memory_reserved()}))
+                                       "max_reserved": torch.cuda.max_memory_reserved(), **host_memory()}))
     return 0
 
 

@@ -24,3 +24,10 @@ def test_with_a_shim_the_command_runs_under_transit_launch(monkeypatch, tmp_path
     # the reference and `off` need no shim
     monkeypatch.setenv("TRANSIT_SHIM", "")
     assert common.transit("off", ["true"])[-4:] == ["--policy", "off", "--", "true"]
+
+
+def test_host_memory_reads_the_peak_resident_bytes():
+    held = bytearray(96 * 2**20)  # 96 MiB written: resident
+    got = common.host_memory()
+    assert held[-1] == 0 and got["host_peak_rss"] >= 96 * 2**20  # bytes, not the kernel's KiB
+    assert got["host_peak_rss"] < 64 * 2**30
