@@ -24,3 +24,12 @@ def test_with_a_shim_the_command_runs_under_transit_launch(monkeypatch, tmp_path
     # the reference and `off` need no shim
     monkeypatch.setenv("TRANSIT_SHIM", "")
     assert common.transit("off", ["true"])[-4:] == ["--policy", "off", "--", "true"]
+
+
+@pytest.mark.parametrize("policy", ["base", "prefetch", "advise"])
+def test_a_policy_run_without_a_budget_is_refused_too(monkeypatch, capsys, policy):
+    # bench/torchtitan_check.py runs a policy with no budget by default: the shim is needed all the same
+    monkeypatch.setenv("TRANSIT_SHIM", "")
+    with pytest.raises(SystemExit) as e:
+        common.transit(policy, ["python3", "train.py"], "/tmp/stats")
+    assert e.value.code == 2 and f"no libtransit.so to measure {policy}" in capsys.readouterr().err
