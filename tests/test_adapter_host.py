@@ -742,6 +742,57 @@ def test_the_split_gives_all_to_the_streamed_step_where_it_was_faster(streamed, 
     assert drv.stream.streamed == 4 * (steps - host_steps) + host_steps * 1
 
 
+
+def test_a_share_takes_the_last_parameters_to_the_nearest_parameter():
+    """_pick, by hand on Linear(64, 1000) and Linear(1000, 4) in fp32 (forward order: 256,000,
+    4,000, 16,000 and 16 bytes; 276,016 in all). At 0.07 (19,321.12 bytes) the last bias and
+    weight (16,016) and the first bias (20,016: 695 past the share where 16,016 is 3,305
+    short) are nearest: three, not the two that stay below it; the first weight (148,016
+    halfway) is not. Below half the last bias (8 bytes): none."""
+    th = load("transit_host")
+    sizes = [256_000, 4_000, 16_000, 16]
+    assert th._pick(sizes, 0.07) == 3
+    assert th._pick(sizes, 0.5) == 3 and th._pick(sizes, 0.6) == 4
+    assert th._pick(sizes, 7 / 276_016) == 0 and th._pick(sizes, 9 / 276_016) == 1
+
+
+def test_every_level_the_search_offers_is_the_plan_of_that_many_parameters():
+    """The search keys a timed plan by levels[len(recs) - 1], so a share it asks must give
+    back as many parameters as the level's rank: three equal parameters' levels are
+    0.333333, 0.666667 and 1.0 (rounded to 6 places, the first below a third), and each
+    picks 1, 2 and 3 (to the nearest parameter, not the whole ones within the share)."""
+    th = load("transit_host")
+    sizes = [4_000, 4_000, 4_000]
+    levels = th._levels(sizes)
+    assert levels == [0.333333, 0.666667, 1.0]
+    assert [th._pick(sizes, x) for x in levels] == [1, 2, 3]
+
+
+def test_a_fixed_share_is_neither_revised_nor_searched(streamed, monkeypatch, capsys):
+    """TRANSIT_HOST_SHARE measures the share given (a diagnostic): the split neither revises
+    it nor searches, so it stays at 0.5 (the last three parameters) to the end even where
+    the step streamed whole is said to take no time and each host step 2 s (the search's
+    fallback would give all of it to the streamed step)."""
+    import torch
+
+    from tests.test_adapter_streamed import train
+
+    monkeypatch.setenv("TRANSIT_HOST_SHARE", "0.5")
+    th, ts = load("transit_host"), load("transit_split")
+    monkeypatch.setattr(th, "TIMED_DEVICES", ("cuda", "cpu"))
+    host = th.HostStep(share=ts.SplitShare())
+    drv = ts.Split(host, streamed())
+    real = host._timing
+    monkeypatch.setattr(host, "_timing", lambda opt, n: (real(opt, n) and None) or (0.0, 0.0, n))
+    _clock(th, host, {3: 2.0}, monkeypatch)
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)  # noqa: E731
+    steps = ts.LEARN_STEPS + 1 + ts.REVISE_STEPS + 1  # one step past where a search would revise
+    train(make, drv, steps=steps, micro=1, clip=0.05)
+    assert "faster" not in capsys.readouterr().err
+    assert (host.stats["host_params"], host.stats["stream_params"]) == (3, 1) and host.stats["share"] == 0.5
+    assert host.stats["steps"] == steps - ts.LEARN_STEPS and host.stats["revised_share"] is None
+
+
 # 16 parameters of one size (bench/host_step.py's model): the shares 1/16 apart
 SIXTEEN = [k / 16 for k in range(1, 17)]
 

@@ -206,6 +206,23 @@ def test_a_step_call_that_could_change_the_result_is_refused(T):
     assert T.step_refusal(opt, (opt,), {}, mine) == "tensor hyper-parameters (not verified)"
 
 
+
+def test_a_later_param_group_torch_would_step_differently_refuses_the_step(T):
+    """step_refusal asks every group, not the first alone: an optimizer whose second group
+    has a tensor learning rate, or differentiable=True, runs as the application made it
+    (the streamed and the host step would step that group through the verified path)."""
+    import torch
+    m = mlp()
+    opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters()}], lr=1e-2)
+    mine = [lambda *a: None]
+    assert T.step_refusal(opt, (opt,), {}, mine) is None
+    opt.param_groups[1]["lr"] = torch.tensor(1e-2)
+    assert T.step_refusal(opt, (opt,), {}, mine) == "tensor hyper-parameters (not verified)"
+    opt.param_groups[1]["lr"] = 1e-2
+    opt.param_groups[1]["differentiable"] = True
+    assert T.step_refusal(opt, (opt,), {}, mine) == "differentiable=True"
+
+
 def test_param_groups_torch_would_step_differently_are_refused(T):
     import torch
     p = torch.nn.Parameter(torch.ones(2))

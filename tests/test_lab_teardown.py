@@ -150,3 +150,15 @@ def test_failure_excerpt_leaves_out_what_every_job_prints():
     cause = "[rank1]: RuntimeError: the cause\n"
     got = failure_excerpt(benign + cause + "x" * 50, tail=10, path=Path("/tmp/j.out"))
     assert got.splitlines()[:3] == ["the whole output: /tmp/j.out", "[rank1]: RuntimeError: the cause", "..."]
+
+
+def test_failure_excerpt_keeps_the_first_errors_where_there_are_many():
+    """The first rank's cause comes before the other ranks' reports of it: with more error
+    lines than the excerpt holds (40), it keeps the first 40, the cause first; the tail is
+    still the output's last characters."""
+    from tests.slurm_lab import failure_excerpt
+    reports = "".join(f"[rank{r}]: RuntimeError: the store closed\n" for r in range(1, 46))
+    got = failure_excerpt("[rank0]: RuntimeError: the cause\n" + reports, tail=5)
+    head = got.split("\n...\n")[0].splitlines()
+    assert head[0] == "[rank0]: RuntimeError: the cause" and len(head) == 40
+    assert head[-1] == "[rank39]: RuntimeError: the store closed" and got.endswith("osed\n")

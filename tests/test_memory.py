@@ -172,6 +172,25 @@ def test_moe_activations_and_expert_parallel_working_set():
     assert M.layer_local_params(q, lay, 0) == pytest.approx(q.layer_params(0) - routed + routed / 8)
 
 
+
+def test_expert_parallel_gathers_a_ranks_experts_in_the_estimate():
+    """The estimate's FSDP term under EP, by hand (qwen3-30b-a3b, dp 8, ep 8: 16 of the 128
+    experts a rank, each expert group of one rank, nothing padded). A layer's gathered
+    buffer: attention 2 x 4096 x 2048 + 2 x 512 x 2048, norms 2 x 2048 + 2 x 128, router
+    128 x 2048, the rank's experts 16 x 3 x 2048 x 768: 94,638,336 elements (the 128 experts'
+    623,120,640 less seven eighths of them). The peak is layer 0's backward, the last to run:
+    layer 0 gathered in bf16 (2 B), BACKWARD_GRAD_SHARE_MOE of its unsharded gradients (bf16),
+    the embedding prefetched (151,936 x 2048 = 311,164,928, bf16) and layer 1's
+    reduce-scatter input in fp32 (4 B): 1.30 GB. Planned as if each rank gathered all 128
+    experts (the expert degree dropped), the term was 5.71 GB."""
+    q = load_model("qwen3-30b-a3b")
+    layer = 2 * 4096 * 2048 + 2 * 512 * 2048 + 2 * 2048 + 2 * 128 + 128 * 2048 + 16 * 3 * 2048 * 768
+    assert layer == 94_638_336
+    e = estimate(q, Layout(dp=8, ep=8))
+    assert e.peak_phase == "layer backward"
+    assert e.fsdp == pytest.approx(layer * 2 + layer * M.BACKWARD_GRAD_SHARE_MOE * 2 + 311_164_928 * 2 + layer * 4)
+
+
 @pytest.mark.parametrize("lay,needle", [
     (Layout(dp=1, tp=3), "does not divide"),
     (Layout(dp=1, pp=3), "does not divide llama3-8b's 32 layers"),

@@ -168,6 +168,23 @@ def test_failures_go_through_the_backfill_on_limits_by_hand():
     assert (r["availability"], r["offered_load"], r["collapsed"]) == (1.0, pytest.approx(1.85), True)
 
 
+
+def test_a_job_slowed_past_its_limit_is_planned_to_its_expected_end_by_hand():
+    """One rack of three 8-GPU nodes. A: 2 nodes, 1 h (limit 1 h) from 0; B: 2 nodes, 0.5 h
+    from 0.2 h; C: 1 node, 1 h (limit 1 h) from 0.25 h. Node 0 fails at 0.1 h (back at
+    3.1 h): A, no checkpoint yet, keeps node 1 and runs from 0.2 h at 1/2 x 0.8 (the curve's
+    50% point) of its rate: its hour of work ends at 0.2 + 2.5 = 2.7 h, past the 1 h its limit
+    gives. B, at the head, waits for two nodes: node 2 and A's, reserved from A's expected end
+    (2.7 h), not its limit's (1 h); so C (0.25 h to 1.25 h, on node 2) backfills at once. B
+    runs 2.7 h to 3.2 h on nodes 1 and 2. Planned on A's limit, C would wait for node 0 (3.1 h)."""
+    t = Trace(submit=[0.0, 0.2 * H, 0.25 * H], duration=[1 * H, 0.5 * H, 1 * H], gpus=[16, 16, 8], ids=["A", "B", "C"],
+              source="hand", limits=[1 * H, 0.5 * H, 1 * H])
+    f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((0.1 * H, 0),))
+    o = replay(t, 1, 24, 8, "scale-in", f, Curve("hand", ((0.0, 1.0), (0.5, 0.8))))
+    assert [s / H for s in o.start] == pytest.approx([0.0, 2.7, 0.25])
+    assert [e / H for e in o.end] == pytest.approx([2.7, 3.2, 1.25])
+
+
 def test_availability_and_collapse_by_hand():
     # a node fails once a day on average and is out 24 h: up 1 / (1 + 1 x 24 / 24) = half the
     # time. Three jobs 10 h apart holding 120 GPU-h in all (40 a job) on 16 GPUs: 0.1 arrivals

@@ -31,3 +31,12 @@ def test_host_memory_reads_the_peak_resident_bytes():
     got = common.host_memory()
     assert held[-1] == 0 and got["host_peak_rss"] >= 96 * 2**20  # bytes, not the kernel's KiB
     assert got["host_peak_rss"] < 64 * 2**30
+
+
+@pytest.mark.parametrize("policy", ["base", "prefetch", "advise"])
+def test_a_policy_run_without_a_budget_is_refused_too(monkeypatch, capsys, policy):
+    # bench/torchtitan_check.py runs a policy with no budget by default: the shim is needed all the same
+    monkeypatch.setenv("TRANSIT_SHIM", "")
+    with pytest.raises(SystemExit) as e:
+        common.transit(policy, ["python3", "train.py"], "/tmp/stats")
+    assert e.value.code == 2 and f"no libtransit.so to measure {policy}" in capsys.readouterr().err
