@@ -17,11 +17,14 @@ BUILDER = PKG / "preload" / "inject.py"
 BUILT = ("LD_PRELOAD", "PYTHONPATH", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
          *(rules.ENV[k] for k in ("POLICY", "GPU_BUDGET", "STATS", "LOG", "OVERLAP_STEP", "PLAN")))
 NAMES = "|".join(BUILT)
+KEYS = "|".join((*rules.JOB_ENV, "POLICY", "GPU_BUDGET", "STATS", "LOG", "OVERLAP_STEP", "PLAN"))
 SECOND_BUILDER = (re.compile(rf"\b({NAMES})="),                   # a shell assignment, in a template or a string
                   re.compile(r"\bexport [A-Za-z_{$]"),              # a shell export of anything
                   re.compile(rf"\[[\"']({NAMES})[\"']\]\s*="),     # env["LD_PRELOAD"] = ... in Python
                   re.compile(r"\[(rules\.)?(ENV|JOB_ENV)\[[^\]]+\]\]\s*="),  # env[ENV["POLICY"]] = ..., the tables' names
-                  re.compile(rf"\.(update|setdefault)\(\s*\{{?\s*([\"']({NAMES})[\"']|(rules\.)?(ENV|JOB_ENV)\[)"))
+                  re.compile(rf"\.(update|setdefault)\(\s*\{{?\s*([\"']({NAMES})[\"']|(rules\.)?(ENV|JOB_ENV)\[)"),
+                  # a dict literal's key: {**os.environ, "LD_PRELOAD": shim}, {ENV["POLICY"]: policy}
+                  re.compile(rf"[{{,]\s*([\"']({NAMES})[\"']|(rules\.)?(ENV|JOB_ENV)\[[\"']({KEYS})[\"']\])\s*:"))
 
 
 def second_builders(files):
@@ -45,12 +48,15 @@ def test_the_scan_finds_the_builders_this_issue_removed(tmp_path):
            # the same builder in the package's own idioms: through the tables' names, update, setdefault
            "tables.py": '    env[ENV["POLICY"]] = policy\n',
            "update.py": '    env.update({"LD_PRELOAD": shim})\n',
-           "setdefault.py": '    env.setdefault(rules.JOB_ENV["PRELOAD"], shim)\n'}
+           "setdefault.py": '    env.setdefault(rules.JOB_ENV["PRELOAD"], shim)\n',
+           # a dict literal, by the name or by the table's
+           "literal.py": '    return {**env, "LD_PRELOAD": "", "TRANSIT_POLICY": "off"}\n',
+           "tables_literal.py": '    env = dict(os.environ, **{ENV["POLICY"]: policy})\n'}
     for name, text in old.items():
         (tmp_path / name).write_text(text)
     found = second_builders(sorted(tmp_path.iterdir()))
-    assert [f.split(":")[0] for f in found] == ["local.j2", "run.py", "sbatch.j2", "scalein.py", "setdefault.py",
-                                                "tables.py", "update.py"], found
+    assert [f.split(":")[0] for f in found] == ["literal.py", "local.j2", "run.py", "sbatch.j2", "scalein.py",
+                                                "setdefault.py", "tables.py", "tables_literal.py", "update.py"], found
 
 
 def test_the_plugin_reads_the_tables_names_from_the_generated_header():

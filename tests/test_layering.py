@@ -84,3 +84,20 @@ def test_rooms_import_in_one_direction():
                 wrong.append(f"{mods[mod].relative_to(PKG.parent)}:{line} imports {t}")
     assert not wrong, wrong
     assert set(ALLOWED) == {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
+
+def test_the_structure_pictures_folders_and_modules():
+    """docs/structure.md's picture (its first code block) has a line for every folder the sdist
+    carries (MANIFEST.in's grafts) and names every module and room of the package."""
+    import re
+
+    from tests.conftest import ROOT
+    picture = (ROOT / "docs" / "structure.md").read_text().split("```")[1]
+    tops = {line.split()[0] for line in picture.splitlines() if line and not line[0].isspace()}
+    manifest = ROOT / "MANIFEST.in"
+    grafts = {line.split()[1] + "/" for line in manifest.read_text().splitlines() if line.startswith("graft ")} \
+        if manifest.is_file() else set()
+    assert grafts | {"transit_launch/"} <= tops, sorted(grafts - tops)
+    parts = {p.name + ("/" if p.is_dir() else "") for p in PKG.iterdir()
+             if (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py")) or (p / "__init__.py").exists()}
+    assert parts and not [n for n in parts if not re.search(rf"(?<![\w/]){re.escape(n)}", picture)], parts

@@ -26,6 +26,11 @@ BENCH_CHECKS = {
 }
 
 
+# bench/ as a path's part ("bench/x", "../bench/x", an f-string's "/bench/x") or as a module to
+# import by name ("bench.common" for importlib); the frozen copies under tests/fixtures/bench are not it
+NAMES_BENCH = re.compile(r"(^|[/\\])bench([/\\]|$)|^bench\.\w")
+
+
 def _docstrings(tree) -> set[int]:
     return {id(n.body[0].value) for n in ast.walk(tree)
             if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
@@ -47,7 +52,7 @@ def reads_of_bench(source: str) -> list[tuple[str, int]]:
                  else [n.module or ""] if isinstance(n, ast.ImportFrom) else [])
         imported = any(m == "bench" or m.startswith("bench.") for m in names)
         path = (isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
-                and (n.value == "bench" or n.value.startswith(("bench/", "bench\\"))))
+                and bool(NAMES_BENCH.search(n.value.replace("fixtures/bench", ""))))
         if imported or path:
             hits.append((owner.get(id(n), "<module>"), n.lineno))
     return sorted(hits, key=lambda h: h[1])
@@ -102,5 +107,8 @@ def test_the_scan_finds_what_it_forbids():
     a docstring that cites bench/ is not a read."""
     old = ('RESULTS = ROOT / "bench" / "results"\n'
            'def f():\n    """bench/RESULTS.md says so."""\n    return open("bench/results/x.json")\n'
-           'import bench.common\nfrom bench import prediction\n')
-    assert reads_of_bench(old) == [("<module>", 1), ("f", 4), ("<module>", 5), ("<module>", 6)]
+           'import bench.common\nfrom bench import prediction\n'
+           'def g(root):\n    return importlib.import_module("bench.common"), open(f"{root}/bench/RESULTS.md")\n'
+           'INDEX = HERE / "../bench/results/INDEX.md"\nFROZEN = HERE / "fixtures/bench"\nWORD = "a bench of 3"\n')
+    assert reads_of_bench(old) == [("<module>", 1), ("f", 4), ("<module>", 5), ("<module>", 6), ("g", 8), ("g", 8),
+                                   ("<module>", 9)]

@@ -308,3 +308,32 @@ def test_the_adapter_spells_no_rule_itself():
     assert {p.name for p in sources} >= {"sitecustomize.py", "transit_step.py", "transit_staging.py"}
     found = {p.name: _hand_copies(p.read_text()) for p in sources}
     assert not {k: v for k, v in found.items() if v}, found
+
+
+def _c_copies(text):
+    """The contract names a C source spells as string literals (comments left out) instead of
+    taking them from the generated transit_rules.h."""
+    import re
+    names = {*rules.ENV.values(), *rules.RETIRED_ENV.values(), *rules.JOB_ENV.values(), *rules.PLUGIN_OPTIONS.values()}
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", "", text, flags=re.S)
+    return [lit for lit in re.findall(r'"((?:[^"\\\n]|\\.)*)"', code) if lit in names]
+
+
+def test_no_product_source_spells_a_contract_name():
+    """Beyond the adapter: every Python module of the product (the CLI's doctor, spank, run,
+    ...) and every C source of the shim and the plugin takes the contract's names from rules.py
+    or the header generated from it; only rules.py and the generated files spell them."""
+    from transit_launch.preload import inject
+    pkg = Path(rules.__file__).resolve().parent
+    generated = {pkg / "rules.py", inject.adapter_dir() / "transit_rules.py"}
+    py = {str(p.relative_to(pkg)): _hand_copies(p.read_text()) for p in sorted(pkg.rglob("*.py")) if p not in generated}
+    c = {p.name: _c_copies(p.read_text()) for d in ("shim", "spank") for p in sorted((C_SOURCES / d).rglob("*.[ch]"))
+         if p.name != "transit_rules.h"}
+    assert len(py) > 50 and len(c) > 20
+    assert not {k: v for k, v in {**py, **c}.items() if v}
+
+
+@pytest.mark.parametrize("copy", ['const char *v = getenv("TRANSIT_LOG");', 'spank_setenv(sp, "LD_PRELOAD", s, 1);',
+                                  '{ "transit-budget", "SIZE", "the budget", 1, 0, budget },'])
+def test_a_hand_copy_in_c_is_found(copy):
+    assert _c_copies(copy) and not _c_copies(f"/* {copy} */")

@@ -238,7 +238,7 @@ def on_node(partition: str | None = None, account: str | None = None, timeout: f
     if not srun:
         raise UsageError("doctor --on-node needs Slurm's srun on PATH")
     shim = inject.shim_path()
-    env = dict(os.environ, **({"TRANSIT_SHIM": str(shim)} if shim else {}))
+    env = dict(os.environ, **({inject.ENV["SHIM"]: str(shim)} if shim else {}))
     # one step: the node's name, then doctor's JSON from this installation's Python, isolated
     # from the working directory (root runs this; see isolated.py) and run from /
     prelude = ("import os, socket; print(os.environ.get('SLURMD_NODENAME') or socket.gethostname(), "
