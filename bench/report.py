@@ -69,8 +69,8 @@ def scale_in_emulated(results: Path = RESULTS) -> str:
 
 
 # the newest leases' files, in the order RESULTS.md tells them: the split's search at a6c6edb, then the calls before it
-HOST_STEP = ("2026-12-07/host-step/host_step_30.json", "2026-12-07/host-step/host_step_28.json",
-             "2026-12-07/host-step/host_step_29.json", "2026-12-07/host-step/host_step_27.json")
+HOST_STEP = ("2026-12-07/host-step/host_step_30.json", "2026-12-07/host-step/host_step_31.json",
+             "2026-12-07/host-step/host_step_28.json", "2026-12-07/host-step/host_step_29.json")
 
 
 def host_step(results: Path = RESULTS) -> str:
