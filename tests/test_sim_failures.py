@@ -185,6 +185,68 @@ def test_a_job_slowed_past_its_limit_is_planned_to_its_expected_end_by_hand():
     assert [e / H for e in o.end] == pytest.approx([2.7, 3.2, 1.25])
 
 
+
+def test_a_node_a_scaled_in_job_waits_for_is_planned_for_reservations_by_hand():
+    """One rack of three 8-GPU nodes; checkpoints every hour, 0.1 h a restart; a job on 1 of
+    its 2 nodes runs at 1/2 x 0.8 (the curve's 50% point) = 0.4 of its rate. A: 2 nodes
+    (0 and 1), 1 h from 0. Node 0 fails at 0.1 h: A, no checkpoint yet (its first at 1 h),
+    keeps node 1 with its hour of work and runs from 0.2 h at 0.4: it ends at 0.2 + 1 / 0.4
+    = 2.7 h, planned there too (its limit, 1 h, is past: 0.1 h + 156 min). A waits for node 0.
+
+    Node 0 back at 3.1 h (repair_h 3): A has ended by then, so node 0 goes back to the pool
+    at its repair and is planned free at max(3.1, A's 2.7) = 3.1 h. B: all 3 nodes, 0.5 h,
+    from 0.2 h: reserved from 3.1 h (node 2 now, node 1 at 2.7, node 0 at 3.1). C: 1 node,
+    10 h, from 0.25 h: its window 0.25 to 10.25 h holds node 2, the only free one, into B's
+    reservation: C may not backfill. B runs 3.1 to 3.6 h, C 3.6 to 13.6 h: the same as
+    under requeue (A requeues with its hour left, restarts at once on nodes 1 and 2 and ends
+    at 0.1 + 0.1 + 1 = 1.2 h; B waits for node 0 at 3.1 h). With node 0 planned nowhere
+    while A ran, B got no reservation and C backfilled at 0.25 h: B started at 10.25 h."""
+    t = Trace(submit=[0.0, 0.2 * H, 0.25 * H], duration=[1 * H, 0.5 * H, 10 * H], gpus=[16, 24, 8],
+              ids=["A", "B", "C"], source="hand")
+    curve = Curve("hand", ((0.0, 1.0), (0.5, 0.8)))
+    f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((0.1 * H, 0),))
+    for policy, a_end in (("scale-in", 2.7), ("requeue", 1.2)):
+        o = replay(t, 1, 24, 8, policy, f, curve)
+        assert [s / H for s in o.start] == pytest.approx([0.0, 3.1, 3.6]), policy
+        assert [e / H for e in o.end] == pytest.approx([a_end, 3.6, 13.6]), policy
+    # Node 0 back at 1.1 h (repair_h 1), while A still runs: A takes it back. Until then
+    # node 0 is planned free with A, at max(1.1, 2.7) = 2.7 h, not at its repair (A holds it
+    # from 1.1 h). B as in test_a_job_slowed_past_its_limit_is_planned_to_its_expected_end_by_hand
+    # (2 nodes, 0.5 h, from 0.2 h; C 1 node, 1 h, from 0.25 h): B is reserved from 2.7 h, so
+    # C (0.25 to 1.25 h on node 2) backfills at once; planned at its repair, node 0 would
+    # have given B a reservation from 1.1 h on nodes 0 and 2 and held C back. At 1.1 h A
+    # checkpoints (1.1 - 0.2) x 0.4 = 0.36 h of work, 0.64 h left, restarts on both nodes
+    # and ends at 1.2 + 0.64 = 1.84 h; B runs 1.84 to 2.34 h.
+    t = Trace(submit=[0.0, 0.2 * H, 0.25 * H], duration=[1 * H, 0.5 * H, 1 * H], gpus=[16, 16, 8], ids=["A", "B", "C"],
+              source="hand", limits=[1 * H, 0.5 * H, 1 * H])
+    f = Failures(rate=0, repair_h=1, checkpoint_h=1, restart_h=0.1, times=((0.1 * H, 0),))
+    o = replay(t, 1, 24, 8, "scale-in", f, curve)
+    assert [s / H for s in o.start] == pytest.approx([0.0, 1.84, 0.25])
+    assert [e / H for e in o.end] == pytest.approx([1.84, 2.34, 1.25])
+
+
+def test_a_waited_for_node_follows_its_job_s_new_plan_by_hand():
+    """One rack of five 4-GPU nodes; CURVE2: 3 of 4 nodes run at 0.6, 2 of 4 at 0.3.
+    A: 4 nodes (0-3), 1 h (limit 1 h) from 0. Node 0 fails at 0.1 h (back 3.1 h): no
+    checkpoint, A on 3 nodes from 0.2 h at 0.6, planned to 0.2 + 1 / 0.6 = 1.8667 h; node 0
+    planned free at max(3.1, 1.8667) = 3.1 h. Node 1 fails at 0.3 h (back 3.3 h): the run
+    since 0.1 h made no checkpoint, A on 2 nodes from 0.4 h at 0.3, planned to 0.4 + 1 / 0.3
+    = 3.7333 h; node 1 planned at max(3.3, 3.7333) = 3.7333 h, and node 0, which A still
+    takes back, follows A's new plan: max(3.1, 3.7333) = 3.7333 h. B: 2 nodes, 0.5 h, from
+    0.5 h: node 4 now and the next at 3.7333 h: reserved from 3.7333 h. C: 1 node, 3 h, from
+    0.6 h: its window ends at 3.6 h, before B's reservation: C backfills on node 4 at once
+    (had node 0 kept its 3.1 h, B would be reserved on nodes 0 and 4 from 3.1 h and C held).
+    At 3.1 h A takes node 0 back: (3.1 - 0.4) x 0.3 = 0.81 h done, 0.19 h left, on 3 nodes
+    from 3.2 h at 0.6; at 3.3 h node 1: (3.3 - 3.2) x 0.6 = 0.06 h done, 0.13 h left, on 4
+    from 3.4 h: A ends at 3.53 h, and B starts then on its nodes (node 4 is C's to 3.6 h),
+    to 4.03 h."""
+    t = Trace(submit=[0.0, 0.5 * H, 0.6 * H], duration=[1 * H, 0.5 * H, 3 * H], gpus=[16, 8, 4], ids=["A", "B", "C"],
+              source="hand", limits=[1 * H, 0.5 * H, 3 * H])
+    f = Failures(rate=0, repair_h=3, checkpoint_h=1, restart_h=0.1, times=((0.1 * H, 0), (0.3 * H, 1)))
+    o = replay(t, 1, 20, 4, "scale-in", f, CURVE2)
+    assert [s / H for s in o.start] == pytest.approx([0.0, 3.53, 0.6])
+    assert [e / H for e in o.end] == pytest.approx([3.53, 4.03, 3.6])
+
 def test_availability_and_collapse_by_hand():
     # a node fails once a day on average and is out 24 h: up 1 / (1 + 1 x 24 / 24) = half the
     # time. Three jobs 10 h apart holding 120 GPU-h in all (40 a job) on 16 GPUs: 0.1 arrivals

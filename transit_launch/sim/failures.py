@@ -30,9 +30,11 @@ submission place and asks its full limit again, as Slurm's requeue does (on run 
 what it has left, its restart included). A running job is planned to end at its start
 plus its limit; one that a lost node slows past that, at its expected end rounded up to a
 minute (the replay never kills a job at its limit). A failed node comes back, for the
-reservations, at its repair time unless a scaled-in job waits for it (then with that job's
-end). No placement transition factors: jobs run as recorded at their full size, placed as
-`pack` places them."""
+reservations, at its repair time; one that a scaled-in job waits for (the job takes it back
+at its repair if it still runs, and holds it to its end) at the later of its repair and
+that job's planned end, following the job's plan as that changes (another node lost or
+taken back); from its repair the job's own plan holds it. No placement transition factors:
+jobs run as recorded at their full size, placed as `pack` places them."""
 
 from __future__ import annotations
 
@@ -219,11 +221,16 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
             replan(i, max(began[i] + lim[i], now + limits.minutes_up(end[i] - now)))
         else:
             replan(i, end[i])
+        for x in [k for k, j in waits_for.items() if j == i]:
+            down_until(x)  # the down nodes it takes back follow its new plan
 
     def down_until(x: int) -> None:
-        """Node x, down and waited for by no job, returns to the pool at its repair."""
+        """Node x, down, is planned free at its repair, or, when a scaled-in job waits for it
+        (and takes it back at its repair if it still runs), at the later of its repair and
+        that job's planned end."""
         alloc[N + x] = [(x, gpn)]
-        replan(N + x, back[x])
+        i = waits_for.get(x)
+        replan(N + x, back[x] if i is None else max(back[x], pend[i]))
 
     def begin(i: int, now: float) -> bool:
         placed = cl.place(n0[i], g0[i], "pack")
@@ -247,7 +254,8 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         if down[x]:
             return
         down[x] = True
-        heapq.heappush(repairs, (now + f.repair_h * 3600, x))
+        back[x] = now + f.repair_h * 3600
+        heapq.heappush(repairs, (back[x], x))
         for i in sorted(on_node.get(x, ())):
             hits += 1
             interrupted[i] = True
@@ -279,9 +287,7 @@ def replay(trace: Trace, racks: int, rack_gpus: int, gpus_per_node: int, policy:
         if cl.free[x]:
             cl._take(x, cl.free[x])
         on_node.pop(x, None)
-        back[x] = now + f.repair_h * 3600
-        if x not in waits_for:
-            down_until(x)
+        down_until(x)
 
     def release_waits(i: int) -> None:
         """Job i ended or requeued: the down nodes it waited for go back to the pool when repaired."""
