@@ -12,6 +12,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "transit_rules.h" /* TR_HUGE_PAGE */
+
 #define HIDDEN __attribute__((visibility("hidden")))
 #define EXPORT __attribute__((visibility("default")))
 
@@ -172,7 +174,6 @@ HIDDEN void *tr_hoststate_alloc(size_t size);   /* not under tr_lock; NULL: refu
 HIDDEN int tr_hoststate_free(uintptr_t ptr, cudaError_t *err); /* not under tr_lock; 1: it was one */
 HIDDEN int tr_hoststate_holds(uintptr_t ptr, size_t size);     /* under tr_lock */
 HIDDEN uint64_t tr_hoststate_bytes(void);                      /* under tr_lock */
-#define TR_HUGE_PAGE (2ull << 20) /* x86-64's transparent huge page */
 /* The bytes a host mapping of size takes: whole huge pages from one huge page up, else pages. */
 static inline size_t tr_host_round(size_t size)
 {

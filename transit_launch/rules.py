@@ -40,6 +40,9 @@ RING_OVERLAP_MODES = ("stream", "host")
 # the ring of plain device memory each GPU stages the state through, out of the GPU budget
 # (the adapter's default, transit_staging.py; TRANSIT_OVERLAP_INFLIGHT). The plan counts it.
 STAGE_RING_BYTES = 256 << 20
+# x86-64's transparent huge page: host memory the shim (shim/hoststate.c) and the adapter
+# (transit_staging.pinned) pin comes in whole huge pages from one huge page up, for the copy engines
+HUGE_PAGE_BYTES = 2 << 20
 # What a hint (transit_hint) says a range of memory holds: the adapter gives the kinds, the
 # shim's policies place by them (shim/transit_api.h's enum is made of these)
 HINT_KINDS = {"HOT": 0, "MASTER": 1, "OPTIMIZER": 2, "SPARSE": 3}
@@ -222,6 +225,7 @@ def c_header() -> str:
         f"#define TR_GPU_BUDGET_MIN {GPU_BUDGET_MIN}ull",
         f"#define TR_STATE_ROOM_SPARE_PERCENT {STATE_ROOM_SPARE_PERCENT}",
         f"#define TR_STAGE_RING_BYTES {STAGE_RING_BYTES}ull",
+        f"#define TR_HUGE_PAGE {HUGE_PAGE_BYTES}ull",
         f'#define TR_GPU_BUDGET_MIN_TEXT "{format_size(GPU_BUDGET_MIN)}"',
         f"#define TR_GPU_BUDGET_MAX {GPU_BUDGET_MAX}ull",
         f'#define TR_GPU_BUDGET_MAX_TEXT "{format_size(GPU_BUDGET_MAX)}"',
@@ -235,7 +239,7 @@ def c_header() -> str:
 
 # What the adapter reads of the rules (python_module): the names it is written with there.
 ADAPTER_RULES = ("ENV", "RETIRED_ENV", "OVERLAP_MODES", "RETIRED_OVERLAP_MODES", "DEFAULT_OVERLAP", "RING_OVERLAP_MODES",
-                 "STAGE_RING_BYTES", "HINT_KINDS")
+                 "STAGE_RING_BYTES", "HUGE_PAGE_BYTES", "HINT_KINDS")
 
 
 def api_declarations() -> str:

@@ -704,10 +704,11 @@ class HostStep:
             for _, p, lp in group:
                 rec, st = kept.get(id(p), (None, None)) if old is not None else (None, None)
                 if rec is None:
-                    pin = lp.device.type == "cuda"
-                    ph = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
+                    # pinned of its exact size on huge pages where the parameter is on a GPU
+                    host_copy = transit_staging.pinned if lp.device.type == "cuda" else torch.empty
+                    ph = host_copy(lp.shape, dtype=lp.dtype)
                     ph.copy_(lp)
-                    gh = torch.empty(lp.shape, dtype=lp.dtype, pin_memory=pin)
+                    gh = host_copy(lp.shape, dtype=lp.dtype)
                     rec = _Rec(p, ph, gh)
                 self._bounce(lp.device)
                 dtensor |= hasattr(p, "to_local")

@@ -27,6 +27,7 @@ RETIRED_OVERLAP_MODES = ('serial', '1', 'staged')
 DEFAULT_OVERLAP = {'advise': 'stream'}
 RING_OVERLAP_MODES = ('stream', 'host')
 STAGE_RING_BYTES = 268435456
+HUGE_PAGE_BYTES = 2097152
 HINT_KINDS = {'HOT': 0, 'MASTER': 1, 'OPTIMIZER': 2, 'SPARSE': 3}
 # libtransit.so's C API (shim/transit_api.h), as the adapter's cffi bindings declare it
 API_CDEF = """

@@ -105,6 +105,73 @@ def _pinned_cpu_view(t):
     return torch.frombuffer(buf, dtype=torch.uint8).view(t.dtype).view(t.shape)
 
 
+HUGE = transit_rules.HUGE_PAGE_BYTES
+_PROT_RW, _MAP_PRIVATE_ANON, _MADV_HUGEPAGE = 0x3, 0x22, 14  # Linux's, x86-64 and arm64 alike
+_REGISTER_PORTABLE_MAPPED = 0x3  # cudaHostRegisterPortable | cudaHostRegisterMapped, as the shim registers
+
+
+class _Pinned:
+    """Host memory mapped for the adapter and registered with CUDA (pinned, and mapped so that
+    kernels can reach it at the same address); unregistered, then unmapped, when the last
+    tensor over it dies (it rides on the buffer torch.frombuffer keeps)."""
+
+    def __init__(self, nbytes, register, unregister):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                                   ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        huge = nbytes >= HUGE
+        align = HUGE if huge else 4096
+        self.len = -(-nbytes // align) * align  # as shim/transit.h's tr_host_round
+        over = self.len + (HUGE if huge else 0)  # room to move the start to a huge page's boundary
+        base = libc.mmap(None, over, _PROT_RW, _MAP_PRIVATE_ANON, -1, 0)
+        if base in (None, ctypes.c_void_p(-1).value):
+            raise MemoryError(f"mmap of {over} bytes: errno {ctypes.get_errno()}")
+        self.addr = -(-base // align) * align
+        if self.addr > base:
+            libc.munmap(base, self.addr - base)
+        if base + over > self.addr + self.len:
+            libc.munmap(self.addr + self.len, base + over - self.addr - self.len)
+        if huge:
+            libc.madvise(self.addr, self.len, _MADV_HUGEPAGE)  # advice: without THP the pages stay small
+        self.libc, self.unregister = libc, unregister
+        err = register(self.addr, self.len, _REGISTER_PORTABLE_MAPPED)
+        if err:
+            libc.munmap(self.addr, self.len)
+            nbytes, self.len = self.len, 0
+            raise OSError(f"cudaHostRegister of {nbytes} bytes: error {int(err)}")
+
+    def __del__(self):
+        if self.len:
+            self.unregister(self.addr)  # before the pages go: the driver holds them while registered
+            self.libc.munmap(self.addr, self.len)
+
+
+def pinned(shape, dtype):
+    """An empty CPU tensor in pinned host memory of its exact size, on huge pages from one huge
+    page up: the memory the shim gives the state it keeps on the host (shim/hoststate.c).
+    torch's pin_memory=True rounds each block up to a power of two (up to twice the bytes, kept
+    in its cache) on small pages, which the copy engines read slower. Falls back to torch's
+    where the mapping or the registration is refused."""
+    import ctypes
+    import math
+
+    import torch
+
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    try:
+        cudart = torch.cuda.cudart()
+        owner = _Pinned(max(nbytes, 1), cudart.cudaHostRegister, cudart.cudaHostUnregister)
+    except Exception:  # no CUDA runtime, a refusal: torch's own pinned memory
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    buf = (ctypes.c_uint8 * max(nbytes, 1)).from_address(owner.addr)
+    buf.owner = owner  # the memory lives while the buffer does
+    return torch.frombuffer(buf, dtype=torch.uint8)[:nbytes].view(dtype).view(shape)
+
+
 class Ring:
     """Buffers carved in turn from `size` bytes, reused in first-in first-out order: a new
     buffer reuses the bytes of buffers handed out about one ring earlier, and must wait for
@@ -223,7 +290,7 @@ class Staging:
             return src.to(device)
         if id(opt) not in self.finalizers:
             self.finalizers[id(opt)] = weakref.finalize(opt, self._forget, id(opt))
-        host = torch.empty(_nbytes(src), dtype=torch.uint8, pin_memory=True)
+        host = pinned((_nbytes(src),), torch.uint8)
         cpu = host.view(src.dtype).view(src.shape)
         cpu.copy_(src)
         with torch.cuda.device(device):
@@ -276,7 +343,7 @@ class Staging:
             self.owner[t.data_ptr()] = id(opt)
             self.in_place += _nbytes(t)
             return True
-        host = torch.empty(_nbytes(t), dtype=torch.uint8, pin_memory=True)
+        host = pinned((_nbytes(t),), torch.uint8)
         view = torch.as_tensor(_CudaView(host)).view(t.dtype).view(t.shape)
         if view.device != t.device or view.data_ptr() != host.data_ptr():
             raise RuntimeError(f"pinned memory seen as {view.device}, the state is on {t.device}")
