@@ -23,11 +23,15 @@ def runtime(monkeypatch):
     st = importlib.import_module("transit_staging")
     calls = []
 
+    class Success:  # torch's cudaError.success: a pybind enum, truthy as every object, 0 as an int
+        def __int__(self):
+            return 0
+
     class Cudart:
         @staticmethod
         def cudaHostRegister(addr, nbytes, flags):
             calls.append(("register", addr, nbytes, flags))
-            return 0
+            return Success()
 
         @staticmethod
         def cudaHostUnregister(addr):

@@ -138,11 +138,11 @@ class _Pinned:
         if huge:
             libc.madvise(self.addr, self.len, _MADV_HUGEPAGE)  # advice: without THP the pages stay small
         self.libc, self.unregister = libc, unregister
-        err = register(self.addr, self.len, _REGISTER_PORTABLE_MAPPED)
+        err = int(register(self.addr, self.len, _REGISTER_PORTABLE_MAPPED))  # torch's cudaError: a pybind enum, always truthy
         if err:
             libc.munmap(self.addr, self.len)
             nbytes, self.len = self.len, 0
-            raise OSError(f"cudaHostRegister of {nbytes} bytes: error {int(err)}")
+            raise OSError(f"cudaHostRegister of {nbytes} bytes: error {err}")
 
     def __del__(self):
         if self.len:
