@@ -30,12 +30,18 @@ trainer_records, trainer_flags, trainer_card = _et.trainer_records, _et.trainer_
 trainer_layout, planner_estimate = _et.trainer_layout, _et.planner_estimate
 
 
+def gpu_here() -> bool:
+    """Whether this machine has an NVIDIA GPU (its driver's control device)."""
+    return Path("/dev/nvidiactl").exists()
+
+
 def transit(policy: str, cmd: list, stats: str | None = None, budget: int | None = None) -> list:
-    """cmd under `transit-launch run` (tests/example_trainer.py's), refused when this machine
-    has no shim: `run` warns and goes on without it, which would measure a policy run as the
-    reference (a GPU call whose carried tree had lost its build did)."""
+    """cmd under `transit-launch run` (tests/example_trainer.py's), refused on a GPU machine
+    without the shim: `run` warns and goes on without it, which would measure a policy run as
+    the reference (a GPU call whose carried tree had lost its build did). Without a GPU (the
+    bench's plumbing on CPU ranks) the shim has nothing to place and may be absent."""
     from transit_launch.preload import inject
-    if policy != "off" and inject.shim_path() is None:
+    if policy != "off" and inject.shim_path() is None and gpu_here():
         print(f"bench: no libtransit.so to measure {policy} with ({inject.shim_missing_reason()})", file=sys.stderr)
         sys.exit(2)
     return _et.transit(policy, cmd, stats, budget)

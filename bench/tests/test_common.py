@@ -9,6 +9,7 @@ def test_a_policy_run_without_the_shim_is_refused_not_measured_as_the_reference(
     # `transit-launch run` warns and runs the job bare when it has no shim; a bench run would then
     # record the reference's speed under the policy's name (a GPU call whose tree lost its build did)
     monkeypatch.setenv("TRANSIT_SHIM", "")
+    monkeypatch.setattr(common, "gpu_here", lambda: True)
     with pytest.raises(SystemExit) as e:
         common.transit("advise", ["python3", "train.py"], "/tmp/stats", 10**9)
     assert e.value.code == 2
@@ -37,6 +38,14 @@ def test_host_memory_reads_the_peak_resident_bytes():
 def test_a_policy_run_without_a_budget_is_refused_too(monkeypatch, capsys, policy):
     # bench/torchtitan_check.py runs a policy with no budget by default: the shim is needed all the same
     monkeypatch.setenv("TRANSIT_SHIM", "")
+    monkeypatch.setattr(common, "gpu_here", lambda: True)
     with pytest.raises(SystemExit) as e:
         common.transit(policy, ["python3", "train.py"], "/tmp/stats")
     assert e.value.code == 2 and f"no libtransit.so to measure {policy}" in capsys.readouterr().err
+
+
+def test_without_a_gpu_a_policy_run_needs_no_shim(monkeypatch):
+    # the bench's plumbing on CPU ranks (bench/tests' scale-in and shapes runs): nothing to place
+    monkeypatch.setenv("TRANSIT_SHIM", "")
+    monkeypatch.setattr(common, "gpu_here", lambda: False)
+    assert common.transit("advise", ["true"])[-5:] == ["run", "--policy", "advise", "--", "true"]
