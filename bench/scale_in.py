@@ -9,7 +9,7 @@ offloaded (shim stats, every rank), and the collective bytes each GPU sent in on
 measured (torch.profiler's record_param_comms events: ring traffic (d-1)/d x buffer) and
 predicted by the planner (transit_launch.traffic).
 
-    python3 bench/scale_in.py --gpus 2 --out bench/results/scale_in.json
+    python3 bench/scale_in.py --gpus 2   # a scratch file; `python3 -m bench scale-in` files it in bench/results/
 
 --emulated-gpu auto (the default) sizes the smaller GPU from the planner so that the N-GPU
 layout fits it without offloading and the N/2 layout does not: the N layout's estimate

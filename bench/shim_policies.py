@@ -8,7 +8,7 @@
 Model FLOPs: 6 x non-embedding parameters x tokens per step / median step time (steps
 after the third), per GPU. Losses are compared to the reference step by step.
 
-    python3 bench/shim_policies.py --out bench/results/shim_policies.json
+    python3 bench/shim_policies.py   # a scratch file; `python3 -m bench policies` files it in bench/results/
 """
 
 import argparse

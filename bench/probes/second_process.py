@@ -6,8 +6,9 @@ allocates plain device memory with torch.empty in --step-mib pieces until the al
 refuses (never managed memory: nothing here oversubscribes), reads nvidia-smi's used
 memory at that point, frees everything and lets the job finish. One JSON object out.
 
-    python3 bench/probes/second_process.py --gpu-budget 45GB --out bench/results/second_process.json \\
+    python3 bench/probes/second_process.py --gpu-budget 45GB --out /tmp/sp/second_process.json \\
         -- python examples/train_llama.py --steps 60 --dim 4096 --layers 16
+    python3 -m bench --file-in /tmp/sp   # into bench/results/<date>/, indexed
 
 Filling the card to the allocator's refusal can make the driver take back the UVM chunks
 the job's managed memory holds, and evict resident pages of the job (that is the question
