@@ -222,7 +222,7 @@ def rho(results: Path = RESULTS) -> str:
     return _md(header, rows)
 
 
-SIM_SPEED = "2026-12-07/sim-speed/sim_speed.json"
+SIM_SPEED = "2026-12-07/sim-speed/sim_speed_2.json"
 
 
 def sim_speed(results: Path = RESULTS) -> str:

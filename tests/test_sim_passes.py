@@ -1,7 +1,8 @@
 """The simulator's shortcuts for speed (issue 54) keep their plain meaning: a cluster's counts
 after whole-node takes and releases by set operations are the counts of its free GPUs, the
 queue's fitting jobs with a bound on the bisection are the same jobs, a reservation kept
-from an earlier pass is the one worked out again, and whole replays with the pass as it runs
+from an earlier pass is the one worked out again (and the changes that move it are the ones
+that change its free nodes), and whole replays with the pass as it runs
 are those with a plain pass (every tested job in queue order, no shortcut)."""
 
 import math
@@ -76,6 +77,43 @@ def test_a_reservation_kept_across_passes_is_the_one_worked_out_again(spec, fact
     again = simulate(t, sc)
     assert any(would)  # kept some
     assert (again.start, again.end, again.racks) == (kept.start, kept.end, kept.racks)
+
+
+def _free_by(ends: backfill.Ends, s: float) -> set:
+    """The nodes wholly free by s: running nothing, or nothing planned to end after s."""
+    return {node for node, planned in enumerate(ends.per_node) if not planned or planned[-1] <= s}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_watched_start_is_moved_by_exactly_the_changes_of_its_free_nodes(seed):
+    """backfill.Ends.moved, which _unmoved reads: a single start or end sets it iff it changes
+    which nodes are wholly free by the watched time; while it stays unset, those nodes are the
+    ones of the time the watch began."""
+    rng = random.Random(seed)
+    cl = Cluster(rng.randrange(1, 5), 4 * rng.choice((4, 8)), rng.choice((4, 8)))
+    ends = backfill.Ends(cl.n_nodes, cl.nodes_per_rack)
+    running = []
+    for step in range(400):
+        if step % 25 == 0:  # a new reservation's start is watched
+            ends.watch, ends.moved = float(rng.randrange(10, 40)), False
+            then = _free_by(ends, ends.watch)
+        before, was = _free_by(ends, ends.watch), ends.moved
+        if running and rng.random() < 0.45:
+            alloc, end = running.pop(rng.randrange(len(running)))
+            cl.release(alloc)
+            ends.remove(alloc, end)
+        else:
+            n = rng.choice((1, 1, 2, cl.nodes_per_rack + 1))
+            placed = cl.place(n, rng.randrange(1, cl.gpn + 1) if n == 1 else n * cl.gpn, "pack")
+            if placed is None:
+                continue
+            end = float(rng.randrange(1, 50))
+            ends.add(placed[0], end)
+            running.append((placed[0], end))
+        if not was:
+            assert ends.moved == (_free_by(ends, ends.watch) != before)
+        if not ends.moved:
+            assert _free_by(ends, ends.watch) == then
 
 
 def plain_pass(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, begin, ends=None):

@@ -49,15 +49,23 @@ class Ends:
         self.per_rack = [[] for _ in range(-(-n_nodes // nodes_per_rack))]
         self.version = 0  # counts starts and ends: the running jobs are the same while it is
         self.made = []    # the last passes' reservations in order: (version, job, start, nodes)
-        # the planned ends of the last starts and ends (a deque with a maxlen, set by a replay
-        # whose cluster changes only as its running jobs do: _unmoved), one a change `version`
-        # counts; None: not kept
-        self.ends = None
+        # The start of made[0] when it is of whole nodes (inf when it is not), watched by a
+        # replay whose cluster changes only as its running jobs do (None: not watched, the
+        # node-failure replay): `moved` is set by the first start or end since made[0] was made
+        # that changes which nodes are wholly free by then (_unmoved)
+        self.watch = None
+        self.moved = False
+
+    def _watched(self, alloc) -> bool:
+        """Whether one of the allocation's nodes is wholly free by `watch` (runs nothing, or
+        nothing planned to end after it)."""
+        per_node, watch = self.per_node, self.watch
+        return any(not (planned := per_node[node]) or planned[-1] <= watch for node, _ in alloc)
 
     def add(self, alloc, end: float) -> None:
         self.version += 1
-        if self.ends is not None:
-            self.ends.append(end)
+        if self.watch is not None and end > self.watch and not self.moved:
+            self.moved = self._watched(alloc)  # a node free by `watch` before this start is not after
         per_node = self.per_node
         if len(alloc) > 1:
             nodes = list(map(_NODE, alloc))
@@ -79,8 +87,11 @@ class Ends:
 
     def remove(self, alloc, end: float) -> None:
         self.version += 1
-        if self.ends is not None:
-            self.ends.append(end)
+        self._remove(alloc, end)
+        if self.watch is not None and end > self.watch and not self.moved:
+            self.moved = self._watched(alloc)  # a node not free by `watch` before this end is after
+
+    def _remove(self, alloc, end: float) -> None:
         per_node = self.per_node
         if len(alloc) > 1:
             nodes = list(map(_NODE, alloc))
@@ -412,7 +423,7 @@ def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: flo
         if j == job and chosen is not None and s >= now:
             if version == ends.version:
                 return s, chosen
-            if k == 0 and n > 1 and ends.ends is not None and _unmoved(cl, ends, version, n, now, s):
+            if k == 0 and n > 1 and ends.watch is not None and _unmoved(cl, ends, n, now, s):
                 made[0] = (ends.version, j, s, chosen)
                 return s, chosen
         del made[k:]
@@ -422,6 +433,8 @@ def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: flo
         s, chosen = reservation(cl, planned, alloc, resv, n, g, length, now, horizon, strategy)
     if made is not None:
         made.append((ends.version, job, s, chosen))
+        if k == 0 and ends.watch is not None:  # watched from now on (_unmoved)
+            ends.watch, ends.moved = (s if n > 1 and chosen is not None else math.inf), False
     return s, chosen
 
 
@@ -446,18 +459,16 @@ def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes,
     return [rs for rs, _ in by_start], [k for _, k in by_start], {0: ((), limit)}
 
 
-def _unmoved(cl, ends, version: int, n: int, now: float, s: float) -> bool:
-    """Whether a pass's first reservation of n whole nodes (no reservation before it), made at
-    `version` with start s, is what _reservation_nodes would make now: so when every job
-    started or ended since planned to end by s, and n whole nodes are free no earlier than s
-    now (_nth_free). Such a job leaves each node as wholly free by s as it was (a node it ran
-    on is free by s iff the others there end by s), so the nodes free by s, and the ones
-    chosen among them, are those of then; an earlier start is what _nth_free would find."""
-    log = ends.ends
-    since = ends.version - version
-    if since > len(log) or max(itertools.islice(reversed(log), since)) > s:
-        return False
-    return _nth_free(cl, ends, n, now) == s
+def _unmoved(cl, ends, n: int, now: float, s: float) -> bool:
+    """Whether a pass's first reservation of n whole nodes (no reservation before it), with
+    start s, is what _reservation_nodes would make now: so when no job started or ended since
+    it was made changed which nodes are wholly free by s (Ends.moved: a start planned to end
+    after s on a node that was free by then, or an end, planned after s, that leaves its node
+    free by then; one planned to end by s changes no node's), and n whole nodes are free no
+    earlier than s now (_nth_free). _reservation_nodes' answer is a function of its start and
+    of the nodes wholly free by it (_whole_nodes_by counts and reads those alone), so the
+    nodes chosen are those of then; an earlier start is what _nth_free would find."""
+    return not ends.moved and _nth_free(cl, ends, n, now) == s
 
 
 def _most(cl) -> int:

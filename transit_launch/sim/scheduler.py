@@ -30,7 +30,6 @@ a cancellation or its time limit keeps its recorded duration on n' nodes."""
 from __future__ import annotations
 
 import bisect
-import collections
 import heapq
 import math
 from dataclasses import dataclass
@@ -185,7 +184,7 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     running = []           # heap of (end, job)
     planned = []           # (planned end, job) of the running jobs, sorted
     ends = backfill.Ends(cl.n_nodes, cl.nodes_per_rack)  # when each busy node will be wholly free, as planned
-    ends.ends = collections.deque(maxlen=4096)  # its cluster changes only as the running jobs do: kept
+    ends.watch = math.inf  # its cluster changes only as the running jobs do: reservations kept (backfill._unmoved)
     queue = Waiting(gpus)  # waiting jobs, submission order (pops at the head, backfill near it)
     waiting = queue.jobs   # the same jobs as a deque: read at every event, its length at C speed
     nxt, t = 0, 0.0
