@@ -243,8 +243,8 @@ def run_dir(config) -> Path:
 
 
 def pytest_collection_finish(session):
-    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
-        return
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or session.config.option.collectonly:
+        return  # another worker's, or a run that only collects (test_package's: it waited a minute for the replay)
     for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
         early = getattr(mod, "EARLY", None)
         if early and any(early[0] in getattr(item, "fixturenames", ()) for item in session.items

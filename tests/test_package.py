@@ -104,12 +104,15 @@ def test_the_suite_collects_without_torch(tmp_path):
                                       "name='torch')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")])))
     res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "--import-mode=append", "--rootdir", str(ROOT), str(ROOT / "tests"),
-                          str(ROOT / "bench" / "tests")],
+                          "--import-mode=append", "--rootdir", str(ROOT), "--basetemp", str(tmp_path / "bt"),
+                          str(ROOT / "tests"), str(ROOT / "bench" / "tests")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     last = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
     assert res.returncode == 0 and "collected" in last and "error" not in last, res.stdout[-3000:] + res.stderr[-2000:]
     assert "test_adapter_step.py::test_a_retired_mode_says_one_line_and_the_default_runs" in res.stdout
     assert "bench/tests/test_harness.py::" in res.stdout
+    # a run that only collects begins nothing early (conftest's EARLY: the Slurm replay, a minute,
+    # whose file would be in the run's directory once it had begun and been waited for)
+    assert not list((tmp_path / "bt").glob("sim-slurm-replay*"))
     check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
     assert check.returncode != 0 and "hidden by the test" in check.stderr  # the hiding works
