@@ -233,6 +233,7 @@ def pytest_configure(config):
 # join(interrupted). One process of the run (xdist's gw0, else the run itself) calls it once
 # collection shows a selected test using that fixture, so the wait overlaps the other tests
 # instead of holding a worker; the fixture, on whichever worker, reads what it left in run_dir.
+# Workers take the tests using it last (pytest_collection_modifyitems), when it has ended.
 _EARLY_JOINS = []
 
 
@@ -242,14 +243,17 @@ def run_dir(config) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+def _reads_early(item) -> bool:
+    early = getattr(getattr(item, "module", None), "EARLY", None)
+    return bool(early) and early[0] in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_finish(session):
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or session.config.option.collectonly:
         return  # another worker's, or a run that only collects (test_package's: it waited a minute for the replay)
     for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
-        early = getattr(mod, "EARLY", None)
-        if early and any(early[0] in getattr(item, "fixturenames", ()) for item in session.items
-                         if getattr(item, "module", None) is mod):
-            _EARLY_JOINS.append(early[1](run_dir(session.config)))
+        if any(_reads_early(item) for item in session.items if getattr(item, "module", None) is mod):
+            _EARLY_JOINS.append(mod.EARLY[1](run_dir(session.config)))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -312,5 +316,6 @@ def pytest_collection_modifyitems(config, items):
         if torch or names & SLOW_FIXTURES or item.path.name in SLOW_MODULES or name in SLOW_TESTS \
                 or any(case in item.name for case in SLOW_CASES):
             item.add_marker(pytest.mark.slow)
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # workers take tests in this order: the long ones first
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # workers take tests in this order: the long ones first,
+        # and last the tests that read what began early (taken first, they would wait for it)
+        items.sort(key=lambda item: (_reads_early(item), item.get_closest_marker("slow") is None))
