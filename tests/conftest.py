@@ -251,9 +251,8 @@ def _reads_early(item) -> bool:
 def pytest_collection_finish(session):
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or session.config.option.collectonly:
         return  # another worker's, or a run that only collects (test_package's: it waited a minute for the replay)
-    for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
-        if any(_reads_early(item) for item in session.items if getattr(item, "module", None) is mod):
-            _EARLY_JOINS.append(mod.EARLY[1](run_dir(session.config)))
+    for mod in dict.fromkeys(item.module for item in session.items if _reads_early(item)):
+        _EARLY_JOINS.append(mod.EARLY[1](run_dir(session.config)))
 
 
 def pytest_sessionfinish(session, exitstatus):

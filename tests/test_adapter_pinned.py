@@ -94,3 +94,11 @@ def test_a_refused_registration_falls_back_to_torchs_pinned_memory(runtime, monk
     del t
     gc.collect()
     assert calls == []  # nothing registered, nothing to unregister
+
+
+def test_an_empty_tensor_pins_nothing(runtime):
+    import torch
+
+    st, calls = runtime
+    t = st.pinned((0, 4), torch.float32)
+    assert t.shape == (0, 4) and t.dtype == torch.float32 and calls == []

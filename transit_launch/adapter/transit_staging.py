@@ -94,15 +94,23 @@ def device_buffer(device_memory, dev, nbytes, owner, what):
     return mem, None
 
 
-def _pinned_cpu_view(t):
-    """A CPU tensor over the pinned host memory a CUDA tensor `t` lives in (same address,
-    UVA): what the copy engines copy from and to. It does not own the memory; t's storage does."""
+def _tensor_at(addr, nbytes, dtype, shape, owner=None):
+    """A CPU tensor over nbytes of memory at addr; owner, when given, lives as long as the
+    tensor or any view of it (it rides on the buffer torch.frombuffer keeps)."""
     import ctypes
 
     import torch
 
-    buf = (ctypes.c_uint8 * _nbytes(t)).from_address(t.data_ptr())
-    return torch.frombuffer(buf, dtype=torch.uint8).view(t.dtype).view(t.shape)
+    buf = (ctypes.c_uint8 * nbytes).from_address(addr)
+    if owner is not None:
+        buf.owner = owner
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def _pinned_cpu_view(t):
+    """A CPU tensor over the pinned host memory a CUDA tensor `t` lives in (same address,
+    UVA): what the copy engines copy from and to. It does not own the memory; t's storage does."""
+    return _tensor_at(t.data_ptr(), _nbytes(t), t.dtype, t.shape)
 
 
 HUGE = transit_rules.HUGE_PAGE_BYTES
@@ -113,7 +121,7 @@ _REGISTER_PORTABLE_MAPPED = 0x3  # cudaHostRegisterPortable | cudaHostRegisterMa
 class _Pinned:
     """Host memory mapped for the adapter and registered with CUDA (pinned, and mapped so that
     kernels can reach it at the same address); unregistered, then unmapped, when the last
-    tensor over it dies (it rides on the buffer torch.frombuffer keeps)."""
+    tensor over it dies (pinned: _tensor_at's owner)."""
 
     def __init__(self, nbytes, register, unregister):
         import ctypes
@@ -156,20 +164,19 @@ def pinned(shape, dtype):
     torch's pin_memory=True rounds each block up to a power of two (up to twice the bytes, kept
     in its cache) on small pages, which the copy engines read slower. Falls back to torch's
     where the mapping or the registration is refused."""
-    import ctypes
     import math
 
     import torch
 
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)  # nothing to pin
     try:
         cudart = torch.cuda.cudart()
-        owner = _Pinned(max(nbytes, 1), cudart.cudaHostRegister, cudart.cudaHostUnregister)
+        owner = _Pinned(nbytes, cudart.cudaHostRegister, cudart.cudaHostUnregister)
     except Exception:  # no CUDA runtime, a refusal: torch's own pinned memory
         return torch.empty(shape, dtype=dtype, pin_memory=True)
-    buf = (ctypes.c_uint8 * max(nbytes, 1)).from_address(owner.addr)
-    buf.owner = owner  # the memory lives while the buffer does
-    return torch.frombuffer(buf, dtype=torch.uint8)[:nbytes].view(dtype).view(shape)
+    return _tensor_at(owner.addr, nbytes, dtype, shape, owner)
 
 
 class Ring:
