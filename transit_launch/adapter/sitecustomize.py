@@ -63,6 +63,7 @@ class _Guard:
 with _Guard("not installed") as _imported:
     if _ON:
         import transit_api
+        import transit_early
         import transit_host
         import transit_sparse
         import transit_split
@@ -267,7 +268,8 @@ def _state_expect(api, pool):
 
 def _streamed(api, hooks):
     staging = transit_staging.Staging((api.device_alloc, api.device_free), api.host_state)
-    return transit_streamed.StreamedStep(staging, ours=hooks.ours())
+    early = transit_early.EarlyState(staging) if os.environ.get(transit_early.ENV) == "1" else None
+    return transit_streamed.StreamedStep(staging, ours=hooks.ours(), early=early)
 
 
 @_Guard("step overlap not available")

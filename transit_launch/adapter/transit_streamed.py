@@ -51,8 +51,10 @@ class StreamedStep:
     of what it updated from the application's step (torch's steps skip a parameter without a
     gradient); post_step gives them back and homes new state."""
 
-    def __init__(self, staging, ours=()):
+    def __init__(self, staging, ours=(), early=None):
         self.staging = staging          # transit_staging.Staging: homes, rings, streams
+        self.early = early              # transit_early.EarlyState: state copied in during backward, or None
+        self.last_done = []             # the parameters the last step streamed (early watches them)
         self.ours = list(ours)          # the adapter's other step hooks: not foreign
         self.said = weakref.WeakKeyDictionary()    # optimizer -> why it steps unstreamed (said once)
         self.hidden = weakref.WeakKeyDictionary()  # optimizer -> [(param, grad)] hidden from its step
@@ -70,8 +72,11 @@ class StreamedStep:
 
     def counters(self):
         """What the stats report's "adapter" object holds of the streamed step."""
-        return {"steps": self.steps, "streamed_params": self.streamed, "slices": self.slices,
-                "resident_params": self.resident, "ring_bytes": self.staging.limit, "unfilled_bytes": self.unfilled}
+        out = {"steps": self.steps, "streamed_params": self.streamed, "slices": self.slices,
+               "resident_params": self.resident, "ring_bytes": self.staging.limit, "unfilled_bytes": self.unfilled}
+        if self.early is not None:
+            out["early"] = self.early.counters()
+        return out
 
     def report(self):
         if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
@@ -86,14 +91,20 @@ class StreamedStep:
 
         self.handles = [o.register_optimizer_step_pre_hook(self.pre_step),
                         o.register_optimizer_step_post_hook(self.post_step)]
+        if self.early is not None:
+            self.early.install(transit_step.say)
 
     def uninstall(self):
         for h in self.handles:
             h.remove()
+        if self.early is not None:
+            self.early.uninstall()
 
     # --- the hooks ---------------------------------------------------------------------------
 
     def pre_step(self, opt, args, kwargs):
+        if self.early is not None:
+            self.early.release_all()  # the homes the last step's early copies wrote, before anything reads them
         raw = transit_step.raw_step(opt)
         if raw is None:
             if not transit_step.is_container(opt):  # a container's step only calls its optimizers' (each hooked)
@@ -130,6 +141,10 @@ class StreamedStep:
         try:
             self.staging.home(opt)  # new state (the first step, a loaded state_dict) goes home
             self.staging.stepped()  # the next in-copies read what this step wrote
+            if self.early is not None:
+                done, self.last_done = self.last_done, []
+                self.early.watch(opt, done)
+                self.early.stepped({self.local(p).device for p in done})
         except Exception as e:
             self._once(opt, f"an error while homing its state: {e!r}")
 
@@ -237,17 +252,70 @@ class StreamedStep:
             plans.append((group, items))
         if any(self.staging.ring(self.local(items[0][0]).device) is None for _, items in plans if items):
             return []  # no ring (said by staging): the step reads the state in place
-        done = []
+        done, early = [], []
         for group, items in plans:
-            if items:
-                self._stream_group(opt, raw, group, items)
-                done += [p for p, _ in items]
-        for dev in {self.local(p).device for p in done}:
+            fetched = self._fetched(opt, items)
+            rest = [it for it in items if id(it[0]) not in fetched]
+            if rest:
+                self._stream_group(opt, raw, group, rest)
+            if fetched:
+                early.append((group, [(p, keys, fetched[id(p)]) for p, keys in items if id(p) in fetched]))
+            done += [p for p, _ in items]
+        devices = {self.local(p).device for p in done}
+        regular = {dev: self.staging.copy_streams(dev)[2].record_event() for dev in devices if dev.type == "cuda"}
+        for group, items in early:
+            self._stream_early(opt, raw, group, items)
+        import torch
+
+        for dev in devices:
             if dev.type == "cuda":
-                self.staging.wait(dev)  # the application's stream waits for the last copies home
+                # the application's stream waits for the updates and the batches' copies home; the
+                # early state's copies home run on beside the next forward (transit_early.py)
+                cur = torch.cuda.current_stream(dev)
+                s_in, s_upd, _ = self.staging.copy_streams(dev)
+                cur.wait_stream(s_in)
+                cur.wait_stream(s_upd)
+                cur.wait_event(regular[dev])
         self.streamed += len(done)
         self.steps += bool(done)
+        self.last_done = done
         return done
+
+    def _fetched(self, opt, items):
+        """id(param) -> the state copied in during backward for it (transit_early.py), for the
+        items that have all of theirs."""
+        if self.early is None:
+            return {}
+        out = {}
+        for p, keys in items:
+            f = self.early.take(p, opt.state[p], keys)
+            if f is not None:
+                out[id(p)] = f
+        return out
+
+    def _stream_early(self, opt, raw, group, items):
+        """The step of parameters whose state was copied in during backward: torch's step on
+        the whole of each, where the state is; then the state goes home (EarlyState.copy_out)."""
+        import torch
+
+        dev = self.local(items[0][0]).device
+        streams = self.staging.copy_streams(dev) if dev.type == "cuda" else None
+        s_upd = streams[1] if streams else None
+        if streams:
+            s_upd.wait_event(torch.cuda.current_stream(dev).record_event())  # the gradients as the step sees them
+        counts = {}
+        try:
+            for _p, _keys, f in items:
+                if f.ready is not None:
+                    s_upd.wait_event(f.ready)
+            self._step_views(opt, raw, group, s_upd, counts, [
+                (p, 0, self.local(p).numel(),
+                 {k: f.bufs[k][1] if k in f.bufs else self.local(opt.state[p][k]).detach().view(-1) for k in keys})
+                for p, keys, f in items])
+        finally:
+            self._write_counts(opt, counts, s_upd)
+            for _p, _keys, f in items:  # whatever happened: what entered the step goes home
+                self.early.copy_out(f, dev, s_upd)
 
     def _slices(self, opt, items, cap):
         """Batches of flat slices (param, keys, start, end), each batch at most `cap` bytes of
@@ -289,13 +357,46 @@ class StreamedStep:
                 for batch in self._slices(opt, items, min(st.batch, ring.size)):
                     self._stream_batch(opt, raw, group, batch, ring, mem, streams, counts)
         finally:  # also after an error: what entered the step has counted it
-            with _on(streams[1] if streams else None):
-                for p, c in counts.items():  # the step count, once per parameter, after its slices
+            self._write_counts(opt, counts, streams[1] if streams else None)
+
+    def _write_counts(self, opt, counts, stream):
+        """The step count, once per parameter, after its slices."""
+        import torch
+
+        with _on(stream):
+            for p, c in counts.items():
+                own = opt.state[p]
+                if torch.is_tensor(own["step"]):
+                    own["step"].copy_(c)
+                else:
+                    own["step"] = c
+
+    def _step_views(self, opt, raw, group, s_upd, counts, entries):
+        """torch's step (raw) on s_upd over flat views of parameters, entries [(param, start,
+        end, {key: state tensor})], each view with its own copy of its parameter's step count
+        (left in counts, written back once by _write_counts)."""
+        import torch
+
+        views, groups = [], opt.param_groups
+        try:
+            with _on(s_upd):
+                for p, a, b, state in entries:
+                    v = self.local(p).detach().view(-1)[a:b]
+                    v.grad = self.local(p.grad).detach().view(-1)[a:b]
                     own = opt.state[p]
-                    if torch.is_tensor(own["step"]):
-                        own["step"].copy_(c)
-                    else:
-                        own["step"] = c
+                    if "step" in own:  # its own count: the parameter's is advanced once, after
+                        state["step"] = own["step"].clone() if torch.is_tensor(own["step"]) else own["step"]
+                    opt.state[v] = state
+                    views.append((p, v))
+                opt.param_groups = [dict(group, params=[v for _, v in views])]
+                self.entered += [p for p, _ in views]
+                raw(opt)
+        finally:
+            opt.param_groups = groups
+            for p, v in views:
+                state = opt.state.pop(v)
+                if "step" in state:
+                    counts[p] = state["step"]
 
     def _stream_batch(self, opt, raw, group, batch, ring, mem, streams, counts):
         import torch
@@ -325,28 +426,10 @@ class StreamedStep:
                 bufs[(id(p), k, a)] = buf
         if streams:
             s_upd.wait_stream(s_in)
-        views = []
-        groups = opt.param_groups
         try:
-            with _on(s_upd):
-                for p, keys, a, b in batch:
-                    v = self.local(p).detach().view(-1)[a:b]
-                    v.grad = self.local(p.grad).detach().view(-1)[a:b]
-                    state = {k: bufs[(id(p), k, a)] for k in keys}
-                    own = opt.state[p]
-                    if "step" in own:  # its own count: the parameter's is advanced once, after
-                        state["step"] = own["step"].clone() if torch.is_tensor(own["step"]) else own["step"]
-                    opt.state[v] = state
-                    views.append((p, v))
-                opt.param_groups = [dict(group, params=[v for _, v in views])]
-                self.entered += [p for p, _ in views]
-                raw(opt)
+            self._step_views(opt, raw, group, s_upd, counts,
+                             [(p, a, b, {k: bufs[(id(p), k, a)] for k in keys}) for p, keys, a, b in batch])
         finally:
-            opt.param_groups = groups
-            for p, v in views:
-                state = opt.state.pop(v)
-                if "step" in state:
-                    counts[p] = state["step"]
             if streams:
                 s_out.wait_stream(s_upd)
             with _on(s_out):

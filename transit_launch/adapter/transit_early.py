@@ -1,0 +1,382 @@
+"""TRANSIT_OVERLAP_EARLY=1 (opt-in until measured): the streamed step's state copied in during
+backward and copied home under the next forward.
+
+The streamed step (transit_streamed.py) moves each offloaded parameter's state after backward,
+8 B in and 8 B out a parameter of Adam, on the link while the GPU waits. Backward frees the
+activations as it goes and the next forward takes the room back only as it runs, so for the
+parameters the streamed step streamed at the last step:
+- in: when a parameter's gradient is final in the last backward (its hook has fired as often as
+  at the last step), its state is copied from its pinned home into PyTorch's memory (the room
+  backward freed), through the staging ring: the copy engines move it over PCIe into plain
+  device memory and a device copy moves it on (a copy between managed and pinned memory would
+  be served by the SMs: transit_staging.py). Only where the room left holds it beside what the
+  rest of the backward took at the last step (Timeline).
+- the step: the application's step updates that state where it is (the streamed step's
+  batches do the rest).
+- out: the state goes home the same way back; each buffer goes back to PyTorch's cache once its
+  bytes have left for the ring, and the next forward waits for a buffer only where the room
+  the forward took at the last step needs it (a global forward pre-hook). Everything held is
+  given back at the latest when the next backward's first gradient is final, when the state is
+  read (state_dict) and at the next step.
+Bit-identical: torch's step on the same values at other addresses, as the streamed step.
+"""
+
+import collections
+import threading
+import weakref
+
+import transit_rules  # the environment's names (generated from transit_launch/rules.py)
+import transit_staging  # storage_tensor: a DTensor's local tensor
+
+ENV = transit_rules.ENV["OVERLAP_EARLY"]
+# Bytes kept free beside the room's rule: an op's temporaries between two points of the
+# timeline (a module's forward, a gradient's hook) are not in it
+SLACK_BYTES = 1 << 30
+
+
+def _cuda_memory(dev):
+    """(bytes allocated, bytes reserved) by PyTorch's caching allocator on dev."""
+    import torch
+
+    return torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+
+
+def _event(stream):
+    """An event recorded on stream (None on the CPU: tests)."""
+    return stream.record_event() if stream is not None else None
+
+
+class Timeline:
+    """The bytes PyTorch had allocated at numbered points of a phase (a backward's final
+    gradients, a forward's modules), less what this module held then: the last step's, read
+    while this step's is recorded."""
+
+    def __init__(self):
+        self.last, self.now = None, []
+
+    def mark(self, base):
+        self.now.append(base)
+
+    def turn(self):
+        """A step boundary: what was recorded becomes the last step's."""
+        if self.now:
+            self.last = self.now
+        self.now = []
+
+    def most_from(self, i):
+        """The most allocated at point i or after it at the last step (None: not known)."""
+        if self.last is None or i >= len(self.last):
+            return None
+        return max(self.last[i:])
+
+    def at(self, i):
+        if self.last is None or i >= len(self.last):
+            return None
+        return self.last[i]
+
+
+class _Fetched:
+    """One parameter's state copied in: key -> (home's data_ptr, buffer); ready: the event after
+    its last copy; stream: the stream its buffers were allocated on (released there)."""
+
+    def __init__(self, p, bufs, ready, stream, nbytes):
+        self.p = weakref.ref(p)
+        self.bufs, self.ready, self.stream, self.nbytes = bufs, ready, stream, nbytes
+
+
+class EarlyState:
+    """Hooks on the streamed parameters, the buffers copied in during backward (fetched), and
+    the buffers held past the step until their bytes are home (held)."""
+
+    def __init__(self, staging, memory=None, slack=SLACK_BYTES):
+        self.staging = staging
+        self.memory = memory or _cuda_memory  # dev -> (allocated, reserved); tests stand in
+        self.slack = slack
+        self.lock = threading.Lock()       # hooks run on autograd's threads, the step on the application's
+        self.hooked = {}                   # id(param) -> its hook's handle (tensors do not hash by identity)
+        self.fires = {}                    # id(param) -> hooks fired this step
+        self.learned = {}                  # id(param) -> hooks fired at the last step (the final one)
+        self.fetched = {}                  # id(param) -> _Fetched
+        self.held = collections.deque()    # (device, event, stream, [buffers], bytes) after the step
+        self.held_bytes = 0
+        self.out_done = {}                 # device -> event after the last copy home (the next in-copies wait)
+        self.limit = {}                    # device -> PyTorch's reserved bytes at the last step's end
+        self.back, self.fwd = Timeline(), Timeline()
+        self.final_seen = 0                # final gradients this step (the backward timeline's points)
+        self.forward_points = 0            # forward pre-hooks since the step (the forward timeline's points)
+        self.on = True                     # False after an error or a segment added while holding (said once)
+        self.recording = False             # the forward's points are marked from a step to the first final gradient
+        self._optimizers = weakref.WeakSet()  # the optimizers whose parameters are watched
+        self.stats = {"fetched_params": 0, "fetched_bytes": 0, "no_room": 0, "held_bytes": 0, "waited_releases": 0,
+                      "unused": 0}
+        self.handle = None
+        self._device = None
+        self.say = None                    # say(text): the adapter's one line (transit_step.say)
+
+    # --- install -------------------------------------------------------------------------------
+
+    def install(self, say):
+        import torch.nn.modules.module as m
+
+        self.say = say
+        self.handle = m.register_module_forward_pre_hook(self.pre_forward)
+
+    def uninstall(self):
+        self.release_all()
+        if self.handle is not None:
+            self.handle.remove()
+        for h in list(self.hooked.values()):
+            h.remove()
+        self.hooked.clear()
+
+    def watch(self, opt, params):
+        """After a step that streamed params: their gradients' hooks (once each), and a
+        state_dict hook that gives back what is held before the state is read."""
+        self._optimizers.add(opt)
+        for p in params:
+            if id(p) not in self.hooked:
+                self.hooked[id(p)] = p.register_post_accumulate_grad_hook(self.on_grad)
+        if not getattr(opt, "_transit_early_hooked", False):
+            opt.register_state_dict_pre_hook(lambda o: self.release_all())
+            opt._transit_early_hooked = True
+
+    # --- backward: in --------------------------------------------------------------------------
+
+    def on_grad(self, p):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
+        try:
+            with self.lock:
+                if self.held:
+                    self._release(lambda: True)  # a backward: the last step's state is home by now
+                n = self.fires.get(id(p), 0) + 1
+                self.fires[id(p)] = n
+                if n != self.learned.get(id(p)) or not self.on:
+                    return  # not the last backward's (or not learned yet: the first step after watch)
+                self.recording = False
+                self._fetch(p)
+        except Exception as e:  # never the reason a job dies: this parameter streams at the step
+            with self.lock:
+                self._turn_off(f"an error while copying state in during backward: {e!r}")
+
+    def _fetch(self, p):
+        st = self.staging
+        lp = transit_staging.storage_tensor(p)
+        dev = lp.device
+        old = self.fetched.pop(id(p), None)
+        if old is not None:  # fetched by an earlier backward whose step never came: given back
+            self._drop_fetched(old)
+        opt_state = self._state_of(p)
+        if opt_state is None:
+            return
+        keys = [k for k in st.staged_keys(opt_state, p) if transit_staging.storage_tensor(opt_state[k]).data_ptr() in st.homes]
+        if not keys:
+            return
+        nbytes = sum(_bytes_of(transit_staging.storage_tensor(opt_state[k])) for k in keys)
+        alloc, reserved = self.memory(dev)
+        base = alloc - self._fetched_bytes(dev) - self.held_bytes
+        point = self.final_seen
+        self.final_seen += 1
+        self.back.mark(base)
+        rest = self.back.most_from(point)  # the most the rest of the backward took last step
+        if rest is None:
+            return
+        if reserved > self.limit.get(dev, reserved):
+            return self._turn_off(f"PyTorch reserved {reserved - self.limit[dev]} more bytes on {dev} than at the last step "
+                             "while state was copied in")
+        if alloc + nbytes + max(0, rest - base) + self.slack > reserved:
+            self.stats["no_room"] += 1
+            return
+        ring = st.ring(dev)
+        if ring is None:
+            return
+        self.fetched[id(p)] = self._copy_in(p, opt_state, keys, ring, nbytes)
+        self.stats["fetched_params"] += 1
+        self.stats["fetched_bytes"] += nbytes
+
+    def _state_of(self, p):
+        for opt in list(self._optimizers):
+            state = opt.state.get(p)
+            if state:
+                return state
+        return None
+
+    def _copy_in(self, p, state, keys, ring, nbytes):
+        import torch
+
+        st = self.staging
+        ringbuf, mem = ring
+        dev = transit_staging.storage_tensor(p).device
+        streams = st.copy_streams(dev) if dev.type == "cuda" else None
+        s_in, _, s_out = streams or (None, None, None)
+        cur = torch.cuda.current_stream(dev) if streams else None
+        bufs = {}
+        for k in keys:
+            t = transit_staging.storage_tensor(state[k])
+            bufs[k] = (t.data_ptr(), torch.empty(t.numel(), dtype=t.dtype, device=dev))
+        if streams:
+            s_in.wait_event(_event(cur))  # the freed blocks' last readers, on the backward's stream
+            if dev in self.out_done:
+                s_in.wait_event(self.out_done[dev])  # the homes as the last step wrote them
+        for k in keys:
+            home = st.homes[bufs[k][0]].view(-1)
+            self._through_ring(ringbuf, mem, home, bufs[k][1], s_in, s_out, inward=True)
+        return _Fetched(p, bufs, _event(s_in), cur, nbytes)
+
+    def _through_ring(self, ringbuf, mem, src_or_home, buf, s_copy, s_out, inward):
+        """Copies buf's bytes from (inward) or to its home through the ring, piece by piece: the
+        copy engines between the home and the ring, a device copy between the ring and buf. Every
+        piece's done event is recorded on s_out, the stream the ring's events are ordered on."""
+        st = self.staging
+        home = src_or_home
+        piece = max(1, min(st.batch, ringbuf.size) // buf.element_size())
+        with st.lock:
+            for a in range(0, buf.numel(), piece):
+                b = min(buf.numel(), a + piece)
+                n = (b - a) * buf.element_size()
+                off, wait = ringbuf.take(n)
+                with _within(s_copy):
+                    if wait is not None:
+                        s_copy.wait_event(wait)
+                    staged = mem[off:off + n].view(buf.dtype)
+                    if inward:
+                        staged.copy_(home[a:b], non_blocking=True)
+                        buf[a:b].copy_(staged)
+                    else:
+                        staged.copy_(buf[a:b])
+                        home[a:b].copy_(staged, non_blocking=True)
+                if s_copy is not None and s_copy is not s_out:
+                    s_out.wait_event(_event(s_copy))
+                ringbuf.done(_event(s_out))
+
+    # --- the step ------------------------------------------------------------------------------
+
+    def take(self, p, state, keys):
+        """The buffers fetched for p (key -> flat buffer) and the event they are ready after, if
+        they are the state's homes as they are now; else None (given back)."""
+        f = self.fetched.pop(id(p), None)
+        if f is None:
+            return None
+        st = self.staging
+        homed = {k: transit_staging.storage_tensor(state[k]).data_ptr() for k in keys if transit_staging.storage_tensor(state[k]).data_ptr() in st.homes}
+        if f.p() is not p or {k: ptr for k, (ptr, _) in f.bufs.items()} != homed:
+            self._drop_fetched(f)  # a state replaced since (load_state_dict): streamed from its home
+            return None
+        return f
+
+    def copy_out(self, f, dev, s_upd):
+        """After the update: f's buffers home through the ring; each held until its bytes left."""
+        st = self.staging
+        ring = st.ring(dev)
+        streams = st.copy_streams(dev) if dev.type == "cuda" else None
+        s_out = streams[2] if streams else None
+        if streams:
+            s_out.wait_stream(s_upd)
+        for ptr, buf in f.bufs.values():
+            self._through_ring(ring[0], ring[1], st.homes[ptr].view(-1), buf, s_out, s_out, inward=False)
+            self.held.append((dev, _event(s_out), f.stream, [buf], _bytes_of(buf)))
+            self.held_bytes += _bytes_of(buf)
+        if streams:
+            self.out_done[dev] = _event(s_out)
+
+    def stepped(self, devices):
+        """After a step: the gradients' hook counts are learned, the timelines turn, and the
+        reserved memory is the limit the next forward's holding keeps under."""
+        with self.lock:
+            for k, n in self.fires.items():
+                self.learned[k] = n
+            self.fires = {}
+            for f in list(self.fetched.values()):  # fetched and never stepped (no gradient at the step)
+                self.stats["unused"] += 1
+                self._drop_fetched(f)
+            self.fetched = {}
+            self.back.turn()
+            self.fwd.turn()
+            self.final_seen = self.forward_points = 0
+            for dev in devices:
+                self.limit[dev] = self.memory(dev)[1]
+                self._device = dev  # the forward's points are read on it (one device a process)
+            self.stats["held_bytes"] = max(self.stats["held_bytes"], self.held_bytes)
+            self.recording = self.on
+            if not self.on or self.fwd.last is None:
+                self._release(lambda: True)  # nothing known of the next forward yet: hold nothing
+
+    # --- forward: out ----------------------------------------------------------------------------
+
+    def pre_forward(self, module, args):
+        """Each module's forward: while buffers are held, the forward's next point must fit
+        beside them under the reserved bytes, else the oldest are given back (the stream waits
+        for their copies to leave)."""
+        if not (self.held or self.recording):
+            return
+        try:
+            with self.lock:
+                dev = self.held[0][0] if self.held else self._device
+                if dev is None:
+                    return
+                alloc, reserved = self.memory(dev)
+                limit = self.limit.get(dev, reserved)
+                if self.held and reserved > limit:  # a segment was added while holding: never again
+                    self._turn_off(f"PyTorch reserved {reserved - limit} more bytes on {dev} than at the last step while "
+                              "the state went home under the forward")
+                    return
+                i = self.forward_points
+                self.forward_points += 1
+                self.fwd.mark(alloc - self.held_bytes)
+                nxt = self.fwd.at(i + 1)
+                need = max(alloc - self.held_bytes, nxt if nxt is not None else limit)
+                self._release(lambda: self.held_bytes + need + self.slack > limit, wait=True)
+        except Exception as e:
+            with self.lock:
+                self._turn_off(f"an error while giving back the state's buffers: {e!r}")
+
+    # --- giving back -------------------------------------------------------------------------------
+
+    def release_all(self):
+        with self.lock:
+            self._release(lambda: True)
+
+    def _release(self, more, wait=False):
+        while self.held and more():
+            dev, ev, stream, bufs, n = self.held.popleft()
+            if ev is not None:
+                stream.wait_event(ev)  # after this, the blocks are reused in the stream's order
+            bufs.clear()
+            self.held_bytes -= n
+            self.stats["waited_releases"] += bool(wait)
+
+    def _drop_fetched(self, f):
+        if f.ready is not None:
+            f.stream.wait_event(f.ready)
+        f.bufs.clear()
+
+    def _fetched_bytes(self, dev):
+        return sum(f.nbytes for f in self.fetched.values())
+
+    def _turn_off(self, why):
+        """Off for the rest of the job, said once; what is held goes back now (the caller holds
+        the lock)."""
+        if self.on and self.say:
+            self.say(f"early state copies off: {why}; the streamed step copies the state after backward")
+        self.on = self.recording = False
+        self._release(lambda: True)
+
+    def counters(self):
+        return dict(self.stats)
+
+
+
+def _bytes_of(t):
+    return t.numel() * t.element_size()
+
+
+def _within(stream):
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.stream(stream)
