@@ -174,6 +174,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch
 width, ffn, blocks, accum, clip, steps = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
                                           float(sys.argv[5]), int(sys.argv[6]))
+rows = int(sys.argv[7]) if len(sys.argv) > 7 else 256  # tokens a microbatch
 torch.use_deterministic_algorithms(True)
 torch.manual_seed(0)
 layers = []
@@ -185,7 +186,7 @@ gen = torch.Generator(device="cuda").manual_seed(1)
 losses, clipped, max_norm = [], 0, None
 for step in range(steps):
     for _ in range(accum):
-        x = torch.randn(256, width, device="cuda", generator=gen)
+        x = torch.randn(rows, width, device="cuda", generator=gen)
         loss = model(x).float().square().mean() / accum
         loss.backward()
         losses.append(loss.item())
@@ -249,7 +250,8 @@ def test_streamed_step_with_clipping_and_accumulation_is_bit_identical(tmp_path,
     budget held. With TRANSIT_OVERLAP_EARLY=1 (transit_early.py) over 7 steps: from the fourth
     the state is copied in during backward and home beside the next forward, the same losses."""
     steps = 7 if early else 4
-    args = ["4096", "16384", "4", "4", "0.9", str(steps)]
+    # early: 8192 tokens a microbatch, so that backward frees room for the state (4 GB of it)
+    args = ["4096", "16384", "4", "4", "0.9", str(steps), "8192" if early else "256"]
     cmd = [sys.executable, "-c", WIDE, *args]
     ref = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600, cwd=ROOT)
     assert ref.returncode == 0, ref.stderr[-3000:]

@@ -107,7 +107,7 @@ class EarlyState:
         self.on = True                     # False after an error or a segment added while holding (said once)
         self.recording = False             # the forward's points are marked from a step to the first final gradient
         self._optimizers = weakref.WeakSet()  # the optimizers whose parameters are watched
-        self.stats = {"fetched_params": 0, "fetched_bytes": 0, "no_room": 0, "held_bytes": 0, "waited_releases": 0,
+        self.stats = {"fetched_params": 0, "stepped_params": 0, "fetched_bytes": 0, "no_room": 0, "held_bytes": 0, "waited_releases": 0,
                       "unused": 0}
         self.handle = None
         self._device = None
@@ -264,6 +264,7 @@ class EarlyState:
         if f.p() is not p or {k: ptr for k, (ptr, _) in f.bufs.items()} != homed:
             self._drop_fetched(f)  # a state replaced since (load_state_dict): streamed from its home
             return None
+        self.stats["stepped_params"] += 1
         return f
 
     def copy_out(self, f, dev, s_upd):
