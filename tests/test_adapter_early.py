@@ -195,3 +195,26 @@ def test_the_room_rule_counts_what_the_rest_of_the_backward_took(early):
 
     assert asked(58) == (True, 0, [50])
     assert asked(59) == (False, 1, [50])
+
+
+def test_reading_the_state_gives_back_what_is_held(early):
+    """After a step the early state's buffers are held into the next forward (their copies home
+    may still run); state_dict() gives them back first (the stream waits for the copies)."""
+    import torch
+
+    drv = early()
+    m = load_model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    drv.install()
+    try:
+        for _ in range(5):
+            m(torch.randn(5, 64, generator=gen)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        held = drv.early.held_bytes
+        opt.state_dict()
+        # all four parameters' Adam state: (64 x 1000 + 1000 + 1000 x 4 + 4) floats x 2 x 4 bytes
+        assert (held, drv.early.held_bytes, len(drv.early.held)) == (69004 * 8, 0, 0)
+    finally:
+        drv.uninstall()

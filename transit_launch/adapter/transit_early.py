@@ -16,8 +16,8 @@ parameters the streamed step streamed at the last step:
 - out: the state goes home the same way back; each buffer goes back to PyTorch's cache once its
   bytes have left for the ring, and the next forward waits for a buffer only where the room
   the forward took at the last step needs it (a global forward pre-hook). Everything held is
-  given back at the latest when the next backward's first gradient is final, when the state is
-  read (state_dict) and at the next step.
+  given back at the latest at the next backward's first gradient hook, when the state is read
+  (state_dict) and at the next step.
 Bit-identical: torch's step on the same values at other addresses, as the streamed step.
 """
 
@@ -109,7 +109,8 @@ class EarlyState:
         self._optimizers = weakref.WeakSet()  # the optimizers whose parameters are watched
         self.stats = {"fetched_params": 0, "stepped_params": 0, "fetched_bytes": 0, "no_room": 0, "held_bytes": 0, "waited_releases": 0,
                       "unused": 0}
-        self.handle = None
+        self.handle = None                 # the global forward pre-hook
+        self.state_hooks = []              # the optimizers' state_dict pre-hooks
         self._device = None
         self.say = None                    # say(text): the adapter's one line (transit_step.say)
 
@@ -125,20 +126,20 @@ class EarlyState:
         self.release_all()
         if self.handle is not None:
             self.handle.remove()
-        for h in list(self.hooked.values()):
+        for h in [*self.hooked.values(), *self.state_hooks]:
             h.remove()
         self.hooked.clear()
+        self.state_hooks = []
 
     def watch(self, opt, params):
         """After a step that streamed params: their gradients' hooks (once each), and a
         state_dict hook that gives back what is held before the state is read."""
-        self._optimizers.add(opt)
         for p in params:
             if id(p) not in self.hooked:
                 self.hooked[id(p)] = p.register_post_accumulate_grad_hook(self.on_grad)
-        if not getattr(opt, "_transit_early_hooked", False):
-            opt.register_state_dict_pre_hook(lambda o: self.release_all())
-            opt._transit_early_hooked = True
+        if opt not in self._optimizers:
+            self._optimizers.add(opt)
+            self.state_hooks.append(opt.register_state_dict_pre_hook(lambda o: self.release_all()))
 
     # --- backward: in --------------------------------------------------------------------------
 
@@ -176,7 +177,7 @@ class EarlyState:
             return
         nbytes = sum(_bytes_of(transit_staging.storage_tensor(opt_state[k])) for k in keys)
         alloc, reserved = self.memory(dev)
-        base = alloc - self._fetched_bytes(dev) - self.held_bytes
+        base = alloc - sum(f.nbytes for f in self.fetched.values()) - self.held_bytes
         point = self.final_seen
         self.final_seen += 1
         self.back.mark(base)
@@ -352,9 +353,6 @@ class EarlyState:
         if f.ready is not None:
             f.stream.wait_event(f.ready)
         f.bufs.clear()
-
-    def _fetched_bytes(self, dev):
-        return sum(f.nbytes for f in self.fetched.values())
 
     def _turn_off(self, why):
         """Off for the rest of the job, said once; what is held goes back now (the caller holds
