@@ -3,6 +3,7 @@ import functools
 import hashlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -158,9 +159,21 @@ def build_fakes(d: Path, flags=FAKE_CFLAGS) -> None:
         assert res.returncode == 0, res.stderr
 
 
+CACHED_CC_ENV = "TRANSIT_TEST_CACHED_CC"  # set by tests/test_mutations.py for its nested runs
+
+
 def build_shim(d: Path, flags) -> None:
-    """libtransit.so into d, its compiler's warnings in d/warnings.txt."""
-    shim, warnings = shimbuild.build(d, extra_cflags=list(flags))
+    """libtransit.so into d, its compiler's warnings in d/warnings.txt. In the mutants' nested
+    runs (CACHED_CC_ENV) through tests/cached_cc.py: each file's object kept for the run in the
+    shared directory, so that a mutant compiles only the file it changed."""
+    cc = None
+    if os.environ.get(CACHED_CC_ENV) and os.environ.get(SHARED_ENV) and shutil.which("cc"):
+        root = Path(os.environ[SHARED_ENV])
+        cc = root / f"cached-cc-{os.getpid()}"
+        argv = [sys.executable, str(Path(__file__).with_name("cached_cc.py")), str(root / "shim-objects"), shutil.which("cc")]
+        cc.write_text(f"#!/bin/sh\nexec {shlex.join(argv)} \"$@\"\n")
+        cc.chmod(0o755)
+    shim, warnings = shimbuild.build(d, cc=str(cc) if cc else None, extra_cflags=list(flags))
     assert shim, warnings
     (d / "warnings.txt").write_text(warnings)
 

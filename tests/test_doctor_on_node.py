@@ -42,8 +42,9 @@ def test_a_controller_that_does_not_answer_fails_in_one_line(cli, lab, tmp_path)
     with socket.socket() as held:  # bound, never listening: srun's connection is refused
         held.bind(("127.0.0.1", 0))
         conf = tmp_path / "slurm.conf"
-        conf.write_text(re.sub(r"^SlurmctldPort=.*$", f"SlurmctldPort={held.getsockname()[1]}", lab.conf.read_text(),
-                               flags=re.M))
+        # MessageTimeout=1: srun tries the refused connection for that many seconds, not Slurm's default 10
+        conf.write_text(re.sub(r"^SlurmctldPort=.*$", f"SlurmctldPort={held.getsockname()[1]}\nMessageTimeout=1",
+                               lab.conf.read_text(), flags=re.M))
         rc, out, err = cli("doctor", "--on-node", env={"SLURM_CONF": str(conf)}, timeout=180)
     assert (rc, out) == (2, ""), (rc, out, err)
     assert err == ("transit-launch: error: doctor --on-node checked no node: srun could not start a step: srun: error: "

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import transit_launch
-from tests.conftest import SHARED_ENV, build_once, shared_root
+from tests.conftest import CACHED_CC_ENV, SHARED_ENV, build_once, shared_root
 
 TESTS = Path(__file__).resolve().parent
 PKG = Path(transit_launch.__file__).resolve().parent
@@ -124,6 +124,7 @@ def _run(root: Path, tests: list[str], shared: Path) -> subprocess.CompletedProc
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # not a worker itself
     env.update(PYTHONPATH=str(root), TRANSIT_TEST_INSTALLED="0", PYTHONDONTWRITEBYTECODE="1")
     env[SHARED_ENV] = str(shared)
+    env[CACHED_CC_ENV] = "1"  # the shim linked from objects kept across the mutants (tests/cached_cc.py)
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # none is needed; hypothesis's alone costs a second a run
     ids = [str(TESTS / t.split("::")[0]) + ("::" + t.split("::")[1] if "::" in t else "") for t in tests]
     # a test id without parameters selects every parametrization of it
