@@ -5,6 +5,8 @@ tests/sim_replay.py's, which the lab test shares), compared job by job.
     python3 bench/sim_vs_slurm.py [--jobs 120] [--seed 1] [--load 1.3] --json run.json   # root, Slurm; ~16 min
     python3 bench/sim_vs_slurm.py --from-json run.json    # the table again, without the lab
     python3 bench/sim_vs_slurm.py --from-json run.json --placement tree   # the simulator placing as Slurm does
+    python3 bench/sim_vs_slurm.py --from-json run.json --bf-reserve-at slurm   # reserving as Slurm does
+    python3 bench/sim_vs_slurm.py --phases A.json B.json ...   # every rule over the 30 pass phases
 
 prints the table docs/simulate.md quotes."""
 
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import random
+import statistics
 import shutil
 import sys
 import tempfile
@@ -23,17 +27,37 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.sim_replay import Lab, Replay, compress, in_sim, on_slurm, pairs_in_order, summary  # noqa: E402
+from transit_launch.sim.limits import RESERVE_AT, SchedParams  # noqa: E402
 from transit_launch.sim.scheduler import STRATEGIES  # noqa: E402
 from transit_launch.sim.trace import Trace  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
+class Phased(SchedParams):
+    """The scheduler's parameters with the backfill passes `phase` seconds past each multiple
+    of bf_interval (Slurm's run on its own clock: 16 s and 11 s past on the recorded runs);
+    reservations and Slurm's batches of ends keep their absolute grids."""
+    phase: float = 0.0
+
+    def next_pass(self, t: float) -> float:
+        b = self.bf_interval
+        return t if not b else math.ceil((t - self.phase) / b - 1e-9) * b + self.phase
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchLab(Lab):
-    """The lab with the simulator's placement for it (Slurm's own is topology/tree's: `tree`)."""
+    """The lab with the simulator's placement for it (Slurm's own is topology/tree's: `tree`),
+    where its reservations start (--bf-reserve-at) and its passes' phase."""
     placement: str = "pack"
+    reserve_at: str = "earliest"
+    phase: float = 0.0
 
     def scenario(self, plan_on: str = "limits"):
-        return dataclasses.replace(super().scenario(plan_on), strategy=self.placement)
+        sc = super().scenario(plan_on)
+        sched = dataclasses.replace(sc.sched, bf_reserve_at=self.reserve_at)
+        if self.phase:
+            sched = Phased(**vars(sched), phase=self.phase)
+        return dataclasses.replace(sc, strategy=self.placement, sched=sched)
 
 
 BENCH_LAB = BenchLab(racks=4, nodes_per_rack=4, gpus_per_node=8, bf_interval=30, bf_resolution=60)  # Slurm's defaults
@@ -49,6 +73,8 @@ def report(shape: Lab, trace: Trace, slurm: Replay, near: float = 60.0) -> str:
         close = sum(abs(a - b) <= near for a, b in zip(sim.start, slurm.start)) / len(trace)
         rows.append((f"simulate --plan-on {plan_on}", summary(sim), pairs_in_order(slurm, sim), close))
     placed = f"; simulate --placement {shape.placement}" if getattr(shape, "placement", "pack") != "pack" else ""
+    if getattr(shape, "reserve_at", "earliest") != "earliest":
+        placed += f"; simulate --bf-reserve-at {shape.reserve_at}"
     out = [f"{len(trace)} jobs ({trace.source}), {shape.racks} racks x {shape.nodes_per_rack} nodes x "
            f"{shape.gpus_per_node} GPUs; {shape.sched_params()}{placed}", "",
            "| replay | mean queue s | median queue s | makespan s | rack traversals | job pairs in Slurm's start "
@@ -57,6 +83,40 @@ def report(shape: Lab, trace: Trace, slurm: Replay, near: float = 60.0) -> str:
         out.append(f"| {name} | {s['queue_mean_s']:.1f} | {s['queue_median_s']:.1f} | {s['makespan_s']:.0f} | "
                    f"{s['traversals']} | {agree:.0%} | {close:.0%} |")
     return "\n".join(out)
+
+
+def load(path: str) -> tuple[Trace, Replay]:
+    """A recorded run (--json's file): its trace and Slurm's replay."""
+    import json
+    d = json.loads(Path(path).read_text())
+    submit, duration, gpus, lim = d["trace"]
+    trace = Trace(submit=submit, duration=duration, gpus=gpus, ids=[str(i) for i in range(len(gpus))],
+                  limits=lim, source=d.get("source", path))
+    return trace, Replay(**d["slurm"])
+
+
+def phases(paths: list, rules: list, interval: int = 30) -> str:
+    """Each rule (placement, reserve_at) on each recorded run, at every pass phase 0 ..
+    interval - 1 s past a multiple of bf_interval, on Slurm's submit times and on limits: the
+    mean over the phases of the mean queue (against Slurm's) and of the rack traversals,
+    beside the figures at phase 0."""
+    runs = [(Path(p).stem, *load(p)) for p in paths]
+    head = ["| rule | " + " | ".join(f"{name} (Slurm {statistics.fmean(w):.1f} s, {sum(k - 1 for k in r.racks)})"
+                                      for name, _, r in runs for w in [[s - b for s, b in zip(r.start, r.submit)]])
+            + " |", "|---|" + "---|" * len(runs)]
+    out = []
+    for placement, reserve_at in rules:
+        cells = []
+        for _, trace, slurm in runs:
+            ref = summary(slurm)["queue_mean_s"]
+            got = [summary(in_sim(dataclasses.replace(BENCH_LAB, placement=placement, reserve_at=reserve_at,
+                                                      phase=float(ph)), trace, slurm.submit))
+                   for ph in range(interval)]
+            q = statistics.fmean(g["queue_mean_s"] for g in got)
+            cells.append(f"{q / ref - 1:+.1%}, {statistics.fmean(g['traversals'] for g in got):.1f} "
+                         f"(phase 0: {got[0]['queue_mean_s'] / ref - 1:+.1%}, {got[0]['traversals']})")
+        out.append(f"| `--placement {placement} --bf-reserve-at {reserve_at}` | " + " | ".join(cells) + " |")
+    return "\n".join(head + out)
 
 
 def main(argv=None) -> int:
@@ -73,14 +133,18 @@ def main(argv=None) -> int:
     p.add_argument("--from-json", help="the table again from such a file, without the lab")
     p.add_argument("--placement", choices=STRATEGIES, default="pack",
                    help="the simulator's placement (default pack; Slurm's topology/tree: tree)")
+    p.add_argument("--bf-reserve-at", choices=RESERVE_AT, default="earliest",
+                   help="where the simulator's reservations start (default earliest; Slurm's own: slurm)")
+    p.add_argument("--phases", nargs="+", metavar="RUN.json",
+                   help="instead: every placement and --bf-reserve-at on these recorded runs over the 30 pass "
+                        "phases (the table bench/LOG.md's issue-54 sections give)")
     a = p.parse_args(argv)
-    shape = dataclasses.replace(BENCH_LAB, placement=a.placement)
+    shape = dataclasses.replace(BENCH_LAB, placement=a.placement, reserve_at=a.bf_reserve_at)
+    if a.phases:
+        print(phases(a.phases, [(pl, at) for pl in ("pack", "tree") for at in RESERVE_AT]))
+        return 0
     if a.from_json:
-        d = json.loads(Path(a.from_json).read_text())
-        submit, duration, gpus, lim = d["trace"]
-        trace = Trace(submit=submit, duration=duration, gpus=gpus, ids=[str(i) for i in range(len(gpus))],
-                      limits=lim, source=d.get("source", a.from_json))
-        print(report(shape, trace, Replay(**d["slurm"])))
+        print(report(shape, *load(a.from_json)))
         return 0
     why = missing()
     if why:

@@ -5,6 +5,7 @@ from an earlier pass is the one worked out again (and the changes that move it a
 that change its free nodes), and whole replays with the pass as it runs
 are those with a plain pass (every tested job in queue order, no shortcut)."""
 
+import dataclasses
 import math
 import random
 
@@ -140,8 +141,12 @@ def plain_pass(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, 
         if ok:
             started.append(j)
         elif len(resv) < cap:
-            s, chosen = backfill.reservation(cl, planned, alloc, resv, nodes[j], gpus[j], length, now,
-                                             now + sp.bf_window, strategy)
+            if sp.bf_reserve_at == "slurm":
+                s, chosen = backfill.slurm_reservation(cl, planned, alloc, resv, nodes[j], gpus[j], length, now,
+                                                       now + sp.bf_window, strategy, sp)
+            else:
+                s, chosen = backfill.reservation(cl, planned, alloc, resv, nodes[j], gpus[j], length, now,
+                                                 now + sp.bf_window, strategy)
             if chosen is not None:
                 rs = sp.reservation(s)
                 resv.append((rs, max(sp.reservation(s + length), rs + sp.bf_resolution), frozenset(chosen)))
@@ -149,12 +154,10 @@ def plain_pass(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, 
         queue.remove(j)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_pass_starts_what_a_plain_pass_starts(seed, monkeypatch):
-    """Whole replays, the pass as it runs against plain_pass, on small random clusters, traces
-    and scheduler settings (every placement, reservations for 1 to every tested job, passes at
-    every event or every 30 s, a short window, limits above run times): the same start, end
-    and racks for every job."""
+def random_replay(seed: int):
+    """A small random cluster, trace and scheduler settings (every placement, reservations for
+    1 to every tested job, passes at every event or every 30 s, a short window, limits above
+    run times): (trace, scenario)."""
     rng = random.Random(seed)
     gpn = rng.choice((4, 8))
     racks = rng.randrange(2, 7)
@@ -166,7 +169,30 @@ def test_the_pass_starts_what_a_plain_pass_starts(seed, monkeypatch):
                         bf_resolution=rng.choice((0, 60)), bf_window=rng.choice((3600.0, 86400.0)),
                         bf_reserve=rng.choice((0, 1, 3)), plan_on=rng.choice(("limits", "limits", "runtimes")))
     sc = Scenario("t", racks=racks, gpus_per_node=gpn, strategy=rng.choice(("pack", "spread", "tree")), sched=sched)
+    return t, sc
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_pass_starts_what_a_plain_pass_starts(seed, monkeypatch):
+    """Whole replays, the pass as it runs against plain_pass, on random_replay's clusters:
+    the same start, end and racks for every job."""
+    t, sc = random_replay(seed)
+    sched = sc.sched
     fast = simulate(t, sc)
     monkeypatch.setattr(backfill, "run_pass", plain_pass)
     plain = simulate(t, sc)
     assert (fast.start, fast.end, fast.racks) == (plain.start, plain.end, plain.racks), (sc, sched)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_slurms_reservations_start_what_a_plain_pass_starts(seed, monkeypatch):
+    """The same with reservations placed as Slurm's (--bf-reserve-at slurm), where the pass
+    works a pending reservation out before the next job starts and keeps none across passes
+    (the batches of ends move with every running job): plain_pass at each job's turn, with
+    backfill.slurm_reservation, starts the same jobs at the same times on the same racks."""
+    t, sc = random_replay(seed)
+    sc = dataclasses.replace(sc, sched=dataclasses.replace(sc.sched, bf_reserve_at="slurm"))
+    fast = simulate(t, sc)
+    monkeypatch.setattr(backfill, "run_pass", plain_pass)
+    plain = simulate(t, sc)
+    assert (fast.start, fast.end, fast.racks) == (plain.start, plain.end, plain.racks), sc

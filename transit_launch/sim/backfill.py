@@ -15,6 +15,11 @@ not EASY's reservation for the head only. Reservations hold whole nodes, as Slur
 a bitmap of nodes: a pending one-GPU job keeps a later one off its node for its window
 even where the GPUs would suffice for both.
 
+With bf_reserve_at slurm a reservation is placed as Slurm's is instead (slurm_reservation:
+_will_run_test's batches of planned ends and the TRY_LATER retries): at the last end of the
+batch of running jobs whose ending lets the job fit, which may be later than the earliest
+time it fits, on the nodes free then.
+
 As Slurm's, the map is rebuilt at every pass and a job that would start later than
 bf_window from now gets no reservation. A pass stops once no job left in the window could
 start now (none fits the GPUs free now): further reservations would start nothing."""
@@ -384,6 +389,112 @@ def reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: fl
     return math.inf, None
 
 
+# Slurm 22.05's _will_run_test (src/plugins/select/cons_common/job_test.c): the first window
+# of job ends, in seconds; later windows double (bf_window_scale unset)
+SLURM_TIME_WINDOW = 30
+
+
+def _will_run(cl, planned, alloc, cover: dict, n: int, g: int, now: float, strategy: str):
+    """(start, nodes) as Slurm 22.05's _will_run_test (src/plugins/select/cons_common/job_test.c)
+    finds them for a job on the nodes `cover` leaves it: now on the GPUs free now; else the
+    running jobs with a node outside `cover` are given back in batches of planned ends (the
+    first batch up to the first such end rounded up to a multiple of SLURM_TIME_WINDOW, plus
+    the window; each later one up to that time plus the window doubled, and doubled again
+    until the next job's end is inside), the job tested after each batch, and the start is
+    the batch's last end, on the nodes chosen then (_choose). (inf, None): no batch lets it
+    fit. As there, the window's edge is checked only on the job right after one given back,
+    so a job after one passed over (all its nodes in `cover`) goes into the batch whatever
+    its end."""
+    chosen = _choose(cl, {}, cover, n, g, strategy)
+    if chosen is not None:
+        return now, chosen
+    extra = {}
+    window, end_time = SLURM_TIME_WINDOW, None
+    i, count = 0, len(planned)
+    while i < count:
+        last = nxt = None
+        while i < count:
+            e, k = planned[i]
+            i += 1
+            if all(node in cover for node, _ in alloc[k]):
+                continue  # no usable node: passed over
+            if end_time is None:  # aligned to the window from the first end, once
+                end_time = e + (window - e % window)
+            last = e
+            for node, v in alloc[k]:
+                extra[node] = extra.get(node, 0) + v
+            if i >= count:
+                nxt = None
+                break
+            nxt = planned[i][0]
+            if nxt > end_time + window:
+                break
+        if last is None:
+            break
+        window *= 2
+        while nxt is not None and nxt > end_time + window:
+            window *= 2
+        chosen = _choose(cl, extra, cover, n, g, strategy)
+        if chosen is not None:
+            return max(last, now), chosen
+    return math.inf, None
+
+
+def _later_start(resv, start: float, end: float):
+    """Slurm's `later_start` for a window [start, end] (backfill.c, _attempt_backfill's walk
+    over its map of reservations, whose spans begin and end where reservations do): the
+    first reservation end after `start` at which a node held just before is held by none
+    just after, looked for up to the end of the first span that begins past `end` (Slurm
+    merges two equal neighbouring spans now and then, which can move that end: not
+    modelled); None: none."""
+    bounds = sorted({t for rs, re, _ in resv for t in (rs, re) if t > start})
+    past = bisect.bisect_right(bounds, end)  # the first span beyond the window begins at bounds[past]
+    for b in bounds[:past + 2]:
+        ending = [held for _, re, held in resv if re == b]
+        if ending:
+            after = set().union(*(held for rs, re, held in resv if rs <= b < re))
+            if any(node not in after for held in ending for node in held):
+                return b
+    return None
+
+
+def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: float, horizon: float,
+                      strategy: str, sp):
+    """(start, nodes) of a job's reservation as Slurm 22.05's backfill makes it
+    (src/plugins/sched/backfill/backfill.c, _attempt_backfill and its TRY_LATER loop, with
+    _will_run_test of src/plugins/select/cons_common/job_test.c); (inf, None) if none within
+    `horizon`. From start_res = now: the nodes held by a reservation over [start_res,
+    start_res + length] are left out; _will_run finds a start and nodes on the others, taken
+    as start_res if earlier; if that is past `later_start` (_later_start) the job is tested
+    again from there, and if its nodes meet a reservation over its own rounded window
+    (_test_resv_overlap) again from its start. sp: SchedParams (bf_resolution)."""
+    start_res = now
+    while start_res <= horizon:
+        end = start_res + length
+        cover = {}
+        for rs, re, held in resv:
+            if re > start_res and rs <= end:
+                _cover(cover, held)
+        later = _later_start(resv, start_res, end)
+        s, chosen = _will_run(cl, planned, alloc, cover, n, g, now, strategy)
+        if chosen is None:
+            if later is None:
+                break
+            start_res = later
+            continue
+        s = max(s, start_res)
+        if later is not None and s > later:
+            start_res = later
+            continue
+        if s > now:
+            first, last = sp.reservation(s), sp.reservation(s + length)
+            if any(rs < last and re > first and not held.isdisjoint(chosen) for rs, re, held in resv):
+                start_res = s
+                continue
+        return (s, chosen) if s <= horizon else (math.inf, None)
+    return math.inf, None
+
+
 def earliest(cl, planned, alloc, n: int, g: int, now: float, horizon: float, ends=None) -> float:
     """The earliest time, up to `horizon`, a job of n nodes (g GPUs for one node) fits as the
     running jobs give their allocations back, with no reservation in its way (inf if none): a
@@ -445,9 +556,14 @@ def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes,
     reservations then: `kept` when none was added, else made anew (room off none of them:
     `limit`)."""
     added = False
+    slurm = sp.bf_reserve_at == "slurm"
     for p in pending:
-        s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p],
-                             now, horizon, strategy, planned, alloc)
+        if slurm:  # none kept across passes: its batches change with any running job's end
+            s, chosen = slurm_reservation(cl, planned, alloc, resv, nodes[p], gpus[p], plan[p], now, horizon,
+                                          strategy, sp)
+        else:
+            s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p],
+                                 now, horizon, strategy, planned, alloc)
         resv_jobs.append(p)
         if chosen is not None:
             rs = sp.reservation(s)
@@ -497,7 +613,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
     to `started`.
 
     Reservations are worked out when a job that could start now needs them, not at their
-    turn, with the same result: a job whose reservation is pending has a bound under its
+    turn (under bf_reserve_at earliest; under slurm at their turn), with the same result: a job whose reservation is pending has a bound under its
     start (`earliest`, rounded down), and while every pending bound lies past a job's
     window, the pending reservations cannot hold that job's nodes, and the job (ending
     before them) changes no pending reservation once started.
@@ -539,6 +655,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
     # within it); emptied at a start and when reservations are added
     room = {0: ((), limit)}
     inf, failed_get = math.inf, failed.get
+    slurm = sp.bf_reserve_at == "slurm"
     dead = set()  # GPU counts that fit nowhere now and would start past the window
     first = 0  # the jobs before this one are tested
     while first <= last:
@@ -603,10 +720,13 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                 bound = min(bound, sp.reservation(bounds[shape]))
             elif shape > limit:
                 dead.add(shape)
-            if every and taken >= cap > 1:
+            if every and (slurm or taken >= cap > 1):
                 # the last reservation to give is pending: worked out now, as one that finds no
                 # room (the others in its way) leaves one to give to a later job, and the jobs
-                # the fitting ones' loop would skip are the ones to test for it
+                # the fitting ones' loop would skip are the ones to test for it. Under Slurm's
+                # rule every one at its turn: the head's too may find none (its batch of ends
+                # past the window), and a job that starts and ends before a pending one's start
+                # can still move it, as its end may begin the first batch (_will_run)
                 starts, by_start, room = _work_out(cl, ends, made, resv_jobs, resv, pending, nodes, gpus, plan, now,
                                                    horizon, sp, strategy, planned, alloc, (starts, by_start, room), limit)
                 pending, bound, taken = [], inf, len(resv)

@@ -12,7 +12,7 @@ from transit_launch.output_files import require_matplotlib
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.scheduler import STRATEGIES
 from transit_launch.sim.efficiency import BAND as EFFICIENCY_BAND, NAMES as EFFICIENCY_NAMES
-from transit_launch.sim.limits import PLAN_ON
+from transit_launch.sim.limits import PLAN_ON, RESERVE_AT
 from transit_launch.sim.synth import PRESETS
 from transit_launch.sim.tracefile import FORMATS
 
@@ -31,7 +31,7 @@ def cmd_simulate(a, command):
     if bool(a.trace) == bool(a.synthetic):
         raise UsageError("simulate needs exactly one of --trace FILE or --synthetic N")
     sched = SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on, a.bf_window * 60,
-                        a.bf_reserve)
+                        a.bf_reserve, a.bf_reserve_at)
     if a.node_failures is not None:
         return _cmd_failures(a, sched)
     if a.on_node_loss != "both" or a.repair_hours is not None or a.checkpoint_hours is not None \
@@ -118,7 +118,7 @@ def cmd_simulate(a, command):
             refs.setdefault(c["scenario"], c["reference"])
         out = {"trace": {"source": trace.source, "jobs": len(trace), "dropped": trace.dropped}, "seeds": seeds,
                "efficiency": scs[0].efficiency.name,
-               "scheduler": dict(vars(scs[0].sched), limit_factor=a.limit_factor),
+               "scheduler": dict(scs[0].sched.reported(), limit_factor=a.limit_factor),
                # the curve at each --reductions value (a job's own reduction is rounded to whole nodes)
                "efficiency_at": {f"{f:g}": round(scs[0].efficiency(f), 4) for f in reductions},
                "scenarios": [{"scenario": m["scenario"], "racks": m["racks"], "reduction": m["reduction"],
@@ -199,7 +199,7 @@ def _cmd_failures(a, sched):
                          f"{r['other_queue_mean_min']:.1f}", f"{r['makespan_h']:.1f}"])
     head = {"trace": trace.source, "jobs": len(trace), "failures_per_node_day": f.rate, "repair_h": f.repair_h,
             "checkpoint_h": f.checkpoint_h, "restart_h": f.restart_h, "efficiency": curve.name,
-            "scheduler": dict(vars(sched), limit_factor=a.limit_factor)}
+            "scheduler": dict(sched.reported(), limit_factor=a.limit_factor)}
     band = failures.goodput_band(goodputs) if len(curves) > 1 else []
     if a.json:
         print(json.dumps(head | {"runs": out, "band": {"curves": [{"label": label, "name": c.name}
@@ -312,6 +312,11 @@ def register(sub):
     sd.add_argument("--bf-reserve", type=number(int, 0, "a non-negative integer"), default=1,
                     help="jobs a backfill pass gives reservations, in queue order; 0: every job it tests, as "
                          "Slurm's bf_job_part_count_reserve=0 (default 1, the head: faster, docs/simulate.md)")
+    sd.add_argument("--bf-reserve-at", choices=RESERVE_AT, default=RESERVE_AT[0],
+                    help="where a reservation starts: earliest, the earliest time the job fits; slurm, as Slurm's "
+                         "_will_run_test, at the last planned end of the batch of running jobs (ends grouped in "
+                         "windows of 30 s, then doubling) whose ending lets it fit, on the nodes free then "
+                         "(default earliest, docs/simulate.md)")
     nf = sp.add_argument_group("node failures")
     nf.add_argument("--node-failures", type=_node_failures, metavar="RATE",
                     help="replay with node failures instead of scale-in at submission: failures per node-day, or "

@@ -25,6 +25,7 @@ from transit_launch.sim.trace import Trace
 
 MINUTE = 60.0
 PLAN_ON = ("limits", "runtimes")
+RESERVE_AT = ("earliest", "slurm")
 
 
 def minutes_up(seconds: float) -> float:
@@ -68,13 +69,18 @@ class SchedParams:
     bf_reserve: jobs a pass gives a reservation, in queue order; the later ones only start
       if they fit now without delaying those (Slurm's bf_job_part_count_reserve, whose 0,
       its default, reserves for every job tested: 0 here too; the simulator's default is 1,
-      the head's on its own nodes, for speed: sim/backfill.py, docs/simulate.md)."""
+      the head's on its own nodes, for speed: sim/backfill.py, docs/simulate.md);
+    bf_reserve_at: where a reservation starts and which nodes it holds: earliest (the
+      earliest time the job fits, the simulator's default) or slurm (Slurm's _will_run_test:
+      at the last planned end of the batch of running jobs whose ending lets it fit;
+      sim/backfill.py's slurm_reservation)."""
     bf_max_job_test: int = 500
     bf_interval: float = 30.0
     bf_resolution: float = 60.0
     plan_on: str = "limits"
     bf_window: float = 86400.0
     bf_reserve: int = 1
+    bf_reserve_at: str = "earliest"
 
     def __post_init__(self):
         if not integer(self.bf_max_job_test) or not 1 <= self.bf_max_job_test <= 1_000_000:
@@ -90,6 +96,16 @@ class SchedParams:
             raise UsageError(f"--bf-reserve takes 0 (every job tested) to 1,000,000 jobs, got {self.bf_reserve!r}")
         if self.plan_on not in PLAN_ON:
             raise UsageError(f"--plan-on {self.plan_on!r} is not one of {', '.join(PLAN_ON)}")
+        if self.bf_reserve_at not in RESERVE_AT:
+            raise UsageError(f"--bf-reserve-at {self.bf_reserve_at!r} is not one of {', '.join(RESERVE_AT)}")
+
+    def reported(self) -> dict:
+        """The parameters as --json reports them: bf_reserve_at only where it is not the
+        default, so that a default run's report is what it was before the option."""
+        d = dict(vars(self))
+        if d["bf_reserve_at"] == RESERVE_AT[0]:
+            del d["bf_reserve_at"]
+        return d
 
     def reservation(self, t: float) -> float:
         """A reservation's start as the backfill pass sees it (rounded down to bf_resolution)."""

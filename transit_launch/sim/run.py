@@ -93,6 +93,7 @@ def scheduler_line(p, limit_factor: float) -> str:
     return (f"scheduler: FIFO, backfill on {p.plan_on} (time limits: {limits}, in minutes) reserving for "
             + ("every job tested" if not p.bf_reserve else "the head" if p.bf_reserve == 1
                else f"the first {p.bf_reserve} jobs")
+            + (" at Slurm's batched job ends" if p.bf_reserve_at == "slurm" else "")
             + f", bf_max_job_test {p.bf_max_job_test}, bf_interval {p.bf_interval:g} s, bf_resolution "
             f"{p.bf_resolution:g} s, bf_window {p.bf_window / 60:g} min")
 

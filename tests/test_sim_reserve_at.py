@@ -1,0 +1,127 @@
+"""Where a reservation starts and which nodes it holds (issue 54, `--bf-reserve-at`): the
+earliest time the job fits (earliest, the default) or Slurm 22.05's rule (slurm): its
+_will_run_test (src/plugins/select/cons_common/job_test.c) gives the running jobs back in
+batches of planned ends, the first up to the first end rounded up to a multiple of 30 s plus
+30 s, each later one up to that time plus the window doubled (and doubled again until the
+next end is inside), and the job starts at the last end of the first batch after which it
+fits, on the nodes free then; backfill.c's _attempt_backfill tests it again from
+`later_start` (the first end of a reservation in its way that frees a node) when that start
+is past it, and from that start when its nodes meet a reservation over its own window.
+
+Every expectation below is derived by hand. Nodes of 8 GPUs; `pack` places; nN is node N."""
+
+import pytest
+
+from transit_launch.errors import UsageError
+from transit_launch.sim import backfill
+from transit_launch.sim.cluster import Cluster
+from transit_launch.sim.limits import SchedParams
+from transit_launch.sim.scheduler import Scenario, simulate
+from transit_launch.sim.trace import Trace
+
+EXACT = SchedParams(bf_resolution=0)
+
+
+def running(racks: int, nodes_per_rack: int, busy: list):
+    """A cluster with one whole-node job a (node, planned end) of `busy`, and the pass's
+    planned ends [(end, job)] and allocations."""
+    cl = Cluster(racks, nodes_per_rack * 8, 8)
+    planned, alloc = [], []
+    for k, (node, end) in enumerate(busy):
+        cl._take(node, 8)
+        alloc.append([(node, 8)])
+        planned.append((float(end), k))
+    return cl, sorted(planned), alloc
+
+
+def both(racks, nodes_per_rack, busy, resv, n, length, now):
+    cl, planned, alloc = running(racks, nodes_per_rack, busy)
+    g = 8 * n
+    earliest = backfill.reservation(cl, planned, alloc, resv, n, g, length, now, now + 86400, "pack")
+    slurm = backfill.slurm_reservation(cl, planned, alloc, resv, n, g, length, now, now + 86400, "pack", EXACT)
+    return earliest, slurm
+
+
+def test_a_batch_of_ends_keeps_a_two_node_job_in_one_rack():
+    """Racks of 2 nodes (n0 n1 | n2 n3); n0 busy to 100, n1 to 140, n2 to 200, n3 free; a
+    2-node job at 30. Earliest: at 100 n0 and n3 are free, a node in each rack: (100, n0 n3).
+    Slurm: the first end, 100, rounded up to 120; the first batch takes every end up to 150:
+    100 and 140 (200 is past it). Then n0, n1 and n3 are free; pack takes the rack that holds
+    two, rack 0: (140, n0 n1), no rack traversal."""
+    assert both(2, 2, [(0, 100), (1, 140), (2, 200)], [], 2, 60, 30) == ((100, [0, 3]), (140, [0, 1]))
+
+
+def test_windows_double_from_the_first_end():
+    """One rack of 4 nodes, busy to 100, 160, 250 and 300; a 3-node job at 0. Earliest: the
+    third node free, 250. Slurm: 100 rounded up to 120; batch 1 up to 120 + 30 = 150: 100
+    alone (1 node). The window doubles to 60: 160 is within 180; batch 2 up to 180: 160 (2
+    nodes). Doubled to 120: 250 is past 240, doubled again to 240: batch 3 up to 360 takes 250
+    and 300; the job fits at the batch's last end, 300, on n0 n1 n2 (the rack's lowest)."""
+    assert both(1, 4, [(0, 100), (1, 160), (2, 250), (3, 300)], [], 3, 60, 0) == \
+        ((250, [0, 1, 2]), (300, [0, 1, 2]))
+
+
+def test_a_start_past_later_start_is_tested_again_from_there():
+    """Racks of 2 nodes; n0 busy to 100, n1 to 145, n2 to 1000, n3 free but reserved over
+    [60, 120) for an earlier job; a one-node job of 60 s at 30. Earliest: its window from 30
+    reaches the reservation's start (60): n3 is held; n0 free at 100, and a window from there
+    meets the reservation, which holds n3 alone: (100, n0). Slurm, from 30: n3 left out
+    (held over [30, 90]); later_start 120 (the reservation's end frees n3). Batch 1 up to
+    150: 100 and 145, n0 and n1 free: (145, n0), past 120: again from 120, where the window
+    [120, 180] meets no reservation: it fits on the GPUs free now, n3, so at 120: (120, n3)."""
+    assert both(2, 2, [(0, 100), (1, 145), (2, 1000)], [(60, 120, frozenset({3}))], 1, 60, 30) == \
+        ((100, [0]), (120, [3]))
+
+
+def test_nodes_that_meet_a_reservation_are_tested_again_from_their_start():
+    """Racks of 2 nodes; n0 busy to 100, n1 to 145, n2 and n3 to 1000; n0 reserved over [200,
+    260); a one-node job of 60 s at 30. Earliest: at 100 n0 is free and the window [100, 160]
+    does not reach 200: (100, n0). Slurm, from 30: the window [30, 90] meets no reservation;
+    batch 1 up to 150 frees n0 and n1: (145, n0), whose window [145, 205) meets the
+    reservation on n0: again from 145. Now n0 is left out (held over [145, 205]) and its job
+    passed over; the first end is n1's, 145, rounded up to 150: batch 1 up to 180 frees n1:
+    (145, n1)."""
+    assert both(2, 2, [(0, 100), (1, 145), (2, 1000), (3, 1000)], [(200, 260, frozenset({0}))], 1, 60, 30) == \
+        ((100, [0]), (145, [1]))
+
+
+# (submit s, run s, GPUs, limit s) on 2 racks of 2 nodes, Slurm's defaults (passes every 30 s,
+# reservations rounded down to 60 s, the head's alone)
+JOBS = [(0, 100, 8, 100),   # J0 n0 to 100
+        (0, 140, 8, 140),   # J1 n1 to 140
+        (0, 200, 8, 200),   # J2 n2 to 200
+        (1, 60, 16, 60),    # H: two nodes, the head from 1 (n3 alone is free)
+        (2, 100, 8, 100)]   # X: one node
+# earliest: the pass at 30 reserves H from 100 on n0 and n3 (the first test above), [60, 120)
+#   rounded; X's window [30, 130] reaches 60 and n3 is held: X waits. At 100 J0 ends and the
+#   main scheduler starts H on n0 and n3; at 140 J1 ends and X, now the head, starts on n1.
+EARLIEST = [0, 0, 0, 100, 140]
+# slurm: the pass at 30 reserves H from 140 on n0 n1 ([120, 180) rounded): X's window reaches
+#   120 but n3 is not held: X starts at 30 on n3 (to 130). At 100 J0 ends: H has one node. The
+#   pass at 120 reserves H again (first end X's 130, rounded up to 150; the batch up to 180:
+#   130, 140); nothing else waits. At 130 X ends: n0 and n3 are free and H starts.
+SLURM = [0, 0, 0, 130, 30]
+
+
+def starts(at: str) -> list:
+    t = Trace(submit=[j[0] for j in JOBS], duration=[float(j[1]) for j in JOBS], gpus=[j[2] for j in JOBS],
+              ids=[str(i) for i in range(len(JOBS))], limits=[float(j[3]) for j in JOBS], source="test")
+    return simulate(t, Scenario("t", racks=2, rack_gpus=16, gpus_per_node=8,
+                                sched=SchedParams(bf_reserve_at=at))).start
+
+
+def test_the_two_rules_start_different_jobs_first():
+    assert starts("earliest") == EARLIEST
+    assert starts("slurm") == SLURM
+
+
+def test_the_option():
+    with pytest.raises(UsageError) as e:
+        SchedParams(bf_reserve_at="latest")
+    assert "--bf-reserve-at 'latest' is not one of earliest, slurm" in str(e.value)
+    # the report names it only where it is not the default (a default run's report as before)
+    assert "bf_reserve_at" not in SchedParams().reported()
+    assert SchedParams(bf_reserve_at="slurm").reported()["bf_reserve_at"] == "slurm"
+    from transit_launch.sim.run import scheduler_line
+    assert "reserving for the head at Slurm's batched job ends," in scheduler_line(SchedParams(bf_reserve_at="slurm"), 1)
+    assert "batched" not in scheduler_line(SchedParams(), 1)
