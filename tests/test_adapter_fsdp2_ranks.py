@@ -17,7 +17,8 @@ import pytest
 from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
 from transit_launch.preload import inject
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+# one worker takes both tests, so that the run without the adapter is made once (normal_losses)
+pytestmark = [pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH), pytest.mark.xdist_group("fsdp2-ranks")]
 
 # One rank of the job: the adapter's hooks on a stand-in for the shim's API (no shim on a
 # CPU machine: the API's calls are answered as a shim without staging answers them),
@@ -45,6 +46,16 @@ ARGS = ["--device", "cpu", "--dp", "fsdp", "--dim", "64", "--layers", "2", "--he
         "--ffn", "128", "--vocab", "256", "--seq-len", "16", "--batch", "2", "--accum", "2", "--steps", "6"]
 
 
+_NORMAL: list = []  # the run without the adapter, once a worker (both tests compare with it)
+
+
+def normal_losses(tmp_path):
+    if not _NORMAL:
+        steps, _, _ = job(tmp_path, "normal")
+        _NORMAL.append([st["loss"] for st in steps])
+    return _NORMAL[0]
+
+
 def job(tmp_path, mode):
     driver = tmp_path / "rank.py"
     driver.write_text(RANK)
@@ -63,9 +74,8 @@ def test_the_default_streamed_step_is_bit_identical_on_two_fsdp2_ranks(tmp_path)
     """advise's default (TRANSIT_OVERLAP_STEP unset: the streamed step, transit_streamed.py) on
     two ranks: every sharded parameter streamed at each of the 6 steps (the first from
     zeros in the ring, its state made unfilled), each rank its own shard, losses bit for bit."""
-    normal, _, _ = job(tmp_path, "normal")
     got, ranks, err = job(tmp_path, "default")
-    assert [s["loss"] for s in got] == [s["loss"] for s in normal]
+    assert [s["loss"] for s in got] == normal_losses(tmp_path)
     assert [r["world"] for r in ranks] == [2, 2]
     assert [r["streamed"] for r in ranks] == [6 * 21, 6 * 21], (ranks, err[-2000:])
 
@@ -75,9 +85,8 @@ def test_state_copied_in_during_backward_is_bit_identical_on_two_fsdp2_ranks(tmp
     sharded parameters fire with their reduced shards; after the first step streams, the second
     learns the final hook and the third records the backward's timeline, so steps 4-6 step
     every parameter's shard on the state copied in during backward. Losses bit for bit."""
-    normal, _, _ = job(tmp_path, "normal")
     got, ranks, err = job(tmp_path, "early")
-    assert [s["loss"] for s in got] == [s["loss"] for s in normal]
+    assert [s["loss"] for s in got] == normal_losses(tmp_path)
     assert [r["streamed"] for r in ranks] == [6 * 21, 6 * 21], (ranks, err[-2000:])
     assert [(r["early"]["fetched_params"], r["early"]["stepped_params"]) for r in ranks] == [(3 * 21, 3 * 21)] * 2, (
         ranks, err[-2000:])
