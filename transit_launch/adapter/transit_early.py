@@ -55,7 +55,9 @@ class Timeline:
         self.last, self.now = None, []
 
     def mark(self, base):
+        """Records this step's next point; its index."""
         self.now.append(base)
+        return len(self.now) - 1
 
     def turn(self):
         """A step boundary: what was recorded becomes the last step's."""
@@ -102,8 +104,6 @@ class EarlyState:
         self.out_done = {}                 # device -> event after the last copy home (the next in-copies wait)
         self.limit = {}                    # device -> PyTorch's reserved bytes at the last step's end
         self.back, self.fwd = Timeline(), Timeline()
-        self.final_seen = 0                # final gradients this step (the backward timeline's points)
-        self.forward_points = 0            # forward pre-hooks since the step (the forward timeline's points)
         self.on = True                     # False after an error or a segment added while holding (said once)
         self.recording = False             # the forward's points are marked from a step to the first final gradient
         self._optimizers = weakref.WeakSet()  # the optimizers whose parameters are watched
@@ -164,8 +164,7 @@ class EarlyState:
 
     def _fetch(self, p):
         st = self.staging
-        lp = transit_staging.storage_tensor(p)
-        dev = lp.device
+        dev = transit_staging.storage_tensor(p).device
         old = self.fetched.pop(id(p), None)
         if old is not None:  # fetched by an earlier backward whose step never came: given back
             self._drop_fetched(old)
@@ -175,13 +174,10 @@ class EarlyState:
         keys = [k for k in st.staged_keys(opt_state, p) if transit_staging.storage_tensor(opt_state[k]).data_ptr() in st.homes]
         if not keys:
             return
-        nbytes = sum(_bytes_of(transit_staging.storage_tensor(opt_state[k])) for k in keys)
+        nbytes = sum(transit_staging.nbytes(transit_staging.storage_tensor(opt_state[k])) for k in keys)
         alloc, reserved = self.memory(dev)
         base = alloc - sum(f.nbytes for f in self.fetched.values()) - self.held_bytes
-        point = self.final_seen
-        self.final_seen += 1
-        self.back.mark(base)
-        rest = self.back.most_from(point)  # the most the rest of the backward took last step
+        rest = self.back.most_from(self.back.mark(base))  # the most the rest of the backward took last step
         if rest is None:
             return
         if reserved > self.limit.get(dev, reserved):
@@ -226,19 +222,18 @@ class EarlyState:
             self._through_ring(ringbuf, mem, home, bufs[k][1], s_in, s_out, inward=True)
         return _Fetched(p, bufs, _event(s_in), cur, nbytes)
 
-    def _through_ring(self, ringbuf, mem, src_or_home, buf, s_copy, s_out, inward):
+    def _through_ring(self, ringbuf, mem, home, buf, s_copy, s_out, inward):
         """Copies buf's bytes from (inward) or to its home through the ring, piece by piece: the
         copy engines between the home and the ring, a device copy between the ring and buf. Every
         piece's done event is recorded on s_out, the stream the ring's events are ordered on."""
         st = self.staging
-        home = src_or_home
         piece = max(1, min(st.batch, ringbuf.size) // buf.element_size())
         with st.lock:
             for a in range(0, buf.numel(), piece):
                 b = min(buf.numel(), a + piece)
                 n = (b - a) * buf.element_size()
                 off, wait = ringbuf.take(n)
-                with _within(s_copy):
+                with transit_staging.on_stream(s_copy):
                     if wait is not None:
                         s_copy.wait_event(wait)
                     staged = mem[off:off + n].view(buf.dtype)
@@ -278,8 +273,8 @@ class EarlyState:
             s_out.wait_stream(s_upd)
         for ptr, buf in f.bufs.values():
             self._through_ring(ring[0], ring[1], st.homes[ptr].view(-1), buf, s_out, s_out, inward=False)
-            self.held.append((dev, _event(s_out), f.stream, [buf], _bytes_of(buf)))
-            self.held_bytes += _bytes_of(buf)
+            self.held.append((dev, _event(s_out), f.stream, [buf], transit_staging.nbytes(buf)))
+            self.held_bytes += transit_staging.nbytes(buf)
         if streams:
             self.out_done[dev] = _event(s_out)
 
@@ -296,7 +291,6 @@ class EarlyState:
             self.fetched = {}
             self.back.turn()
             self.fwd.turn()
-            self.final_seen = self.forward_points = 0
             for dev in devices:
                 self.limit[dev] = self.memory(dev)[1]
                 self._device = dev  # the forward's points are read on it (one device a process)
@@ -324,10 +318,7 @@ class EarlyState:
                     self._turn_off(f"PyTorch reserved {reserved - limit} more bytes on {dev} than at the last step while "
                               "the state went home under the forward")
                     return
-                i = self.forward_points
-                self.forward_points += 1
-                self.fwd.mark(alloc - self.held_bytes)
-                nxt = self.fwd.at(i + 1)
+                nxt = self.fwd.at(self.fwd.mark(alloc - self.held_bytes) + 1)
                 need = max(alloc - self.held_bytes, nxt if nxt is not None else limit)
                 self._release(lambda: self.held_bytes + need + self.slack > limit, wait=True)
         except Exception as e:
@@ -366,16 +357,3 @@ class EarlyState:
         return dict(self.stats)
 
 
-
-def _bytes_of(t):
-    return t.numel() * t.element_size()
-
-
-def _within(stream):
-    import contextlib
-
-    if stream is None:
-        return contextlib.nullcontext()
-    import torch
-
-    return torch.cuda.stream(stream)

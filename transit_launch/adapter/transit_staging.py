@@ -28,6 +28,7 @@ at other addresses; every verified kernel computes each element from its own inp
 """
 
 import collections
+import contextlib
 import os
 import sys
 import threading
@@ -50,8 +51,17 @@ def storage_tensor(t):
     return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
-def _nbytes(t):
+def nbytes(t):
     return t.numel() * t.element_size()
+
+
+def on_stream(stream):
+    """torch.cuda.stream(stream), or nothing on the CPU (tests) where stream is None."""
+    if stream is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.stream(stream)
 
 
 class _CudaView:
@@ -110,7 +120,7 @@ def _tensor_at(addr, nbytes, dtype, shape, owner=None):
 def _pinned_cpu_view(t):
     """A CPU tensor over the pinned host memory a CUDA tensor `t` lives in (same address,
     UVA): what the copy engines copy from and to. It does not own the memory; t's storage does."""
-    return _tensor_at(t.data_ptr(), _nbytes(t), t.dtype, t.shape)
+    return _tensor_at(t.data_ptr(), nbytes(t), t.dtype, t.shape)
 
 
 HUGE = transit_rules.HUGE_PAGE_BYTES
@@ -276,7 +286,7 @@ class Staging:
                         t = storage_tensor(state[k])
                         if (self._homeable(t) and t.data_ptr() not in self.homes and t.data_ptr() not in self.resident
                                 and self._home(t, opt)):
-                            moved += _nbytes(t)
+                            moved += nbytes(t)
                             if t.is_cuda:
                                 devices.add(t.device)
                         live.add(t.data_ptr())
@@ -297,7 +307,7 @@ class Staging:
             return src.to(device)
         if id(opt) not in self.finalizers:
             self.finalizers[id(opt)] = weakref.finalize(opt, self._forget, id(opt))
-        host = pinned((_nbytes(src),), torch.uint8)
+        host = pinned((nbytes(src),), torch.uint8)
         cpu = host.view(src.dtype).view(src.shape)
         cpu.copy_(src)
         with torch.cuda.device(device):
@@ -342,15 +352,15 @@ class Staging:
         import torch
 
         if self.host_state is not None:
-            if not self.host_state(t.data_ptr(), _nbytes(t)):
-                self.resident[t.data_ptr()] = (_nbytes(t), id(opt))
+            if not self.host_state(t.data_ptr(), nbytes(t)):
+                self.resident[t.data_ptr()] = (nbytes(t), id(opt))
                 return False
             # born in pinned host memory (the shim's, under advise): already its home; no copy
             self.homes[t.data_ptr()] = _pinned_cpu_view(t)
             self.owner[t.data_ptr()] = id(opt)
-            self.in_place += _nbytes(t)
+            self.in_place += nbytes(t)
             return True
-        host = pinned((_nbytes(t),), torch.uint8)
+        host = pinned((nbytes(t),), torch.uint8)
         view = torch.as_tensor(_CudaView(host)).view(t.dtype).view(t.shape)
         if view.device != t.device or view.data_ptr() != host.data_ptr():
             raise RuntimeError(f"pinned memory seen as {view.device}, the state is on {t.device}")

@@ -31,7 +31,6 @@ tensors, a state homed in part.
 """
 
 import atexit
-import contextlib
 import weakref
 
 import transit_step  # the verified step (raw_step) and the refusals the step modes share
@@ -363,7 +362,7 @@ class StreamedStep:
         """The step count, once per parameter, after its slices."""
         import torch
 
-        with _on(stream):
+        with transit_staging.on_stream(stream):
             for p, c in counts.items():
                 own = opt.state[p]
                 if torch.is_tensor(own["step"]):
@@ -379,7 +378,7 @@ class StreamedStep:
 
         views, groups = [], opt.param_groups
         try:
-            with _on(s_upd):
+            with transit_staging.on_stream(s_upd):
                 for p, a, b, state in entries:
                     v = self.local(p).detach().view(-1)[a:b]
                     v.grad = self.local(p.grad).detach().view(-1)[a:b]
@@ -416,7 +415,7 @@ class StreamedStep:
         base, wait = ring.take(size)  # (size > 0: every item has a homed key, _items)
         if wait is not None:  # its bytes are reused: after their copy home (on the GPU)
             s_in.wait_event(wait)
-        with _on(s_in):
+        with transit_staging.on_stream(s_in):
             for p, k, a, b, t, off in layout:
                 buf = mem[base + off:base + off + (b - a) * t.element_size()].view(t.dtype)
                 if t.data_ptr() in self.fresh:  # made unfilled (_make_state): its first values are zeros
@@ -432,7 +431,7 @@ class StreamedStep:
         finally:
             if streams:
                 s_out.wait_stream(s_upd)
-            with _on(s_out):
+            with transit_staging.on_stream(s_out):
                 for p, k, a, b, t, _off in layout:
                     homes[t.data_ptr()].view(-1)[a:b].copy_(bufs[(id(p), k, a)], non_blocking=True)
                     if t.data_ptr() in self.fresh:
@@ -473,11 +472,3 @@ def _unfilled():
             return func(*args, **kwargs)
     return Unfilled()
 
-
-def _on(stream):
-    """torch.cuda.stream(stream), or nothing on the CPU (tests)."""
-    if stream is None:
-        return contextlib.nullcontext()
-    import torch
-
-    return torch.cuda.stream(stream)
