@@ -260,21 +260,13 @@ class StreamedStep:
             if fetched:
                 early.append((group, [(p, keys, fetched[id(p)]) for p, keys in items if id(p) in fetched]))
             done += [p for p, _ in items]
-        devices = {self.local(p).device for p in done}
-        regular = {dev: self.staging.copy_streams(dev)[2].record_event() for dev in devices if dev.type == "cuda"}
+        cuda = {d for d in (self.local(p).device for p in done) if d.type == "cuda"}
+        # the batches' copies home, before the early state's (those run on beside the next forward)
+        regular = {dev: self.staging.copy_streams(dev)[2].record_event() for dev in cuda} if early else {}
         for group, items in early:
             self._stream_early(opt, raw, group, items)
-        import torch
-
-        for dev in devices:
-            if dev.type == "cuda":
-                # the application's stream waits for the updates and the batches' copies home; the
-                # early state's copies home run on beside the next forward (transit_early.py)
-                cur = torch.cuda.current_stream(dev)
-                s_in, s_upd, _ = self.staging.copy_streams(dev)
-                cur.wait_stream(s_in)
-                cur.wait_stream(s_upd)
-                cur.wait_event(regular[dev])
+        for dev in cuda:
+            self.staging.wait(dev, regular.get(dev))  # the application's stream waits for them
         self.streamed += len(done)
         self.steps += bool(done)
         self.last_done = done
