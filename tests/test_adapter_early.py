@@ -218,3 +218,12 @@ def test_reading_the_state_gives_back_what_is_held(early):
         assert (held, drv.early.held_bytes, len(drv.early.held)) == (69004 * 8, 0, 0)
     finally:
         drv.uninstall()
+
+
+@pytest.mark.parametrize("raw,on,said", [("", False, False), ("0", False, False), ("1", True, False),
+                                         ("yes", False, True), ("2", False, True), (" 1", False, True)])
+def test_the_switch_is_0_or_1_and_anything_else_is_said_once_and_off(raw, on, said):
+    te = load("transit_early")
+    lines = []
+    assert te.enabled({"TRANSIT_OVERLAP_EARLY": raw} if raw else {}, lines.append) is on
+    assert lines == ([f"TRANSIT_OVERLAP_EARLY={raw!r} is not 0 or 1; the early state copies stay off"] if said else [])

@@ -268,7 +268,7 @@ def _state_expect(api, pool):
 
 def _streamed(api, hooks):
     staging = transit_staging.Staging((api.device_alloc, api.device_free), api.host_state)
-    early = transit_early.EarlyState(staging) if os.environ.get(transit_early.ENV) == "1" else None
+    early = transit_early.EarlyState(staging) if transit_early.enabled(os.environ, transit_step.say) else None
     return transit_streamed.StreamedStep(staging, ours=hooks.ours(), early=early)
 
 

@@ -34,6 +34,15 @@ ENV = transit_rules.ENV["OVERLAP_EARLY"]
 SLACK_BYTES = 1 << 30
 
 
+def enabled(environ, say):
+    """Whether TRANSIT_OVERLAP_EARLY asks for the early copies ("1"); a value other than unset,
+    "0" or "1" is said in one line and taken as off (the job goes on)."""
+    raw = environ.get(ENV, "")
+    if raw not in ("", "0", "1"):
+        say(f"{ENV}={raw!r} is not 0 or 1; the early state copies stay off")
+    return raw == "1"
+
+
 def _cuda_memory(dev):
     """(bytes allocated, bytes reserved) by PyTorch's caching allocator on dev."""
     import torch
