@@ -139,12 +139,11 @@ GATE = [*_offload("2026-11-29", "transit", "peers", "peers_accum1", "peers_accum
                   "ring2_ac12", "ring3_ac", "ring3_ac12", "zenflow_ac_accum3", "twinflow_ac_accum12")]
 # the table's rows: (label, the report's run); the section's emphasis and its two remarks, kept
 # here beside the layout (the numbers in them are the records')
-GATE_PEERS = [("**transit staged**", "advise-staged256"), ("transit advise", "advise"),
+GATE_PEERS = [("transit plain advise (the default then)", "advise"), ("transit staged (retired)", "advise-staged256"),
               ("torchao CPUOffloadOptimizer", "torchao-offload"), ("ZeRO-Offload", "zero-offload"),
               ("ZeRO-Infinity", "zero-infinity"), ("Twin-Flow (ZeRO-Offload++)", "zero-twinflow"),
               ("ZenFlow (another update rule)", "zenflow"), ("FSDP2 CPU offload", "fsdp-cpu-offload")]
-GATE_BOLD = {("advise-staged256", 1), ("advise-staged256", 3), ("advise-staged256", 12), ("zero-twinflow", 12),
-             ("zenflow", 3)}
+GATE_BOLD = {("zero-twinflow", 12), ("zenflow", 3)}
 GATE_NOTES = {("zenflow", 3): "losses differ {loss}", ("fsdp-cpu-offload", 12): "against {ref_s} (2026-11-29)"}
 
 

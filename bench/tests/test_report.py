@@ -88,7 +88,7 @@ def test_a_changed_run_of_the_gate_changes_its_cell(tmp_path):
         _copy(tmp_path, rel)
     before = report.gate(tmp_path)
     assert before == report.gate()
-    assert "| **transit staged** | **88.4** | **94.3** | **97.1** |" in before
+    assert "| transit staged (retired) | 88.4 | 94.3 | 97.1 |" in before
     assert "| torchao CPUOffloadOptimizer | 70.3 | 84.6 (over) | 91.1 (over) |" in before
     staged = tmp_path / "2026-11-30/offload_ring3_ac12_2026-11-30.json"  # the staged step's last run at 12
     ref = next(r["tflops"] for r in json.loads(staged.read_text())["runs"] if r["name"] == "reference")
@@ -97,7 +97,7 @@ def test_a_changed_run_of_the_gate_changes_its_cell(tmp_path):
     _runs(tmp_path / "2026-11-30/offload_overlap_ac_accum12_2026-11-30.json",
           lambda r: r.update(max_reserved_gb=19.0) if r["name"] == "torchao-offload" else None)
     after = report.gate(tmp_path)
-    assert "| **transit staged** | **88.4** | **94.3** | **50.0** |" in after
+    assert "| transit staged (retired) | 88.4 | 94.3 | 50.0 |" in after
     assert "| torchao CPUOffloadOptimizer | 70.3 | 84.6 (over) | 91.1 |" in after
 
 
