@@ -227,3 +227,84 @@ def test_the_switch_is_0_or_1_and_anything_else_is_said_once_and_off(raw, on, sa
     lines = []
     assert te.enabled({"TRANSIT_OVERLAP_EARLY": raw} if raw else {}, lines.append) is on
     assert lines == ([f"TRANSIT_OVERLAP_EARLY={raw!r} is not 0 or 1; the early state copies stay off"] if said else [])
+
+
+def test_buffers_are_carved_as_the_allocator_takes_free_blocks():
+    """Hand-derived (KiB, each a multiple of the allocator's 512 bytes): blocks of 300 and 100,
+    state of 250 and 100: 250 takes the 300 (50 left), 100 takes the 100. 250 and 150: after the
+    250, blocks of 50 and 100 are left and the 150 fits neither: a new segment, so no."""
+    te = load("transit_early")
+    K = 1024
+    assert te.carve([300 * K, 100 * K], [100 * K, 250 * K]) == [50 * K]
+    assert te.carve([300 * K, 100 * K], [250 * K, 150 * K]) is None
+    assert te.carve([100 * K], [100 * K - 1]) == []  # rounded up to 512 bytes: the whole block
+    assert te.carve([], [1]) is None
+
+
+def test_no_free_block_in_the_applications_pool_means_no_fetch():
+    """The room in bytes is there but the application's stream's pool has no block for the
+    state's buffers (FSDP2's hooks run on the reduce-scatter stream, whose pool has none of the
+    freed activations): no fetch, counted. The pool is looked at again only once the state's
+    bytes have been freed since the last look."""
+    te = load("transit_early")
+    K = 1024
+    looks = []
+
+    def blocks(dev, stream):
+        looks.append((dev, stream))
+        return pool
+
+    e = te.EarlyState(load("transit_staging").Staging(), memory=Memory(), slack=0, blocks=blocks)
+    cuda = type("Dev", (), {"type": "cuda"})()
+    e.app_stream[cuda] = "the application's stream"
+    pool = [100 * K]
+    assert not e._carve(cuda, 500 * K, [200 * K])
+    assert not e._carve(cuda, 400 * K, [200 * K])  # 100 freed since: not looked at
+    assert len(looks) == 1
+    pool = [300 * K]
+    assert e._carve(cuda, 300 * K, [200 * K])  # 200 freed since: looked at, and it fits
+    assert looks == [(cuda, "the application's stream")] * 2
+    assert e._carve(cuda, 300 * K, [200 * K]) and len(looks) == 3  # after a fit, looked at every time
+
+
+def test_a_buffer_that_took_a_new_segment_is_given_back_and_the_cache_trimmed(early, capsys):
+    """PyTorch's reserved bytes grew while the buffers were made: they are given back, the
+    early copies go off (said once), and PyTorch's unused segments are released once (the new
+    segment may be on the host); the step streams the state as without early copies."""
+    import torch
+
+    te = load("transit_early")
+
+    class Growing(Memory):
+        def __call__(self, dev):
+            self.calls = getattr(self, "calls", 0) + 1
+            return self.allocated, self.reserved + (self.calls > 1)
+
+    trims = []
+    st = load("transit_staging").Staging(host_state=lambda ptr, n: True)
+    e = te.EarlyState(st, memory=Growing(allocated=0, reserved=100), slack=0, trim=lambda: trims.append(1))
+    e.say = lambda text: print(f"transit adapter: {text}")
+    p = torch.nn.Parameter(torch.zeros(4))
+    state = {"exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
+    for t in state.values():
+        st.homes[t.data_ptr()] = t
+    opt = type("Opt", (), {"state": {p: state}})()
+    e._optimizers.add(opt)
+    e.back.last = [0]
+    st.ring = lambda dev: (RingStandIn(), torch.zeros(64, dtype=torch.uint8))
+    e._fetch(p)
+    assert (e.fetched, e.on, trims, e.stats["fetched_params"]) == ({}, False, [1], 0)
+    e._turn_off("again", grew=True)
+    assert trims == [1]
+    assert capsys.readouterr().out.count("early state copies off: a buffer took a new segment of 1 bytes on cpu") == 1
+
+
+class RingStandIn:
+    """The staging ring's take/done on the CPU: every piece at offset 0, nothing to wait for."""
+    size = 64
+
+    def take(self, n):
+        return 0, None
+
+    def done(self, ev):
+        pass

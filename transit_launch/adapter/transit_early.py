@@ -10,7 +10,10 @@ parameters the streamed step streamed at the last step:
   backward freed), through the staging ring: the copy engines move it over PCIe into plain
   device memory and a device copy moves it on (a copy between managed and pinned memory would
   be served by the SMs: transit_staging.py). Only where the room left holds it beside what the
-  rest of the backward took at the last step (Timeline).
+  rest of the backward took at the last step (Timeline), and where free blocks of the
+  application's stream's pool hold its buffers: the hooks can run on another stream (FSDP2's
+  reduce-scatter), whose pool has no freed activations, and a block PyTorch cannot find is a
+  new segment, which the shim places on the host when the budget is full.
 - the step: the application's step updates that state where it is (the streamed step's
   batches do the rest).
 - out: the state goes home the same way back; each buffer goes back to PyTorch's cache once its
@@ -48,6 +51,41 @@ def _cuda_memory(dev):
     import torch
 
     return torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+
+
+def _free_blocks(dev, stream):
+    """The sizes of the free blocks in the pool of `stream` on dev (PyTorch's own segments, not a
+    CUDA graph's): what an allocation on that stream can be carved from without a new segment."""
+    import torch
+
+    sid = stream.cuda_stream
+    return [b["size"] for seg in torch.cuda.memory_snapshot()
+            if seg["device"] == dev.index and seg["stream"] == sid and seg["segment_type"] == "large"
+            and tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0)
+            for b in seg["blocks"] if b["state"] == "inactive"]
+
+
+def _empty_cache():
+    import torch
+
+    torch.cuda.empty_cache()
+
+
+def carve(free, sizes):
+    """The free blocks left after `sizes` are taken from `free` as PyTorch's allocator takes them
+    (the smallest block that holds each, split), largest first; None where one does not fit."""
+    import bisect
+
+    free = sorted(free)
+    for n in sorted(sizes, reverse=True):
+        n = -(-n // 512) * 512  # the allocator's rounding
+        i = bisect.bisect_left(free, n)
+        if i == len(free):
+            return None
+        rest = free.pop(i) - n
+        if rest:
+            bisect.insort(free, rest)
+    return free
 
 
 def _event(stream):
@@ -99,10 +137,14 @@ class EarlyState:
     """Hooks on the streamed parameters, the buffers copied in during backward (fetched), and
     the buffers held past the step until their bytes are home (held)."""
 
-    def __init__(self, staging, memory=None, slack=SLACK_BYTES):
+    def __init__(self, staging, memory=None, slack=SLACK_BYTES, blocks=None, trim=None):
         self.staging = staging
         self.memory = memory or _cuda_memory  # dev -> (allocated, reserved); tests stand in
+        self.blocks = blocks or _free_blocks  # (dev, stream) -> free block sizes in its pool
+        self.trim = trim or _empty_cache      # gives PyTorch's unused segments back (after a growth)
         self.slack = slack
+        self.app_stream = {}               # device -> the application's stream at the step (its pool is used)
+        self.free = None                   # (device, allocated then) where the last look found no blocks
         self.lock = threading.Lock()       # hooks run on autograd's threads, the step on the application's
         self.hooked = {}                   # id(param) -> its hook's handle (tensors do not hash by identity)
         self.fires = {}                    # id(param) -> hooks fired this step
@@ -117,7 +159,7 @@ class EarlyState:
         self.recording = False             # the forward's points are marked from a step to the first final gradient
         self._optimizers = weakref.WeakSet()  # the optimizers whose parameters are watched
         self.stats = {"fetched_params": 0, "stepped_params": 0, "fetched_bytes": 0, "no_room": 0, "held_bytes": 0, "waited_releases": 0,
-                      "unused": 0}
+                      "unused": 0, "no_block": 0}
         self.handle = None                 # the global forward pre-hook
         self.state_hooks = []              # the optimizers' state_dict pre-hooks
         self._device = None
@@ -191,16 +233,38 @@ class EarlyState:
             return
         if reserved > self.limit.get(dev, reserved):
             return self._turn_off(f"PyTorch reserved {reserved - self.limit[dev]} more bytes on {dev} than at the last step "
-                             "while state was copied in")
+                                  "while state was copied in", grew=True)
         if alloc + nbytes + max(0, rest - base) + self.slack > reserved:
             self.stats["no_room"] += 1
             return
         ring = st.ring(dev)
         if ring is None:
             return
-        self.fetched[id(p)] = self._copy_in(p, opt_state, keys, ring, nbytes)
+        sizes = [transit_staging.nbytes(transit_staging.storage_tensor(opt_state[k])) for k in keys]
+        if not self._carve(dev, alloc, sizes):
+            self.stats["no_block"] += 1
+            return
+        f = self._copy_in(p, opt_state, keys, ring, nbytes)
+        if self.memory(dev)[1] > reserved:  # a new segment after all: given back at once, and off
+            self._drop_fetched(f)
+            return self._turn_off(f"a buffer took a new segment of {self.memory(dev)[1] - reserved} bytes on {dev}",
+                                  grew=True)
+        self.fetched[id(p)] = f
         self.stats["fetched_params"] += 1
         self.stats["fetched_bytes"] += nbytes
+
+    def _carve(self, dev, alloc, sizes):
+        """Whether free blocks of the application's stream's pool hold `sizes`, looked at now (the
+        backward allocates from them too). Where the last look found none and less than `sizes`
+        has been freed since, they are not looked at again."""
+        stream = self.app_stream.get(dev)
+        if stream is None:
+            return dev.type != "cuda"  # tests on the CPU: no pools
+        if self.free is not None and self.free[0] == dev and alloc + sum(sizes) > self.free[1]:
+            return False
+        fits = carve(self.blocks(dev, stream), sizes) is not None
+        self.free = None if fits else (dev, alloc)
+        return fits
 
     def _state_of(self, p):
         for opt in list(self._optimizers):
@@ -217,13 +281,14 @@ class EarlyState:
         dev = transit_staging.storage_tensor(p).device
         streams = st.copy_streams(dev) if dev.type == "cuda" else None
         s_in, _, s_out = streams or (None, None, None)
-        cur = torch.cuda.current_stream(dev) if streams else None
+        cur = self.app_stream.get(dev, torch.cuda.current_stream(dev)) if streams else None
         bufs = {}
-        for k in keys:
-            t = transit_staging.storage_tensor(state[k])
-            bufs[k] = (t.data_ptr(), torch.empty(t.numel(), dtype=t.dtype, device=dev))
+        with transit_staging.on_stream(cur):  # from its pool, where the freed activations are
+            for k in keys:
+                t = transit_staging.storage_tensor(state[k])
+                bufs[k] = (t.data_ptr(), torch.empty(t.numel(), dtype=t.dtype, device=dev))
         if streams:
-            s_in.wait_event(_event(cur))  # the freed blocks' last readers, on the backward's stream
+            s_in.wait_event(_event(cur))  # the freed blocks' last readers, on the application's stream
             if dev in self.out_done:
                 s_in.wait_event(self.out_done[dev])  # the homes as the last step wrote them
         for k in keys:
@@ -300,8 +365,13 @@ class EarlyState:
             self.fetched = {}
             self.back.turn()
             self.fwd.turn()
+            self.free = None
             for dev in devices:
                 self.limit[dev] = self.memory(dev)[1]
+                if dev.type == "cuda":
+                    import torch
+
+                    self.app_stream[dev] = torch.cuda.current_stream(dev)
                 self._device = dev  # the forward's points are read on it (one device a process)
             self.stats["held_bytes"] = max(self.stats["held_bytes"], self.held_bytes)
             self.recording = self.on
@@ -325,7 +395,7 @@ class EarlyState:
                 limit = self.limit.get(dev, reserved)
                 if self.held and reserved > limit:  # a segment was added while holding: never again
                     self._turn_off(f"PyTorch reserved {reserved - limit} more bytes on {dev} than at the last step while "
-                              "the state went home under the forward")
+                                   "the state went home under the forward", grew=True)
                     return
                 nxt = self.fwd.at(self.fwd.mark(alloc - self.held_bytes) + 1)
                 need = max(alloc - self.held_bytes, nxt if nxt is not None else limit)
@@ -354,13 +424,17 @@ class EarlyState:
             f.stream.wait_event(f.ready)
         f.bufs.clear()
 
-    def _turn_off(self, why):
+    def _turn_off(self, why, grew=False):
         """Off for the rest of the job, said once; what is held goes back now (the caller holds
-        the lock)."""
-        if self.on and self.say:
+        the lock). After a growth PyTorch's unused segments go back too: the new one may be on the
+        host (the shim's budget was full), and the job would run beside it from then on."""
+        first = self.on
+        if first and self.say:
             self.say(f"early state copies off: {why}; the streamed step copies the state after backward")
         self.on = self.recording = False
         self._release(lambda: True)
+        if grew and first:
+            self.trim()
 
     def counters(self):
         return dict(self.stats)
