@@ -176,19 +176,13 @@ def test_the_room_rule_counts_what_the_rest_of_the_backward_took(early):
     32 bytes, asked for at the backward's first final gradient with 50 bytes allocated. The last
     step's backward went on to 58 bytes at its second point: 50 + 32 + (58 - 50) + 10 = 100
     fits; at 59 it would not."""
-    import torch
 
     te = load("transit_early")
 
     def asked(later):
         st = load("transit_staging").Staging(host_state=lambda ptr, n: True)
         e = te.EarlyState(st, memory=Memory(allocated=50, reserved=100), slack=10)
-        p = torch.nn.Parameter(torch.zeros(4))
-        state = {"exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
-        for t in state.values():
-            st.homes[t.data_ptr()] = t
-        opt = type("Opt", (), {"state": {p: state}})()
-        e._optimizers.add(opt)
+        p, opt = adam_param(st, e)
         e.back.last = [50, later]
         e._fetch(p)
         return id(p) in e.fetched, e.stats["no_room"], e.back.now
@@ -284,12 +278,7 @@ def test_a_buffer_that_took_a_new_segment_is_given_back_and_the_cache_trimmed(ea
     st = load("transit_staging").Staging(host_state=lambda ptr, n: True)
     e = te.EarlyState(st, memory=Growing(allocated=0, reserved=100), slack=0, trim=lambda: trims.append(1))
     e.say = lambda text: print(f"transit adapter: {text}")
-    p = torch.nn.Parameter(torch.zeros(4))
-    state = {"exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
-    for t in state.values():
-        st.homes[t.data_ptr()] = t
-    opt = type("Opt", (), {"state": {p: state}})()
-    e._optimizers.add(opt)
+    p, opt = adam_param(st, e)
     e.back.last = [0]
     st.ring = lambda dev: (RingStandIn(), torch.zeros(64, dtype=torch.uint8))
     e._fetch(p)
@@ -297,6 +286,20 @@ def test_a_buffer_that_took_a_new_segment_is_given_back_and_the_cache_trimmed(ea
     e._turn_off("again", grew=True)
     assert trims == [1]
     assert capsys.readouterr().out.count("early state copies off: a buffer took a new segment of 1 bytes on cpu") == 1
+
+
+def adam_param(st, e):
+    """A parameter of 4 floats whose Adam state (two moments, 32 bytes) is homed, under an
+    optimizer e watches: (the parameter, the optimizer)."""
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(4))
+    state = {"exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
+    for t in state.values():
+        st.homes[t.data_ptr()] = t
+    opt = type("Opt", (), {"state": {p: state}})()
+    e._optimizers.add(opt)
+    return p, opt  # e holds the optimizer weakly
 
 
 class RingStandIn:
