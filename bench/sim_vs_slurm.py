@@ -52,10 +52,11 @@ class BenchLab(Lab):
     placement: str = "pack"
     reserve_at: str = "earliest"
     phase: float = 0.0
+    epilog: float = 0.0  # seconds a node stays out of new jobs after a job on it ends (--epilog)
 
     def scenario(self, plan_on: str = "limits"):
         sc = super().scenario(plan_on)
-        sched = dataclasses.replace(sc.sched, bf_reserve_at=self.reserve_at)
+        sched = dataclasses.replace(sc.sched, bf_reserve_at=self.reserve_at, epilog=self.epilog)
         if self.phase:
             sched = Phased(**vars(sched), phase=self.phase)
         return dataclasses.replace(sc, strategy=self.placement, sched=sched)
@@ -116,7 +117,7 @@ def sim_run(shape: Lab, trace: Trace, slurm: Replay, at_instants: bool = False) 
                   end=[math.floor(x + 1e-9) for x in r.end], racks=r.racks)
 
 
-def phases(paths: list, rules: list, interval: int = 30, at_instants: bool = False) -> str:
+def phases(paths: list, rules: list, interval: int = 30, at_instants: bool = False, epilog: float = 0.0) -> str:
     """Each rule (placement, reserve_at) on each recorded run, at every pass phase 0 ..
     interval - 1 s past a multiple of bf_interval, on Slurm's submit times (or instants) and
     on limits: the mean over the phases of the mean queue (against Slurm's) and of the rack
@@ -134,7 +135,7 @@ def phases(paths: list, rules: list, interval: int = 30, at_instants: bool = Fal
         for _, trace, slurm in runs:
             ref = summary(slurm)
             got = [summary(sim_run(dataclasses.replace(BENCH_LAB, placement=placement, reserve_at=reserve_at,
-                                                       phase=float(ph)), trace, slurm, at_instants))
+                                                       phase=float(ph), epilog=epilog), trace, slurm, at_instants))
                    for ph in range(interval)]
             q = [g["queue_mean_s"] / ref["queue_mean_s"] - 1 for g in got]
             t = [g["traversals"] for g in got]
@@ -194,10 +195,13 @@ def main(argv=None) -> int:
     p.add_argument("--instants", action="store_true",
                    help="with --phases: the simulator on the instants the jobs went in (tests/sim_replay.instants), "
                         "not Slurm's whole-second stamps")
+    p.add_argument("--epilog", type=float, default=0.0,
+                   help="the simulator's --epilog: seconds a node takes no new job after a job on it ends (default 0)")
     a = p.parse_args(argv)
-    shape = dataclasses.replace(BENCH_LAB, placement=a.placement, reserve_at=a.bf_reserve_at)
+    shape = dataclasses.replace(BENCH_LAB, placement=a.placement, reserve_at=a.bf_reserve_at, epilog=a.epilog)
     if a.phases:
-        print(phases(a.phases, [(pl, at) for pl in ("pack", "tree") for at in RESERVE_AT], at_instants=a.instants))
+        print(phases(a.phases, [(pl, at) for pl in ("pack", "tree") for at in RESERVE_AT], at_instants=a.instants,
+                     epilog=a.epilog))
         return 0
     if a.from_json:
         print(report(shape, *load(a.from_json)))

@@ -302,7 +302,7 @@ def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizo
             _uncover(cover, resv[leave[x][1]][2])
             x += 1
         i = bisect.bisect_right(order, (s, math.inf))
-        held = sum(1 for node in cover if free[node] == gpn or per_node[node][-1] <= s)
+        held = sum(1 for node in cover if free[node] == gpn or (p := per_node[node]) and p[-1] <= s)
         short = n - (cl.whole + i - held)
         if short <= 0:
             return s, _whole_nodes_by(cl, ends, cover, n, s, strategy)
@@ -330,7 +330,7 @@ def _whole_nodes_by(cl, ends, cover: dict, n: int, s: float, strategy) -> list:
     by = (s, math.inf)
     count = list(map(operator.add, cl.rack_count[gpn], map(bisect.bisect_right, ends.per_rack, itertools.repeat(by))))
     for node in cover:
-        if free[node] == gpn or per_node[node][-1] <= s:
+        if free[node] == gpn or (p := per_node[node]) and p[-1] <= s:  # (none: completing, --epilog)
             count[node // npr] -= 1
     out = []
     for r in racks_for(count, n, strategy):

@@ -30,12 +30,14 @@ def cmd_simulate(a, command):
     from transit_launch.sim.scheduler import Factors
     if bool(a.trace) == bool(a.synthetic):
         raise UsageError("simulate needs exactly one of --trace FILE or --synthetic N")
+    if a.node_failures is not None and a.epilog:
+        raise UsageError("--epilog is not modelled in the --node-failures replays; leave it out there")
     if a.node_failures is not None and a.scheduler == "slurm":
         raise UsageError("--scheduler slurm places jobs as Slurm's topology/tree, and --node-failures replays place "
                          "them as pack: add --bf-reserve 0 --bf-reserve-at slurm instead")
     _scheduler(a)
     sched = SchedParams(a.bf_max_job_test, a.bf_interval, a.bf_resolution, a.plan_on, a.bf_window * 60,
-                        a.bf_reserve, a.bf_reserve_at)
+                        a.bf_reserve, a.bf_reserve_at, a.epilog)
     if a.node_failures is not None:
         return _cmd_failures(a, sched)
     if a.on_node_loss != "both" or a.repair_hours is not None or a.checkpoint_hours is not None \
@@ -341,6 +343,9 @@ def register(sub):
                          "_will_run_test, at the last planned end of the batch of running jobs (ends grouped in "
                          "windows of 30 s, then doubling) whose ending lets it fit, on the nodes free then "
                          "(default earliest, docs/simulate.md; slurm with --scheduler slurm)")
+    sd.add_argument("--epilog", type=finite_float(), default=0.0, metavar="SECONDS",
+                    help="seconds a node takes no new job after a job on it ends, as Slurm keeps a node out while "
+                         "the job completes (its epilog); the job's GPUs come back then (default 0: at its end)")
     nf = sp.add_argument_group("node failures")
     nf.add_argument("--node-failures", type=_node_failures, metavar="RATE",
                     help="replay with node failures instead of scale-in at submission: failures per node-day, or "
