@@ -7,6 +7,7 @@ tests/sim_replay.py's, which the lab test shares), compared job by job.
     python3 bench/sim_vs_slurm.py --from-json run.json --placement tree   # the simulator placing as Slurm does
     python3 bench/sim_vs_slurm.py --from-json run.json --bf-reserve-at slurm   # reserving as Slurm does
     python3 bench/sim_vs_slurm.py --phases A.json B.json ...   # every rule over the 30 pass phases
+    python3 bench/sim_vs_slurm.py --phases A.json ... --instants   # the same, on the submissions' instants
 
 prints the table docs/simulate.md quotes."""
 
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.sim_replay import Lab, Replay, compress, in_sim, on_slurm, pairs_in_order, summary  # noqa: E402
+from tests.sim_replay import Lab, Replay, compress, in_sim, instants, on_slurm, pairs_in_order, summary  # noqa: E402
 from transit_launch.sim.limits import RESERVE_AT, SchedParams  # noqa: E402
 from transit_launch.sim.scheduler import STRATEGIES  # noqa: E402
 from transit_launch.sim.trace import Trace  # noqa: E402
@@ -51,10 +52,11 @@ class BenchLab(Lab):
     placement: str = "pack"
     reserve_at: str = "earliest"
     phase: float = 0.0
+    epilog: float = 0.0  # seconds a node stays out of new jobs after a job on it ends (--epilog)
 
     def scenario(self, plan_on: str = "limits"):
         sc = super().scenario(plan_on)
-        sched = dataclasses.replace(sc.sched, bf_reserve_at=self.reserve_at)
+        sched = dataclasses.replace(sc.sched, bf_reserve_at=self.reserve_at, epilog=self.epilog)
         if self.phase:
             sched = Phased(**vars(sched), phase=self.phase)
         return dataclasses.replace(sc, strategy=self.placement, sched=sched)
@@ -95,33 +97,85 @@ def load(path: str) -> tuple[Trace, Replay]:
     return trace, Replay(**d["slurm"])
 
 
-def phases(paths: list, rules: list, interval: int = 30) -> str:
+def slurm_phase(r: Replay, interval: int = 30) -> int:
+    """The phase of Slurm's backfill passes in a replay: the seconds past a multiple of
+    bf_interval at which most jobs that waited (more than 1 s) started (Slurm's passes run
+    every bf_interval on its own clock; the other starts follow job ends)."""
+    waited = [int(s) % interval for s, b in zip(r.start, r.submit) if s - b > 1]
+    return max(range(interval), key=waited.count) if waited else 0
+
+
+def sim_run(shape: Lab, trace: Trace, slurm: Replay, at_instants: bool = False) -> Replay:
+    """The simulator on Slurm's submit times: its whole-second stamps, or (at_instants) the
+    instants the driver submitted at (tests/sim_replay.instants), the result then stamped as
+    Slurm stamps (its submit stamps, starts and ends floored to whole seconds), so that both
+    queues are measured alike."""
+    if not at_instants:
+        return in_sim(shape, trace, slurm.submit)
+    r = in_sim(shape, trace, instants(trace, slurm))
+    return Replay(submit=list(slurm.submit), start=[math.floor(x + 1e-9) for x in r.start],
+                  end=[math.floor(x + 1e-9) for x in r.end], racks=r.racks)
+
+
+def phases(paths: list, rules: list, interval: int = 30, at_instants: bool = False, epilog: float = 0.0) -> str:
     """Each rule (placement, reserve_at) on each recorded run, at every pass phase 0 ..
-    interval - 1 s past a multiple of bf_interval, on Slurm's submit times and on limits: the
-    mean over the phases of the mean queue (against Slurm's) and of the rack traversals,
-    beside the figures at phase 0."""
+    interval - 1 s past a multiple of bf_interval, on Slurm's submit times (or instants) and
+    on limits: the mean over the phases of the mean queue (against Slurm's) and of the rack
+    traversals, each with its band (the lowest and highest phase), and the figures at Slurm's
+    own phase (slurm_phase). A cell is marked `in` when Slurm's figures lie inside both bands
+    and the phase-mean queue is within 15% of Slurm's."""
     runs = [(Path(p).stem, *load(p)) for p in paths]
-    head = ["| rule | " + " | ".join(f"{name} (Slurm {statistics.fmean(w):.1f} s, {sum(k - 1 for k in r.racks)})"
+    head = ["| rule | " + " | ".join(f"{name} (Slurm {statistics.fmean(w):.1f} s, {sum(k - 1 for k in r.racks)}; "
+                                      f"phase {slurm_phase(r, interval)})"
                                       for name, _, r in runs for w in [[s - b for s, b in zip(r.start, r.submit)]])
             + " |", "|---|" + "---|" * len(runs)]
     out = []
     for placement, reserve_at in rules:
         cells = []
         for _, trace, slurm in runs:
-            ref = summary(slurm)["queue_mean_s"]
-            got = [summary(in_sim(dataclasses.replace(BENCH_LAB, placement=placement, reserve_at=reserve_at,
-                                                      phase=float(ph)), trace, slurm.submit))
+            ref = summary(slurm)
+            got = [summary(sim_run(dataclasses.replace(BENCH_LAB, placement=placement, reserve_at=reserve_at,
+                                                       phase=float(ph), epilog=epilog), trace, slurm, at_instants))
                    for ph in range(interval)]
-            q = statistics.fmean(g["queue_mean_s"] for g in got)
-            cells.append(f"{q / ref - 1:+.1%}, {statistics.fmean(g['traversals'] for g in got):.1f} "
-                         f"(phase 0: {got[0]['queue_mean_s'] / ref - 1:+.1%}, {got[0]['traversals']})")
+            q = [g["queue_mean_s"] / ref["queue_mean_s"] - 1 for g in got]
+            t = [g["traversals"] for g in got]
+            own = slurm_phase(slurm, interval)
+            inside = min(q) <= 0 <= max(q) and min(t) <= ref["traversals"] <= max(t) and abs(statistics.fmean(q)) <= 0.15
+            cells.append(f"{statistics.fmean(q):+.1%} [{min(q):+.0%}, {max(q):+.0%}], {statistics.fmean(t):.1f} "
+                         f"[{min(t)}, {max(t)}]{' in' if inside else ''} (own phase: {q[own]:+.1%}, {t[own]})")
         out.append(f"| `--placement {placement} --bf-reserve-at {reserve_at}` | " + " | ".join(cells) + " |")
     return "\n".join(head + out)
 
 
-def main(argv=None) -> int:
+def on_lab(shape: Lab, trace: Trace, json_path: str | None, name: str) -> int:
+    """The trace replayed on a lab cluster of `shape` (tests/slurm_lab.py), written to
+    json_path when given (the --json format: the trace and Slurm's replay), and report()'s
+    table printed: the exit status (2, said on stderr, where this machine cannot run the
+    lab)."""
     import json
     from tests.slurm_lab import SlurmLab, missing
+    why = missing()
+    if why:
+        print(f"{name}: {why}", file=sys.stderr)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="transit-simcheck-"))
+    lab = SlurmLab(root, nodes=shape.nodes, gpus=shape.gpus_per_node, cpus=shape.gpus_per_node,
+                   sched=shape.sched_params(), switches=shape.racks)
+    try:
+        lab.start()
+        slurm = on_slurm(lab, shape, trace, timeout=3600)
+    finally:
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"source": trace.source, "trace": [trace.submit, trace.duration,
+                                                                                  trace.gpus, trace.limits],
+                                               "slurm": vars(slurm)}, indent=1))
+    print(report(shape, trace, slurm))
+    return 0
+
+
+def main(argv=None) -> int:
     from transit_launch.sim import synth
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=120)
@@ -138,18 +192,20 @@ def main(argv=None) -> int:
     p.add_argument("--phases", nargs="+", metavar="RUN.json",
                    help="instead: every placement and --bf-reserve-at on these recorded runs over the 30 pass "
                         "phases (the table bench/LOG.md's issue-54 sections give)")
+    p.add_argument("--instants", action="store_true",
+                   help="with --phases: the simulator on the instants the jobs went in (tests/sim_replay.instants), "
+                        "not Slurm's whole-second stamps")
+    p.add_argument("--epilog", type=float, default=0.0,
+                   help="the simulator's --epilog: seconds a node takes no new job after a job on it ends (default 0)")
     a = p.parse_args(argv)
-    shape = dataclasses.replace(BENCH_LAB, placement=a.placement, reserve_at=a.bf_reserve_at)
+    shape = dataclasses.replace(BENCH_LAB, placement=a.placement, reserve_at=a.bf_reserve_at, epilog=a.epilog)
     if a.phases:
-        print(phases(a.phases, [(pl, at) for pl in ("pack", "tree") for at in RESERVE_AT]))
+        print(phases(a.phases, [(pl, at) for pl in ("pack", "tree") for at in RESERVE_AT], at_instants=a.instants,
+                     epilog=a.epilog))
         return 0
     if a.from_json:
         print(report(shape, *load(a.from_json)))
         return 0
-    why = missing()
-    if why:
-        print(f"sim_vs_slurm: {why}", file=sys.stderr)
-        return 2
     spec = synth.preset("kalos", a.load, shape.nodes * shape.gpus_per_node)
     # Kalos' job sizes up to 8 nodes; durations of minutes (median 15 min, at most an hour) so
     # that compressed they stay above Slurm's one-minute limit unit
@@ -157,21 +213,7 @@ def main(argv=None) -> int:
                            max_duration=3600.0, load=a.load, cluster_gpus=shape.nodes * shape.gpus_per_node,
                            name="kalos-sized")
     trace = compress(synth.synthetic(a.jobs, a.seed, spec), a.compress, random.Random(a.seed))
-    root = Path(tempfile.mkdtemp(prefix="transit-simcheck-"))
-    lab = SlurmLab(root, nodes=shape.nodes, gpus=shape.gpus_per_node, cpus=shape.gpus_per_node,
-                   sched=shape.sched_params(), switches=shape.racks)
-    try:
-        lab.start()
-        slurm = on_slurm(lab, shape, trace, timeout=3600)
-    finally:
-        lab.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps({"source": trace.source, "trace": [trace.submit, trace.duration, trace.gpus,
-                                                                               trace.limits],
-                                            "slurm": vars(slurm)}, indent=1))
-    print(report(shape, trace, slurm))
-    return 0
+    return on_lab(shape, trace, a.json, "sim_vs_slurm")
 
 
 if __name__ == "__main__":

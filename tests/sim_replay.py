@@ -52,11 +52,13 @@ class Lab:
 
 @dataclass
 class Replay:
-    """What happened to each job, in seconds from the first submission."""
+    """What happened to each job, in seconds from the first submission; nodes: each job's
+    nodes by index from 0 (Slurm's replays record them since 2026-12-07; None: not recorded)."""
     submit: list
     start: list
     end: list
     racks: list
+    nodes: list | None = None
 
 
 def sbatch_args(gpus: int, gpn: int, limit_min: int, run_s: float) -> list[str]:
@@ -120,13 +122,13 @@ def on_slurm(lab, shape: Lab, trace: Trace, timeout: float = 600, stop: threadin
     first = _stamp(fields[ids[0]]["SubmitTime"])
     per_rack = shape.nodes_per_rack
 
-    def racks(nodelist: str) -> int:
-        out = lab.cmd("scontrol", "show", "hostnames", nodelist).stdout.split()
-        return len({(int(n[1:]) - 1) // per_rack for n in out})
+    def nodes(nodelist: str) -> list:
+        return sorted(int(n[1:]) - 1 for n in lab.cmd("scontrol", "show", "hostnames", nodelist).stdout.split())
+    held = [nodes(fields[j]["NodeList"]) for j in ids]
     return Replay(submit=[_stamp(fields[j]["SubmitTime"]) - first for j in ids],
                   start=[_stamp(fields[j]["StartTime"]) - first for j in ids],
                   end=[_stamp(fields[j]["EndTime"]) - first for j in ids],
-                  racks=[racks(fields[j]["NodeList"]) for j in ids])
+                  racks=[len({n // per_rack for n in ns}) for ns in held], nodes=held)
 
 
 def in_sim(shape: Lab, trace: Trace, submit: list | None = None, plan_on: str = "limits") -> Replay:
@@ -135,6 +137,16 @@ def in_sim(shape: Lab, trace: Trace, submit: list | None = None, plan_on: str = 
                                            ids=trace.ids, limits=trace.limits, source=trace.source)
     r = simulate(t, shape.scenario(plan_on))
     return Replay(submit=list(t.submit), start=r.start, end=r.end, racks=r.racks)
+
+
+def instants(trace: Trace, slurm: Replay) -> list:
+    """When each job went in, to the sub-second, in Slurm's clock: Slurm records whole seconds
+    (its SubmitTime floors the time of the RPC), the driver submitted at the trace's time
+    (on_slurm: from a first submission at a whole second, plus sbatch's own latency). So the
+    trace's time where Slurm's second holds it, else Slurm's stamp (a submission that sbatch
+    took into the next second). A pass at the second's start then sees a job stamped that
+    second only if it went in at that instant, not the 0.9 s later its stamp alone allows."""
+    return [max(s, t) if t < s + 1 else s for s, t in zip(slurm.submit, trace.submit)]
 
 
 def summary(r: Replay) -> dict:

@@ -126,9 +126,11 @@ def plain_pass(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, 
     window that reaches its start and that it has not ended by); else, while the pass has
     given fewer than bf_reserve reservations (0: no limit), it gets one at its earliest start
     within bf_window on the nodes the earlier ones leave it (backfill.reservation, which walks
-    every running job), rounded down to bf_resolution and held a resolution at least."""
+    every running job), rounded down to bf_resolution and held a resolution at least. Under
+    bf_reserve_at slurm a whole-node job it starts is held in the map too, over its window
+    rounded (Slurm's _bf_reserve_running), and counts against no bf_reserve."""
     resv, started = [], []
-    cap = sp.bf_reserve or math.inf
+    cap, running = sp.bf_reserve or math.inf, 0
     for j in list(queue)[:sp.bf_max_job_test]:
         length = plan[j]
         blocked = set().union(*(held for rs, re, held in resv if rs <= now + length and re > now))
@@ -140,7 +142,12 @@ def plain_pass(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, 
             cl.release(taken)
         if ok:
             started.append(j)
-        elif len(resv) < cap:
+            if sp.bf_reserve_at == "slurm" and nodes[j] > 1:
+                rs = sp.reservation(now)
+                resv.append((rs, max(sp.reservation(now + length), rs + sp.bf_resolution),
+                             frozenset(node for node, _ in alloc[j])))
+                running += 1
+        elif len(resv) - running < cap:
             if sp.bf_reserve_at == "slurm":
                 s, chosen = backfill.slurm_reservation(cl, planned, alloc, resv, nodes[j], gpus[j], length, now,
                                                        now + sp.bf_window, strategy, sp)

@@ -125,3 +125,59 @@ def test_the_option():
     from transit_launch.sim.run import scheduler_line
     assert "reserving for the head at Slurm's batched job ends," in scheduler_line(SchedParams(bf_reserve_at="slurm"), 1)
     assert "batched" not in scheduler_line(SchedParams(), 1)
+
+
+# (submit s, run s, GPUs, limit s) on one rack of 4 nodes (n0-n3), Slurm's defaults but every
+# job tested reserved (bf_reserve 0), reservations as Slurm's: a whole-node job the pass starts
+# goes into the pass's map as Slurm's backfill puts it there (backfill.c: _start_job, then
+# _bf_reserve_running), its nodes held from the map's start to its planned end, both rounded
+# down to bf_resolution: a later job's window that reaches that span leaves them out.
+RUNNING = [(40, 180, 8, 180),  # A: n0, planned end 220
+           (40, 120, 4, 120),  # B: 4 GPUs of n1 (pack: the fullest that fits; n0 is full), planned end 160
+           (61, 60, 32, 60),   # R: 4 nodes, the head
+           (62, 60, 16, 60),   # J: 2 nodes
+           (63, 60, 24, 60),   # K: 3 nodes
+           (64, 60, 4, 60)]    # X: 4 GPUs
+# The first pass is at 90 (the queue forms at 61). R: 2 whole nodes now; the first end, B's 160,
+#   rounded up to 180: batch 1 up to 210 frees n1 (3 nodes); the window doubles to 60 and A's
+#   220 is inside 240: batch 2 frees n0: R at 220 on n0-n3, held over [180, 240) rounded.
+# J: its window [90, 150] does not reach 180: it starts at 90 on n2 n3, planned end 150.
+# K, without J in the map: its window [90, 150] meets no reservation; J's 150 rounded up to 180
+#   opens batch 1, up to 210: J's 150 and B's 160 (A's 220 is past it): n1 n2 n3 at 160, held
+#   over [120, 180) rounded. X's window [90, 150] reaches 120: n1, where its 4 GPUs are free,
+#   is held, and X waits until K and R have run: at 280 beside K (R from 220 to 280).
+# K, with J in the map over [60, 120) (floor(90) to floor(150)): its window [90, 150] meets it,
+#   n2 n3 are left out and J passed over; B's 160 opens batch 1 (n1 alone), A's 220 batch 2
+#   (n0 n1): no 3 nodes. later_start is the map's 120, where n2 n3 come back: from 120 the
+#   window [120, 180] reaches R's 180, which holds all four: nothing; from R's end, 240: J's
+#   batch (150, 160) fits n1 n2 n3, at 240 (after the start it was tested from), held over
+#   [240, 300). X's window [90, 150] reaches neither R nor K: it starts at 90 on n1.
+SLURM_MAP_OFF = [40, 40, 220, 90, 280, 280]
+SLURM_MAP_ON = [40, 40, 220, 90, 280, 90]
+
+
+def test_a_whole_node_job_the_pass_starts_holds_its_nodes_in_the_map():
+    t = Trace(submit=[j[0] for j in RUNNING], duration=[float(j[1]) for j in RUNNING],
+              gpus=[j[2] for j in RUNNING], ids=[str(i) for i in range(len(RUNNING))],
+              limits=[float(j[3]) for j in RUNNING], source="test")
+    sc = Scenario("t", racks=1, rack_gpus=32, gpus_per_node=8, sched=SchedParams(bf_reserve=0, bf_reserve_at="slurm"))
+    assert simulate(t, sc).start == SLURM_MAP_ON
+
+
+def test_scheduler_slurm_is_slurms_three_choices(capsys):
+    """--scheduler slurm: --placement tree --bf-reserve 0 --bf-reserve-at slurm where those are
+    not given (an option given keeps its value); refused with --node-failures, whose replays
+    place as pack."""
+    from transit_launch import cli
+
+    def out(*args):
+        assert cli.main(["simulate", "--synthetic", "200", "--racks", "4", "--reductions", "0", "--json", *args]) == 0
+        return capsys.readouterr().out
+
+    assert out("--scheduler", "slurm") == out("--placement", "tree", "--bf-reserve", "0", "--bf-reserve-at", "slurm")
+    assert out("--scheduler", "slurm", "--bf-reserve", "1") == \
+        out("--placement", "tree", "--bf-reserve", "1", "--bf-reserve-at", "slurm")
+    assert out("--scheduler", "simulator") == out()
+    assert cli.main(["simulate", "--synthetic", "200", "--racks", "4", "--scheduler", "slurm",
+                     "--node-failures", "0.5"]) != 0
+    assert "--node-failures replays place them as pack" in capsys.readouterr().err

@@ -18,7 +18,11 @@ even where the GPUs would suffice for both.
 With bf_reserve_at slurm a reservation is placed as Slurm's is instead (slurm_reservation:
 _will_run_test's batches of planned ends and the TRY_LATER retries): at the last end of the
 batch of running jobs whose ending lets the job fit, which may be later than the earliest
-time it fits, on the nodes free then.
+time it fits, on the nodes free then. A whole-node job (several nodes) the pass starts is
+then held in the pass's map as Slurm's backfill holds it (_start_job, then
+_bf_reserve_running): its nodes from the pass to its planned end, both rounded down to
+bf_resolution, so a later job's reservation leaves them out over that span and is tested
+again from its end (`later_start`), not from the job's own planned end.
 
 As Slurm's, the map is rebuilt at every pass and a job that would start later than
 bf_window from now gets no reservation. A pass stops once no job left in the window could
@@ -298,7 +302,7 @@ def _reservation_nodes(cl, ends, resv, n: int, length: float, now: float, horizo
             _uncover(cover, resv[leave[x][1]][2])
             x += 1
         i = bisect.bisect_right(order, (s, math.inf))
-        held = sum(1 for node in cover if free[node] == gpn or per_node[node][-1] <= s)
+        held = sum(1 for node in cover if free[node] == gpn or (p := per_node[node]) and p[-1] <= s)
         short = n - (cl.whole + i - held)
         if short <= 0:
             return s, _whole_nodes_by(cl, ends, cover, n, s, strategy)
@@ -326,7 +330,7 @@ def _whole_nodes_by(cl, ends, cover: dict, n: int, s: float, strategy) -> list:
     by = (s, math.inf)
     count = list(map(operator.add, cl.rack_count[gpn], map(bisect.bisect_right, ends.per_rack, itertools.repeat(by))))
     for node in cover:
-        if free[node] == gpn or per_node[node][-1] <= s:
+        if free[node] == gpn or (p := per_node[node]) and p[-1] <= s:  # (none: completing, --epilog)
             count[node // npr] -= 1
     out = []
     for r in racks_for(count, n, strategy):
@@ -657,6 +661,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
     inf, failed_get = math.inf, failed.get
     slurm = sp.bf_reserve_at == "slurm"
     dead = set()  # GPU counts that fit nowhere now and would start past the window
+    running = 0  # entries of resv for whole-node jobs the pass started (slurm: _bf_reserve_running)
     first = 0  # the jobs before this one are tested
     while first <= last:
         every = taken < cap  # every job (reservations left to give), else the fitting ones
@@ -677,7 +682,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                     starts, by_start, room = _work_out(cl, ends, made, resv_jobs, resv, pending, nodes, gpus, plan, now,
                                                        horizon, sp, strategy, planned, alloc, (starts, by_start, room),
                                                        limit)
-                    pending, bound, taken = [], inf, len(resv)
+                    pending, bound, taken = [], inf, len(resv) - running
                 # start it on nodes no reservation holds while it would run
                 k = bisect.bisect_right(starts, now + length) if starts else 0
                 if k not in room:  # one reservation's nodes as they are, several's joined
@@ -696,6 +701,13 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                         cl.release(held)
                 if ok:
                     started.append(j)
+                    if slurm and n > 1:  # Slurm's _bf_reserve_running: its whole nodes in the map to its planned end
+                        rs = sp.reservation(now)
+                        resv.append((rs, max(sp.reservation(now + length), rs + sp.bf_resolution),
+                                     frozenset(map(_NODE, alloc[j]))))
+                        running += 1
+                        by_start = sorted((rs, k) for k, (rs, re, _) in enumerate(resv) if re > now)
+                        starts, by_start = [rs for rs, _ in by_start], [k for _, k in by_start]
                     if cl.free_gpus == 0:
                         return
                     bounds.clear()
@@ -729,7 +741,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                 # can still move it, as its end may begin the first batch (_will_run)
                 starts, by_start, room = _work_out(cl, ends, made, resv_jobs, resv, pending, nodes, gpus, plan, now,
                                                    horizon, sp, strategy, planned, alloc, (starts, by_start, room), limit)
-                pending, bound, taken = [], inf, len(resv)
+                pending, bound, taken = [], inf, len(resv) - running
             if (taken < cap) != every:
                 break
         else:

@@ -73,7 +73,10 @@ class SchedParams:
     bf_reserve_at: where a reservation starts and which nodes it holds: earliest (the
       earliest time the job fits, the simulator's default) or slurm (Slurm's _will_run_test:
       at the last planned end of the batch of running jobs whose ending lets it fit;
-      sim/backfill.py's slurm_reservation)."""
+      sim/backfill.py's slurm_reservation);
+    epilog: seconds a node takes no new job after a job on it ends (Slurm keeps a COMPLETING
+      node, its epilog running, out of every new job: node_scheduler.c's cg_node_bitmap); the
+      job's GPUs come back then (0: at its end, the default)."""
     bf_max_job_test: int = 500
     bf_interval: float = 30.0
     bf_resolution: float = 60.0
@@ -81,6 +84,7 @@ class SchedParams:
     bf_window: float = 86400.0
     bf_reserve: int = 1
     bf_reserve_at: str = "earliest"
+    epilog: float = 0.0
 
     def __post_init__(self):
         if not integer(self.bf_max_job_test) or not 1 <= self.bf_max_job_test <= 1_000_000:
@@ -96,15 +100,19 @@ class SchedParams:
             raise UsageError(f"--bf-reserve takes 0 (every job tested) to 1,000,000 jobs, got {self.bf_reserve!r}")
         if self.plan_on not in PLAN_ON:
             raise UsageError(f"--plan-on {self.plan_on!r} is not one of {', '.join(PLAN_ON)}")
+        if not real(self.epilog) or not 0 <= self.epilog <= 3600:
+            raise UsageError(f"--epilog takes 0 to 3600 seconds, got {self.epilog!r}")
         if self.bf_reserve_at not in RESERVE_AT:
             raise UsageError(f"--bf-reserve-at {self.bf_reserve_at!r} is not one of {', '.join(RESERVE_AT)}")
 
     def reported(self) -> dict:
-        """The parameters as --json reports them: bf_reserve_at only where it is not the
-        default, so that a default run's report is what it was before the option."""
+        """The parameters as --json reports them: bf_reserve_at and epilog only where they are
+        not the default, so that a default run's report is what it was before the options."""
         d = dict(vars(self))
         if d["bf_reserve_at"] == RESERVE_AT[0]:
             del d["bf_reserve_at"]
+        if not d["epilog"]:
+            del d["epilog"]
         return d
 
     def reservation(self, t: float) -> float:

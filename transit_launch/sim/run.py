@@ -95,7 +95,8 @@ def scheduler_line(p, limit_factor: float) -> str:
                else f"the first {p.bf_reserve} jobs")
             + (" at Slurm's batched job ends" if p.bf_reserve_at == "slurm" else "")
             + f", bf_max_job_test {p.bf_max_job_test}, bf_interval {p.bf_interval:g} s, bf_resolution "
-            f"{p.bf_resolution:g} s, bf_window {p.bf_window / 60:g} min")
+            f"{p.bf_resolution:g} s, bf_window {p.bf_window / 60:g} min"
+            + (f", epilog {p.epilog:g} s" if p.epilog else ""))
 
 
 def text(means: list[dict], comparisons: list[dict], trace: Trace, seeds: list[int], sc: Scenario,

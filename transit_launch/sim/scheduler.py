@@ -185,6 +185,10 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     planned = []           # (planned end, job) of the running jobs, sorted
     ends = backfill.Ends(cl.n_nodes, cl.nodes_per_rack)  # when each busy node will be wholly free, as planned
     ends.watch = math.inf  # its cluster changes only as the running jobs do: reservations kept (backfill._unmoved)
+    epilog = sp.epilog
+    cg = {}                # nodes completing (a job on them ended, its epilog runs): how many such jobs
+    if epilog:
+        ends.watch = None  # a completed job's release changes the cluster at no start or end: not watched
     queue = Waiting(gpus)  # waiting jobs, submission order (pops at the head, backfill near it)
     waiting = queue.jobs   # the same jobs as a deque: read at every event, its length at C speed
     nxt, t = 0, 0.0
@@ -193,7 +197,14 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
     f, strategy, bucket = sc.factors, sc.strategy, cl.bucket
 
     def begin(i: int, now: float) -> bool:
-        placed = cl.place(nodes[i], gpus[i], strategy)
+        if cg:  # a completing node takes no new job: its free GPUs taken while the job is placed
+            held = [(node, v) for node in cg if (v := cl.free[node])]
+            for node, v in held:
+                cl._take(node, v)
+            placed = cl.place(nodes[i], gpus[i], strategy)
+            cl.release(held)
+        else:
+            placed = cl.place(nodes[i], gpus[i], strategy)
         if placed is None:
             return False
         alloc[i], racks[i] = placed
@@ -221,10 +232,27 @@ def simulate(trace: Trace, sc: Scenario, baseline: Result | None = None, progres
         changed = False
         while running and running[0][0] <= t:
             e, j = heapq.heappop(running)
-            cl.release(alloc[j])
+            if j < 0:  # ~j completed (its epilog is done): its GPUs and nodes come back
+                j = ~j
+                cl.release(alloc[j])
+                for node, _ in alloc[j]:
+                    if cg[node] == 1:
+                        del cg[node]
+                    else:
+                        cg[node] -= 1
+                alloc[j] = None
+                ends.version += 1  # the cluster changed: no reservation of a pass before is kept
+                changed = True
+                continue
             ends.remove(alloc[j], pend[j])
-            alloc[j] = None
             del planned[bisect.bisect_left(planned, (pend[j], j))]
+            if epilog:  # its nodes complete: out of new jobs, its GPUs held, until e + epilog
+                for node, _ in alloc[j]:
+                    cg[node] = cg.get(node, 0) + 1
+                heapq.heappush(running, (e + epilog, ~j))
+            else:
+                cl.release(alloc[j])
+                alloc[j] = None
             changed = True
         while nxt < N and submit[nxt] <= t:
             queue.append(nxt)
