@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from tests.conftest import NEEDS_TORCH, ROOT, build_once, torch_importable
 
 TRAINER = ROOT / "examples" / "train_llama.py"
 DIM, VOCAB = 64, 256
@@ -23,8 +23,7 @@ BLOCK = 2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128
 TIED = 2 * BLOCK + 64 + VOCAB * DIM
 
 
-def train(*flags, ranks=1):
-    """(per-step records, summary) of a CPU run."""
+def _stdout(*flags, ranks=1) -> str:
     run = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, whether or not its script is on PATH
     cmd = [*run, "--standalone", "--nproc-per-node", str(ranks), str(TRAINER)] if ranks > 1 else \
         [sys.executable, str(TRAINER)]
@@ -33,12 +32,30 @@ def train(*flags, ranks=1):
     res = subprocess.run([*cmd, *MODEL, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
-    recs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    return res.stdout
+
+
+def _parsed(stdout: str):
+    recs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     return [r for r in recs if "step" in r], next(r["summary"] for r in recs if "summary" in r)
 
 
-def test_clip_prints_the_norm_and_acts_on_the_update():
-    plain, _ = train()
+def train(*flags, ranks=1):
+    """(per-step records, summary) of a CPU run."""
+    return _parsed(_stdout(*flags, ranks=ranks))
+
+
+@pytest.fixture
+def plain(tmp_path_factory):
+    """train() without flags, run once a run for the two tests that read it, whichever xdist
+    workers take them (conftest's build_once; the runs are seeded and deterministic)."""
+    d = build_once(tmp_path_factory, "trainer-plain", [TRAINER], MODEL,
+                   lambda out: (out / "stdout").write_text(_stdout()))
+    return _parsed((d / "stdout").read_text())
+
+
+def test_clip_prints_the_norm_and_acts_on_the_update(plain):
+    plain, _ = plain
     assert all("grad_norm" not in r for r in plain)  # without --clip the records are as before
     clipped, summ = train("--clip", "0.5")
     assert summ["clip"] == 0.5
@@ -53,8 +70,8 @@ def test_clip_prints_the_norm_and_acts_on_the_update():
     assert [r["grad_norm"] for r in tiny][0] == pytest.approx(norms[0], rel=1e-6)  # the norm before clipping
 
 
-def test_tied_embeddings_are_one_parameter():
-    _, untied = train()
+def test_tied_embeddings_are_one_parameter(plain):
+    _, untied = plain
     _, tied = train("--tie-embeddings")
     assert (untied["tied_embeddings"], tied["tied_embeddings"]) == (False, True)
     assert untied["params"] - tied["params"] == VOCAB * DIM and tied["params"] == TIED

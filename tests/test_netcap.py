@@ -12,6 +12,7 @@ and tc as root, and the Slurm lab for sweeps over an allocation.
   write is refused."""
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -195,6 +196,44 @@ def test_sweep_refuses_a_journal_in_a_directory_others_can_write(cli, tmp_path):
     assert rc == 2 and "is writable by others" in err and len(err.strip().splitlines()) == 1, err
     calls = log.read_text().splitlines() if log.exists() else []
     assert not [c for c in calls if " -r " in c]  # nothing was capped
+
+
+def test_a_restore_reads_nothing_after_the_holding_step_ended(monkeypatch):
+    """The holding step's output ended (srun closed it) with one of two nodes' rows, srun not
+    yet reaped: the restore says the other node did not confirm, and reads no more of the
+    ended output (it used to wait 20 s more for rows that could not come: the lab's
+    unconfirmed-restore test waited that out whenever srun closed its output before it exited)."""
+    from transit_launch.netcap.backends import Backend
+    from transit_launch.netcap.capper import SlurmCapper
+
+    class Lines:
+        def __init__(self, items):
+            self.items = list(items)
+
+        def get(self, timeout=None):
+            assert self.items, "read the holding step's output after it ended"
+            return self.items.pop(0)
+
+    class Srun:  # closed its output, not yet exited
+        stdin, returncode = io.StringIO(), None
+
+        def poll(self):
+            return self.returncode
+
+        def send_signal(self, sig):
+            pass
+
+        def wait(self, timeout=None):
+            self.returncode = 1
+            return 1
+
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    cap = SlurmCapper(Backend(), "n1=veth-a,n2=veth-b", None)
+    cap.hold, cap.err, cap.ended = Srun(), ["srun: error: n2: task 1: Killed"], False
+    cap.lines = Lines([json.dumps({"node": "n1", "restored": ["veth-a"], "errors": []}), None])
+    errors = cap.restore()
+    assert errors == ["1 of 2 nodes did not confirm their restore (srun: error: n2: task 1: Killed); their "
+                      "journals are left for `transit-launch sweep --restore`"], errors
 
 
 # --- sweeps over a Slurm allocation ---------------------------------------------------------

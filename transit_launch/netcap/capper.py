@@ -132,6 +132,7 @@ class SlurmCapper:
         self.hold: subprocess.Popen | None = None
         self.lines: queue.Queue = queue.Queue()
         self.done: list[dict] = []  # the holding step's rows that reported a restore already
+        self.ended = False  # the holding step's output has ended: no row comes any more
 
     def names(self) -> list[str]:
         return [f"{self.spec} on {n_nodes(self.nodes)}"]
@@ -167,14 +168,16 @@ class SlurmCapper:
             raise UsageError(str(e)) from None
 
     def _rows(self, want: int, timeout: float) -> list[dict]:
-        """Up to `want` JSON rows of the holding step, within timeout seconds."""
+        """Up to `want` JSON rows of the holding step, within timeout seconds; none once its
+        output has ended (a later call would otherwise wait out its whole timeout)."""
         rows, end = [], time.time() + timeout
-        while len(rows) < want:
+        while len(rows) < want and not self.ended:
             try:
                 line = self.lines.get(timeout=max(0.0, end - time.time()))
             except queue.Empty:
                 break
             if line is None:  # the step ended
+                self.ended = True
                 break
             if line.startswith("{"):
                 rows.append(json.loads(line))
@@ -185,7 +188,7 @@ class SlurmCapper:
         node has applied them (CapError otherwise: restore() still releases what was held)."""
         proc = subprocess.Popen(self._cmd("hold", "--bandwidth", f"{int(bps)}bit"), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.hold, self.lines, self.err = proc, queue.Queue(), []
+        self.hold, self.lines, self.err, self.ended = proc, queue.Queue(), [], False
         lines = self.lines
 
         def pump(stream, sink):
