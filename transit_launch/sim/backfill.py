@@ -424,12 +424,12 @@ def _will_run_from(cl, planned, alloc, cover, n: int, g: int, strategy: str, mem
     Returned as (the batch's last end, nodes), -inf for now, as no time but the start's
     floor depends on now: an answer holds while the running jobs and free GPUs do. memo:
     where _reach's lists are kept for as long (None: worked out for this call)."""
-    chosen = _choose(cl, {}, cover, n, g, strategy)
-    if chosen is not None:
-        return -math.inf, chosen
     if not isinstance(cover, (set, frozenset)):
         cover = set(cover)
     if n == 1 and strategy != "tree":
+        chosen = _choose(cl, {}, cover, n, g, strategy)
+        if chosen is not None:
+            return -math.inf, chosen
         return _walk(cl, planned, alloc, cover, n, g, strategy)
     plan = memo.get("plan") if memo is not None else None
     if plan is None:
@@ -441,6 +441,9 @@ def _will_run_from(cl, planned, alloc, cover, n: int, g: int, strategy: str, mem
     if reach is None:
         reach = plan.reach[target] = _reach(cl, planned, alloc, target)
     state = _Batches(cl, cover, n, g, strategy, reach)
+    chosen = state.choose()  # _choose on the GPUs free now
+    if chosen is not None:
+        return -math.inf, chosen
     ends, sets, count = plan.ends, plan.nodes, len(planned)
     given = cover.issuperset  # (negated) whether a job has a node outside cover: given back, else passed over
 
@@ -536,23 +539,23 @@ class _Plan:
 
 
 def _reach(cl, planned, alloc, target: int):
-    """For the running jobs given back in planned order: at[i], the nodes whose free GPUs
-    reach `target` once the first i are given back (not before), and by[node] that i. A node
+    """For the running jobs given back in planned order: (pos, nodes, by): nodes[m] reaches
+    `target` free GPUs once the first pos[m] are given back (not before; pos ascending), and
+    by[node] that number. A node
     outside _will_run's cover has every job on it given back (none is passed over), so these
     are what it reaches there too, whatever the cover."""
     free = cl.free
-    extra, at, by = {}, [()], {}
+    extra, pos, nodes, by = {}, [], [], {}
     get = extra.get
     for i, (_, k) in enumerate(planned, 1):
-        got = []
         for node, v in alloc[k]:
             x = get(node, 0)
             extra[node] = x + v
             if free[node] + x < target <= free[node] + x + v:
-                got.append(node)
+                pos.append(i)
+                nodes.append(node)
                 by[node] = i
-        at.append(got)
-    return at, by
+    return pos, nodes, by
 
 
 class _Batches:
@@ -564,7 +567,7 @@ class _Batches:
 
     def __init__(self, cl, cover, n: int, g: int, strategy: str, reach=None):
         self.cl, self.cover, self.n, self.g, self.strategy = cl, cover, n, g, strategy
-        self.extra, self.changed, self.reach, self.given = {}, False, reach, 0
+        self.extra, self.changed, self.reach, self.given, self.seen = {}, False, reach, 0, 0
         npr, gpn, free = cl.nodes_per_rack, cl.gpn, cl.free
         if n > 1:
             self.gone = cover.intersection(cl.bucket[gpn])
@@ -582,20 +585,20 @@ class _Batches:
     def reach_to(self, i: int) -> None:
         """The first i running jobs (in planned order) given back, those with a node outside
         cover at least (the others only hold nodes in it)."""
-        cl, cover, at = self.cl, self.cover, self.reach[0]
+        cl, cover, (pos, nodes, _) = self.cl, self.cover, self.reach
         npr = cl.nodes_per_rack
-        for k in range(self.given + 1, i + 1):
-            for node in at[k]:
-                if node not in cover:
-                    r = node // npr
-                    if self.n > 1:
-                        self.count[r] += 1
-                        self.total += 1
-                        self.added.setdefault(r, []).append(node)
-                    else:
-                        self.fit[r] += 1
-                    self.changed = True
-        self.given = i
+        hi = bisect.bisect_right(pos, i)
+        for node in nodes[self.seen:hi]:
+            if node not in cover:
+                r = node // npr
+                if self.n > 1:
+                    self.count[r] += 1
+                    self.total += 1
+                    self.added.setdefault(r, []).append(node)
+                else:
+                    self.fit[r] += 1
+                self.changed = True
+        self.given, self.seen = i, hi
 
     def give(self, allocation) -> None:
         """A running job given back (one node, pack or spread): its GPUs in `extra`."""
@@ -625,7 +628,7 @@ class _Batches:
         if c is None:
             return None
         lo = fit.index(c) * npr
-        by, given, inf = self.reach[1], self.given, math.inf
+        by, given, inf = self.reach[2], self.given, math.inf
         return [next(k for k in range(lo, lo + npr) if (free[k] >= g or by.get(k, inf) <= given) and k not in cover)]
 
 
@@ -638,10 +641,16 @@ class _Bounds:
     def __init__(self, resv):
         self.resv, self.seen = resv, 0
         self.bounds, self.frees = [], {}
+        self.rs, self.re, self.held = [], [], []  # the reservations' starts, ends and nodes
+        self.ending = {}  # end -> the nodes of the reservations ending then
 
     def _sync(self) -> None:
         resv, bounds, frees = self.resv, self.bounds, self.frees
-        for rs, re, _ in resv[self.seen:]:
+        for rs, re, held in resv[self.seen:]:
+            self.rs.append(rs)
+            self.re.append(re)
+            self.held.append(held)
+            self.ending.setdefault(re, []).append(held)
             for t in (rs, re):
                 i = bisect.bisect_left(bounds, t)
                 if i == len(bounds) or bounds[i] != t:
@@ -654,16 +663,32 @@ class _Bounds:
     def later_start(self, start: float, end: float):
         if self.seen != len(self.resv):
             self._sync()
-        bounds, resv, frees = self.bounds, self.resv, self.frees
+        bounds, frees = self.bounds, self.frees
         lo = bisect.bisect_right(bounds, start)
         past = bisect.bisect_right(bounds, end)  # the first span beyond the window begins at bounds[past]
         for b in bounds[lo:max(past + 2, lo)]:
             f = frees.get(b)
             if f is None:
-                f = frees[b] = _frees(resv, b)
+                f = frees[b] = self._frees(b)
             if f:
                 return b
         return None
+
+    def _frees(self, b: float) -> bool:
+        """_frees(resv, b), from the reservations ending at b and the others read at C speed."""
+        ending = self.ending.get(b)
+        if not ending:
+            return False
+        after = set().union(*itertools.compress(self.held, map(operator.and_, map(operator.le, self.rs, itertools.repeat(b)),
+                                                                 map(operator.lt, itertools.repeat(b), self.re))))
+        return any(node not in after for held in ending for node in held)
+
+    def cover(self, start: float, end: float) -> set:
+        """The nodes of the reservations over [start, end] (re > start and rs <= end)."""
+        if self.seen != len(self.resv):
+            self._sync()
+        return set().union(*itertools.compress(self.held, map(operator.and_, map(operator.lt, itertools.repeat(start), self.re),
+                                                                map(operator.le, self.rs, itertools.repeat(end)))))
 
 
 def _frees(resv, b: float) -> bool:
@@ -705,7 +730,7 @@ def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, n
             memo["bounds"] = bounds
     while start_res <= horizon:
         end = start_res + length
-        cover = set().union(*(held for rs, re, held in resv if re > start_res and rs <= end))
+        cover = bounds.cover(start_res, end)
         later = bounds.later_start(start_res, end)
         if memo is None:
             s, chosen = _will_run(cl, planned, alloc, cover, n, g, now, strategy)
