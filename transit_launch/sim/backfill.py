@@ -58,6 +58,7 @@ class Ends:
         self.per_rack = [[] for _ in range(-(-n_nodes // nodes_per_rack))]
         self.version = 0  # counts starts and ends: the running jobs are the same while it is
         self.made = []    # the last passes' reservations in order: (version, job, start, nodes)
+        self.runs = None  # (version, slurm_reservation's memo of _will_run's answers then): backfill._memo
         # The start of made[0] when it is of whole nodes (inf when it is not), watched by a
         # replay whose cluster changes only as its running jobs do (None: not watched, the
         # node-failure replay): `moved` is set by the first start or end since made[0] was made
@@ -398,35 +399,116 @@ def reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: fl
 SLURM_TIME_WINDOW = 30
 
 
-def _will_run(cl, planned, alloc, cover: dict, n: int, g: int, now: float, strategy: str):
+def _will_run(cl, planned, alloc, cover, n: int, g: int, now: float, strategy: str):
+    """(start, nodes) as Slurm 22.05's _will_run_test finds them (_will_run_from)."""
+    last, chosen = _will_run_from(cl, planned, alloc, cover, n, g, strategy)
+    return (max(last, now), chosen) if chosen is not None else (math.inf, None)
+
+
+def _will_run_from(cl, planned, alloc, cover, n: int, g: int, strategy: str, memo: dict | None = None):
     """(start, nodes) as Slurm 22.05's _will_run_test (src/plugins/select/cons_common/job_test.c)
-    finds them for a job on the nodes `cover` leaves it: now on the GPUs free now; else the
-    running jobs with a node outside `cover` are given back in batches of planned ends (the
-    first batch up to the first such end rounded up to a multiple of SLURM_TIME_WINDOW, plus
-    the window; each later one up to that time plus the window doubled, and doubled again
-    until the next job's end is inside), the job tested after each batch, and the start is
-    the batch's last end, on the nodes chosen then (_choose). (inf, None): no batch lets it
-    fit. As there, the window's edge is checked only on the job right after one given back,
-    so a job after one passed over (all its nodes in `cover`) goes into the batch whatever
-    its end."""
-    chosen = _choose(cl, {}, cover, n, g, strategy)
+    finds them for a job on the nodes `cover` (a set, or a dict of nodes) leaves it: now on
+    the GPUs free now; else the running jobs with a node outside `cover` are given back in
+    batches of planned ends (the first batch up to the first such end rounded up to a
+    multiple of SLURM_TIME_WINDOW, plus the window; each later one up to that time plus the
+    window doubled, and doubled again until the next job's end is inside), the job tested
+    after each batch, and the start is the batch's last end, on the nodes chosen then
+    (_choose). (inf, None): no batch lets it fit. As there, the window's edge is checked only
+    on the job right after one given back, so a job after one passed over (all its nodes in
+    `cover`) goes into the batch whatever its end.
+
+    _choose's answer is kept up to date as the batches are given back (_Batches) instead of
+    worked out anew after each: the same nodes, chosen only after a batch that let a node
+    outside `cover` reach what the job needs (before one, it fits nowhere, as it did not now).
+
+    Returned as (the batch's last end, nodes), -inf for now, as no time but the start's
+    floor depends on now: an answer holds while the running jobs and free GPUs do. memo:
+    where _reach's lists are kept for as long (None: worked out for this call)."""
+    if not isinstance(cover, (set, frozenset)):
+        cover = set(cover)
+    if n == 1 and strategy != "tree":
+        chosen = _choose(cl, {}, cover, n, g, strategy)
+        if chosen is not None:
+            return -math.inf, chosen
+        return _walk(cl, planned, alloc, cover, n, g, strategy)
+    plan = memo.get("plan") if memo is not None else None
+    if plan is None:
+        plan = _Plan(planned, alloc)
+        if memo is not None:
+            memo["plan"] = plan
+    target = cl.gpn if n > 1 else g
+    reach = plan.reach.get(target)
+    if reach is None:
+        reach = plan.reach[target] = _reach(cl, planned, alloc, target)
+    state = _Batches(cl, cover, n, g, strategy, reach)
+    chosen = state.choose()  # _choose on the GPUs free now
     if chosen is not None:
-        return now, chosen
-    extra = {}
+        return -math.inf, chosen
+    ends, sets, count = plan.ends, plan.nodes, len(planned)
+    given = cover.issuperset  # (negated) whether a job has a node outside cover: given back, else passed over
+
+    def first_given(x):
+        while x < count and given(sets[x]):
+            x += 1
+        return x
+
+    # The batches found from the sorted ends (`ends`) with a bisect, not job by job: a batch
+    # ends at the first job given back whose next job ends past end_time + window, i.e. at
+    # the first given back at or after bisect_right(ends, end_time + window) - 1; the jobs
+    # before it are given back or passed over as they come (the nodes they make reach the
+    # job's need are read off _reach's lists, those in cover left out)
+    f = first_given(0)
+    if f >= count:
+        return math.inf, None
+    window = SLURM_TIME_WINDOW
+    end_time = ends[f] + (window - ends[f] % window)  # aligned to the window from the first end, once
+    i = f
+    while i < count:
+        x = max(i, bisect.bisect_right(ends, end_time + window) - 1)
+        j = first_given(x)
+        if j >= count:  # no job given back from x on: the batch runs to the end, its last given back before x
+            j = x - 1
+            while j >= i and given(sets[j]):
+                j -= 1
+            if j < i:
+                break
+            state.reach_to(count)
+            if state.changed:
+                chosen = state.choose()
+                if chosen is not None:
+                    return ends[j], chosen
+            break
+        state.reach_to(j + 1)
+        i = j + 1
+        window *= 2
+        if i < count:
+            while ends[i] > end_time + window:
+                window *= 2
+        if state.changed:
+            chosen = state.choose()
+            if chosen is not None:
+                return ends[j], chosen
+    return math.inf, None
+
+
+def _walk(cl, planned, alloc, cover, n: int, g: int, strategy: str):
+    """_will_run_from job by job, with the GPUs given back kept for _choose (one node, pack or spread)."""
+    state = _Batches(cl, cover, n, g, strategy)
+    give = state.give
     window, end_time = SLURM_TIME_WINDOW, None
     i, count = 0, len(planned)
+    superset = cover.issuperset
     while i < count:
         last = nxt = None
         while i < count:
             e, k = planned[i]
             i += 1
-            if all(node in cover for node, _ in alloc[k]):
+            if superset(map(_NODE, alloc[k])):
                 continue  # no usable node: passed over
             if end_time is None:  # aligned to the window from the first end, once
                 end_time = e + (window - e % window)
             last = e
-            for node, v in alloc[k]:
-                extra[node] = extra.get(node, 0) + v
+            give(alloc[k])
             if i >= count:
                 nxt = None
                 break
@@ -438,10 +520,184 @@ def _will_run(cl, planned, alloc, cover: dict, n: int, g: int, now: float, strat
         window *= 2
         while nxt is not None and nxt > end_time + window:
             window *= 2
-        chosen = _choose(cl, extra, cover, n, g, strategy)
-        if chosen is not None:
-            return max(last, now), chosen
+        if state.changed:
+            chosen = state.choose()
+            if chosen is not None:
+                return last, chosen
     return math.inf, None
+
+
+class _Plan:
+    """The running jobs as _will_run_from reads them: their planned ends in order, each one's
+    nodes (a frozenset), and _reach's lists by the GPUs reached; kept in a memo while the
+    running jobs are the same."""
+
+    def __init__(self, planned, alloc):
+        self.ends = [e for e, _ in planned]
+        self.nodes = [frozenset(map(_NODE, alloc[k])) for _, k in planned]
+        self.reach = {}
+
+
+def _reach(cl, planned, alloc, target: int):
+    """For the running jobs given back in planned order: (pos, nodes, by): nodes[m] reaches
+    `target` free GPUs once the first pos[m] are given back (not before; pos ascending), and
+    by[node] that number. A node
+    outside _will_run's cover has every job on it given back (none is passed over), so these
+    are what it reaches there too, whatever the cover."""
+    free = cl.free
+    extra, pos, nodes, by = {}, [], [], {}
+    get = extra.get
+    for i, (_, k) in enumerate(planned, 1):
+        for node, v in alloc[k]:
+            x = get(node, 0)
+            extra[node] = x + v
+            if free[node] + x < target <= free[node] + x + v:
+                pos.append(i)
+                nodes.append(node)
+                by[node] = i
+    return pos, nodes, by
+
+
+class _Batches:
+    """_choose(cl, extra, cover, n, g, strategy) kept as _will_run gives the running jobs back:
+    for n > 1 the whole nodes each rack has then (as _choose counts them), for one node under
+    tree the nodes of each rack with g GPUs then, both from _reach's lists (`reach`); for one
+    node else the GPUs given back (`extra`), for _choose; `changed`: a node outside `cover`
+    reached what the job needs since the last choose() (else _choose's answer is still None)."""
+
+    def __init__(self, cl, cover, n: int, g: int, strategy: str, reach=None):
+        self.cl, self.cover, self.n, self.g, self.strategy = cl, cover, n, g, strategy
+        self.extra, self.changed, self.reach, self.given, self.seen = {}, False, reach, 0, 0
+        npr, gpn, free = cl.nodes_per_rack, cl.gpn, cl.free
+        if n > 1:
+            self.gone = cover.intersection(cl.bucket[gpn])
+            count = list(map(len, cl.rack_whole))
+            for node in self.gone:
+                count[node // npr] -= 1
+            self.count, self.total, self.added = count, sum(count), {}
+        elif strategy == "tree":
+            fit = cl.fitting(g)
+            for node in cover:
+                if free[node] >= g:
+                    fit[node // npr] -= 1
+            self.fit = fit
+
+    def reach_to(self, i: int) -> None:
+        """The first i running jobs (in planned order) given back, those with a node outside
+        cover at least (the others only hold nodes in it)."""
+        cl, cover, (pos, nodes, _) = self.cl, self.cover, self.reach
+        npr = cl.nodes_per_rack
+        hi = bisect.bisect_right(pos, i)
+        for node in nodes[self.seen:hi]:
+            if node not in cover:
+                r = node // npr
+                if self.n > 1:
+                    self.count[r] += 1
+                    self.total += 1
+                    self.added.setdefault(r, []).append(node)
+                else:
+                    self.fit[r] += 1
+                self.changed = True
+        self.given, self.seen = i, hi
+
+    def give(self, allocation) -> None:
+        """A running job given back (one node, pack or spread): its GPUs in `extra`."""
+        extra, free, g, cover = self.extra, self.cl.free, self.g, self.cover
+        get = extra.get
+        for node, v in allocation:
+            x = get(node, 0)
+            extra[node] = x + v
+            if free[node] + x < g <= free[node] + x + v and node not in cover:
+                self.changed = True
+
+    def choose(self):
+        self.changed = False
+        cl, cover, n = self.cl, self.cover, self.n
+        if n > 1:
+            if self.total < n:
+                return None
+            out, gone, added = [], self.gone, self.added
+            for r in racks_for(self.count, n, self.strategy):
+                nodes = sorted(list(cl.rack_whole[r] - gone if gone else cl.rack_whole[r]) + added.get(r, []))
+                out.extend(nodes[:n - len(out)])
+            return out
+        if self.strategy != "tree":
+            return _choose(cl, self.extra, cover, n, self.g, self.strategy)
+        fit, g, free, npr = self.fit, self.g, cl.free, cl.nodes_per_rack
+        c = min(filter(None, fit), default=None)
+        if c is None:
+            return None
+        lo = fit.index(c) * npr
+        by, given, inf = self.reach[2], self.given, math.inf
+        return [next(k for k in range(lo, lo + npr) if (free[k] >= g or by.get(k, inf) <= given) and k not in cover)]
+
+
+class _Bounds:
+    """_later_start over a pass's list of reservations (which only grows), for many windows:
+    the times reservations begin and end, sorted, kept as reservations are added, and
+    whether a node is freed at a reservation's end (_frees) kept once asked until a
+    reservation added over that time changes it."""
+
+    def __init__(self, resv):
+        self.resv, self.seen = resv, 0
+        self.bounds, self.frees = [], {}
+        self.rs, self.re, self.held = [], [], []  # the reservations' starts, ends and nodes
+        self.ending = {}  # end -> the nodes of the reservations ending then
+
+    def _sync(self) -> None:
+        resv, bounds, frees = self.resv, self.bounds, self.frees
+        for rs, re, held in resv[self.seen:]:
+            self.rs.append(rs)
+            self.re.append(re)
+            self.held.append(held)
+            self.ending.setdefault(re, []).append(held)
+            for t in (rs, re):
+                i = bisect.bisect_left(bounds, t)
+                if i == len(bounds) or bounds[i] != t:
+                    bounds.insert(i, t)
+            # a reservation over [rs, re) holds nodes after each time there; one ending at re frees some
+            for t in bounds[bisect.bisect_left(bounds, rs):bisect.bisect_right(bounds, re)]:
+                frees.pop(t, None)
+        self.seen = len(resv)
+
+    def later_start(self, start: float, end: float):
+        if self.seen != len(self.resv):
+            self._sync()
+        bounds, frees = self.bounds, self.frees
+        lo = bisect.bisect_right(bounds, start)
+        past = bisect.bisect_right(bounds, end)  # the first span beyond the window begins at bounds[past]
+        for b in bounds[lo:max(past + 2, lo)]:
+            f = frees.get(b)
+            if f is None:
+                f = frees[b] = self._frees(b)
+            if f:
+                return b
+        return None
+
+    def _frees(self, b: float) -> bool:
+        """_frees(resv, b), from the reservations ending at b and the others read at C speed."""
+        ending = self.ending.get(b)
+        if not ending:
+            return False
+        after = set().union(*itertools.compress(self.held, map(operator.and_, map(operator.le, self.rs, itertools.repeat(b)),
+                                                                 map(operator.lt, itertools.repeat(b), self.re))))
+        return any(node not in after for held in ending for node in held)
+
+    def cover(self, start: float, end: float) -> set:
+        """The nodes of the reservations over [start, end] (re > start and rs <= end)."""
+        if self.seen != len(self.resv):
+            self._sync()
+        return set().union(*itertools.compress(self.held, map(operator.and_, map(operator.lt, itertools.repeat(start), self.re),
+                                                                map(operator.le, self.rs, itertools.repeat(end)))))
+
+
+def _frees(resv, b: float) -> bool:
+    """Whether a node held just before b, by a reservation ending at b, is held by none just after."""
+    ending = [held for _, re, held in resv if re == b]
+    if ending:
+        after = set().union(*(held for rs, re, held in resv if rs <= b < re))
+        return any(node not in after for held in ending for node in held)
+    return False
 
 
 def _later_start(resv, start: float, end: float):
@@ -450,20 +706,12 @@ def _later_start(resv, start: float, end: float):
     first reservation end after `start` at which a node held just before is held by none
     just after, looked for up to the end of the first span that begins past `end` (Slurm
     merges two equal neighbouring spans now and then, which can move that end: not
-    modelled); None: none."""
-    bounds = sorted({t for rs, re, _ in resv for t in (rs, re) if t > start})
-    past = bisect.bisect_right(bounds, end)  # the first span beyond the window begins at bounds[past]
-    for b in bounds[:past + 2]:
-        ending = [held for _, re, held in resv if re == b]
-        if ending:
-            after = set().union(*(held for rs, re, held in resv if rs <= b < re))
-            if any(node not in after for held in ending for node in held):
-                return b
-    return None
+    modelled); None: none. (_Bounds gives it for several windows over the same reservations.)"""
+    return _Bounds(resv).later_start(start, end)
 
 
 def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: float, horizon: float,
-                      strategy: str, sp):
+                      strategy: str, sp, memo: dict | None = None):
     """(start, nodes) of a job's reservation as Slurm 22.05's backfill makes it
     (src/plugins/sched/backfill/backfill.c, _attempt_backfill and its TRY_LATER loop, with
     _will_run_test of src/plugins/select/cons_common/job_test.c); (inf, None) if none within
@@ -471,16 +719,29 @@ def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, n
     start_res + length] are left out; _will_run finds a start and nodes on the others, taken
     as start_res if earlier; if that is past `later_start` (_later_start) the job is tested
     again from there, and if its nodes meet a reservation over its own rounded window
-    (_test_resv_overlap) again from its start. sp: SchedParams (bf_resolution)."""
+    (_test_resv_overlap) again from its start. sp: SchedParams (bf_resolution). memo: _will_run's
+    answers by (nodes left out, n, g), for as long as the running jobs and the free GPUs are
+    the same (the caller gives a new one when they change: _memo), and the pass's _Bounds."""
     start_res = now
+    bounds = None if memo is None else memo.get("bounds")
+    if bounds is None or bounds.resv is not resv:
+        bounds = _Bounds(resv)
+        if memo is not None:
+            memo["bounds"] = bounds
     while start_res <= horizon:
         end = start_res + length
-        cover = {}
-        for rs, re, held in resv:
-            if re > start_res and rs <= end:
-                _cover(cover, held)
-        later = _later_start(resv, start_res, end)
-        s, chosen = _will_run(cl, planned, alloc, cover, n, g, now, strategy)
+        cover = bounds.cover(start_res, end)
+        later = bounds.later_start(start_res, end)
+        if memo is None:
+            s, chosen = _will_run(cl, planned, alloc, cover, n, g, now, strategy)
+        else:
+            key = (frozenset(cover), n, g)
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = _will_run_from(cl, planned, alloc, cover, n, g, strategy, memo)
+            s, chosen = got
+            if chosen is not None:
+                s = max(s, now)
         if chosen is None:
             if later is None:
                 break
@@ -554,17 +815,17 @@ def _reserve(cl, ends, made, k: int, resv, job: int, n: int, g: int, length: flo
 
 
 def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes, gpus, plan, now: float,
-              horizon: float, sp, strategy: str, planned, alloc, kept: tuple, limit: int) -> tuple:
+              horizon: float, sp, strategy: str, planned, alloc, kept: tuple, limit: int, memo: dict) -> tuple:
     """The pending jobs' reservations, in order, added to `resv` (those that find none left
     out) and their jobs to `resv_jobs`; returns _tests' (starts, by_start, room) for the
     reservations then: `kept` when none was added, else made anew (room off none of them:
-    `limit`)."""
+    `limit`). memo: slurm_reservation's, kept by the pass until a job starts."""
     added = False
     slurm = sp.bf_reserve_at == "slurm"
     for p in pending:
         if slurm:  # none kept across passes: its batches change with any running job's end
             s, chosen = slurm_reservation(cl, planned, alloc, resv, nodes[p], gpus[p], plan[p], now, horizon,
-                                          strategy, sp)
+                                          strategy, sp, memo)
         else:
             s, chosen = _reserve(cl, ends, made, len(resv_jobs), resv, p, nodes[p], gpus[p], plan[p],
                                  now, horizon, strategy, planned, alloc)
@@ -589,6 +850,17 @@ def _unmoved(cl, ends, n: int, now: float, s: float) -> bool:
     of the nodes wholly free by it (_whole_nodes_by counts and reads those alone), so the
     nodes chosen are those of then; an earlier start is what _nth_free would find."""
     return not ends.moved and _nth_free(cl, ends, n, now) == s
+
+
+def _memo(ends) -> dict:
+    """slurm_reservation's memo for a pass: that of the passes before while no job has started
+    or ended since (Ends.version), where the cluster changes only as its running jobs do
+    (Ends.watch set: the replay without --epilog or node failures); else a new one."""
+    if ends is None or ends.watch is None:
+        return {}
+    if ends.runs is None or ends.runs[0] != ends.version:
+        ends.runs = (ends.version, {})
+    return ends.runs[1]
 
 
 def _most(cl) -> int:
@@ -661,6 +933,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
     inf, failed_get = math.inf, failed.get
     slurm = sp.bf_reserve_at == "slurm"
     dead = set()  # GPU counts that fit nowhere now and would start past the window
+    memo = _memo(ends)  # _will_run's answers while no job starts or ends (slurm_reservation)
     running = 0  # entries of resv for whole-node jobs the pass started (slurm: _bf_reserve_running)
     first = 0  # the jobs before this one are tested
     while first <= last:
@@ -681,7 +954,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                 if bound <= now + length:  # a pending reservation may hold this job's nodes: work them out
                     starts, by_start, room = _work_out(cl, ends, made, resv_jobs, resv, pending, nodes, gpus, plan, now,
                                                        horizon, sp, strategy, planned, alloc, (starts, by_start, room),
-                                                       limit)
+                                                       limit, memo)
                     pending, bound, taken = [], inf, len(resv) - running
                 # start it on nodes no reservation holds while it would run
                 k = bisect.bisect_right(starts, now + length) if starts else 0
@@ -711,6 +984,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                     if cl.free_gpus == 0:
                         return
                     bounds.clear()
+                    memo = _memo(ends)
                     most = _most(cl)
                     limit = cl.whole * cl.gpn if cl.whole else most
                     room = {0: ((), limit)}
@@ -740,7 +1014,8 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                 # past the window), and a job that starts and ends before a pending one's start
                 # can still move it, as its end may begin the first batch (_will_run)
                 starts, by_start, room = _work_out(cl, ends, made, resv_jobs, resv, pending, nodes, gpus, plan, now,
-                                                   horizon, sp, strategy, planned, alloc, (starts, by_start, room), limit)
+                                                   horizon, sp, strategy, planned, alloc, (starts, by_start, room), limit,
+                                                   memo)
                 pending, bound, taken = [], inf, len(resv) - running
             if (taken < cap) != every:
                 break
