@@ -225,7 +225,8 @@ class EarlyState:
         keys = [k for k in st.staged_keys(opt_state, p) if transit_staging.storage_tensor(opt_state[k]).data_ptr() in st.homes]
         if not keys:
             return
-        nbytes = sum(transit_staging.nbytes(transit_staging.storage_tensor(opt_state[k])) for k in keys)
+        sizes = [transit_staging.nbytes(transit_staging.storage_tensor(opt_state[k])) for k in keys]
+        nbytes = sum(sizes)
         alloc, reserved = self.memory(dev)
         base = alloc - sum(f.nbytes for f in self.fetched.values()) - self.held_bytes
         rest = self.back.most_from(self.back.mark(base))  # the most the rest of the backward took last step
@@ -240,15 +241,14 @@ class EarlyState:
         ring = st.ring(dev)
         if ring is None:
             return
-        sizes = [transit_staging.nbytes(transit_staging.storage_tensor(opt_state[k])) for k in keys]
         if not self._carve(dev, alloc, sizes):
             self.stats["no_block"] += 1
             return
         f = self._copy_in(p, opt_state, keys, ring, nbytes)
-        if self.memory(dev)[1] > reserved:  # a new segment after all: given back at once, and off
+        grown = self.memory(dev)[1] - reserved
+        if grown > 0:  # a new segment after all: given back at once, and off
             self._drop_fetched(f)
-            return self._turn_off(f"a buffer took a new segment of {self.memory(dev)[1] - reserved} bytes on {dev}",
-                                  grew=True)
+            return self._turn_off(f"a buffer took a new segment of {grown} bytes on {dev}", grew=True)
         self.fetched[id(p)] = f
         self.stats["fetched_params"] += 1
         self.stats["fetched_bytes"] += nbytes

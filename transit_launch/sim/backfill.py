@@ -633,10 +633,11 @@ class _Batches:
 
 
 class _Bounds:
-    """_later_start over a pass's list of reservations (which only grows), for many windows:
-    the times reservations begin and end, sorted, kept as reservations are added, and
-    whether a node is freed at a reservation's end (_frees) kept once asked until a
-    reservation added over that time changes it."""
+    """Slurm's `later_start` (later_start) and the nodes reserved over a window (cover) for a
+    pass's list of reservations (which only grows), for many windows: the times reservations
+    begin and end, sorted, kept as reservations are added, and whether a node is freed at a
+    reservation's end (_frees) kept once asked until a reservation added over that time
+    changes it."""
 
     def __init__(self, resv):
         self.resv, self.seen = resv, 0
@@ -661,6 +662,12 @@ class _Bounds:
         self.seen = len(resv)
 
     def later_start(self, start: float, end: float):
+        """Slurm's `later_start` for a window [start, end] (backfill.c, _attempt_backfill's walk
+        over its map of reservations, whose spans begin and end where reservations do): the
+        first reservation end after `start` at which a node held just before is held by none
+        just after, looked for up to the end of the first span that begins past `end` (Slurm
+        merges two equal neighbouring spans now and then, which can move that end: not
+        modelled); None: none."""
         if self.seen != len(self.resv):
             self._sync()
         bounds, frees = self.bounds, self.frees
@@ -675,7 +682,8 @@ class _Bounds:
         return None
 
     def _frees(self, b: float) -> bool:
-        """_frees(resv, b), from the reservations ending at b and the others read at C speed."""
+        """Whether a node held just before b, by a reservation ending at b, is held by none just
+        after (the others read at C speed)."""
         ending = self.ending.get(b)
         if not ending:
             return False
@@ -691,25 +699,6 @@ class _Bounds:
                                                                 map(operator.le, self.rs, itertools.repeat(end)))))
 
 
-def _frees(resv, b: float) -> bool:
-    """Whether a node held just before b, by a reservation ending at b, is held by none just after."""
-    ending = [held for _, re, held in resv if re == b]
-    if ending:
-        after = set().union(*(held for rs, re, held in resv if rs <= b < re))
-        return any(node not in after for held in ending for node in held)
-    return False
-
-
-def _later_start(resv, start: float, end: float):
-    """Slurm's `later_start` for a window [start, end] (backfill.c, _attempt_backfill's walk
-    over its map of reservations, whose spans begin and end where reservations do): the
-    first reservation end after `start` at which a node held just before is held by none
-    just after, looked for up to the end of the first span that begins past `end` (Slurm
-    merges two equal neighbouring spans now and then, which can move that end: not
-    modelled); None: none. (_Bounds gives it for several windows over the same reservations.)"""
-    return _Bounds(resv).later_start(start, end)
-
-
 def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: float, horizon: float,
                       strategy: str, sp, memo: dict | None = None):
     """(start, nodes) of a job's reservation as Slurm 22.05's backfill makes it
@@ -717,7 +706,7 @@ def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, n
     _will_run_test of src/plugins/select/cons_common/job_test.c); (inf, None) if none within
     `horizon`. From start_res = now: the nodes held by a reservation over [start_res,
     start_res + length] are left out; _will_run finds a start and nodes on the others, taken
-    as start_res if earlier; if that is past `later_start` (_later_start) the job is tested
+    as start_res if earlier; if that is past `later_start` (_Bounds.later_start) the job is tested
     again from there, and if its nodes meet a reservation over its own rounded window
     (_test_resv_overlap) again from its start. sp: SchedParams (bf_resolution). memo: _will_run's
     answers by (nodes left out, n, g), for as long as the running jobs and the free GPUs are
