@@ -403,17 +403,10 @@ class Staging:
             self.streams[dev] = tuple(torch.cuda.Stream(device=dev) for _ in range(3))
         return self.streams[dev]
 
-    def wait(self, dev, out=None):
-        """The step's stream waits for every streamed update and copy home; with `out` (an
-        event on the out stream), for the copies home enqueued before it only (the early state's,
-        after it, run on beside the next forward: transit_early.py)."""
+    def wait(self, dev):
+        """The step's stream waits for every streamed update and copy home."""
         import torch
 
         cur = torch.cuda.current_stream(dev)
-        s_in, s_upd, s_out = self.streams[dev]
-        cur.wait_stream(s_in)
-        cur.wait_stream(s_upd)
-        if out is None:
-            cur.wait_stream(s_out)
-        else:
-            cur.wait_event(out)
+        for s in self.streams.get(dev, ()):
+            cur.wait_stream(s)
