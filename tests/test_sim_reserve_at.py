@@ -206,7 +206,7 @@ def test_slurm_reservations_are_the_plain_rules(seed):
     """backfill.slurm_reservation (its memo shared through a pass, its kept bounds, its batches
     found by bisect) against tests/sim_plain.py's plain rule on random passes: each tested job
     in turn, its reservation added as the pass adds it, now and then a started whole-node job's
-    span (_bf_reserve_running). The same start and nodes every time."""
+    span (_bf_reserve_running) or one of no length. The same start and nodes every time."""
     import random
 
     from tests.sim_plain import slurm_reservation as plain
@@ -222,6 +222,10 @@ def test_slurm_reservations_are_the_plain_rules(seed):
             rs = sp.reservation(now)
             held = frozenset(rng.sample(range(cl.n_nodes), rng.randrange(2, min(5, cl.n_nodes + 1))))
             resv.append((rs, max(sp.reservation(now + rng.randrange(60, 3000)), rs + sp.bf_resolution), held))
+            continue
+        if rng.random() < 0.05 and not sp.bf_resolution:  # one of no length (a plan of 0 s): it holds no span
+            t = now + rng.randrange(0, 3000)
+            resv.append((t, t, frozenset(rng.sample(range(cl.n_nodes), 1))))
             continue
         n = rng.choice((1, 1, 2, 3, cl.nodes_per_rack, cl.nodes_per_rack + 1))
         n = min(n, cl.n_nodes)
