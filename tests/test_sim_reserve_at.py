@@ -239,3 +239,21 @@ def test_slurm_reservations_are_the_plain_rules(seed):
         if chosen is not None:
             rs = sp.reservation(s)
             resv.append((rs, max(sp.reservation(s + length), rs + sp.bf_resolution), frozenset(chosen)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_slide_joins_the_spans_of_each_window(seed):
+    """backfill._Slide, a retry's spans joined from the ones before (lo and hi only grow),
+    against every window's spans joined anew."""
+    import functools
+    import operator
+    import random
+
+    rng = random.Random(seed)
+    bounds = backfill._Bounds([])
+    bounds.span[:] = [rng.getrandbits(12) for _ in range(rng.randrange(0, 40))]
+    slide, lo, hi = backfill._Slide(bounds), 0, 0
+    for _ in range(30):
+        lo = min(lo + rng.choice((0, 0, 1, 2, 7)), len(bounds.span))
+        hi = min(max(hi + rng.choice((0, 1, 3, 9)), lo), len(bounds.span))
+        assert slide.joined(lo, hi) == functools.reduce(operator.or_, bounds.span[lo:hi], 0)

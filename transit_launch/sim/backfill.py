@@ -712,18 +712,6 @@ class _Bounds:
         """The nodes of spans lo..hi - 1."""
         return functools.reduce(operator.or_, itertools.islice(self.span, max(lo, 0), hi), 0)
 
-    def cover(self, start: float, end: float) -> int:
-        """The nodes (a mask) of the reservations over [start, end] (re > start and rs <= end):
-        those of the spans from the one holding `start` to the one holding `end`."""
-        if self.seen != len(self.resv):
-            self._sync()
-        bounds = self.bounds
-        mask = self._joined(bisect.bisect_right(bounds, start) - 1, bisect.bisect_right(bounds, end))
-        for rs, re, held in self.points:
-            if re > start and rs <= end:
-                mask |= held
-        return mask
-
     def overlaps(self, first: float, last: float, nodes) -> bool:
         """Whether a reservation over [first, last) (rs < last and re > first) holds one of `nodes`
         (_test_resv_overlap): those of the spans that meet it."""
@@ -736,22 +724,52 @@ class _Bounds:
                 mask |= held
         return bool(mask & _mask(nodes))
 
-    def later_start(self, start: float, end: float):
-        """Slurm's `later_start` for a window [start, end] (backfill.c, _attempt_backfill's walk
-        over its map of reservations, whose spans begin and end where reservations do): the
-        first reservation end after `start` at which a node held just before is held by none
-        just after, looked for up to the end of the first span that begins past `end` (Slurm
-        merges two equal neighbouring spans now and then, which can move that end: not
-        modelled); None: none. Read at C speed: a bound frees a node where its `ending` has
-        one its span has not."""
+    def window(self, start: float, end: float, slide: "_Slide") -> tuple[int, float | None]:
+        """For a window [start, end]: the nodes (a mask) of the reservations over it (re > start
+        and rs <= end), those of the spans from the one holding `start` to the one holding `end`
+        (joined by `slide`, one call's); and Slurm's `later_start` (backfill.c,
+        _attempt_backfill's walk over its map of reservations, whose spans begin and end where
+        reservations do): the first reservation end after `start` at which a node held just
+        before is held by none just after, looked for up to the end of the first span that
+        begins past `end` (Slurm merges two equal neighbouring spans now and then, which can
+        move that end: not modelled); None: none. A bound frees a node where its `ending`
+        has one its span has not, read at C speed."""
         if self.seen != len(self.resv):
             self._sync()
         bounds = self.bounds
         lo = bisect.bisect_right(bounds, start)
-        hi = max(bisect.bisect_right(bounds, end) + 2, lo)  # to the end of the first span that begins past `end`
+        past = bisect.bisect_right(bounds, end)
+        mask = slide.joined(max(lo - 1, 0), past)
+        for rs, re, held in self.points:
+            if re > start and rs <= end:
+                mask |= held
+        hi = max(past + 2, lo)  # to the end of the first span that begins past `end`
         frees = map(operator.and_, itertools.islice(self.ending, lo, hi),
                     map(operator.invert, itertools.islice(self.span, lo, hi)))
-        return next(itertools.compress(itertools.islice(bounds, lo, hi), frees), None)
+        return mask, next(itertools.compress(itertools.islice(bounds, lo, hi), frees), None)
+
+
+class _Slide:
+    """The nodes of a _Bounds' spans lo..hi - 1 joined, for windows whose lo and hi only grow
+    (one slurm_reservation call's, the map unchanged): a queue's two stacks, the spans from
+    `mid` on joined as they come in (`back`), those before it joined from each to `mid`
+    (`front`, made anew once lo reaches `mid`), so a retry costs the spans its window moved
+    over instead of all it holds."""
+
+    def __init__(self, bounds: _Bounds):
+        self.span = bounds.span
+        self.base = self.mid = self.hi = 0
+        self.front, self.back = [], 0
+
+    def joined(self, lo: int, hi: int) -> int:
+        span = self.span
+        if lo >= self.mid:  # the front is used up: made anew over lo..hi - 1
+            self.front = list(itertools.accumulate(reversed(span[lo:hi]), operator.or_))[::-1]
+            self.base, self.mid, self.hi, self.back = lo, hi, hi, 0
+        elif hi > self.hi:
+            self.back = functools.reduce(operator.or_, itertools.islice(span, self.hi, hi), self.back)
+            self.hi = hi
+        return (self.front[lo - self.base] if lo < self.mid else 0) | self.back
 
 
 def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: float, horizon: float,
@@ -761,7 +779,7 @@ def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, n
     _will_run_test of src/plugins/select/cons_common/job_test.c); (inf, None) if none within
     `horizon`. From start_res = now: the nodes held by a reservation over [start_res,
     start_res + length] are left out; _will_run finds a start and nodes on the others, taken
-    as start_res if earlier; if that is past `later_start` (_Bounds.later_start) the job is tested
+    as start_res if earlier; if that is past `later_start` (_Bounds.window) the job is tested
     again from there, and if its nodes meet a reservation over its own rounded window
     (_test_resv_overlap) again from its start. A retry whose nodes left out are those of the
     one before has its answer. sp: SchedParams (bf_resolution). memo: _will_run's answers
@@ -774,10 +792,10 @@ def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, n
         if memo is not None:
             memo["bounds"] = bounds
     was = None  # the nodes left out at the retry before
+    slide = _Slide(bounds)
     while start_res <= horizon:
         end = start_res + length
-        cover = bounds.cover(start_res, end)
-        later = bounds.later_start(start_res, end)
+        cover, later = bounds.window(start_res, end, slide)
         if cover != was:
             was = cover
             if memo is None:
@@ -865,9 +883,10 @@ def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes,
               horizon: float, sp, strategy: str, planned, alloc, kept: tuple, limit: int, memo: dict) -> tuple:
     """The pending jobs' reservations, in order, added to `resv` (those that find none left
     out) and their jobs to `resv_jobs`; returns _tests' (starts, by_start, room) for the
-    reservations then: `kept` when none was added, else made anew (room off none of them:
-    `limit`). memo: slurm_reservation's, kept by the pass until a job starts."""
-    added = False
+    reservations then: `kept` when none was added, else its lists with the new ones in
+    (_by_start) and room anew (off none of them: `limit`). memo: slurm_reservation's, kept by
+    the pass until a job starts."""
+    added, first = False, len(resv)
     slurm = sp.bf_reserve_at == "slurm"
     for p in pending:
         if slurm:  # none kept across passes: its batches change with any running job's end
@@ -883,8 +902,21 @@ def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes,
             added = True
     if not added:
         return kept
-    by_start = sorted((rs, k) for k, (rs, re, _) in enumerate(resv) if re > now)
-    return [rs for rs, _ in by_start], [k for _, k in by_start], {0: ((), limit)}
+    starts, by_start, _ = kept
+    _by_start(starts, by_start, resv, first, now)
+    return starts, by_start, {0: ((), limit)}
+
+
+def _by_start(starts: list, by_start: list, resv: list, first: int, now: float) -> None:
+    """resv[first:] into _tests' reservations by start (`starts`, and their indices
+    `by_start`), those not over by now, in place: in sorted((start, index)) order, as a new
+    one's index is the largest, it goes after those that start with it."""
+    for k in range(first, len(resv)):
+        rs, re, _ = resv[k]
+        if re > now:
+            i = bisect.bisect_right(starts, rs)
+            starts.insert(i, rs)
+            by_start.insert(i, k)
 
 
 def _unmoved(cl, ends, n: int, now: float, s: float) -> bool:
@@ -1026,8 +1058,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                         resv.append((rs, max(sp.reservation(now + length), rs + sp.bf_resolution),
                                      frozenset(map(_NODE, alloc[j]))))
                         running += 1
-                        by_start = sorted((rs, k) for k, (rs, re, _) in enumerate(resv) if re > now)
-                        starts, by_start = [rs for rs, _ in by_start], [k for _, k in by_start]
+                        _by_start(starts, by_start, resv, len(resv) - 1, now)
                     if cl.free_gpus == 0:
                         return
                     bounds.clear()
