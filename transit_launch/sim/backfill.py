@@ -44,6 +44,7 @@ _NODE = operator.itemgetter(0)  # an allocation's (node, GPUs) -> node
 _ONE = (1).__eq__
 _consume = collections.deque(maxlen=0).extend  # runs an iterator out at C speed (a loop of calls)
 _NODE_OF_END = operator.itemgetter(1)  # Ends' (time, node) -> node
+_GPUS = operator.itemgetter(1)  # an allocation's (node, GPUs) -> GPUs
 
 
 class Ends:
@@ -561,12 +562,20 @@ def _reach(cl, planned, alloc, target: int):
     `target` free GPUs once the first pos[m] are given back (not before; pos ascending), and
     by[node] that number. A node
     outside _will_run's cover has every job on it given back (none is passed over), so these
-    are what it reaches there too, whatever the cover."""
-    free = cl.free
+    are what it reaches there too, whatever the cover. A job of whole nodes (every GPU of
+    each, so none free and no other job there) makes each reach any target: taken in a block."""
+    free, gpn = cl.free, cl.gpn
     extra, pos, nodes, by = {}, [], [], {}
     get = extra.get
     for i, (_, k) in enumerate(planned, 1):
-        for node, v in alloc[k]:
+        a = alloc[k]
+        if len(a) > 1 and all(map(gpn.__eq__, map(_GPUS, a))):
+            whole = list(map(_NODE, a))
+            nodes.extend(whole)
+            pos.extend(itertools.repeat(i, len(whole)))
+            by.update(zip(whole, itertools.repeat(i)))
+            continue
+        for node, v in a:
             x = get(node, 0)
             extra[node] = x + v
             if free[node] + x < target <= free[node] + x + v:
