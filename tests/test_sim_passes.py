@@ -17,6 +17,8 @@ from transit_launch.sim.limits import SchedParams
 from transit_launch.sim.scheduler import Scenario, simulate
 from transit_launch.sim.waiting import Waiting
 
+from tests import sim_plain
+
 
 def recount(cl: Cluster) -> dict:
     """What every count of the cluster should be, from its free GPUs alone."""
@@ -128,7 +130,8 @@ def plain_pass(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, 
     within bf_window on the nodes the earlier ones leave it (backfill.reservation, which walks
     every running job), rounded down to bf_resolution and held a resolution at least. Under
     bf_reserve_at slurm a whole-node job it starts is held in the map too, over its window
-    rounded (Slurm's _bf_reserve_running), and counts against no bf_reserve."""
+    rounded (Slurm's _bf_reserve_running), and counts against no bf_reserve; its reservations
+    are tests/sim_plain.py's."""
     resv, started = [], []
     cap, running = sp.bf_reserve or math.inf, 0
     for j in list(queue)[:sp.bf_max_job_test]:
@@ -149,8 +152,8 @@ def plain_pass(cl, queue, now, nodes, gpus, plan, planned, alloc, sp, strategy, 
                 running += 1
         elif len(resv) - running < cap:
             if sp.bf_reserve_at == "slurm":
-                s, chosen = backfill.slurm_reservation(cl, planned, alloc, resv, nodes[j], gpus[j], length, now,
-                                                       now + sp.bf_window, strategy, sp)
+                s, chosen = sim_plain.slurm_reservation(cl, planned, alloc, resv, nodes[j], gpus[j], length, now,
+                                                        now + sp.bf_window, strategy, sp)
             else:
                 s, chosen = backfill.reservation(cl, planned, alloc, resv, nodes[j], gpus[j], length, now,
                                                  now + sp.bf_window, strategy)
@@ -196,7 +199,8 @@ def test_slurms_reservations_start_what_a_plain_pass_starts(seed, monkeypatch):
     """The same with reservations placed as Slurm's (--bf-reserve-at slurm), where the pass
     works a pending reservation out before the next job starts and keeps none across passes
     (the batches of ends move with every running job): plain_pass at each job's turn, with
-    backfill.slurm_reservation, starts the same jobs at the same times on the same racks."""
+    Slurm's rule written plainly (tests/sim_plain.py: no memo, no kept bounds, the running jobs
+    given back one at a time), starts the same jobs at the same times on the same racks."""
     t, sc = random_replay(seed)
     sc = dataclasses.replace(sc, sched=dataclasses.replace(sc.sched, bf_reserve_at="slurm"))
     fast = simulate(t, sc)

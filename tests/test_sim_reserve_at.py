@@ -181,3 +181,79 @@ def test_scheduler_slurm_is_slurms_three_choices(capsys):
     assert cli.main(["simulate", "--synthetic", "200", "--racks", "4", "--scheduler", "slurm",
                      "--node-failures", "0.5"]) != 0
     assert "--node-failures replays place them as pack" in capsys.readouterr().err
+
+
+def random_pass_state(rng):
+    """A random cluster with running jobs (one-node jobs sharing nodes, multi-node jobs on whole
+    nodes) and their planned ends [(end, job)] sorted, at a pass at `now`."""
+    gpn, npr = rng.choice((4, 8)), rng.choice((1, 2, 4, 8))
+    cl = Cluster(rng.randrange(1, 7), npr * gpn, gpn)
+    now = rng.choice((1000.0, 1020.0, 1037.5))
+    planned, alloc = [], []
+    for _ in range(rng.randrange(0, 6 * cl.n_nodes)):
+        n = rng.choice((1, 1, 1, 2, 3, npr + 1))
+        placed = cl.place(n, rng.randrange(1, gpn + 1) if n == 1 else n * gpn, rng.choice(("pack", "spread", "tree")))
+        if placed is None:
+            continue
+        end = now + rng.choice((rng.randrange(1, 400) * 10, rng.randrange(1, 4000) + 0.5, 30 * rng.randrange(1, 200)))
+        planned.append((end, len(alloc)))
+        alloc.append(placed[0])
+    return cl, sorted(planned), alloc, now
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_slurm_reservations_are_the_plain_rules(seed):
+    """backfill.slurm_reservation (its memo shared through a pass, its kept bounds, its batches
+    found by bisect) against tests/sim_plain.py's plain rule on random passes: each tested job
+    in turn, its reservation added as the pass adds it, now and then a started whole-node job's
+    span (_bf_reserve_running) or one of no length. The same start and nodes every time."""
+    import random
+
+    from tests.sim_plain import slurm_reservation as plain
+
+    rng = random.Random(seed)
+    cl, planned, alloc, now = random_pass_state(rng)
+    sp = SchedParams(bf_resolution=rng.choice((0, 60)), bf_reserve=0, bf_reserve_at="slurm")
+    strategy = rng.choice(("tree", "tree", "pack", "spread"))
+    horizon = now + rng.choice((3600.0, 86400.0))
+    resv, memo = [], {}
+    for _ in range(rng.randrange(5, 40)):
+        if rng.random() < 0.15 and alloc:  # a whole-node job the pass started: its nodes to its end
+            rs = sp.reservation(now)
+            held = frozenset(rng.sample(range(cl.n_nodes), rng.randrange(2, min(5, cl.n_nodes + 1))))
+            resv.append((rs, max(sp.reservation(now + rng.randrange(60, 3000)), rs + sp.bf_resolution), held))
+            continue
+        if rng.random() < 0.05 and not sp.bf_resolution:  # one of no length (a plan of 0 s): it holds no span
+            t = now + rng.randrange(0, 3000)
+            resv.append((t, t, frozenset(rng.sample(range(cl.n_nodes), 1))))
+            continue
+        n = rng.choice((1, 1, 2, 3, cl.nodes_per_rack, cl.nodes_per_rack + 1))
+        n = min(n, cl.n_nodes)
+        g = rng.randrange(1, cl.gpn + 1) if n == 1 else n * cl.gpn
+        length = float(rng.choice((60, 300, 1800, 7200, rng.randrange(60, 20000))))
+        want = plain(cl, planned, alloc, resv, n, g, length, now, horizon, strategy, sp)
+        assert backfill.slurm_reservation(cl, planned, alloc, resv, n, g, length, now, horizon, strategy, sp) == want
+        assert backfill.slurm_reservation(cl, planned, alloc, resv, n, g, length, now, horizon, strategy, sp,
+                                          memo) == want
+        s, chosen = want
+        if chosen is not None:
+            rs = sp.reservation(s)
+            resv.append((rs, max(sp.reservation(s + length), rs + sp.bf_resolution), frozenset(chosen)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_slide_joins_the_spans_of_each_window(seed):
+    """backfill._Slide, a retry's spans joined from the ones before (lo and hi only grow),
+    against every window's spans joined anew."""
+    import functools
+    import operator
+    import random
+
+    rng = random.Random(seed)
+    bounds = backfill._Bounds([])
+    bounds.span[:] = [rng.getrandbits(12) for _ in range(rng.randrange(0, 40))]
+    slide, lo, hi = backfill._Slide(bounds), 0, 0
+    for _ in range(30):
+        lo = min(lo + rng.choice((0, 0, 1, 2, 7)), len(bounds.span))
+        hi = min(max(hi + rng.choice((0, 1, 3, 9)), lo), len(bounds.span))
+        assert slide.joined(lo, hi) == functools.reduce(operator.or_, bounds.span[lo:hi], 0)

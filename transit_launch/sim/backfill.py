@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import itertools
 import math
 import operator
@@ -43,6 +44,7 @@ _NODE = operator.itemgetter(0)  # an allocation's (node, GPUs) -> node
 _ONE = (1).__eq__
 _consume = collections.deque(maxlen=0).extend  # runs an iterator out at C speed (a loop of calls)
 _NODE_OF_END = operator.itemgetter(1)  # Ends' (time, node) -> node
+_GPUS = operator.itemgetter(1)  # an allocation's (node, GPUs) -> GPUs
 
 
 class Ends:
@@ -399,38 +401,30 @@ def reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: fl
 SLURM_TIME_WINDOW = 30
 
 
-def _will_run(cl, planned, alloc, cover, n: int, g: int, now: float, strategy: str):
-    """(start, nodes) as Slurm 22.05's _will_run_test finds them (_will_run_from)."""
-    last, chosen = _will_run_from(cl, planned, alloc, cover, n, g, strategy)
-    return (max(last, now), chosen) if chosen is not None else (math.inf, None)
-
-
-def _will_run_from(cl, planned, alloc, cover, n: int, g: int, strategy: str, memo: dict | None = None):
-    """(start, nodes) as Slurm 22.05's _will_run_test (src/plugins/select/cons_common/job_test.c)
-    finds them for a job on the nodes `cover` (a set, or a dict of nodes) leaves it: now on
+def _will_run_from(cl, planned, alloc, cover: int, n: int, g: int, strategy: str, memo: dict | None = None):
+    """A job's start and nodes (a _Run) as Slurm 22.05's _will_run_test
+    (src/plugins/select/cons_common/job_test.c) finds them on the nodes `cover` (a _mask) leaves it: now on
     the GPUs free now; else the running jobs with a node outside `cover` are given back in
     batches of planned ends (the first batch up to the first such end rounded up to a
     multiple of SLURM_TIME_WINDOW, plus the window; each later one up to that time plus the
     window doubled, and doubled again until the next job's end is inside), the job tested
     after each batch, and the start is the batch's last end, on the nodes chosen then
-    (_choose). (inf, None): no batch lets it fit. As there, the window's edge is checked only
+    (_choose); none if no batch lets it fit. As there, the window's edge is checked only
     on the job right after one given back, so a job after one passed over (all its nodes in
     `cover`) goes into the batch whatever its end.
 
-    _choose's answer is kept up to date as the batches are given back (_Batches) instead of
-    worked out anew after each: the same nodes, chosen only after a batch that let a node
-    outside `cover` reach what the job needs (before one, it fits nowhere, as it did not now).
+    Under tree or for several nodes the job fits after a batch iff the batch gives back the
+    job at which the last node it lacks outside `cover` reaches what it needs (_Reached): that
+    job is found first (its planned end a bound under the start), and the batches are walked
+    to the one that holds it (_batch_end) and the nodes chosen there only when asked (_Run).
 
-    Returned as (the batch's last end, nodes), -inf for now, as no time but the start's
-    floor depends on now: an answer holds while the running jobs and free GPUs do. memo:
-    where _reach's lists are kept for as long (None: worked out for this call)."""
-    if not isinstance(cover, (set, frozenset)):
-        cover = set(cover)
+    The start is the batch's last end, -inf for now, as no time but the start's floor depends
+    on now: an answer holds while the running jobs and free GPUs do. memo: where _reach's
+    lists are kept for as long (None: worked out for this call)."""
     if n == 1 and strategy != "tree":
+        cover = _nodes(cover, cl.n_nodes)
         chosen = _choose(cl, {}, cover, n, g, strategy)
-        if chosen is not None:
-            return -math.inf, chosen
-        return _walk(cl, planned, alloc, cover, n, g, strategy)
+        return _Run.known(*((-math.inf, chosen) if chosen is not None else _walk(cl, planned, alloc, cover, n, g, strategy)))
     plan = memo.get("plan") if memo is not None else None
     if plan is None:
         plan = _Plan(planned, alloc)
@@ -440,60 +434,84 @@ def _will_run_from(cl, planned, alloc, cover, n: int, g: int, strategy: str, mem
     reach = plan.reach.get(target)
     if reach is None:
         reach = plan.reach[target] = _reach(cl, planned, alloc, target)
-    state = _Batches(cl, cover, n, g, strategy, reach)
-    chosen = state.choose()  # _choose on the GPUs free now
-    if chosen is not None:
-        return -math.inf, chosen
-    ends, sets, count = plan.ends, plan.nodes, len(planned)
-    given = cover.issuperset  # (negated) whether a job has a node outside cover: given back, else passed over
+    state = _Reached(cl, _bytes(cover, cl.n_nodes), n, g, strategy, reach)
+    if state.lacking <= 0:  # it fits on the GPUs free now
+        return _Run(-math.inf, state, plan, cover, 0)
+    given = state.given_back_with(state.lacking)
+    return _Run.known(math.inf, None) if given is None else _Run(plan.ends[given - 1], state, plan, cover, given)
 
-    def first_given(x):
-        while x < count and given(sets[x]):
-            x += 1
-        return x
 
-    # The batches found from the sorted ends (`ends`) with a bisect, not job by job: a batch
-    # ends at the first job given back whose next job ends past end_time + window, i.e. at
-    # the first given back at or after bisect_right(ends, end_time + window) - 1; the jobs
-    # before it are given back or passed over as they come (the nodes they make reach the
-    # job's need are read off _reach's lists, those in cover left out)
+class _Run:
+    """_will_run_from's answer, worked out as far as it is asked: `bound`, a time the start is
+    not before (None: the job fits after no batch); start(), the batch's last end (-inf: now);
+    nodes(), those chosen then. slurm_reservation retries from `later_start` on the bound alone
+    where it is past that, as most of its retries do, so the batches and the nodes of such an
+    answer are never worked out."""
+
+    __slots__ = ("bound", "_start", "_nodes", "_state", "_plan", "_cover", "_given")
+
+    def __init__(self, bound: float, state, plan, cover: int, given: int):
+        self.bound, self._state, self._plan, self._cover, self._given = bound, state, plan, cover, given
+        self._start = self._nodes = None
+        if not given:  # it fits now
+            self._start = bound
+
+    @classmethod
+    def known(cls, start: float, nodes):
+        """An answer worked out already ((inf, None): none)."""
+        run = cls(None if nodes is None else start, None, None, 0, 0)
+        run._nodes = nodes
+        return run
+
+    def start(self) -> float:
+        if self._start is None:
+            last, self._given = _batch_end(self._plan, self._cover, self._given)  # then the jobs gone over
+            self._start = self._plan.ends[last]
+        return self._start
+
+    def nodes(self) -> list:
+        if self._nodes is None:
+            self.start()
+            self._nodes = self._state.choose(self._given)
+        return self._nodes
+
+
+def _batch_end(plan, cover: int, need: int) -> tuple[int, int]:
+    """The batch (_will_run_from's) that gives back the first `need` running jobs, in planned
+    order, that is, the job need - 1 (one with a node outside `cover`): (its last job given
+    back, the jobs the batches have gone over by then). Found from the sorted ends with a
+    bisect, not job by job: a batch ends at the first job given back whose next job ends past
+    end_time + window, i.e. at the first given back at or after bisect_right(ends, end_time +
+    window) - 1. The last batch runs to the end of the list."""
+    ends, masks, count = plan.ends, plan.masks, len(plan.ends)
+    outside = (~cover).__and__  # a job's nodes outside cover: none, passed over, else given back
+
+    def first_given(x):  # the first job from x on that is given back (count: none)
+        return next(itertools.compress(itertools.count(x), map(outside, itertools.islice(masks, x, None))), count)
+
     f = first_given(0)
-    if f >= count:
-        return math.inf, None
     window = SLURM_TIME_WINDOW
     end_time = ends[f] + (window - ends[f] % window)  # aligned to the window from the first end, once
     i = f
-    while i < count:
+    while True:
         x = max(i, bisect.bisect_right(ends, end_time + window) - 1)
         j = first_given(x)
-        if j >= count:  # no job given back from x on: the batch runs to the end, its last given back before x
+        if j >= count:  # none given back from x on: the batch runs to the end, its last given back before x
             j = x - 1
-            while j >= i and given(sets[j]):
+            while not outside(masks[j]):
                 j -= 1
-            if j < i:
-                break
-            state.reach_to(count)
-            if state.changed:
-                chosen = state.choose()
-                if chosen is not None:
-                    return ends[j], chosen
-            break
-        state.reach_to(j + 1)
+            return j, count
+        if j + 1 >= need:
+            return j, j + 1
         i = j + 1
         window *= 2
-        if i < count:
-            while ends[i] > end_time + window:
-                window *= 2
-        if state.changed:
-            chosen = state.choose()
-            if chosen is not None:
-                return ends[j], chosen
-    return math.inf, None
+        while ends[i] > end_time + window:
+            window *= 2
 
 
 def _walk(cl, planned, alloc, cover, n: int, g: int, strategy: str):
     """_will_run_from job by job, with the GPUs given back kept for _choose (one node, pack or spread)."""
-    state = _Batches(cl, cover, n, g, strategy)
+    state = _Given(cl, cover, g)
     give = state.give
     window, end_time = SLURM_TIME_WINDOW, None
     i, count = 0, len(planned)
@@ -521,7 +539,8 @@ def _walk(cl, planned, alloc, cover, n: int, g: int, strategy: str):
         while nxt is not None and nxt > end_time + window:
             window *= 2
         if state.changed:
-            chosen = state.choose()
+            state.changed = False
+            chosen = _choose(cl, state.extra, cover, n, g, strategy)
             if chosen is not None:
                 return last, chosen
     return math.inf, None
@@ -529,12 +548,12 @@ def _walk(cl, planned, alloc, cover, n: int, g: int, strategy: str):
 
 class _Plan:
     """The running jobs as _will_run_from reads them: their planned ends in order, each one's
-    nodes (a frozenset), and _reach's lists by the GPUs reached; kept in a memo while the
+    nodes (a _mask), and _reach's lists by the GPUs reached; kept in a memo while the
     running jobs are the same."""
 
     def __init__(self, planned, alloc):
         self.ends = [e for e, _ in planned]
-        self.nodes = [frozenset(map(_NODE, alloc[k])) for _, k in planned]
+        self.masks = [_mask(map(_NODE, alloc[k])) for _, k in planned]
         self.reach = {}
 
 
@@ -543,12 +562,20 @@ def _reach(cl, planned, alloc, target: int):
     `target` free GPUs once the first pos[m] are given back (not before; pos ascending), and
     by[node] that number. A node
     outside _will_run's cover has every job on it given back (none is passed over), so these
-    are what it reaches there too, whatever the cover."""
-    free = cl.free
+    are what it reaches there too, whatever the cover. A job of whole nodes (every GPU of
+    each, so none free and no other job there) makes each reach any target: taken in a block."""
+    free, gpn = cl.free, cl.gpn
     extra, pos, nodes, by = {}, [], [], {}
     get = extra.get
     for i, (_, k) in enumerate(planned, 1):
-        for node, v in alloc[k]:
+        a = alloc[k]
+        if len(a) > 1 and all(map(gpn.__eq__, map(_GPUS, a))):
+            whole = list(map(_NODE, a))
+            nodes.extend(whole)
+            pos.extend(itertools.repeat(i, len(whole)))
+            by.update(zip(whole, itertools.repeat(i)))
+            continue
+        for node, v in a:
             x = get(node, 0)
             extra[node] = x + v
             if free[node] + x < target <= free[node] + x + v:
@@ -558,51 +585,17 @@ def _reach(cl, planned, alloc, target: int):
     return pos, nodes, by
 
 
-class _Batches:
-    """_choose(cl, extra, cover, n, g, strategy) kept as _will_run gives the running jobs back:
-    for n > 1 the whole nodes each rack has then (as _choose counts them), for one node under
-    tree the nodes of each rack with g GPUs then, both from _reach's lists (`reach`); for one
-    node else the GPUs given back (`extra`), for _choose; `changed`: a node outside `cover`
-    reached what the job needs since the last choose() (else _choose's answer is still None)."""
+class _Given:
+    """The GPUs _walk has given back (`extra`, for _choose); `changed`: a node outside `cover`
+    reached the job's g GPUs since it was last cleared (else _choose's answer is still None)."""
 
-    def __init__(self, cl, cover, n: int, g: int, strategy: str, reach=None):
-        self.cl, self.cover, self.n, self.g, self.strategy = cl, cover, n, g, strategy
-        self.extra, self.changed, self.reach, self.given, self.seen = {}, False, reach, 0, 0
-        npr, gpn, free = cl.nodes_per_rack, cl.gpn, cl.free
-        if n > 1:
-            self.gone = cover.intersection(cl.bucket[gpn])
-            count = list(map(len, cl.rack_whole))
-            for node in self.gone:
-                count[node // npr] -= 1
-            self.count, self.total, self.added = count, sum(count), {}
-        elif strategy == "tree":
-            fit = cl.fitting(g)
-            for node in cover:
-                if free[node] >= g:
-                    fit[node // npr] -= 1
-            self.fit = fit
-
-    def reach_to(self, i: int) -> None:
-        """The first i running jobs (in planned order) given back, those with a node outside
-        cover at least (the others only hold nodes in it)."""
-        cl, cover, (pos, nodes, _) = self.cl, self.cover, self.reach
-        npr = cl.nodes_per_rack
-        hi = bisect.bisect_right(pos, i)
-        for node in nodes[self.seen:hi]:
-            if node not in cover:
-                r = node // npr
-                if self.n > 1:
-                    self.count[r] += 1
-                    self.total += 1
-                    self.added.setdefault(r, []).append(node)
-                else:
-                    self.fit[r] += 1
-                self.changed = True
-        self.given, self.seen = i, hi
+    def __init__(self, cl, cover, g: int):
+        self.free, self.cover, self.g = cl.free, cover, g
+        self.extra, self.changed = {}, False
 
     def give(self, allocation) -> None:
-        """A running job given back (one node, pack or spread): its GPUs in `extra`."""
-        extra, free, g, cover = self.extra, self.cl.free, self.g, self.cover
+        """A running job given back: its GPUs in `extra`."""
+        extra, free, g, cover = self.extra, self.free, self.g, self.cover
         get = extra.get
         for node, v in allocation:
             x = get(node, 0)
@@ -610,93 +603,182 @@ class _Batches:
             if free[node] + x < g <= free[node] + x + v and node not in cover:
                 self.changed = True
 
-    def choose(self):
-        self.changed = False
-        cl, cover, n = self.cl, self.cover, self.n
+
+class _Reached:
+    """_choose(cl, extra, cover, n, g, strategy) for n > 1, or one node under tree, once the
+    first jobs in planned order are given back, from _reach's lists (`reach`): the nodes outside
+    `cover` that are whole (n > 1) or have g GPUs (tree) now, counted by rack, and how many
+    more the job lacks (`lacking`; none: it fits now). The job fits once the nodes outside
+    `cover` that reach its need make up what it lacks: the nodes a job adds are all outside
+    `cover` or all in it, as a node outside it has every job on it given back. cover: _bytes,
+    read at C speed (`held`: 1 for a node in it)."""
+
+    def __init__(self, cl, cover: bytes, n: int, g: int, strategy: str, reach):
+        self.cl, self.n, self.g, self.strategy, self.reach = cl, n, g, strategy, reach
+        self.held = held = cover.__getitem__
+        npr, gpn, bucket = cl.nodes_per_rack, cl.gpn, cl.bucket
         if n > 1:
-            if self.total < n:
-                return None
-            out, gone, added = [], self.gone, self.added
-            for r in racks_for(self.count, n, self.strategy):
-                nodes = sorted(list(cl.rack_whole[r] - gone if gone else cl.rack_whole[r]) + added.get(r, []))
-                out.extend(nodes[:n - len(out)])
+            self.gone = set(itertools.compress(bucket[gpn], map(held, bucket[gpn])))  # whole now, but left out
+            count = list(map(len, cl.rack_whole))
+            for node in self.gone:
+                count[node // npr] -= 1
+            self.count, self.lacking = count, n - (cl.whole - len(self.gone))
+        else:
+            fit = cl.fitting(g)
+            for v in range(g, gpn + 1):
+                for node in itertools.compress(bucket[v], map(held, bucket[v])):
+                    fit[node // npr] -= 1
+            self.count, self.lacking = fit, 0 if any(fit) else 1
+
+    def given_back_with(self, k: int):
+        """The running jobs (a count, in planned order) given back when the k-th node outside
+        `cover` reaches the job's need; None: never."""
+        pos, nodes, _ = self.reach
+        m = next(itertools.islice(itertools.compress(itertools.count(), map(operator.not_, map(self.held, nodes))),
+                                  k - 1, None), None)
+        return None if m is None else pos[m]
+
+    def choose(self, given: int) -> list:
+        """_choose's nodes once the first `given` running jobs are given back (the job fits then)."""
+        cl, held, n, npr = self.cl, self.held, self.n, self.cl.nodes_per_rack
+        pos, nodes, by = self.reach
+        added = sorted(itertools.filterfalse(held, itertools.islice(nodes, bisect.bisect_right(pos, given))))
+        count = self.count[:]
+        for r, k in collections.Counter(map(npr.__rfloordiv__, added)).items():  # node // npr
+            count[r] += k
+        if n > 1:
+            out, gone = [], self.gone
+            for r in racks_for(count, n, self.strategy):
+                mine = added[bisect.bisect_left(added, r * npr):bisect.bisect_left(added, (r + 1) * npr)]
+                nodes_r = sorted(list(cl.rack_whole[r] - gone if gone else cl.rack_whole[r]) + mine)
+                out.extend(nodes_r[:n - len(out)])
             return out
-        if self.strategy != "tree":
-            return _choose(cl, self.extra, cover, n, self.g, self.strategy)
-        fit, g, free, npr = self.fit, self.g, cl.free, cl.nodes_per_rack
-        c = min(filter(None, fit), default=None)
-        if c is None:
-            return None
-        lo = fit.index(c) * npr
-        by, given, inf = self.reach[2], self.given, math.inf
-        return [next(k for k in range(lo, lo + npr) if (free[k] >= g or by.get(k, inf) <= given) and k not in cover)]
+        g, free, inf = self.g, cl.free, math.inf
+        lo = count.index(min(filter(None, count))) * npr
+        return [next(k for k in range(lo, lo + npr) if (free[k] >= g or by.get(k, inf) <= given) and not held(k))]
+
+
+_BIT = bytes.maketrans(b"01", b"\x00\x01")  # a mask's binary digits as bytes that compress() reads
+
+
+_BITS = [1 << k for k in range(4096)]  # node k's bit in a _mask (more nodes: made as asked)
+
+
+def _mask(nodes) -> int:
+    """A set of nodes as an int: bit k for node k (as Slurm's node bitmaps)."""
+    try:
+        return sum(map(_BITS.__getitem__, nodes))
+    except IndexError:
+        return sum(map((1).__lshift__, nodes))
+
+
+def _bytes(mask: int, n_nodes: int) -> bytes:
+    """A _mask as one byte a node (1: in it), made at C speed from its binary digits."""
+    return format(mask, f"0{n_nodes}b").encode()[::-1].translate(_BIT)
+
+
+def _nodes(mask: int, n_nodes: int) -> set:
+    """The nodes of a _mask."""
+    return set(itertools.compress(itertools.count(), _bytes(mask, n_nodes)))
 
 
 class _Bounds:
-    """Slurm's `later_start` (later_start) and the nodes reserved over a window (cover) for a
-    pass's list of reservations (which only grows), for many windows: the times reservations
-    begin and end, sorted, kept as reservations are added, and whether a node is freed at a
-    reservation's end (_frees) kept once asked until a reservation added over that time
-    changes it."""
+    """Slurm's map of a pass's reservations (which only grow) as it reads it for many windows:
+    the times reservations begin and end, sorted (`bounds`), and for each the nodes (masks,
+    _mask) of the reservations over the span from it to the next (`span`) and of those ending
+    then (`ending`), kept as reservations are added. A window's nodes are its spans' joined
+    (cover), `later_start` the first bound where an ending one frees a node no span holds on,
+    the overlap test the spans' over a reservation's own window. A reservation of no length
+    (start = end) holds no span; it is kept aside (`points`) with the rules' plain tests."""
 
     def __init__(self, resv):
         self.resv, self.seen = resv, 0
-        self.bounds, self.frees = [], {}
-        self.rs, self.re, self.held = [], [], []  # the reservations' starts, ends and nodes
-        self.ending = {}  # end -> the nodes of the reservations ending then
+        self.bounds, self.span, self.ending, self.points = [], [], [], []
 
     def _sync(self) -> None:
-        resv, bounds, frees = self.resv, self.bounds, self.frees
-        for rs, re, held in resv[self.seen:]:
-            self.rs.append(rs)
-            self.re.append(re)
-            self.held.append(held)
-            self.ending.setdefault(re, []).append(held)
-            for t in (rs, re):
-                i = bisect.bisect_left(bounds, t)
-                if i == len(bounds) or bounds[i] != t:
-                    bounds.insert(i, t)
-            # a reservation over [rs, re) holds nodes after each time there; one ending at re frees some
-            for t in bounds[bisect.bisect_left(bounds, rs):bisect.bisect_right(bounds, re)]:
-                frees.pop(t, None)
-        self.seen = len(resv)
+        span = self.span
+        for rs, re, held in self.resv[self.seen:]:
+            mask = _mask(held)
+            if re <= rs:
+                self.points.append((rs, re, mask))
+            i = self._bound(rs)
+            j = self._bound(re)
+            span[i:j] = [m | mask for m in span[i:j]]
+            self.ending[j] |= mask
+        self.seen = len(self.resv)
 
-    def later_start(self, start: float, end: float):
-        """Slurm's `later_start` for a window [start, end] (backfill.c, _attempt_backfill's walk
-        over its map of reservations, whose spans begin and end where reservations do): the
-        first reservation end after `start` at which a node held just before is held by none
-        just after, looked for up to the end of the first span that begins past `end` (Slurm
-        merges two equal neighbouring spans now and then, which can move that end: not
-        modelled); None: none."""
+    def _bound(self, t: float) -> int:
+        """The index of bound t, added where new: its span holds what the one it splits held."""
+        bounds = self.bounds
+        i = bisect.bisect_left(bounds, t)
+        if i == len(bounds) or bounds[i] != t:
+            bounds.insert(i, t)
+            self.span.insert(i, self.span[i - 1] if i else 0)
+            self.ending.insert(i, 0)
+        return i
+
+    def _joined(self, lo: int, hi: int) -> int:
+        """The nodes of spans lo..hi - 1."""
+        return functools.reduce(operator.or_, itertools.islice(self.span, max(lo, 0), hi), 0)
+
+    def overlaps(self, first: float, last: float, nodes) -> bool:
+        """Whether a reservation over [first, last) (rs < last and re > first) holds one of `nodes`
+        (_test_resv_overlap): those of the spans that meet it."""
         if self.seen != len(self.resv):
             self._sync()
-        bounds, frees = self.bounds, self.frees
+        bounds = self.bounds
+        mask = self._joined(bisect.bisect_right(bounds, first) - 1, bisect.bisect_left(bounds, last))
+        for rs, re, held in self.points:
+            if rs < last and re > first:
+                mask |= held
+        return bool(mask & _mask(nodes))
+
+    def window(self, start: float, end: float, slide: "_Slide") -> tuple[int, float | None]:
+        """For a window [start, end]: the nodes (a mask) of the reservations over it (re > start
+        and rs <= end), those of the spans from the one holding `start` to the one holding `end`
+        (joined by `slide`, one call's); and Slurm's `later_start` (backfill.c,
+        _attempt_backfill's walk over its map of reservations, whose spans begin and end where
+        reservations do): the first reservation end after `start` at which a node held just
+        before is held by none just after, looked for up to the end of the first span that
+        begins past `end` (Slurm merges two equal neighbouring spans now and then, which can
+        move that end: not modelled); None: none. A bound frees a node where its `ending`
+        has one its span has not, read at C speed."""
+        if self.seen != len(self.resv):
+            self._sync()
+        bounds = self.bounds
         lo = bisect.bisect_right(bounds, start)
-        past = bisect.bisect_right(bounds, end)  # the first span beyond the window begins at bounds[past]
-        for b in bounds[lo:max(past + 2, lo)]:
-            f = frees.get(b)
-            if f is None:
-                f = frees[b] = self._frees(b)
-            if f:
-                return b
-        return None
+        past = bisect.bisect_right(bounds, end)
+        mask = slide.joined(max(lo - 1, 0), past)
+        for rs, re, held in self.points:
+            if re > start and rs <= end:
+                mask |= held
+        hi = max(past + 2, lo)  # to the end of the first span that begins past `end`
+        frees = map(operator.and_, itertools.islice(self.ending, lo, hi),
+                    map(operator.invert, itertools.islice(self.span, lo, hi)))
+        return mask, next(itertools.compress(itertools.islice(bounds, lo, hi), frees), None)
 
-    def _frees(self, b: float) -> bool:
-        """Whether a node held just before b, by a reservation ending at b, is held by none just
-        after (the others read at C speed)."""
-        ending = self.ending.get(b)
-        if not ending:
-            return False
-        after = set().union(*itertools.compress(self.held, map(operator.and_, map(operator.le, self.rs, itertools.repeat(b)),
-                                                                 map(operator.lt, itertools.repeat(b), self.re))))
-        return any(node not in after for held in ending for node in held)
 
-    def cover(self, start: float, end: float) -> set:
-        """The nodes of the reservations over [start, end] (re > start and rs <= end)."""
-        if self.seen != len(self.resv):
-            self._sync()
-        return set().union(*itertools.compress(self.held, map(operator.and_, map(operator.lt, itertools.repeat(start), self.re),
-                                                                map(operator.le, self.rs, itertools.repeat(end)))))
+class _Slide:
+    """The nodes of a _Bounds' spans lo..hi - 1 joined, for windows whose lo and hi only grow
+    (one slurm_reservation call's, the map unchanged): a queue's two stacks, the spans from
+    `mid` on joined as they come in (`back`), those before it joined from each to `mid`
+    (`front`, made anew once lo reaches `mid`), so a retry costs the spans its window moved
+    over instead of all it holds."""
+
+    def __init__(self, bounds: _Bounds):
+        self.span = bounds.span
+        self.base = self.mid = self.hi = 0
+        self.front, self.back = [], 0
+
+    def joined(self, lo: int, hi: int) -> int:
+        span = self.span
+        if lo >= self.mid:  # the front is used up: made anew over lo..hi - 1
+            self.front = list(itertools.accumulate(reversed(span[lo:hi]), operator.or_))[::-1]
+            self.base, self.mid, self.hi, self.back = lo, hi, hi, 0
+        elif hi > self.hi:
+            self.back = functools.reduce(operator.or_, itertools.islice(span, self.hi, hi), self.back)
+            self.hi = hi
+        return (self.front[lo - self.base] if lo < self.mid else 0) | self.back
 
 
 def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, now: float, horizon: float,
@@ -706,45 +788,48 @@ def slurm_reservation(cl, planned, alloc, resv, n: int, g: int, length: float, n
     _will_run_test of src/plugins/select/cons_common/job_test.c); (inf, None) if none within
     `horizon`. From start_res = now: the nodes held by a reservation over [start_res,
     start_res + length] are left out; _will_run finds a start and nodes on the others, taken
-    as start_res if earlier; if that is past `later_start` (_Bounds.later_start) the job is tested
+    as start_res if earlier; if that is past `later_start` (_Bounds.window) the job is tested
     again from there, and if its nodes meet a reservation over its own rounded window
-    (_test_resv_overlap) again from its start. sp: SchedParams (bf_resolution). memo: _will_run's
-    answers by (nodes left out, n, g), for as long as the running jobs and the free GPUs are
-    the same (the caller gives a new one when they change: _memo), and the pass's _Bounds."""
+    (_test_resv_overlap) again from its start. A retry whose nodes left out are those of the
+    one before has its answer. sp: SchedParams (bf_resolution). memo: _will_run's answers
+    by (nodes left out, n, g), for as long as the running jobs and the free GPUs are the same
+    (the caller gives a new one when they change: _memo), and the pass's _Bounds."""
     start_res = now
     bounds = None if memo is None else memo.get("bounds")
     if bounds is None or bounds.resv is not resv:
         bounds = _Bounds(resv)
         if memo is not None:
             memo["bounds"] = bounds
+    was = None  # the nodes left out at the retry before
+    slide = _Slide(bounds)
     while start_res <= horizon:
         end = start_res + length
-        cover = bounds.cover(start_res, end)
-        later = bounds.later_start(start_res, end)
-        if memo is None:
-            s, chosen = _will_run(cl, planned, alloc, cover, n, g, now, strategy)
-        else:
-            key = (frozenset(cover), n, g)
-            got = memo.get(key)
-            if got is None:
-                got = memo[key] = _will_run_from(cl, planned, alloc, cover, n, g, strategy, memo)
-            s, chosen = got
-            if chosen is not None:
-                s = max(s, now)
-        if chosen is None:
+        cover, later = bounds.window(start_res, end, slide)
+        if cover != was:
+            was = cover
+            if memo is None:
+                run = _will_run_from(cl, planned, alloc, cover, n, g, strategy)
+            else:
+                key = (cover, n, g)
+                run = memo.get(key)
+                if run is None:
+                    run = memo[key] = _will_run_from(cl, planned, alloc, cover, n, g, strategy, memo)
+        if run.bound is None:  # no nodes
             if later is None:
                 break
             start_res = later
             continue
-        s = max(s, start_res)
+        if later is not None and max(run.bound, start_res) > later:  # its start is past later_start
+            start_res = later
+            continue
+        s = max(run.start(), start_res)  # (start_res is now at least)
         if later is not None and s > later:
             start_res = later
             continue
-        if s > now:
-            first, last = sp.reservation(s), sp.reservation(s + length)
-            if any(rs < last and re > first and not held.isdisjoint(chosen) for rs, re, held in resv):
-                start_res = s
-                continue
+        chosen = run.nodes()
+        if s > now and bounds.overlaps(sp.reservation(s), sp.reservation(s + length), chosen):
+            start_res = s
+            continue
         return (s, chosen) if s <= horizon else (math.inf, None)
     return math.inf, None
 
@@ -807,9 +892,10 @@ def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes,
               horizon: float, sp, strategy: str, planned, alloc, kept: tuple, limit: int, memo: dict) -> tuple:
     """The pending jobs' reservations, in order, added to `resv` (those that find none left
     out) and their jobs to `resv_jobs`; returns _tests' (starts, by_start, room) for the
-    reservations then: `kept` when none was added, else made anew (room off none of them:
-    `limit`). memo: slurm_reservation's, kept by the pass until a job starts."""
-    added = False
+    reservations then: `kept` when none was added, else its lists with the new ones in
+    (_by_start) and room anew (off none of them: `limit`). memo: slurm_reservation's, kept by
+    the pass until a job starts."""
+    added, first = False, len(resv)
     slurm = sp.bf_reserve_at == "slurm"
     for p in pending:
         if slurm:  # none kept across passes: its batches change with any running job's end
@@ -825,8 +911,21 @@ def _work_out(cl, ends, made, resv_jobs: list, resv: list, pending: list, nodes,
             added = True
     if not added:
         return kept
-    by_start = sorted((rs, k) for k, (rs, re, _) in enumerate(resv) if re > now)
-    return [rs for rs, _ in by_start], [k for _, k in by_start], {0: ((), limit)}
+    starts, by_start, _ = kept
+    _by_start(starts, by_start, resv, first, now)
+    return starts, by_start, {0: ((), limit)}
+
+
+def _by_start(starts: list, by_start: list, resv: list, first: int, now: float) -> None:
+    """resv[first:] into _tests' reservations by start (`starts`, and their indices
+    `by_start`), those not over by now, in place: in sorted((start, index)) order, as a new
+    one's index is the largest, it goes after those that start with it."""
+    for k in range(first, len(resv)):
+        rs, re, _ = resv[k]
+        if re > now:
+            i = bisect.bisect_right(starts, rs)
+            starts.insert(i, rs)
+            by_start.insert(i, k)
 
 
 def _unmoved(cl, ends, n: int, now: float, s: float) -> bool:
@@ -968,8 +1067,7 @@ def _tests(cl, queue, now: float, nodes, gpus, plan, planned, alloc, sp, strateg
                         resv.append((rs, max(sp.reservation(now + length), rs + sp.bf_resolution),
                                      frozenset(map(_NODE, alloc[j]))))
                         running += 1
-                        by_start = sorted((rs, k) for k, (rs, re, _) in enumerate(resv) if re > now)
-                        starts, by_start = [rs for rs, _ in by_start], [k for _, k in by_start]
+                        _by_start(starts, by_start, resv, len(resv) - 1, now)
                     if cl.free_gpus == 0:
                         return
                     bounds.clear()

@@ -333,7 +333,7 @@ def register(sub):
     sd.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="simulator",
                     help="simulator: the defaults below; slurm: as Slurm 22.05 schedules, --placement tree "
                          "--bf-reserve 0 --bf-reserve-at slurm where those are not given (slower: 2,000 synthetic jobs "
-                         "take 17 s of CPU against 0.7 s; docs/simulate.md) "
+                         "take 8-12 s of CPU against 0.6 s; docs/simulate.md) "
                          "(default simulator)")
     sd.add_argument("--bf-reserve", type=number(int, 0, "a non-negative integer"), default=None,
                     help="jobs a backfill pass gives reservations, in queue order; 0: every job it tests, as "
