@@ -8,10 +8,10 @@ allocator stats are a stand-in the test sets."""
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH
 from tests.test_adapter_streamed import OPTIMIZERS, RING, load, same, train
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 GB = 10**9
 
 

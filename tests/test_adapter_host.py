@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH
 from tests.test_adapter_streamed import load, streamed  # noqa: F401 (streamed: a fixture)
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 STEPS, MICRO = 5, 3
 
 
