@@ -35,6 +35,12 @@ if str(ADAPTER) not in sys.path:
 # commands run without either, whatever this machine has (tests/test_config.py sets its own)
 os.environ["TRANSIT_LAUNCH_SITE_CONFIG"] = os.devnull
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="transit-test-xdg-")
+# One OpenMP (PyTorch intra-op) thread in the workers and the processes they start, where the
+# caller set none: each worker's PyTorch otherwise runs a thread a core, and on the 2-core CI
+# machine the two workers' spinning threads took the CPU from each other (issue 52: the adapter's
+# four in-process test files took 105 s of CPU instead of 22 at -n 2; the trainer's tests set it
+# for their ranks already). Tests of the adapter's thread rules set the counts they need.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 GOLDEN = Path(__file__).resolve().parent / "golden"
 NEEDS_TORCH = "needs PyTorch (CPU build) for the example trainer: .ci/run installs it"
 
