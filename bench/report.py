@@ -68,8 +68,9 @@ def scale_in_emulated(results: Path = RESULTS) -> str:
     return _fenced(buf.getvalue())
 
 
-# the newest leases' files, in the order RESULTS.md tells them: the split's search at a6c6edb, then the calls before it
-HOST_STEP = ("2026-12-07/host-step/host_step_30.json", "2026-12-07/host-step/host_step_31.json",
+# the newest leases' files, in the order RESULTS.md tells them: the last run of the early copies (retired) beside
+# the host path at a6d4988, the split's search at a6c6edb, then the calls before it
+HOST_STEP = ("2026-12-08/host-step/host_step_34.json", "2026-12-07/host-step/host_step_30.json", "2026-12-07/host-step/host_step_31.json",
              "2026-12-07/host-step/host_step_28.json", "2026-12-07/host-step/host_step_29.json")
 
 

@@ -12,18 +12,13 @@ def install(adapter: str, mode: str):
     """mode "default" (TRANSIT_OVERLAP_STEP unset: advise's streamed step, every
     state "pinned" by the stand-in; the CPU stands in for the GPU, a state's own memory its
     home) or "host" (TRANSIT_OVERLAP_STEP=host with a budget that holds no state: every
-    parameter's update on the host path) or "early" (the default with TRANSIT_OVERLAP_EARLY=1,
-    PyTorch's allocator stats a stand-in with room for all of the state). Returns the adapter's
-    hooks."""
+    parameter's update on the host path). Returns the adapter's hooks."""
     import torch.optim.optimizer  # noqa: F401 (loaded: the module whose hooks the adapter takes)
 
     if mode == "host":
         os.environ["TRANSIT_OVERLAP_STEP"] = "host"
     else:
         os.environ.pop("TRANSIT_OVERLAP_STEP", None)
-    if mode == "early":
-        os.environ["TRANSIT_OVERLAP_EARLY"] = "1"
-        mode = "default"
     sys.path.insert(0, adapter)
     spec = importlib.util.spec_from_file_location("transit_site", os.path.join(adapter, "sitecustomize.py"))
     site = importlib.util.module_from_spec(spec)
@@ -49,8 +44,5 @@ def install(adapter: str, mode: str):
     hooks = site._Hooks(Api())
     if mode == "host":  # the budget's room for state, asked of the shim's stats on a GPU: none
         hooks.overlap.host.room = lambda device: 0  # (the split's host step; its share is 1 without a GPU)
-    early = getattr(hooks.overlap, "early", None)
-    if early is not None:  # a CPU has no allocator stats: room for every state, no slack
-        early.memory, early.slack = (lambda dev: (0, 1 << 40)), 0
     hooks.register(sys.modules["torch.optim.optimizer"])
     return hooks

@@ -237,6 +237,53 @@ def test_the_state_the_budget_holds_stays_with_torchs_step():
     assert all(torch.equal(p, q) for p, q in zip(ps[2:], list(refs[True].parameters())[2:]))
 
 
+def test_the_bounce_buffers_go_back_to_the_budget_with_the_last_plan(monkeypatch, capsys):
+    """The bounce buffers are the shim's device memory, out of the GPU budget: held after the
+    host path has given its last optimizer back, they would keep as much of what the budget held
+    on the host, read zero-copy, to the end of the job. They go back when the last plan does,
+    once; while another optimizer is still on the host path they stay."""
+    import gc
+
+    import torch
+
+    th = load("transit_host")
+    st = th.transit_staging
+    freed = []
+
+    def device_buffer(device_memory, dev, nbytes, owner, what):  # the shim's memory, on a CPU
+        mem = torch.zeros(nbytes, dtype=torch.uint8)
+        st.held(owner, freed.append, mem.data_ptr())
+        return mem, None
+
+    monkeypatch.setattr(st, "device_buffer", device_buffer)
+    h = th.HostStep(device_memory=(None, None))
+    h.install()
+    try:
+        models = [Tied(), Tied(1)]
+        opts = [_opt(torch.optim.AdamW, m, fused=None) for m in models]
+        for m, (opt, sched) in zip(models, opts):
+            train(m, opt, sched, None, steps=2)
+        assert len(h.plans) == 2
+        [(down, _up)] = h.bounces.values()
+        ptr = down.mem.data_ptr()
+        for i, (m, (opt, _)) in enumerate(zip(models, opts)):
+            def closure(m=m, opt=opt):  # a step with a closure: refused, the plan given back
+                opt.zero_grad()
+                loss = m.fwd(torch.randn(4, 48)).pow(2).mean()
+                loss.backward()
+                return loss
+            opt.step(closure)
+            assert len(h.plans) == 1 - i
+            assert freed == ([ptr] if i else []), (i, freed)  # the first give-back leaves them to the other plan
+        assert h.bounces == {}
+        assert capsys.readouterr().err.count("host step off for AdamW") == 2
+    finally:
+        h.uninstall()
+    del h, down, _up
+    gc.collect()
+    assert freed == [ptr]  # once: not again with their owner
+
+
 def test_a_step_refused_after_adoption_gives_the_state_back(host, capsys):
     """Two host steps, then one with a closure (refused): the state goes back to the
     application's optimizer, which steps on with it (its step count continues)."""

@@ -143,24 +143,29 @@ def test_a_mode_that_is_none_is_said_once_and_the_step_runs_as_without_the_adapt
 
 
 def test_retired_settings_are_said_once_and_ignored(T, monkeypatch, capsys):
-    """TRANSIT_OVERLAP_STEP=serial and TRANSIT_OVERLAP_SMS (retired, docs/retired-experiments.md):
-    a job that still sets them is told, a line each, when the adapter starts, and runs as if
-    they were unset: advise's default for serial (the streamed step), nothing for the SMs."""
+    """TRANSIT_OVERLAP_STEP=serial, TRANSIT_OVERLAP_SMS and TRANSIT_OVERLAP_EARLY (retired,
+    docs/retired-experiments.md): a job that still sets them is told, a line each, when the
+    adapter starts, and runs as if they were unset: advise's default for serial (the streamed
+    step, which copies the state after backward), nothing for the SMs."""
     monkeypatch.syspath_prepend(str(inject.adapter_dir()))
     site = load("sitecustomize")  # installs nothing here: no shim is loaded
     monkeypatch.setenv(T.OVERLAP_ENV, "serial")
     monkeypatch.setenv("TRANSIT_OVERLAP_SMS", "16")
+    monkeypatch.setenv("TRANSIT_OVERLAP_EARLY", "1")
     assert type(site._Hooks(Api()).overlap).__name__ == "StreamedStep"
     err = capsys.readouterr().err.splitlines()
     assert err == ["transit adapter: TRANSIT_OVERLAP_STEP=serial is retired and ignored (docs/retired-experiments.md): "
                    "the optimizer step runs as if it were unset (stream under advise, else the application's own "
                    "step); the modes are 0, stream, host",
                    "transit adapter: TRANSIT_OVERLAP_SMS=16 is retired and ignored (docs/retired-experiments.md): "
-                   "no green context is made (the early updates it placed are retired too)"], err
+                   "no green context is made (the early updates it placed are retired too)",
+                   "transit adapter: TRANSIT_OVERLAP_EARLY=1 is retired and ignored (docs/retired-experiments.md): "
+                   "the streamed step copies the state after backward"], err
     monkeypatch.setenv(T.OVERLAP_ENV, "stream")
     assert type(site._Hooks(Api()).overlap).__name__ == "StreamedStep"
-    assert capsys.readouterr().err.count("\n") == 1  # the SMs' line only
+    assert capsys.readouterr().err.count("\n") == 2  # the SMs' and the early copies' lines only
     monkeypatch.delenv("TRANSIT_OVERLAP_SMS")
+    monkeypatch.delenv("TRANSIT_OVERLAP_EARLY")
     assert T.retired({T.OVERLAP_ENV: "stream"}) == [] and T.retired({"TRANSIT_OVERLAP_SMS": ""}) == []
 
 

@@ -102,14 +102,6 @@ MUTANTS = [
     ("host-state-room-device-peak", "_csrc/shim/hoststate.c",
      "    uint64_t placed = tr_tab.dev_bytes > peak ? tr_tab.dev_bytes : peak;", "    uint64_t placed = tr_tab.dev_bytes;",
      ["test_shim_host_state.py::test_activations_freed_before_the_state_still_keep_their_room"]),
-    # the early state copies (issue 50): the room rule forgets what the rest of the backward takes;
-    # a held buffer goes back to PyTorch's cache before its copy home has left it
-    ("early-room-rest-of-backward", "adapter/transit_early.py",
-     "if alloc + nbytes + max(0, rest - base) + self.slack > reserved:", "if alloc + nbytes + self.slack > reserved:",
-     ["test_adapter_early.py::test_the_room_rule_counts_what_the_rest_of_the_backward_took"]),
-    ("early-release-before-the-copy-home", "adapter/transit_early.py",
-     "                stream.wait_event(ev)  # after this", "                pass  # after this",
-     ["test_adapter_early.py::test_the_forward_gives_back_held_buffers_where_its_next_point_needs_the_room"]),
 ]
 
 

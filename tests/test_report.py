@@ -167,16 +167,3 @@ def test_a_rank_whose_step_ran_in_place_says_so():
     assert step_taken({"mode": "0", "steps": 0}) == "in place"
     assert step_taken({"mode": "later"}) == "later"
     assert step_taken(None) == "-"
-
-
-def test_the_early_state_copies_are_said_where_they_ran():
-    """The streamed step's counters carry an "early" object under TRANSIT_OVERLAP_EARLY=1 (at
-    the top under stream, inside "stream" under host): the report says how many parameter
-    steps took state copied in during backward and how many found no room."""
-    from transit_launch.report import step_taken
-    early = {"fetched_params": 40, "stepped_params": 36, "no_room": 8}
-    assert step_taken({"mode": "stream", "steps": 9, "streamed_params": 48, "early": early}) == (
-        "stream: 9 steps, 48 params (36 on state copied in during backward, 8 without room)")
-    assert step_taken({"mode": "host", "host_params": 12, "share": 0.34,
-                       "stream": {"streamed_params": 36, "early": early}}) == (
-        "host: 12 params on the CPU (share 0.34), 36 streamed (36 on state copied in during backward, 8 without room)")

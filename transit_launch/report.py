@@ -116,22 +116,13 @@ def step_taken(adapter: object) -> str:
     if mode == "0":
         return "in place"
     if mode == "stream":
-        return f"stream: {n('steps', '?')} steps, {n('streamed_params', '?')} params" + _early(adapter)
+        return f"stream: {n('steps', '?')} steps, {n('streamed_params', '?')} params"
     if mode == "host":
         stream = n("stream")
         stream = stream if isinstance(stream, dict) else {}
         return (f"host: {n('host_params', '?')} params on the CPU (share {n('share', '?')}), "
-                f"{stream.get('streamed_params', 0)} streamed" + _early(stream))
+                f"{stream.get('streamed_params', 0)} streamed")
     return mode
-
-
-def _early(stream: dict) -> str:
-    """The streamed step's early state copies (TRANSIT_OVERLAP_EARLY=1), where they ran: how many
-    of the streamed parameters' steps took state copied in during backward."""
-    early = stream.get("early")
-    if not isinstance(early, dict):
-        return ""
-    return f" ({early.get('stepped_params', 0)} on state copied in during backward, {early.get('no_room', 0)} without room)"
 
 
 def _yes(v: bool) -> str:

@@ -74,7 +74,6 @@ ENV = {
     # read by the framework adapter only (transit_step.py), not by the shim
     "OVERLAP_STEP": "TRANSIT_OVERLAP_STEP",  # one of OVERLAP_MODES (adapter/transit_step.py)
     "OVERLAP_INFLIGHT": "TRANSIT_OVERLAP_INFLIGHT",  # bytes of the staging ring on each GPU (transit_staging.py)
-    "OVERLAP_EARLY": "TRANSIT_OVERLAP_EARLY",  # 1: the streamed state copied in during backward (transit_early.py)
     # 0, a diagnostic: the host step's copies up issued by its worker between CPU steps (transit_host.py)
     "HOST_SEND_BESIDE": "TRANSIT_HOST_SEND_BESIDE",
     # a fraction, a diagnostic: the share of the offloaded state the host step takes, clipped or not (transit_host.py)
@@ -92,6 +91,7 @@ ENV = {
 RETIRED_ENV = {
     "STAGE": "TRANSIT_STAGE",              # the shim lent optimizer state to the GPU for a step's end
     "OVERLAP_SMS": "TRANSIT_OVERLAP_SMS",  # the early updates' stream on a CUDA green context of N SMs
+    "OVERLAP_EARLY": "TRANSIT_OVERLAP_EARLY",  # 1: the streamed state copied in during backward
 }
 # "serial": the early updates on the compute stream (a diagnostic); "1": the step overlapped with
 # backward, each parameter updated as its gradient became final, reading the state in place;

@@ -108,11 +108,6 @@ def _shapes():
 HOST_STEP = ("python3", "bench/host_step.py", "--points", "base,clip,wide-clip", "--runs",
              "stream,host,host-bare,torchao-reference,torchao,fsdp2-offload", "--peer-points", "clip",
              "--steps", "30", "--warmup", "22", "--timeout", "100", "--out", "{out}/host_step.json")
-# the state copied in during backward (TRANSIT_OVERLAP_EARLY=1, opt-in) beside the default it would replace,
-# alone and under the host path's split
-HOST_EARLY = ("python3", "bench/host_step.py", "--points", "base,clip,wide-clip", "--runs",
-              "stream,stream:TRANSIT_OVERLAP_EARLY=1,host:TRANSIT_OVERLAP_EARLY=1",
-              "--steps", "30", "--warmup", "22", "--timeout", "100", "--out", "{out}/host_step_early.json")
 TITAN_RUNS_HOST = "ref,advise,advise:TRANSIT_OVERLAP_STEP=host"
 # the split's search settles by its 22nd step at the latest (2 streamed whole, then at most six plans
 # of four steps: the model's, its revision's, four trials); titan_steps reads the last four steps
@@ -123,16 +118,15 @@ SUITES = {s.name: s for s in [
           "optimizer on the host for a share of the state, the rest streamed) against advise's default streamed "
           "step, the host path without the shim and the peers (torchao's CPUOffloadOptimizer, FSDP2's "
           "CPUOffloadPolicy) on issue 50's FSDP2 shape without and with clipping and with wide layers "
-          "(bench/host_step.py), and the state copied in during backward (TRANSIT_OVERLAP_EARLY=1); TorchTitan "
+          "(bench/host_step.py); TorchTitan "
           "unchanged under it at 1 and 8 microbatches (bench/titan_steps.py)",
           (Step("shape", HOST_STEP, 560, None),
            Step("report", ("python3", "bench/host_step.py", "--report", "{out}/host_step.json"), 60, None, 0),
-           Step("early", HOST_EARLY, 560, None),
            Step("titan-accum1", (*TITAN_STEPS_HOST, "--runs", TITAN_RUNS_HOST, "--accum", "1",
                                  "--out", "{out}/titan_steps_accum1_host.json"), 400, None),
            Step("titan-accum8", (*TITAN_STEPS_HOST, "--runs", TITAN_RUNS_HOST, "--accum", "8",
                                  "--out", "{out}/titan_steps_accum8_host.json"), 590, None)),
-          minutes=36, carry=(".whl",), modules=("torchao", "torchtitan"),
+          minutes=27, carry=(".whl",), modules=("torchao", "torchtitan"),
           budget="each point's reference run: its peak reserved less the AdamW state (bench/host_step.py, "
           "bench/titan_steps.py --budget 0)"),
     Suite("gate", "the performance gate (bench/offload.py): transit's policies against no offloading and the "

@@ -63,7 +63,6 @@ class _Guard:
 with _Guard("not installed") as _imported:
     if _ON:
         import transit_api
-        import transit_early
         import transit_host
         import transit_sparse
         import transit_split
@@ -268,8 +267,7 @@ def _state_expect(api, pool):
 
 def _streamed(api, hooks):
     staging = transit_staging.Staging((api.device_alloc, api.device_free), api.host_state)
-    early = transit_early.EarlyState(staging) if transit_early.enabled(os.environ, transit_step.say) else None
-    return transit_streamed.StreamedStep(staging, ours=hooks.ours(), early=early)
+    return transit_streamed.StreamedStep(staging, ours=hooks.ours())
 
 
 @_Guard("step overlap not available")

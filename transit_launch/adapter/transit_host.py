@@ -1047,6 +1047,24 @@ class HostStep:
             h.remove()
         self.plans.pop(opt, None)
         self._drop_gate()
+        self._drop_bounces()
+
+    def _drop_bounces(self):
+        """No plan left: the bounce buffers go back to the GPU budget. Held, they keep as much of
+        what the budget held (at advise's ranking, the coldest: state stepped in place) on the
+        host, read zero-copy, for the rest of the job. A plan made later makes them again."""
+        import torch
+
+        if self.plans:
+            return
+        for dev, (down, _up) in list(self.bounces.items()):
+            del self.bounces[dev]
+            if down is None:
+                continue
+            if dev.type == "cuda":  # the compute stream's copies into the down ring, the copy streams'
+                torch.cuda.current_stream(dev).synchronize()
+            self._copies_done()
+            transit_staging.give_back(down.mem)  # down's is the buffer's start (_bounce)
 
     def _drop_gate(self):
         """No plan left (every optimizer given back): the gate leaves the mode stack, where it

@@ -99,9 +99,30 @@ def device_buffer(device_memory, dev, nbytes, owner, what):
     if mem.data_ptr() != ptr:  # torch copied it (memory of another device): never stage through a copy
         device_memory[1](ptr)
         return None, f"the {what}'s memory is not on {dev}"
-    # given back with its owner; at exit the process's end does it (copies may be in flight)
-    weakref.finalize(owner, device_memory[1], ptr).atexit = False
+    held(owner, device_memory[1], ptr)
     return mem, None
+
+
+_GIVE_BACK = {}  # address -> the finalizer that gives a device buffer of device_buffer's back
+
+
+def held(owner, free, ptr):
+    """free(ptr) when owner is collected, or before by give_back, once; at exit the process's
+    end does it (copies may be in flight)."""
+    def once():
+        _GIVE_BACK.pop(ptr, None)
+        free(ptr)
+    _GIVE_BACK[ptr] = weakref.finalize(owner, once)
+    _GIVE_BACK[ptr].atexit = False
+
+
+def give_back(mem):
+    """A buffer of device_buffer's back to the shim now rather than with its owner: its room in
+    the GPU budget goes to what it displaced. The caller has waited for every copy through it.
+    One of torch's (a CPU, no shim) is left to torch."""
+    fin = _GIVE_BACK.get(mem.data_ptr())
+    if fin is not None:
+        fin()
 
 
 def _tensor_at(addr, nbytes, dtype, shape, owner=None):
@@ -403,17 +424,10 @@ class Staging:
             self.streams[dev] = tuple(torch.cuda.Stream(device=dev) for _ in range(3))
         return self.streams[dev]
 
-    def wait(self, dev, out=None):
-        """The step's stream waits for every streamed update and copy home; with `out` (an
-        event on the out stream), for the copies home enqueued before it only (the early state's,
-        after it, run on beside the next forward: transit_early.py)."""
+    def wait(self, dev):
+        """The step's stream waits for every streamed update and copy home."""
         import torch
 
         cur = torch.cuda.current_stream(dev)
-        s_in, s_upd, s_out = self.streams[dev]
-        cur.wait_stream(s_in)
-        cur.wait_stream(s_upd)
-        if out is None:
-            cur.wait_stream(s_out)
-        else:
-            cur.wait_event(out)
+        for s in self.streams.get(dev, ()):
+            cur.wait_stream(s)

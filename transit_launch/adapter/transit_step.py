@@ -27,10 +27,13 @@ MODES = tuple(m for m in transit_rules.OVERLAP_MODES if m != OFF)
 # and runs as if it were unset. "1" and "staged" overlapped the step with backward (early
 # updates as gradients became final; staged: their state through a ring of device memory);
 # "serial" ran those early updates on the compute stream (a diagnostic); TRANSIT_OVERLAP_SMS
-# put their side stream on a CUDA green context of N SMs. TRANSIT_STAGE is the shim's to say
-# (shim/config.c).
+# put their side stream on a CUDA green context of N SMs; TRANSIT_OVERLAP_EARLY=1 copied the
+# streamed step's state in during backward. TRANSIT_STAGE is the shim's to say (shim/config.c).
 RETIRED_MODES = transit_rules.RETIRED_OVERLAP_MODES
-RETIRED_ENV = tuple(v for k, v in transit_rules.RETIRED_ENV.items() if k != "STAGE")
+# each retired name the adapter says, and what runs instead
+RETIRED_ENV = {transit_rules.RETIRED_ENV["OVERLAP_SMS"]: "no green context is made (the early updates it placed are "
+               "retired too)",
+               transit_rules.RETIRED_ENV["OVERLAP_EARLY"]: "the streamed step copies the state after backward"}
 # the mode when TRANSIT_OVERLAP_STEP is unset, by the shim's policy: under advise the streamed
 # step, which moves only the state the budget cannot hold (bench/LOG.md, "The streamed step
 # by default")
@@ -67,10 +70,10 @@ def retired(environ) -> list:
         lines.append(f"{OVERLAP_ENV}={value} is retired and ignored (docs/retired-experiments.md): the optimizer "
                      f"step runs as if it were unset ({defaults}, else the application's own step); the modes are "
                      f"{', '.join((OFF, *MODES))}")
-    for name in RETIRED_ENV:
+    for name, instead in RETIRED_ENV.items():
         if environ.get(name):
             lines.append(f"{name}={environ[name][:100]} is retired and ignored (docs/retired-experiments.md): "
-                         "no green context is made (the early updates it placed are retired too)")
+                         f"{instead}")
     return lines
 
 

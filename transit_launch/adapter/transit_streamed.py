@@ -50,10 +50,8 @@ class StreamedStep:
     of what it updated from the application's step (torch's steps skip a parameter without a
     gradient); post_step gives them back and homes new state."""
 
-    def __init__(self, staging, ours=(), early=None):
+    def __init__(self, staging, ours=()):
         self.staging = staging          # transit_staging.Staging: homes, rings, streams
-        self.early = early              # transit_early.EarlyState: state copied in during backward, or None
-        self.last_done = []             # the parameters the last step streamed (early watches them)
         self.ours = list(ours)          # the adapter's other step hooks: not foreign
         self.said = weakref.WeakKeyDictionary()    # optimizer -> why it steps unstreamed (said once)
         self.hidden = weakref.WeakKeyDictionary()  # optimizer -> [(param, grad)] hidden from its step
@@ -71,11 +69,8 @@ class StreamedStep:
 
     def counters(self):
         """What the stats report's "adapter" object holds of the streamed step."""
-        out = {"steps": self.steps, "streamed_params": self.streamed, "slices": self.slices,
-               "resident_params": self.resident, "ring_bytes": self.staging.limit, "unfilled_bytes": self.unfilled}
-        if self.early is not None:
-            out["early"] = self.early.counters()
-        return out
+        return {"steps": self.steps, "streamed_params": self.streamed, "slices": self.slices,
+                "resident_params": self.resident, "ring_bytes": self.staging.limit, "unfilled_bytes": self.unfilled}
 
     def report(self):
         if self.steps and self.staging.streams:  # streamed on a GPU (the CPU path is for tests)
@@ -90,20 +85,14 @@ class StreamedStep:
 
         self.handles = [o.register_optimizer_step_pre_hook(self.pre_step),
                         o.register_optimizer_step_post_hook(self.post_step)]
-        if self.early is not None:
-            self.early.install(transit_step.say)
 
     def uninstall(self):
         for h in self.handles:
             h.remove()
-        if self.early is not None:
-            self.early.uninstall()
 
     # --- the hooks ---------------------------------------------------------------------------
 
     def pre_step(self, opt, args, kwargs):
-        if self.early is not None:
-            self.early.release_all()  # the homes the last step's early copies wrote, before anything reads them
         raw = transit_step.raw_step(opt)
         if raw is None:
             if not transit_step.is_container(opt):  # a container's step only calls its optimizers' (each hooked)
@@ -140,10 +129,6 @@ class StreamedStep:
         try:
             self.staging.home(opt)  # new state (the first step, a loaded state_dict) goes home
             self.staging.stepped()  # the next in-copies read what this step wrote
-            if self.early is not None:
-                done, self.last_done = self.last_done, []
-                self.early.watch(opt, done)
-                self.early.stepped({self.local(p).device for p in done})
         except Exception as e:
             self._once(opt, f"an error while homing its state: {e!r}")
 
@@ -251,62 +236,17 @@ class StreamedStep:
             plans.append((group, items))
         if any(self.staging.ring(self.local(items[0][0]).device) is None for _, items in plans if items):
             return []  # no ring (said by staging): the step reads the state in place
-        done, early = [], []
+        done = []
         for group, items in plans:
-            fetched = self._fetched(opt, items)
-            rest = [it for it in items if id(it[0]) not in fetched]
-            if rest:
-                self._stream_group(opt, raw, group, rest)
-            if fetched:
-                early.append((group, [(p, keys, fetched[id(p)]) for p, keys in items if id(p) in fetched]))
-            done += [p for p, _ in items]
-        cuda = {d for d in (self.local(p).device for p in done) if d.type == "cuda"}
-        # the batches' copies home, before the early state's (those run on beside the next forward)
-        regular = {dev: self.staging.copy_streams(dev)[2].record_event() for dev in cuda} if early else {}
-        for group, items in early:
-            self._stream_early(opt, raw, group, items)
-        for dev in cuda:
-            self.staging.wait(dev, regular.get(dev))  # the application's stream waits for them
+            if items:
+                self._stream_group(opt, raw, group, items)
+                done += [p for p, _ in items]
+        for dev in {self.local(p).device for p in done}:
+            if dev.type == "cuda":
+                self.staging.wait(dev)  # the application's stream waits for the last copies home
         self.streamed += len(done)
         self.steps += bool(done)
-        self.last_done = done
         return done
-
-    def _fetched(self, opt, items):
-        """id(param) -> the state copied in during backward for it (transit_early.py), for the
-        items that have all of theirs."""
-        if self.early is None:
-            return {}
-        out = {}
-        for p, keys in items:
-            f = self.early.take(p, opt.state[p], keys)
-            if f is not None:
-                out[id(p)] = f
-        return out
-
-    def _stream_early(self, opt, raw, group, items):
-        """The step of parameters whose state was copied in during backward: torch's step on
-        the whole of each, where the state is; then the state goes home (EarlyState.copy_out)."""
-        import torch
-
-        dev = self.local(items[0][0]).device
-        streams = self.staging.copy_streams(dev) if dev.type == "cuda" else None
-        s_upd = streams[1] if streams else None
-        if streams:
-            s_upd.wait_event(torch.cuda.current_stream(dev).record_event())  # the gradients as the step sees them
-        counts = {}
-        try:
-            for _p, _keys, f in items:
-                if f.ready is not None:
-                    s_upd.wait_event(f.ready)
-            self._step_views(opt, raw, group, s_upd, counts, [
-                (p, 0, self.local(p).numel(),
-                 {k: f.bufs[k][1] if k in f.bufs else self.local(opt.state[p][k]).detach().view(-1) for k in keys})
-                for p, keys, f in items])
-        finally:
-            self._write_counts(opt, counts, s_upd)
-            for _p, _keys, f in items:  # whatever happened: what entered the step goes home
-                self.early.copy_out(f, dev, s_upd)
 
     def _slices(self, opt, items, cap):
         """Batches of flat slices (param, keys, start, end), each batch at most `cap` bytes of
