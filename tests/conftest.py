@@ -35,15 +35,55 @@ if str(ADAPTER) not in sys.path:
 # commands run without either, whatever this machine has (tests/test_config.py sets its own)
 os.environ["TRANSIT_LAUNCH_SITE_CONFIG"] = os.devnull
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="transit-test-xdg-")
+# One OpenMP (PyTorch intra-op) thread in the workers and the processes they start, where the
+# caller set none: each worker's PyTorch otherwise runs a thread a core, and on the 2-core CI
+# machine the two workers' spinning threads took the CPU from each other (issue 52: the adapter's
+# four in-process test files took 105 s of CPU instead of 22 at -n 2; the trainer's tests set it
+# for their ranks already). Tests of the adapter's thread rules set the counts they need.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 GOLDEN = Path(__file__).resolve().parent / "golden"
 NEEDS_TORCH = "needs PyTorch (CPU build) for the example trainer: .ci/run installs it"
 
 
+TORCH_ENV = "TRANSIT_TEST_TORCH"  # _torch's answer, inherited by nested runs (tests/test_mutations.py)
+
+
 @functools.cache
+def _torch() -> tuple[bool, bool]:
+    """(this Python imports PyTorch, and it sees a CUDA GPU): asked once a process, in a
+    subprocess (importing it here would slow every test that does not need it; the import
+    takes 1.6 s of CPU), and not again in the test runs it starts with this Python
+    (TORCH_ENV, which a process that hides PyTorch must drop: tests/test_package.py)."""
+    known = os.environ.get(TORCH_ENV, "").split(":", 2)
+    if known[2:] == [sys.executable]:
+        return known[0] == "1", known[1] == "1"
+    res = subprocess.run([sys.executable, "-c", "import torch; print(int(torch.cuda.is_available()))"],
+                         capture_output=True, text=True)
+    answer = res.returncode == 0, res.returncode == 0 and res.stdout.strip() == "1"
+    os.environ[TORCH_ENV] = f"{int(answer[0])}:{int(answer[1])}:{sys.executable}"
+    return answer
+
+
 def torch_importable() -> bool:
-    """Whether this Python imports PyTorch: checked once, in a subprocess (importing it here
-    would slow every test that does not need it)."""
-    return subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    """Whether this Python imports PyTorch (_torch)."""
+    return _torch()[0]
+
+
+def torch_sees_a_gpu() -> bool:
+    """Whether this Python imports PyTorch and torch.cuda.is_available() (_torch)."""
+    return _torch()[1]
+
+
+class _Torchless:
+    """skipif's condition NO_TORCH: true where PyTorch does not import, asked when a test that
+    carries it is about to run, not when its module is collected (the quick tier, which
+    deselects those tests, then never pays for the check)."""
+
+    def __bool__(self) -> bool:
+        return not torch_importable()
+
+
+NO_TORCH = _Torchless()
 
 
 def run_cli(*args, env=None, timeout=60):

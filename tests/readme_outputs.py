@@ -9,11 +9,14 @@ instead, and are not compared."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -36,6 +39,25 @@ def run(args: list[str]) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"transit-launch {shlex.join(args)} failed: {res.stderr.strip()}")
     return res.stdout
+
+
+# README's simulate run (its block's command; docs/simulate.md compares its figures with the
+# paper's): tests/test_readme.py compares its text with the block, tests/test_doc_figures.py reads
+# the figures the prose quotes from its JSON. Both come from one replay (text_and_json), made
+# once by one xdist worker: the tests that read it carry the xdist group SIM_GROUP.
+SIM = ["simulate", "--synthetic", "20000", "--preset", "kalos", "--racks", "76", "--reduced-racks", "32",
+       "--gpus-per-node", "8", "--load", "0.3", "--seeds", "3", "--quiet"]
+SIM_GROUP = "doc-figures"
+
+
+@functools.cache
+def text_and_json(args: tuple[str, ...]) -> tuple[str, dict]:
+    """What `transit-launch simulate ARGS` prints and the JSON (what --json prints) that its
+    --json-out wrote, from one run; made once a process."""
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "report.json"
+        text = run([*args, "--json-out", str(f)])
+        return text, json.loads(f.read_text())
 
 
 def blocks(text: str):

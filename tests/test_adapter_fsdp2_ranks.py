@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH, ROOT
 from transit_launch.preload import inject
 
 # one worker takes both tests, so that the run without the adapter is made once (normal_losses)
-pytestmark = [pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH), pytest.mark.xdist_group("fsdp2-ranks")]
+pytestmark = [pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH), pytest.mark.xdist_group("fsdp2-ranks")]
 
 # One rank of the job: the adapter's hooks on a stand-in for the shim's API (no shim on a
 # CPU machine: the API's calls are answered as a shim without staging answers them),

@@ -9,9 +9,9 @@ import importlib
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 MIB = 2**20
 
 

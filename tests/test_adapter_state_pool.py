@@ -8,11 +8,11 @@ import importlib.util
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH
 from transit_launch import rules
 from transit_launch.preload import inject
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 
 
 def load_pool_module():

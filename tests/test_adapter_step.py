@@ -10,12 +10,12 @@ import importlib.util
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH
 from tests.test_adapter_streamed import OPTIMIZERS, RING, STEPS, same, train
 from transit_launch import rules
 from transit_launch.preload import inject
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 
 
 def load(name):

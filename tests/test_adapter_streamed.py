@@ -10,10 +10,10 @@ import importlib
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH
 from transit_launch.preload import inject
 
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 STEPS = 4
 RING = 256 << 10  # a small ring: a batch holds 64 KiB of state, so the 64 x 1000 weight streams in slices
 

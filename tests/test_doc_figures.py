@@ -11,16 +11,14 @@ import re
 
 import pytest
 
-from tests.readme_outputs import README, run
+from tests.readme_outputs import README, SIM, SIM_GROUP, run, text_and_json
 
 DOCS = README.parent / "docs"
-# README's simulate run (docs/simulate.md compares it with the paper)
-SIM = ["simulate", "--synthetic", "20000", "--preset", "kalos", "--racks", "76", "--reduced-racks", "32",
-       "--gpus-per-node", "8", "--load", "0.3", "--seeds", "3", "--quiet"]
 PLAN = ["plan", "--model", "llama3-70b"]
 # one xdist worker runs the module: out()'s cache then runs each command (SIM's simulation
-# takes seconds) once, not once per worker
-pytestmark = pytest.mark.xdist_group("doc-figures")
+# takes seconds) once, not once per worker; SIM's run is the one tests/test_readme.py compares
+# with README's block (readme_outputs.text_and_json)
+pytestmark = pytest.mark.xdist_group(SIM_GROUP)
 
 
 @functools.cache
@@ -29,6 +27,8 @@ def out(*args: str) -> str:
 
 
 def js(*args: str) -> dict:
+    if list(args) == SIM:
+        return text_and_json(args)[1]
     return json.loads(out(*args, "--json"))
 
 

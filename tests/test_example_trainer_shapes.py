@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, ROOT, build_once, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH, ROOT, build_once
 
 TRAINER = ROOT / "examples" / "train_llama.py"
 DIM, VOCAB = 64, 256
 MODEL = ["--device", "cpu", "--dim", str(DIM), "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
          "--vocab", str(VOCAB), "--seq-len", "32", "--batch", "2", "--steps", "3"]
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 # MODEL's parameters by hand: per block two norms, wq and wo (64 x 64), wk and wv (64 x 2 heads
 # of 16), w1, w3, w2 (64 x 128); the final norm; one 256 x 64 matrix tied, two untied
 BLOCK = 2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128

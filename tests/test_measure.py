@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from tests.conftest import torch_importable
+from tests.conftest import NO_TORCH
 from tests.frozen import CARDS
 
-NEEDS = pytest.mark.skipif(not torch_importable(), reason="plan --measure needs PyTorch (CPU build); not installed")
+NEEDS = pytest.mark.skipif(NO_TORCH, reason="plan --measure needs PyTorch (CPU build); not installed")
 
 # Tolerances. The catalog models at full depth agree within 1.4% (bench/RESULTS.md, planner
 # fidelity table). The toy models sit further off because what the formula leaves out is

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import transit_launch
-from tests.conftest import CACHED_CC_ENV, SHARED_ENV, build_once, shared_root
+from tests.conftest import CACHED_CC_ENV, SHARED_ENV, build_once, shared_root, torch_importable
 
 TESTS = Path(__file__).resolve().parent
 PKG = Path(transit_launch.__file__).resolve().parent
@@ -121,6 +121,7 @@ def _run(root: Path, tests: list[str], shared: Path) -> subprocess.CompletedProc
     """pytest on the given tests, importing transit_launch from root (the copy); its builds
     come from this run's shared directory (the fakes, and the shim where the copy's C is
     unchanged: tests/conftest.py's build_once)."""
+    torch_importable()  # asked once here: the nested runs inherit the answer (conftest's TORCH_ENV)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # not a worker itself
     env.update(PYTHONPATH=str(root), TRANSIT_TEST_INSTALLED="0", PYTHONDONTWRITEBYTECODE="1")
     env[SHARED_ENV] = str(shared)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import transit_launch
-from tests.conftest import CUDA_INC, ROOT, run_cli, spank_include
+from tests.conftest import CUDA_INC, ROOT, TORCH_ENV, run_cli, spank_include
 
 INSTALLED = os.environ.get("TRANSIT_TEST_INSTALLED") == "1"
 needs_wheel = pytest.mark.skipif(not INSTALLED, reason="checks the installed wheel: run through .ci/test")
@@ -103,6 +103,7 @@ def test_the_suite_collects_without_torch(tmp_path):
     (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch' (hidden by the test)\", "
                                       "name='torch')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")])))
+    env.pop(TORCH_ENV, None)  # this process's answer (conftest) is not the hidden torch's
     res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                           "--import-mode=append", "--rootdir", str(ROOT), "--basetemp", str(tmp_path / "bt"),
                           str(ROOT / "tests"), str(ROOT / "bench" / "tests")],

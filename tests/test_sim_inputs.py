@@ -1,5 +1,5 @@
 """simulate's inputs and per-job output (issue 54): SWF traces, the generic CSV's time limits
-and byte-order mark, --jobs-out, --seeds with --trace."""
+and byte-order mark, --jobs-out, --json-out, --seeds with --trace."""
 
 import csv
 import json
@@ -103,12 +103,31 @@ def test_seeds_with_a_trace_draw_the_limits(cli, tmp_path):
     assert lim["0"] != lim["1"] and all(d <= a <= 4 * d + 60 for d, a in zip(dur, lim["0"] + lim["1"]))
 
 
+@pytest.mark.parametrize("mode", [[], ["--node-failures", "0.2", "--no-band"]], ids=["scale-in", "node-failures"])
+def test_json_out_is_the_json_beside_the_text(cli, tmp_path, mode):
+    """--json-out FILE: one replay, the text on stdout as without it and in FILE the bytes
+    --json prints."""
+    args = ["simulate", "--synthetic", "200", "--racks", "8", *mode, "--quiet"]
+    f = tmp_path / "out.json"
+    rc, text, err = cli(*args, "--json-out", str(f))
+    assert rc == 0, err
+    assert (rc, text, err) == cli(*args)
+    assert (0, f.read_text(), "") == cli(*args, "--json")
+    assert json.loads(f.read_text())["trace"]
+    # with --json too: the same JSON on stdout and in the file
+    rc, out, err = cli(*args, "--json", "--json-out", str(tmp_path / "again.json"))
+    assert rc == 0 and out == f.read_text() == (tmp_path / "again.json").read_text(), err
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--limit-factor", "0.5"], "--limit-factor takes 1 to 100"),
     (["--bf-interval", "-1"], "--bf-interval takes 0 to 86400 seconds"),
     (["--plan-on", "oracle"], "invalid choice"),
     (["--jobs-out", "/nonexistent-dir/x.csv"], "--jobs-out"),
     (["--jobs-out", "/tmp/x.txt"], "must end in .csv"),
+    (["--json-out", "/nonexistent-dir/x.json"], "--json-out: /nonexistent-dir/x.json: directory /nonexistent-dir does not exist"),
+    (["--json-out", "/tmp/x.csv"], "--json-out: /tmp/x.csv: the file name must end in .json"),
+    (["--json-out", "/tmp"], "--json-out: /tmp is a directory"),
 ])
 def test_bad_options(cli, args, needle):
     rc, out, err = cli("simulate", "--synthetic", "10", *args)

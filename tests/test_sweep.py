@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH, ROOT
 
 NETNS_SCRIPT = ROOT / "examples" / "netns_pair.sh"
 
@@ -31,8 +31,7 @@ _NO_NETNS = _why_no_netns()
 # real namespaces and tc; the restore tests' jobs are sleep, true or bash
 netns_only = pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 # ... and the example trainer as the job (PyTorch on gloo between the namespaces)
-_NO_TRAINER = _NO_NETNS or (None if torch_importable() else NEEDS_TORCH)
-netns_trainer = pytest.mark.skipif(_NO_TRAINER is not None, reason=str(_NO_TRAINER))
+netns_trainer = netns_only if _NO_NETNS else pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH, ROOT
 
 TRAINER = ROOT / "examples" / "train_llama.py"
 MODEL = ["--device", "cpu", "--dim", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "256",
          "--vocab", "1024", "--seq-len", "32", "--steps", "3"]
-pytestmark = pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+pytestmark = pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 
 
 def summary(out: str) -> dict:

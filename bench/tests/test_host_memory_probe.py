@@ -22,11 +22,9 @@ def test_without_out_one_line(tmp_path):
 
 
 def test_without_a_gpu_one_line(tmp_path):
-    from tests.conftest import torch_importable
-    if torch_importable():
-        import torch
-        if torch.cuda.is_available():
-            pytest.skip("a GPU is present: the probe would run")
+    from tests.conftest import torch_sees_a_gpu
+    if torch_sees_a_gpu():
+        pytest.skip("a GPU is present: the probe would run")
     res = run("--out", str(tmp_path / "r.json"), tmp_path=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "GPU" in res.stderr or "PyTorch" in res.stderr

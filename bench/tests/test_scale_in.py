@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import NEEDS_TORCH, ROOT, torch_importable
+from tests.conftest import NEEDS_TORCH, NO_TORCH, ROOT
 
 SCRIPT = str(ROOT / "bench" / "scale_in.py")
 
@@ -44,7 +44,7 @@ def test_layouts_too_close_for_an_emulated_gpu_are_one_error_line():
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(not torch_importable(), reason=NEEDS_TORCH)
+@pytest.mark.skipif(NO_TORCH, reason=NEEDS_TORCH)
 def test_scale_in_plumbing_on_cpu_ranks(tmp_path):
     out = tmp_path / "si.json"
     res = subprocess.run([sys.executable, SCRIPT, "--gpus", "2", "--device", "cpu", "--model",

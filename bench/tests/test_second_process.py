@@ -32,11 +32,9 @@ def test_refusals_are_one_line(tmp_path):
 
 def test_without_a_gpu_nothing_starts(tmp_path):
     import pytest
-    from tests.conftest import torch_importable
-    if torch_importable():
-        import torch
-        if torch.cuda.is_available():
-            pytest.skip("a GPU is present: the measurement would run")
+    from tests.conftest import torch_sees_a_gpu
+    if torch_sees_a_gpu():
+        pytest.skip("a GPU is present: the measurement would run")
     marker = tmp_path / "ran"
     res = run("--gpu-budget", "4GB", "--", "touch", str(marker), tmp_path=tmp_path)
     assert res.returncode == 2 and res.stderr.strip() == "second_process: needs a CUDA GPU"

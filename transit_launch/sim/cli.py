@@ -8,7 +8,7 @@ import sys
 
 from transit_launch.argtypes import finite_float, fractions, number, output_file, positive_int
 from transit_launch.errors import UsageError
-from transit_launch.output_files import require_matplotlib
+from transit_launch.output_files import require_matplotlib, write_text_atomically
 from transit_launch.planning.hardware import DEFAULT_GPUS_PER_NODE
 from transit_launch.sim.scheduler import STRATEGIES
 from transit_launch.sim.efficiency import BAND as EFFICIENCY_BAND, NAMES as EFFICIENCY_NAMES
@@ -118,7 +118,7 @@ def cmd_simulate(a, command):
     means = [compare.mean_report(list(rs)) for rs in zip(*runs)]
     labels = [a.efficiency] + [label for label, _ in others]
     band = bands.band([(a.efficiency, runs)] + list(extra.items()), a.racks) if others else []
-    if a.json:
+    if a.json or a.json_out:
         refs = {}
         for c in comparisons:
             refs.setdefault(c["scenario"], c["reference"])
@@ -136,13 +136,24 @@ def cmd_simulate(a, command):
                                     "efficiency_at": {f"{f:g}": round(c(f), 4) for f in reductions}}
                                    for label, c in [(a.efficiency, scs[0].efficiency)] + others],
                         "rows": band}}
-        print(json.dumps(out, indent=2))
-    else:
-        print(simrun.text(means, comparisons, trace, seeds, scs[0], a.limit_factor))
-        if band:
-            print("\n" + bands.legend(a.efficiency, scs[0].efficiency, others, reductions, len(seeds)))
-            print(bands.text(band, labels, len(seeds)))
+        if _json(a, out):
+            return 0
+    print(simrun.text(means, comparisons, trace, seeds, scs[0], a.limit_factor))
+    if band:
+        print("\n" + bands.legend(a.efficiency, scs[0].efficiency, others, reductions, len(seeds)))
+        print(bands.text(band, labels, len(seeds)))
     return 0
+
+
+def _json(a, out: dict) -> bool:
+    """The report as JSON: into --json-out's file, and on stdout for --json (then True: the
+    text is not printed)."""
+    text = json.dumps(out, indent=2)
+    if a.json_out:
+        write_text_atomically(a.json_out, text + "\n")
+    if a.json:
+        print(text)
+    return a.json
 
 
 def _node_failures(text: str) -> float:
@@ -222,10 +233,8 @@ def _cmd_failures(a, sched):
             "checkpoint_h": f.checkpoint_h, "restart_h": f.restart_h, "efficiency": curve.name,
             "scheduler": dict(sched.reported(), limit_factor=a.limit_factor)}
     band = failures.goodput_band(goodputs) if len(curves) > 1 else []
-    if a.json:
-        print(json.dumps(head | {"runs": out, "band": {"curves": [{"label": label, "name": c.name}
-                                                                  for label, c in curves], "rows": band}},
-                         indent=2))
+    if _json(a, head | {"runs": out, "band": {"curves": [{"label": label, "name": c.name} for label, c in curves],
+                                              "rows": band}}):
         return 0
     print(f"trace: {trace.source}, {len(trace)} GPU jobs; {f.rate:.4g} node failures per node-day, repair "
           f"{f.repair_h:g} h, checkpoints every {f.checkpoint_h:g} h, {f.restart_h * 60:g} min a restart; "
@@ -368,4 +377,7 @@ def register(sub):
                     help="no progress on stderr (otherwise: a line redrawn on a terminal, a line per phase elsewhere, "
                          "for runs longer than 2 s)")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--json-out", type=output_file((".json",)), metavar="FILE.json",
+                    help="also write what --json prints to this file, beside the text on stdout (one replay "
+                         "gives both)")
     sp.set_defaults(func=cmd_simulate)
