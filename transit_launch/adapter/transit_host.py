@@ -1057,13 +1057,15 @@ class HostStep:
 
         if self.plans:
             return
-        for dev, (down, _up) in list(self.bounces.items()):
-            del self.bounces[dev]
-            if down is None:
-                continue
-            if dev.type == "cuda":  # the compute stream's copies into the down ring, the copy streams'
+        held = [(dev, down) for dev, (down, _up) in self.bounces.items() if down is not None]
+        self.bounces.clear()
+        if not held:
+            return
+        for dev, _ in held:  # the compute streams' copies into the down rings, then the copy streams'
+            if dev.type == "cuda":
                 torch.cuda.current_stream(dev).synchronize()
-            self._copies_done()
+        self._copies_done()
+        for _, down in held:
             transit_staging.give_back(down.mem)  # down's is the buffer's start (_bounce)
 
     def _drop_gate(self):
